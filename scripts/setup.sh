@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Create .venv and install SpecRec with its test extras (CPU only).
+# torch is installed first and pinned to 2.13.0: pip takes the CPU build, never
+# a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [[ ! -x .venv/bin/python ]]; then
+  "$PY" -m venv .venv
+fi
+. .venv/bin/activate
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+python -m pip install -q --upgrade pip
+python -c "import torch" 2>/dev/null || python -m pip install -q "torch==2.13.0"
+python -m pip install -q -e ".[test]"

@@ -1,0 +1,287 @@
+"""TIGER-style encoder-decoder over semantic-ID tokens (the verifier's model).
+
+Encoder input: the last ``max_history`` items' SIDs, flattened into tokens
+(left-padded, so the most recent item always sits at the same positions).
+Decoder input: ``[BOS, c_0, ..., c_{L-1}]``; the output at position t is a
+distribution over the codes of level t (one output head per level).
+
+Tensor shapes used across the decoding code:
+
+- ``R`` requests, each with ``M`` decoder sequences (beams or candidates) of
+  ``T`` tokens. Self-attention runs per sequence (``[R*M, H, T, dk]``);
+  cross-attention folds a request's sequences into the query axis
+  (``[R, H, M*T, dk]``) so the encoder keys/values are computed once per
+  request and never copied per beam or candidate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel, Field
+from torch import nn
+
+PAD_TOKEN = 0
+BOS_TOKEN = 1
+N_SPECIAL = 2
+
+
+class TigerConfig(BaseModel):
+    """Model hyper-parameters. Defaults are TIGER's published size."""
+
+    level_sizes: list[int] = Field(default_factory=lambda: [256, 256, 256, 256], description="codes per SID level (last = collision digit)")
+    d_model: int = 128
+    n_heads: int = 6
+    d_kv: int = 64
+    d_ff: int = 1024
+    n_enc_layers: int = 4
+    n_dec_layers: int = 4
+    dropout: float = 0.1
+    max_history: int = 20
+    activation: Literal["relu", "gelu"] = "relu"
+    encoder_input: Literal["items", "tokens"] = Field(
+        "items",
+        description="'tokens': one encoder position per SID token (TIGER, H*L positions); "
+        "'items': one position per item, the sum of its level-code embeddings (H positions, "
+        "about L times cheaper to train and serve)",
+    )
+
+    @property
+    def sid_len(self) -> int:
+        return len(self.level_sizes)
+
+    @property
+    def vocab_size(self) -> int:
+        return N_SPECIAL + sum(self.level_sizes)
+
+    def offsets(self) -> list[int]:
+        out, acc = [], N_SPECIAL
+        for v in self.level_sizes:
+            out.append(acc)
+            acc += v
+        return out
+
+
+class SidTokens:
+    """Token-id arithmetic shared by every backend of the GR model (needs
+    ``self.cfg`` and ``self.offsets``, a tensor of per-level offsets)."""
+
+    cfg: TigerConfig
+    offsets: torch.Tensor
+
+    def history_tokens(self, hist_sids: torch.Tensor) -> torch.Tensor:
+        """[R, H, L] per-level codes (rows of -1 = padding) -> [R, H*L] token ids."""
+        r, h, l = hist_sids.shape
+        tok = hist_sids + self.offsets.view(1, 1, l)
+        tok = torch.where(hist_sids < 0, torch.full_like(tok, PAD_TOKEN), tok)
+        return tok.reshape(r, h * l)
+
+    def decoder_tokens(self, codes: torch.Tensor, level0: int = 0) -> torch.Tensor:
+        """Per-level codes ``[..., t]`` starting at ``level0`` -> token ids."""
+        t = codes.shape[-1]
+        return codes + self.offsets[level0 : level0 + t]
+
+    def decoder_input(self, prefix: torch.Tensor) -> torch.Tensor:
+        """Teacher-forcing input for prefix codes [..., l]: [BOS, tokens] [..., l+1]."""
+        bos = torch.full((*prefix.shape[:-1], 1), BOS_TOKEN, dtype=torch.int64, device=prefix.device)
+        return torch.cat([bos, self.decoder_tokens(prefix)], dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: TigerConfig):
+        super().__init__()
+        self.h, self.dk = cfg.n_heads, cfg.d_kv
+        inner = cfg.n_heads * cfg.d_kv
+        self.q = nn.Linear(cfg.d_model, inner, bias=False)
+        self.k = nn.Linear(cfg.d_model, inner, bias=False)
+        self.v = nn.Linear(cfg.d_model, inner, bias=False)
+        self.o = nn.Linear(inner, cfg.d_model, bias=False)
+
+    def split(self, x: torch.Tensor) -> torch.Tensor:  # [N, T, h*dk] -> [N, h, T, dk]
+        n, t, _ = x.shape
+        return x.view(n, t, self.h, self.dk).transpose(1, 2)
+
+    def merge(self, x: torch.Tensor) -> torch.Tensor:  # [N, h, T, dk] -> [N, T, h*dk]
+        n, _, t, _ = x.shape
+        return x.transpose(1, 2).reshape(n, t, self.h * self.dk)
+
+    def kv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.split(self.k(x)), self.split(self.v(x))
+
+    @staticmethod
+    def attend(q, k, v, mask=None, causal=False) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: TigerConfig):
+        super().__init__()
+        self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff)
+        self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model)
+        self.act = nn.GELU() if cfg.activation == "gelu" else nn.ReLU()
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: TigerConfig):
+        super().__init__()
+        self.ln1, self.ln2 = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
+        self.attn = Attention(cfg)
+        self.ff = FeedForward(cfg)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, mask):
+        h = self.ln1(x)
+        a = self.attn
+        q, (k, v) = a.split(a.q(h)), a.kv(h)
+        x = x + self.drop(a.o(a.merge(a.attend(q, k, v, mask))))
+        return x + self.drop(self.ff(self.ln2(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: TigerConfig):
+        super().__init__()
+        self.ln1, self.ln2, self.ln3 = (nn.LayerNorm(cfg.d_model) for _ in range(3))
+        self.self_attn = Attention(cfg)
+        self.cross_attn = Attention(cfg)
+        self.ff = FeedForward(cfg)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, r: int, cross_kv, cross_mask, past=None):
+        """x: [R*M, T, d]. past: (k, v) [R*M, h, t, dk] or None. Returns (x, (k, v))."""
+        a = self.self_attn
+        h = self.ln1(x)
+        q, (k, v) = a.split(a.q(h)), a.kv(h)
+        if past is not None:
+            k = torch.cat([past[0], k], dim=2)
+            v = torch.cat([past[1], v], dim=2)
+        t_new, t_all = q.shape[2], k.shape[2]
+        if t_new == 1:  # one new token attends to everything before it
+            out = a.attend(q, k, v)
+        else:  # causal over [cached prefix, new tokens]; shape-generic for export
+            qi = torch.arange(t_new, device=x.device).unsqueeze(1) + (t_all - t_new)
+            mask = torch.arange(t_all, device=x.device).unsqueeze(0) <= qi
+            out = a.attend(q, k, v, mask)
+        x = x + self.drop(a.o(a.merge(out)))
+        # cross-attention: fold the M sequences of a request into the query axis
+        c = self.cross_attn
+        n, t, d = x.shape
+        h = self.ln2(x).reshape(r, (n // r) * t, d)
+        q = c.split(c.q(h))
+        out = c.merge(c.attend(q, cross_kv[0], cross_kv[1], cross_mask)).reshape(n, t, -1)
+        x = x + self.drop(c.o(out))
+        x = x + self.drop(self.ff(self.ln3(x)))
+        return x, (k, v)
+
+
+@dataclass
+class EncoderState:
+    """Encoder output for R requests, with per-layer cross-attention K/V."""
+
+    memory: torch.Tensor | None  # [R, S, d] (None where a backend does not expose it)
+    mask: torch.Tensor  # [R, 1, 1, S] bool (True = attend)
+    cross_kv: list[tuple[torch.Tensor, torch.Tensor]]  # per decoder layer, [R, h, S, dk]
+
+    @property
+    def n(self) -> int:
+        return self.mask.shape[0]
+
+    def select(self, idx: torch.Tensor) -> "EncoderState":
+        """A state for a subset (or repetition) of the requests."""
+        mem = None if self.memory is None else self.memory[idx]
+        return EncoderState(mem, self.mask[idx], [(k[idx], v[idx]) for k, v in self.cross_kv])
+
+
+class Tiger(SidTokens, nn.Module):
+    def __init__(self, cfg: TigerConfig):
+        super().__init__()
+        self.cfg = cfg
+        d = cfg.d_model
+        self.tok = nn.Embedding(cfg.vocab_size, d, padding_idx=PAD_TOKEN)
+        per_item = cfg.sid_len if cfg.encoder_input == "tokens" else 1
+        self.enc_pos = nn.Embedding(cfg.max_history * per_item, d)
+        self.dec_pos = nn.Embedding(cfg.sid_len, d)
+        self.enc_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_enc_layers))
+        self.dec_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_dec_layers))
+        self.enc_ln, self.dec_ln = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.heads = nn.ModuleList(nn.Linear(d, v) for v in cfg.level_sizes)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.register_buffer("offsets", torch.tensor(cfg.offsets(), dtype=torch.int64), persistent=False)
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(m):
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, std=0.02)
+
+    def n_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    # -- encoder -----------------------------------------------------------
+    def encode(self, hist_sids: torch.Tensor) -> EncoderState:
+        """hist_sids: [R, H, L] codes, left-padded with rows of -1."""
+        tokens = self.history_tokens(hist_sids)
+        if self.cfg.encoder_input == "tokens":
+            x = self.tok(tokens)
+            keep = tokens != PAD_TOKEN
+        else:
+            r, h, l = hist_sids.shape
+            x = self.tok(tokens).view(r, h, l, -1).sum(2)  # PAD embeds to zero
+            keep = hist_sids[:, :, 0] >= 0
+        s = x.shape[1]
+        pos = torch.arange(self.enc_pos.num_embeddings - s, self.enc_pos.num_embeddings, device=x.device)
+        x = self.drop(x + self.enc_pos(pos))
+        mask = keep[:, None, None, :]
+        for layer in self.enc_layers:
+            x = layer(x, mask)
+        mem = self.enc_ln(x)
+        cross = [layer.cross_attn.kv(mem) for layer in self.dec_layers]
+        return EncoderState(mem, mask, cross)
+
+    # -- decoder -----------------------------------------------------------
+    def decode(self, enc: EncoderState, tokens: torch.Tensor, past=None, start=0):
+        """tokens: [R, M, T] decoder input ids at positions start..start+T-1.
+        Returns hidden [R, M, T, d] (after the final norm) and the new cache
+        (per layer (k, v), [R*M, h, start+T, dk])."""
+        r, m, t = tokens.shape
+        pos = torch.arange(t, device=tokens.device) + start
+        x = self.drop(self.tok(tokens.reshape(r * m, t)) + self.dec_pos(pos))
+        new = []
+        for i, layer in enumerate(self.dec_layers):
+            x, kv = layer(x, r, enc.cross_kv[i], enc.mask, None if past is None else past[i])
+            new.append(kv)
+        return self.dec_ln(x).reshape(r, m, t, -1), new
+
+    def level_logprobs(self, hidden: torch.Tensor, level: int) -> torch.Tensor:
+        return torch.log_softmax(self.heads[level](hidden).float(), dim=-1)
+
+    def next_logprobs(self, enc: EncoderState, tokens: torch.Tensor, past=None, start: int = 0, last_only: bool = False):
+        """Decoder pass returning, for each input position p (absolute
+        ``start + i``), the log-probs of the codes of level p: a list of
+        [R, M, V_p] (only the last position's when ``last_only``), and the
+        new self-attention cache. This and :meth:`encode` are the whole
+        interface decoding needs, so other backends (ONNX Runtime) can stand in."""
+        hidden, new = self.decode(enc, tokens, past, start)
+        t = tokens.shape[2]
+        first = t - 1 if last_only else 0
+        return [self.level_logprobs(hidden[:, :, i], start + i) for i in range(first, t)], new
+
+    # -- training ----------------------------------------------------------
+    def forward(self, hist_sids: torch.Tensor, target_sids: torch.Tensor) -> torch.Tensor:
+        """Mean token cross-entropy of ``target_sids`` [B, L] given histories."""
+        enc = self.encode(hist_sids)
+        hidden, _ = self.decode(enc, self.decoder_input(target_sids[:, None, :-1]))
+        hidden = hidden[:, 0]
+        loss = 0.0
+        for lvl in range(self.cfg.sid_len):
+            loss = loss + F.cross_entropy(self.heads[lvl](hidden[:, lvl]), target_sids[:, lvl])
+        return loss / self.cfg.sid_len

@@ -1,0 +1,53 @@
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("SPECREC_SHARED_DATA", ROOT.parent / "shared" / "data"))
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+def beauty_dir() -> Path:
+    return SHARED_DATA / "beauty"
+
+
+needs_beauty = pytest.mark.skipif(not (SHARED_DATA / "beauty").exists(), reason="needs ../shared/data/beauty")
+
+
+@pytest.fixture(scope="session")
+def synth():
+    from specrec.data import synthetic_dataset
+
+    return synthetic_dataset(n_items=300, n_users=400, seed=1)
+
+
+def clustered_embeddings(n: int, d: int = 32, clusters: int = 12, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(clusters, d))
+    x = centres[rng.integers(0, clusters, n)] + 0.3 * rng.normal(size=(n, d))
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def tiny_config(**kw):
+    from specrec.models.tiger import TigerConfig
+
+    base = dict(level_sizes=[6, 5, 4, 3], d_model=32, n_heads=2, d_kv=16, d_ff=64,
+                n_enc_layers=2, n_dec_layers=2, max_history=6, dropout=0.0)
+    base.update(kw)
+    return TigerConfig(**base)
+
+
+def random_sids(n: int, level_sizes, seed: int = 0) -> np.ndarray:
+    """n distinct SIDs drawn uniformly from the full code space."""
+    rng = np.random.default_rng(seed)
+    space = int(np.prod(level_sizes))
+    flat = rng.choice(space, size=n, replace=False)
+    out = np.zeros((n, len(level_sizes)), dtype=np.int64)
+    for lvl in range(len(level_sizes) - 1, -1, -1):
+        out[:, lvl] = flat % level_sizes[lvl]
+        flat //= level_sizes[lvl]
+    return out

@@ -1,0 +1,80 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from specrec.bundle import Bundle
+from specrec.data import leave_one_out
+from specrec.decoding.beam import beam_search
+from specrec.ids import SemanticIds
+from specrec.train.trainer import Trainer, TrainConfig, evaluate_beam
+
+from ..conftest import clustered_embeddings, tiny_config
+
+
+@pytest.fixture(scope="module")
+def setup(synth):
+    split = leave_one_out(synth, max_history=6)
+    emb = clustered_embeddings(synth.n_items, seed=2)
+    cfg = tiny_config(level_sizes=[8, 8, 8, 64], d_model=48, d_ff=96)
+    sem = SemanticIds.fit(emb, n_levels=3, codebook_size=8, collision_size=64, seed=0)
+    return split, cfg, sem, sem.assign_all(emb)
+
+
+def _trainer(setup, out, epochs, **kw):
+    split, cfg, _, sids = setup
+    base = dict(epochs=epochs, batch_size=64, lr=3e-3, warmup_steps=10, valid_limit=200, patience=50)
+    tc = TrainConfig(**{**base, **kw})
+    return Trainer(cfg, tc, sids, split.train, split.valid, out, log=lambda s: None)
+
+
+def test_training_learns(setup, tmp_path):
+    split, cfg, _, sids = setup
+    tr = _trainer(setup, tmp_path, epochs=6)
+    before = evaluate_beam(tr.model, tr.sids, tr.trie, split.valid.head(200), 10)
+    summary = tr.fit(progress=False)
+    after = evaluate_beam(tr.model, tr.sids, tr.trie, split.valid.head(200), 10)
+    assert after["recall@10"] > before["recall@10"] + 0.05, (before, after)
+    losses = [h["loss"] for h in tr.history]
+    assert losses[-1] < losses[0]
+    assert summary["best_epoch"] >= 1
+    log = [json.loads(l) for l in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    assert len(log) == 6 and "valid.ndcg@10" in log[0]
+
+
+def test_resume_equals_uninterrupted(setup, tmp_path):
+    straight = _trainer(setup, tmp_path / "a", epochs=3)
+    straight.fit(progress=False)
+    first = _trainer(setup, tmp_path / "b", epochs=3)
+    first.cfg.epochs = 2  # "interrupted" after two epochs; the schedule still spans three
+    first.fit(progress=False)
+    resumed = _trainer(setup, tmp_path / "b", epochs=3)
+    assert resumed.resume() and resumed.epoch == 2
+    resumed.fit(progress=False)
+    assert resumed.epoch == 3 and resumed.step == straight.step
+    for (n, a), (_, b) in zip(straight.model.state_dict().items(), resumed.model.state_dict().items()):
+        assert torch.allclose(a, b, atol=1e-6), n
+
+
+def test_early_stopping(setup, tmp_path):
+    # with a zero learning rate nothing can improve after the first epoch
+    tr = _trainer(setup, tmp_path, epochs=30, patience=1, lr=0.0)
+    tr.fit(progress=False)
+    assert tr.epoch == 2 and tr.best_epoch == 1
+
+
+def test_bundle_roundtrip(setup, tmp_path, synth):
+    split, cfg, sem, sids = setup
+    tr = _trainer(setup, tmp_path / "run", epochs=1)
+    tr.fit(progress=False)
+    b = Bundle("synthetic", synth.catalogue, sem, sids, split.seen, tr.model, {"protocol": "loo"})
+    b.save(tmp_path / "bundle")
+    c = Bundle.load(tmp_path / "bundle")
+    assert c.catalogue.ids == b.catalogue.ids and np.array_equal(c.sids, b.sids)
+    assert np.array_equal(c.seen, b.seen) and np.array_equal(c.semantic_ids.codebooks, sem.codebooks)
+    hist = b.history_sids(split.test.histories()[:5])
+    with torch.inference_mode():
+        x = beam_search(b.model, b.model.encode(hist), b.trie, 5)
+        y = beam_search(c.model, c.model.encode(hist), c.trie, 5)
+    assert torch.equal(x.codes, y.codes) and torch.allclose(x.scores, y.scores)
