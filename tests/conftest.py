@@ -8,7 +8,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("SPECREC_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+torch.set_num_threads(int(os.environ.get("SPECREC_THREADS", max(1, min(2, os.cpu_count() or 1)))))
 
 
 def beauty_dir() -> Path:

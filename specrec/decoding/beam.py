@@ -28,6 +28,7 @@ class Beams:
     codes: torch.Tensor  # [R, B, l] prefix codes (levels 0..l-1)
     scores: torch.Tensor  # [R, B] cumulative log-probability (-inf = dead)
     nodes: torch.Tensor  # [R, B] trie node at depth l (-1 = dead)
+    token_logp: torch.Tensor  # [R, B, l] the log-probability of each code
 
     @property
     def level(self) -> int:
@@ -42,12 +43,16 @@ class Beams:
         items = trie.lookup(self.codes.reshape(r * b, l)).view(r, b)
         return torch.where(self.alive(), items, torch.full_like(items, -1))
 
+    def select(self, idx: torch.Tensor) -> "Beams":
+        return Beams(self.codes[idx], self.scores[idx], self.nodes[idx], self.token_logp[idx])
+
 
 def root_beams(n_requests: int) -> Beams:
     return Beams(
         torch.zeros(n_requests, 1, 0, dtype=torch.int64),
         torch.zeros(n_requests, 1),
         torch.zeros(n_requests, 1, dtype=torch.int64),
+        torch.zeros(n_requests, 1, 0),
     )
 
 
@@ -63,13 +68,16 @@ def select_topk(beams: Beams, logp: torch.Tensor, trie: SidTrie, width: int) -> 
     top, idx = cand.view(r, bc * v).topk(k, dim=1)
     parent = torch.div(idx, v, rounding_mode="floor")
     code = idx % v
-    codes = torch.cat([beams.codes.gather(1, parent.unsqueeze(-1).expand(-1, -1, level)), code.unsqueeze(-1)], dim=2)
+    par = parent.unsqueeze(-1).expand(-1, -1, level)
+    codes = torch.cat([beams.codes.gather(1, par), code.unsqueeze(-1)], dim=2)
+    tok = logp.view(r, bc * v).gather(1, idx)
+    token_logp = torch.cat([beams.token_logp.gather(1, par), tok.unsqueeze(-1)], dim=2)
     nodes = trie.advance(level, beams.nodes.gather(1, parent), code)
     dead = torch.isinf(top) | (nodes < 0)
     nodes = torch.where(dead, torch.full_like(nodes, -1), nodes)
     top = torch.where(dead, torch.full_like(top, NEG_INF), top)
     flat_parent = parent + torch.arange(r).unsqueeze(1) * bc
-    return Beams(codes, top, nodes), flat_parent.reshape(-1)
+    return Beams(codes, top, nodes, token_logp), flat_parent.reshape(-1)
 
 
 def prefix_logprobs(model: Tiger, enc: EncoderState, codes: torch.Tensor) -> torch.Tensor:
@@ -127,6 +135,16 @@ class BeamSearch:
         while not self.done:
             self.step()
         return self.beams
+
+    def select(self, idx: torch.Tensor, enc: EncoderState) -> "BeamSearch":
+        """The same search restricted to requests ``idx`` (``enc`` already selected)."""
+        new = BeamSearch(self.model, enc, self.trie, self.width, self.use_cache)
+        new.beams = self.beams.select(idx)
+        if self.past is not None:
+            b = self.beams.codes.shape[1]
+            rows = (idx.view(-1, 1) * b + torch.arange(b).view(1, -1)).reshape(-1)
+            new.past = [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in self.past]
+        return new
 
 
 @torch.inference_mode()

@@ -248,13 +248,16 @@ class Tiger(SidTokens, nn.Module):
         return EncoderState(mem, mask, cross)
 
     # -- decoder -----------------------------------------------------------
-    def decode(self, enc: EncoderState, tokens: torch.Tensor, past=None, start=0):
-        """tokens: [R, M, T] decoder input ids at positions start..start+T-1.
+    def decode(self, enc: EncoderState, tokens: torch.Tensor, past=None, start=0, embeds: torch.Tensor | None = None):
+        """tokens: [R, M, T] decoder input ids at positions start..start+T-1
+        (or ``embeds`` [R, M, T, d] given directly, e.g. learned placeholders).
         Returns hidden [R, M, T, d] (after the final norm) and the new cache
         (per layer (k, v), [R*M, h, start+T, dk])."""
-        r, m, t = tokens.shape
-        pos = torch.arange(t, device=tokens.device) + start
-        x = self.drop(self.tok(tokens.reshape(r * m, t)) + self.dec_pos(pos))
+        if embeds is None:
+            embeds = self.tok(tokens)
+        r, m, t, d = embeds.shape
+        pos = torch.arange(t, device=embeds.device) + start
+        x = self.drop(embeds.reshape(r * m, t, d) + self.dec_pos(pos))
         new = []
         for i, layer in enumerate(self.dec_layers):
             x, kv = layer(x, r, enc.cross_kv[i], enc.mask, None if past is None else past[i])

@@ -4,7 +4,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specrec.decoding.beam import BeamSearch, Beams, beam_search, expand_prefixes
+from specrec.decoding.beam import BeamSearch, beam_search, expand_prefixes
 from specrec.decoding.scoring import score_sids
 from specrec.ids import SidTrie
 from specrec.models.tiger import Tiger
@@ -107,6 +107,8 @@ def test_beam_scores_are_teacher_forced_log_likelihoods():
     beams = beam_search(model, enc, trie, 6)
     s = score_sids(model, enc, beams.codes).total()
     assert torch.allclose(s, beams.scores, atol=1e-5)
+    per_token = score_sids(model, enc, beams.codes).token_logp
+    assert torch.allclose(per_token, beams.token_logp, atol=1e-5)
 
 
 @torch.inference_mode()
@@ -115,7 +117,7 @@ def test_one_step_expansion_from_prefixes_matches_beam_step():
     enc = model.encode(histories(model, sids, 2, 5))
     bs = BeamSearch(model, enc, trie, width=5)
     bs.step()
-    after_two = Beams(bs.beams.codes.clone(), bs.beams.scores.clone(), bs.beams.nodes.clone())
+    after_two = bs.beams.select(torch.arange(2))
     bs.step()
     expanded = expand_prefixes(model, enc, after_two, trie, width=5)
     assert torch.equal(expanded.codes, bs.beams.codes)

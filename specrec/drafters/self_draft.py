@@ -1,0 +1,41 @@
+"""Self-drafter (SpecGR++): drafts with the GR encoder's own state, through a
+small contrastively trained projection; new items are drafted from their SID."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from ..itemset import LocalItemSet
+from ..models.self_draft import SelfDraftHead
+from ..models.tiger import Tiger
+from .vector import VectorDrafter
+
+
+class SelfDrafter(VectorDrafter):
+    name = "self"
+
+    def __init__(self, gr: Tiger, head: SelfDraftHead, itemset: LocalItemSet, exact_limit: int = 200_000):
+        self.gr, self.head = gr.eval(), head.eval()
+        with torch.inference_mode():
+            vectors = head.item_vectors(gr, itemset.sids_t).numpy()
+        super().__init__(vectors, itemset, exact_limit)
+
+    @torch.inference_mode()
+    def user_vectors(self, histories: Sequence[np.ndarray]) -> np.ndarray:
+        h, L = self.gr.cfg.max_history, self.gr.cfg.sid_len
+        hist = torch.full((len(histories), h, L), -1, dtype=torch.int64)
+        for i, items in enumerate(histories):
+            items = np.asarray(items, dtype=np.int64)[-h:]
+            if len(items):
+                hist[i, h - len(items) :] = self.itemset.sids_t[torch.from_numpy(items)]
+        return self.head.user_vectors(self.gr.encode(hist)).numpy()
+
+    def add_items(self, itemset: LocalItemSet) -> None:
+        """Index catalogue rows appended in ``itemset`` (vectors from their SIDs)."""
+        new = itemset.sids_t[len(self.vectors) :]
+        with torch.inference_mode():
+            vec = self.head.item_vectors(self.gr, new).numpy()
+        self.set_itemset(itemset, vec)

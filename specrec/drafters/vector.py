@@ -1,0 +1,92 @@
+"""Inner-product drafting over the whole catalogue with faiss.
+
+Shared by the retrieval drafter and the self-drafter: each supplies user
+vectors for histories and one vector per catalogue row.
+
+- Exact search (``IndexFlatIP``) up to ``exact_limit`` items (200k by
+  default); HNSW beyond it (its recall against exact search is measured in
+  ``bench/drafter_index.py``).
+- Guided re-drafting: with ``prefixes``, only items whose SID starts with one
+  of the request's prefixes are scored (exactly, by matrix product; prefixes
+  map to contiguous ranges of the SID-sorted catalogue).
+- Excluded (already verified) and inactive (deleted) items are never returned.
+- ``add_items`` indexes new catalogue rows without a restart.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Sequence
+
+import numpy as np
+
+from ..itemset import LocalItemSet
+from .base import Draft, DraftRequest, topn_excluding
+
+
+def build_index(vectors: np.ndarray, exact_limit: int = 200_000, hnsw_m: int = 32, ef_search: int = 128):
+    import faiss
+
+    d = vectors.shape[1]
+    if len(vectors) <= exact_limit:
+        index = faiss.IndexFlatIP(d)
+    else:
+        index = faiss.IndexHNSWFlat(d, hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        index.hnsw.efConstruction = 80
+        index.hnsw.efSearch = ef_search
+    index.add(np.ascontiguousarray(vectors, dtype=np.float32))
+    return index
+
+
+class VectorDrafter:
+    name = "vector"
+
+    def __init__(self, item_vectors: np.ndarray, itemset: LocalItemSet, exact_limit: int = 200_000):
+        self.vectors = np.ascontiguousarray(item_vectors, dtype=np.float32)
+        self.itemset = itemset
+        self.exact_limit = exact_limit
+        self.index = build_index(self.vectors, exact_limit)
+        self._lock = threading.Lock()
+
+    @property
+    def index_kind(self) -> str:
+        return type(self.index).__name__
+
+    def user_vectors(self, histories: Sequence[np.ndarray]) -> np.ndarray:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def set_itemset(self, itemset: LocalItemSet, new_vectors: np.ndarray | None = None) -> None:
+        """Follow a new catalogue version: rows beyond the current ones are
+        appended to the index (their vectors given in ``new_vectors``)."""
+        with self._lock:
+            extra = itemset.n_rows - len(self.vectors)
+            if extra > 0:
+                if new_vectors is None or len(new_vectors) != extra:
+                    raise ValueError(f"{extra} new catalogue rows need {extra} vectors")
+                new_vectors = np.ascontiguousarray(new_vectors, dtype=np.float32)
+                self.vectors = np.concatenate([self.vectors, new_vectors])
+                self.index.add(new_vectors)
+            self.itemset = itemset
+
+    def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        if not requests:
+            return []
+        users = self.user_vectors([r.history for r in requests])
+        itemset, vectors = self.itemset, self.vectors
+        out: list[Draft | None] = [None] * len(requests)
+        free = [i for i, r in enumerate(requests) if r.prefixes is None]
+        for i, r in enumerate(requests):
+            if r.prefixes is not None:
+                rows = np.unique(np.concatenate([itemset.items_with_prefix(p) for p in r.prefixes] or [np.zeros(0, np.int64)]))
+                out[i] = topn_excluding(vectors[rows] @ users[i], rows, r.n, r.exclude)
+        if free:
+            inactive = len(itemset.active) - int(itemset.active.sum())
+            want = max(requests[i].n + len(requests[i].exclude) for i in free) + inactive
+            want = min(want, len(vectors))
+            scores, rows = self.index.search(np.ascontiguousarray(users[free]), want)
+            for j, i in enumerate(free):
+                ok = rows[j] >= 0
+                r_rows, r_scores = rows[j][ok], scores[j][ok]
+                act = itemset.active[r_rows]
+                out[i] = topn_excluding(r_scores[act], r_rows[act], requests[i].n, requests[i].exclude)
+        return out

@@ -1,0 +1,125 @@
+"""The item set: which SIDs are valid items, in one catalogue version.
+
+The policy loop and the verifier see the catalogue only through
+:class:`ItemSet`. :class:`LocalItemSet` keeps it in memory (a
+:class:`~specrec.ids.trie.SidTrie` plus arrays); the item-set service keeps the
+same data in Redis and hands out local snapshots per version.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from .ids.trie import SidTrie
+
+
+class ItemSet(Protocol):
+    version: str
+    level_sizes: list[int]
+
+    @property
+    def trie(self) -> SidTrie: ...
+
+    def __len__(self) -> int: ...
+
+    def contains(self, sids: np.ndarray) -> np.ndarray: ...
+
+    def lookup(self, sids: np.ndarray) -> np.ndarray: ...
+
+    def sids_of(self, items: np.ndarray) -> np.ndarray: ...
+
+    def is_unseen(self, items: np.ndarray) -> np.ndarray: ...
+
+
+@dataclass
+class LocalItemSet:
+    """An immutable in-memory catalogue snapshot.
+
+    ``sids[i]`` is item i's SID; ``seen[i]`` says whether item i had training
+    interactions (unseen items are scored with the SpecGR L-1 rule). Items
+    whose row in ``active`` is False (deleted) are not valid.
+    """
+
+    sids: np.ndarray  # [N, L] int64
+    seen: np.ndarray  # [N] bool
+    level_sizes: list[int]
+    version: str = "0"
+    active: np.ndarray | None = None  # [N] bool; None = all active
+
+    def __post_init__(self) -> None:
+        self.sids = np.ascontiguousarray(self.sids, dtype=np.int64)
+        self.seen = np.asarray(self.seen, dtype=bool)
+        if self.active is None:
+            self.active = np.ones(len(self.sids), dtype=bool)
+        self.sids_t = torch.from_numpy(self.sids)
+
+    @cached_property
+    def trie(self) -> SidTrie:
+        rows = np.nonzero(self.active)[0]
+        trie = SidTrie(self.sids[rows], self.level_sizes)
+        # map trie rows back to catalogue item indices
+        trie.leaf_item = torch.from_numpy(rows)[trie.leaf_item]
+        return trie
+
+    @cached_property
+    def order(self) -> tuple[np.ndarray, np.ndarray]:
+        """Active items sorted by SID, and their SIDs as sortable int keys:
+        every SID prefix is one contiguous range (for prefix-restricted drafting)."""
+        rows = np.nonzero(self.active)[0]
+        keys = self.sid_keys(self.sids[rows])
+        o = np.argsort(keys, kind="stable")
+        return rows[o], keys[o]
+
+    def sid_keys(self, sids: np.ndarray) -> np.ndarray:
+        key = np.zeros(len(sids), dtype=np.int64)
+        for lvl, v in enumerate(self.level_sizes):
+            key = key * v + sids[:, lvl]
+        return key
+
+    def prefix_range(self, prefix) -> tuple[int, int]:
+        """[lo, hi) positions in :attr:`order` of items whose SID starts with ``prefix``."""
+        rows, keys = self.order
+        lo = hi = 0
+        for lvl, v in enumerate(self.level_sizes):
+            c = int(prefix[lvl]) if lvl < len(prefix) else None
+            lo = lo * v + (c if c is not None else 0)
+            hi = hi * v + (c if c is not None else v - 1)
+        return int(np.searchsorted(keys, lo, "left")), int(np.searchsorted(keys, hi, "right"))
+
+    def items_with_prefix(self, prefix) -> np.ndarray:
+        lo, hi = self.prefix_range(prefix)
+        return self.order[0][lo:hi]
+
+    def __len__(self) -> int:
+        return int(self.active.sum())
+
+    @property
+    def n_rows(self) -> int:
+        return len(self.sids)
+
+    def contains(self, sids: np.ndarray) -> np.ndarray:
+        return self.trie.contains(np.asarray(sids)).numpy()
+
+    def lookup(self, sids: np.ndarray) -> np.ndarray:
+        return self.trie.lookup(np.asarray(sids)).numpy()
+
+    def sids_of(self, items: np.ndarray) -> np.ndarray:
+        return self.sids[np.asarray(items, dtype=np.int64)]
+
+    def is_unseen(self, items: np.ndarray) -> np.ndarray:
+        return ~self.seen[np.asarray(items, dtype=np.int64)]
+
+    def with_items(self, new_sids: np.ndarray, new_seen: np.ndarray | None = None, version: str | None = None) -> "LocalItemSet":
+        """A new snapshot with items appended (new items are unseen by default)."""
+        new_sids = np.asarray(new_sids, dtype=np.int64).reshape(-1, len(self.level_sizes))
+        seen = np.zeros(len(new_sids), bool) if new_seen is None else np.asarray(new_seen, bool)
+        return LocalItemSet(
+            np.concatenate([self.sids, new_sids]), np.concatenate([self.seen, seen]), self.level_sizes,
+            version or str(int(self.version) + 1 if self.version.isdigit() else self.version + "+"),
+            np.concatenate([self.active, np.ones(len(new_sids), bool)]),
+        )

@@ -1,0 +1,217 @@
+"""Training the drafters: the retrieval model, the self-draft head and the
+NEZHA head. Each keeps the best epoch by a validation metric and shows
+progress; the GR model stays frozen for the two heads."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import BaseModel
+from tqdm.auto import tqdm
+
+from ..data.splits import PAD, Examples, Split
+from ..models.nezha_head import NezhaHead
+from ..models.retrieval import RetrievalConfig, RetrievalModel
+from ..models.self_draft import SelfDraftHead
+from ..models.tiger import Tiger
+from .trainer import bucketed_batches, history_batch
+
+
+class DrafterTrainConfig(BaseModel):
+    epochs: int = 20
+    batch_size: int = 256
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    patience: int = 3
+    valid_limit: int | None = 4000
+    seed: int = 0
+
+
+def _recall_at(scores: torch.Tensor, target: torch.Tensor, k: int) -> float:
+    top = scores.topk(k, dim=1).indices
+    return float((top == target.unsqueeze(1)).any(1).float().mean())
+
+
+def _loop(params, cfg: DrafterTrainConfig, n_train: int, lengths: np.ndarray, step_fn, valid_fn, desc: str,
+          log: Callable[[str], None], progress: bool, state_fn):
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    best, best_state, bad, history = -1.0, None, 0, []
+    for epoch in range(cfg.epochs):
+        rng = np.random.default_rng(cfg.seed * 7919 + epoch)
+        batches = bucketed_batches(lengths, cfg.batch_size, rng, 50)
+        t0, tot = time.time(), 0.0
+        for idx in tqdm(batches, desc=f"{desc} {epoch + 1}/{cfg.epochs}", disable=not progress, leave=False):
+            loss = step_fn(idx)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            tot += float(loss) * len(idx)
+        val = valid_fn()
+        history.append({"epoch": epoch + 1, "loss": tot / n_train, "valid": val, "seconds": round(time.time() - t0, 1)})
+        log(f"{desc} epoch {epoch + 1}: loss {tot / n_train:.4f}  valid {val:.4f}")
+        if val > best:
+            best, best_state, bad = val, state_fn(), 0
+        else:
+            bad += 1
+            if bad >= cfg.patience:
+                break
+    return best, best_state, history
+
+
+# -- retrieval drafter ---------------------------------------------------------
+def user_sequences(split: Split) -> list[tuple[int, int]]:
+    """(user, last training target position) per user with training data."""
+    last: dict[int, int] = {}
+    for u, p in zip(split.train.user.tolist(), split.train.position.tolist()):
+        last[u] = max(last.get(u, -1), p)
+    return sorted(last.items())
+
+
+def train_retrieval(
+    split: Split, sequences: list[np.ndarray], text_emb: np.ndarray, cfg: RetrievalConfig | None = None,
+    tcfg: DrafterTrainConfig | None = None, log: Callable[[str], None] = print, progress: bool = True,
+) -> tuple[RetrievalModel, dict]:
+    """SASRec-style training: every position of a user's training sequence
+    predicts the next item, softmax over the items seen in training."""
+    cfg = cfg or RetrievalConfig()
+    tcfg = tcfg or DrafterTrainConfig(epochs=30, batch_size=128, lr=1e-3)
+    torch.manual_seed(tcfg.seed)
+    model = RetrievalModel(cfg)
+    H = cfg.max_history
+    seqs = []
+    for u, p in user_sequences(split):
+        s = sequences[u][: p + 1][-(H + 1) :]
+        if len(s) >= 2:
+            seqs.append(s)
+    n = len(seqs)
+    inp = np.full((n, H), PAD, dtype=np.int64)
+    tgt = np.full((n, H), PAD, dtype=np.int64)
+    for i, s in enumerate(seqs):
+        inp[i, H - (len(s) - 1) :] = s[:-1]
+        tgt[i, H - (len(s) - 1) :] = s[1:]
+    text = torch.from_numpy(np.ascontiguousarray(text_emb, dtype=np.float32))
+    seen_rows = torch.from_numpy(np.nonzero(split.seen)[0])
+    remap = torch.full((len(text_emb),), -1, dtype=torch.int64)
+    remap[seen_rows] = torch.arange(len(seen_rows))
+    lengths = (inp != PAD).sum(1)
+    valid = split.valid.head(tcfg.valid_limit)
+    log(f"retrieval drafter: {n} training sequences, {len(seen_rows)} items in the softmax")
+
+    def step(idx):
+        model.train()
+        t = int(lengths[idx].max())
+        x = torch.from_numpy(inp[idx][:, H - t :])
+        y = torch.from_numpy(tgt[idx][:, H - t :])
+        keep = x >= 0
+        items = model.item_vectors(text[seen_rows])
+        hv = model.item_vectors(text[x.clamp(min=0)])
+        states = model.sequence(hv, keep)
+        m = keep & (y >= 0)
+        logits = states[m] @ items.T / cfg.temperature
+        return F.cross_entropy(logits, remap[y[m]])
+
+    @torch.inference_mode()
+    def validate():
+        model.eval()
+        items = model.item_vectors(text)
+        hist = torch.from_numpy(valid.history)
+        keep = hist >= 0
+        u = model.user_vectors(text[hist.clamp(min=0)], keep)
+        return _recall_at(u @ items.T, torch.from_numpy(valid.target), 50)
+
+    best, state, hist = _loop(list(model.parameters()), tcfg, n, lengths, step, validate, "retrieval", log, progress,
+                              lambda: {k: v.clone() for k, v in model.state_dict().items()})
+    model.load_state_dict(state)
+    return model.eval(), {"best_valid_recall@50": best, "epochs": hist}
+
+
+# -- self-draft head ---------------------------------------------------------------
+def train_self_draft(
+    gr: Tiger, split: Split, sids: np.ndarray, tcfg: DrafterTrainConfig | None = None,
+    log: Callable[[str], None] = print, progress: bool = True,
+) -> tuple[SelfDraftHead, dict]:
+    tcfg = tcfg or DrafterTrainConfig(epochs=10, batch_size=256, lr=2e-3)
+    torch.manual_seed(tcfg.seed)
+    gr.eval()
+    for p in gr.parameters():
+        p.requires_grad_(False)
+    head = SelfDraftHead(gr)
+    sids_t = torch.from_numpy(np.ascontiguousarray(sids, dtype=np.int64))
+    seen_rows = torch.from_numpy(np.nonzero(split.seen)[0])
+    remap = torch.full((len(sids),), -1, dtype=torch.int64)
+    remap[seen_rows] = torch.arange(len(seen_rows))
+    tr: Examples = split.train
+    lengths = (tr.history != PAD).sum(1)
+    valid = split.valid.head(tcfg.valid_limit)
+
+    def step(idx):
+        head.train()
+        with torch.no_grad():
+            enc = gr.encode(history_batch(sids_t, tr.history[idx]))
+        u = head.user_vectors(enc)
+        items = head.item_vectors(gr, sids_t[seen_rows])
+        logits = u @ items.T / head.cfg.temperature
+        return F.cross_entropy(logits, remap[torch.from_numpy(tr.target[idx])])
+
+    @torch.inference_mode()
+    def validate():
+        head.eval()
+        items = head.item_vectors(gr, sids_t)
+        u = head.user_vectors(gr.encode(history_batch(sids_t, valid.history)))
+        return _recall_at(u @ items.T, torch.from_numpy(valid.target), 50)
+
+    best, state, hist = _loop(list(head.parameters()), tcfg, len(tr), lengths, step, validate, "self-draft", log,
+                              progress, lambda: {k: v.clone() for k, v in head.state_dict().items()})
+    head.load_state_dict(state)
+    return head.eval(), {"best_valid_recall@50": best, "epochs": hist}
+
+
+# -- NEZHA head -------------------------------------------------------------------
+def train_nezha(
+    gr: Tiger, split: Split, sids: np.ndarray, tcfg: DrafterTrainConfig | None = None,
+    log: Callable[[str], None] = print, progress: bool = True,
+) -> tuple[NezhaHead, dict]:
+    """Cross-entropy on the true next SID plus KL to the GR's own per-level
+    distributions along it; validation: recall@10 of the head's constrained beams."""
+    from ..ids.trie import SidTrie
+
+    tcfg = tcfg or DrafterTrainConfig(epochs=6, batch_size=256, lr=2e-3, patience=2)
+    torch.manual_seed(tcfg.seed)
+    gr.eval()
+    for p in gr.parameters():
+        p.requires_grad_(False)
+    head = NezhaHead(gr)
+    sids_t = torch.from_numpy(np.ascontiguousarray(sids, dtype=np.int64))
+    trie = SidTrie(sids, gr.cfg.level_sizes)
+    tr: Examples = split.train
+    lengths = (tr.history != PAD).sum(1)
+    valid = split.valid.head(min(tcfg.valid_limit or 2000, 2000))
+
+    def step(idx):
+        head.train()
+        tgt = sids_t[torch.from_numpy(tr.target[idx])]
+        with torch.no_grad():
+            enc = gr.encode(history_batch(sids_t, tr.history[idx]))
+            teacher, _ = gr.next_logprobs(enc, gr.decoder_input(tgt[:, None, :-1]))
+            teacher = [t[:, 0] for t in teacher]
+        return head.loss(gr, enc, tgt, teacher)
+
+    @torch.inference_mode()
+    def validate():
+        head.eval()
+        hits = 0
+        for s in range(0, len(valid), 500):
+            enc = gr.encode(history_batch(sids_t, valid.history[s : s + 500]))
+            beams = head.beam_search(gr, head.hidden(gr, enc), trie, 10)
+            items = beams.items(trie)
+            hits += int((items == torch.from_numpy(valid.target[s : s + 500]).unsqueeze(1)).any(1).sum())
+        return hits / len(valid)
+
+    best, state, hist = _loop(list(head.parameters()), tcfg, len(tr), lengths, step, validate, "nezha", log, progress,
+                              lambda: {k: v.clone() for k, v in head.state_dict().items()})
+    head.load_state_dict(state)
+    return head.eval(), {"best_valid_recall@10": best, "epochs": hist}

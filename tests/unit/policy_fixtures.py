@@ -1,0 +1,62 @@
+"""A tiny in-process engine for policy tests: random GR model, random
+catalogue, a real VectorDrafter over random item vectors, a NEZHA head."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from specrec.drafters.vector import VectorDrafter
+from specrec.itemset import LocalItemSet
+from specrec.models.nezha_head import NezhaHead
+from specrec.models.tiger import Tiger
+from specrec.policies import Engine
+from specrec.verifier import LocalVerifier
+
+from ..conftest import random_sids, tiny_config
+
+
+class HashDrafter(VectorDrafter):
+    """Deterministic user vectors from the history (a stand-in user model)."""
+
+    name = "hash"
+
+    def __init__(self, vectors, itemset, noise_seed=0):
+        super().__init__(vectors, itemset)
+        self.calls = []
+        self.seed = noise_seed
+
+    def user_vectors(self, histories):
+        out = []
+        for h in histories:
+            v = self.vectors[np.asarray(h)[-3:]].mean(0)
+            rng = np.random.default_rng(abs(hash(tuple(np.asarray(h).tolist()))) % (2**32) + self.seed)
+            out.append(v + 0.3 * rng.normal(size=v.shape))
+        return np.asarray(out, dtype=np.float32)
+
+    def draft(self, requests):
+        self.calls.append(list(requests))
+        return super().draft(requests)
+
+
+def make_engine(seed=0, n_items=60, unseen_frac=0.0, sharp=30.0, level_sizes=(6, 5, 4, 3), with_head=True):
+    torch.manual_seed(seed)
+    cfg = tiny_config(level_sizes=list(level_sizes))
+    model = Tiger(cfg).eval()
+    with torch.no_grad():
+        for h in model.heads:
+            h.weight.mul_(sharp)
+    sids = random_sids(n_items, cfg.level_sizes, seed)
+    rng = np.random.default_rng(seed)
+    seen = rng.random(n_items) >= unseen_frac
+    itemset = LocalItemSet(sids, seen, cfg.level_sizes)
+    vectors = rng.normal(size=(n_items, 16)).astype(np.float32)
+    head = NezhaHead(model).eval() if with_head else None
+    verifier = LocalVerifier(model, head)
+    return Engine(verifier, itemset, cfg.max_history, HashDrafter(vectors, itemset, seed))
+
+
+def histories(engine, n, seed=0):
+    rng = np.random.default_rng(seed)
+    N = engine.itemset.n_rows
+    return [rng.integers(0, N, int(rng.integers(1, engine.max_history + 3))) for _ in range(n)]
