@@ -13,3 +13,5 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 python -m pip install -q --upgrade pip
 python -c "import torch" 2>/dev/null || python -m pip install -q "torch==2.13.0"
 python -m pip install -q -e ".[test]"
+# gRPC code is generated from protos/ at install time, never committed
+python -m specrec_rpc.codegen

@@ -2,10 +2,19 @@
 
 A bundle directory holds
 
-- ``bundle.json``   name, dataset, protocol, model and SID config, training summary;
-- ``items.jsonl``   per item: id, title, text, SID, seen flag (catalogue order);
-- ``codebooks.npy`` RQ codebooks [L, C, D] for inductive SIDs of new items;
-- ``model.safetensors`` the GR model's weights.
+- ``bundle.json``        name, dataset, protocol, model/drafter configs, training summaries;
+- ``items.jsonl``        per item: id, title, text, SID, seen flag (catalogue order);
+- ``codebooks.npy``      RQ codebooks [L, C, D] for inductive SIDs of new items;
+- ``model.safetensors``  the GR model's weights (stored in float16, run in float32);
+
+and, once drafters are trained (``specrec train-drafters``):
+
+- ``text_emb.npy``       item text embeddings (float16), for the retrieval drafter;
+- ``retrieval.safetensors``, ``self_draft.safetensors``, ``nezha_head.safetensors``.
+
+Weights are stored in half precision to keep the committed bundle small; the
+loaded model is the float32 upcast of those weights, and every figure in
+``bench/results`` is measured on the loaded bundle.
 """
 
 from __future__ import annotations
@@ -17,13 +26,46 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
 
 from .data.dataset import Catalogue
 from .ids.semantic import SemanticIds
 from .ids.trie import SidTrie
+from .itemset import LocalItemSet
+from .models.nezha_head import NezhaConfig, NezhaHead
+from .models.retrieval import RetrievalConfig, RetrievalModel
+from .models.self_draft import SelfDraftConfig, SelfDraftHead
 from .models.tiger import Tiger, TigerConfig
 
 FORMAT_VERSION = 1
+
+
+def save_weights(module: nn.Module, path: Path, half: bool = True) -> None:
+    from safetensors.torch import save_file
+
+    state = {}
+    for k, v in module.state_dict().items():
+        v = v.detach().contiguous()
+        state[k] = v.half() if half and v.is_floating_point() else v
+    save_file(state, str(path))
+
+
+def load_weights(module: nn.Module, path: Path) -> nn.Module:
+    from safetensors.torch import load_file
+
+    ref = module.state_dict()
+    state = {k: v.to(ref[k].dtype) for k, v in load_file(str(path)).items()}
+    module.load_state_dict(state)
+    return module.eval()
+
+
+def round_to_half(module: nn.Module) -> nn.Module:
+    """Round float weights through float16, as saving and loading would."""
+    with torch.no_grad():
+        for p in module.state_dict().values():
+            if p.is_floating_point():
+                p.copy_(p.half().float())
+    return module
 
 
 @dataclass
@@ -35,6 +77,10 @@ class Bundle:
     seen: np.ndarray  # [N] bool
     model: Tiger
     meta: dict = field(default_factory=dict)
+    text_emb: np.ndarray | None = None  # [N, 384]
+    retrieval: RetrievalModel | None = None
+    self_draft: SelfDraftHead | None = None
+    nezha_head: NezhaHead | None = None
 
     def __post_init__(self) -> None:
         if self.sids.shape != (len(self.catalogue), self.model.cfg.sid_len):
@@ -47,8 +93,12 @@ class Bundle:
         return self.model.cfg
 
     @cached_property
+    def itemset(self) -> LocalItemSet:
+        return LocalItemSet(self.sids, self.seen, self.cfg.level_sizes, version="1")
+
+    @property
     def trie(self) -> SidTrie:
-        return SidTrie(self.sids, self.cfg.level_sizes)
+        return self.itemset.trie
 
     def history_sids(self, histories: list[np.ndarray] | np.ndarray) -> torch.Tensor:
         """Item-index histories (ragged lists, or [R, H] padded with -1) ->
@@ -62,10 +112,35 @@ class Bundle:
                 out[i, h - len(items) :] = self.sids_t[torch.from_numpy(items)]
         return out
 
-    # -- persistence -------------------------------------------------------
-    def save(self, path: str | Path) -> Path:
-        from safetensors.torch import save_file
+    # -- serving pieces ----------------------------------------------------------
+    def drafter(self, kind: str = "retrieval", itemset: LocalItemSet | None = None):
+        itemset = itemset or self.itemset
+        if kind == "retrieval":
+            from .drafters.retrieval import RetrievalDrafter
 
+            if self.retrieval is None or self.text_emb is None:
+                raise ValueError(f"bundle {self.name!r} has no retrieval drafter (run `specrec train-drafters`)")
+            return RetrievalDrafter(self.retrieval, self.text_emb, itemset)
+        if kind == "self":
+            from .drafters.self_draft import SelfDrafter
+
+            if self.self_draft is None:
+                raise ValueError(f"bundle {self.name!r} has no self-draft head (run `specrec train-drafters`)")
+            return SelfDrafter(self.model, self.self_draft, itemset)
+        raise ValueError(f"unknown drafter {kind!r} (expected 'retrieval' or 'self')")
+
+    def engine(self, drafter: str | None = "retrieval", model=None):
+        """An in-process engine: local verifier (torch, or ``model`` such as an
+        ONNX Runtime backend), the bundle's item set, and a drafter."""
+        from .policies.base import Engine
+        from .verifier import LocalVerifier
+
+        verifier = LocalVerifier(model if model is not None else self.model, self.nezha_head, self.model)
+        d = self.drafter(drafter) if drafter else None
+        return Engine(verifier, self.itemset, self.cfg.max_history, d)
+
+    # -- persistence -------------------------------------------------------------
+    def save(self, path: str | Path) -> Path:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         meta = dict(self.meta)
@@ -77,6 +152,17 @@ class Bundle:
                  "collision_size": self.semantic_ids.collision_size},
             n_items=len(self.catalogue),
         )
+        if self.retrieval is not None:
+            meta["retrieval"] = self.retrieval.cfg.model_dump()
+            save_weights(self.retrieval, path / "retrieval.safetensors")
+        if self.self_draft is not None:
+            meta["self_draft"] = self.self_draft.cfg.model_dump()
+            save_weights(self.self_draft, path / "self_draft.safetensors")
+        if self.nezha_head is not None:
+            meta["nezha_head"] = self.nezha_head.cfg.model_dump()
+            save_weights(self.nezha_head, path / "nezha_head.safetensors")
+        if self.text_emb is not None:
+            np.save(path / "text_emb.npy", self.text_emb.astype(np.float16))
         (path / "bundle.json").write_text(json.dumps(meta, indent=2) + "\n")
         with open(path / "items.jsonl", "w", encoding="utf-8") as fh:
             c = self.catalogue
@@ -84,14 +170,11 @@ class Bundle:
                 fh.write(json.dumps({"item_id": c.ids[i], "title": c.titles[i], "text": c.texts[i],
                                      "sid": [int(x) for x in self.sids[i]], "seen": bool(self.seen[i])}) + "\n")
         np.save(path / "codebooks.npy", self.semantic_ids.codebooks)
-        state = {k: v.detach().contiguous() for k, v in self.model.state_dict().items()}
-        save_file(state, str(path / "model.safetensors"))
+        save_weights(self.model, path / "model.safetensors")
         return path
 
     @classmethod
     def load(cls, path: str | Path) -> "Bundle":
-        from safetensors.torch import load_file
-
         path = Path(path)
         if not (path / "bundle.json").exists():
             raise FileNotFoundError(f"not a bundle directory (no bundle.json): {path}")
@@ -104,11 +187,16 @@ class Bundle:
                 o = json.loads(line)
                 ids.append(o["item_id"]); titles.append(o["title"]); texts.append(o["text"])
                 sids.append(o["sid"]); seen.append(o["seen"])
-        cfg = TigerConfig(**meta["model"])
-        model = Tiger(cfg)
-        model.load_state_dict(load_file(str(path / "model.safetensors")))
+        model = load_weights(Tiger(TigerConfig(**meta["model"])), path / "model.safetensors")
         sem = SemanticIds(np.load(path / "codebooks.npy"), meta["sid"]["collision_size"])
-        return cls(
-            name=meta["name"], catalogue=Catalogue(ids, titles, texts), semantic_ids=sem,
-            sids=np.asarray(sids, dtype=np.int64), seen=np.asarray(seen, dtype=bool), model=model, meta=meta,
-        )
+        b = cls(name=meta["name"], catalogue=Catalogue(ids, titles, texts), semantic_ids=sem,
+                sids=np.asarray(sids, dtype=np.int64), seen=np.asarray(seen, dtype=bool), model=model, meta=meta)
+        if (path / "text_emb.npy").exists():
+            b.text_emb = np.load(path / "text_emb.npy").astype(np.float32)
+        if "retrieval" in meta:
+            b.retrieval = load_weights(RetrievalModel(RetrievalConfig(**meta["retrieval"])), path / "retrieval.safetensors")
+        if "self_draft" in meta:
+            b.self_draft = load_weights(SelfDraftHead(model, SelfDraftConfig(**meta["self_draft"])), path / "self_draft.safetensors")
+        if "nezha_head" in meta:
+            b.nezha_head = load_weights(NezhaHead(model, NezhaConfig(**meta["nezha_head"])), path / "nezha_head.safetensors")
+        return b

@@ -78,17 +78,32 @@ def _load_eval_split(bundle, data: str | None, protocol: str | None):
     return make_split(ds, protocol, bundle.cfg.max_history, bundle.meta.get("quantile") or 0.8)
 
 
+def _policy_params(items: list[str]) -> dict[str, dict]:
+    """--set specgr.gamma=-1.2 --set strict.n_drafts=20 -> {"specgr": {"gamma": -1.2}, ...}"""
+    out: dict[str, dict] = {}
+    for it in items or []:
+        key, _, val = it.partition("=")
+        pol, _, field = key.partition(".")
+        if not field or not _:
+            raise SystemExit(f"--set expects POLICY.FIELD=VALUE, got {it!r}")
+        out.setdefault(pol, {})[field] = json.loads(val) if val[:1] in "-0123456789[{tfn" else val
+    return out
+
+
 def cmd_eval(a: argparse.Namespace) -> int:
     import torch
 
     from .bundle import Bundle
-    from .eval.evaluate import beam_ranker, run_ranker, summarise
-    from .eval.results import markdown_table, update_summary, write_json
 
     torch.set_num_threads(a.threads)
     bundle = Bundle.load(a.bundle)
     split = _load_eval_split(bundle, a.data, a.protocol)
     ex = getattr(split, a.split).head(a.limit)
+    if a.policies:
+        return _eval_policies(a, bundle, split, ex)
+    from .eval.evaluate import beam_ranker, run_ranker, summarise
+    from .eval.results import markdown_table, update_summary, write_json
+
     ks = sorted({int(k) for k in a.ks.split(",")})
     width = a.width or max(ks)
     ranked, secs = run_ranker(beam_ranker(bundle, width), ex, max(ks), a.batch_size, progress=not a.json, desc="beam")
@@ -101,20 +116,96 @@ def cmd_eval(a: argparse.Namespace) -> int:
     else:
         _print_table(res, ks)
     if a.save:
-        name = f"{bundle.meta.get('dataset', bundle.name)}_{split.protocol}_beam"
+        ds_name = bundle.meta.get("dataset", bundle.name)
+        name = f"{ds_name}_{split.protocol}_beam"
         write_json(name, out, Path(a.results_dir))
         cols = ["group", *[f"recall@{k}" for k in ks], *[f"ndcg@{k}" for k in ks]]
         rows = [{"group": "overall", **res.overall}] + [{"group": g, **m} for g, m in res.groups.items()]
         md = f"# {name}\n\nCommand: `{' '.join(['specrec', *sys.argv[1:]])}`\n\n" + markdown_table(rows, cols)
-        md += f"\nLatency per request (batch {a.batch_size}, {a.threads} threads): p50 {res.latency['p50_ms']:.1f} ms, p99 {res.latency['p99_ms']:.1f} ms; n = {res.n}\n"
+        md += (f"\nLatency per request (batch {a.batch_size}, {a.threads} threads): p50 {res.latency['p50_ms']:.1f} ms, "
+               f"p99 {res.latency['p99_ms']:.1f} ms; n = {res.n}\n")
         (Path(a.results_dir) / f"{name}.md").write_text(md)
-        prefix = f"{bundle.meta.get('dataset', bundle.name)}.{split.protocol}.beam"
-        keys = {f"{prefix}.{k}": v for k, v in res.overall.items()}
+        keys = {f"{ds_name}.{split.protocol}.beam.{k}": v for k, v in res.overall.items() if k.split("@")[1] in ("5", "10")}
         tr = bundle.meta.get("training", {})
-        if "train_minutes" in tr:
-            keys[f"{bundle.meta.get('dataset', bundle.name)}.train.minutes"] = tr["train_minutes"]
-        keys[f"{bundle.meta.get('dataset', bundle.name)}.model.params"] = bundle.model.n_params()
+        if split.protocol == "loo":
+            if "train_minutes" in tr:
+                keys[f"{ds_name}.train.minutes"] = tr["train_minutes"]
+            keys[f"{ds_name}.model.params"] = bundle.model.n_params()
         update_summary(keys, Path(a.results_dir) / "summary.json")
+    return 0
+
+
+def _eval_policies(a: argparse.Namespace, bundle, split, ex) -> int:
+    """Side-by-side comparison of policies on the same requests (interleaved, batch 1)."""
+    import numpy as np
+
+    from .eval.evaluate import compare, policy_ranker, summarise
+    from .eval.results import markdown_table, update_summary, write_json
+    from .policies import make_policy
+
+    names = [p.strip() for p in a.policies.split(",") if p.strip()]
+    if "beam" not in names:
+        names = ["beam", *names]
+    params = _policy_params(a.set)
+    engine = bundle.engine(drafter=a.drafter)
+    policies = {n: make_policy(n, engine, **params.get(n, {})) for n in names}
+    k = a.k
+    ks = sorted({10, 50, k} & set(range(1, k + 1))) or [k]
+    runs = compare({n: policy_ranker(p) for n, p in policies.items()}, ex, k, progress=not a.json)
+    snap = engine.metrics.snapshot()
+    beam_mean = float(runs["beam"][1].mean())
+    table, rows = {}, []
+    for n in names:
+        ranked, secs = runs[n]
+        res = summarise(n, ranked, secs, ex, split, ks)
+        res.extra["speedup_vs_beam"] = beam_mean / float(secs.mean())
+        res.extra["mean_ms"] = float(secs.mean() * 1000)
+        res.extra["acceptance_rate"] = snap.get(n, {}).get("acceptance_rate", float("nan"))
+        res.extra["exit_reasons"] = snap.get(n, {}).get("exit_reasons", {})
+        res.extra["params"] = policies[n].config.model_dump()
+        if n != "beam":
+            res.extra["equal_to_beam"] = float(np.mean([np.array_equal(x, y) for x, y in zip(ranked, runs["beam"][0])]))
+        table[n] = res
+        row = {"policy": n, **res.overall, "p50_ms": res.latency["p50_ms"], "p99_ms": res.latency["p99_ms"],
+               "speedup": res.extra["speedup_vs_beam"], "accept": res.extra["acceptance_rate"]}
+        for g, m in res.groups.items():
+            row.update({f"{g}_{kk}": v for kk, v in m.items()})
+        rows.append(row)
+    ds_name = bundle.meta.get("dataset", bundle.name)
+    out = {"k": k, "n": len(ex), "protocol": split.protocol, "drafter": a.drafter, "threads": a.threads,
+           "policies": {n: r.as_dict() for n, r in table.items()}}
+    cols = ["policy", *[f"recall@{x}" for x in ks], *[f"ndcg@{x}" for x in ks]]
+    if split.protocol == "temporal":
+        cols += [f"unseen_recall@{max(ks)}", f"in_sample_recall@{max(ks)}"]
+    cols += ["p50_ms", "p99_ms", "speedup", "accept"]
+    if a.json:
+        print(json.dumps(out, indent=2, default=str))
+    else:
+        from rich.console import Console
+        from rich.markdown import Markdown
+
+        Console().print(Markdown(markdown_table(rows, cols)))
+    if a.save:
+        name = f"{ds_name}_{split.protocol}_policies_k{k}"
+        write_json(name, out, Path(a.results_dir))
+        md = (f"# {name}\n\nCommand: `{' '.join(['specrec', *sys.argv[1:]])}`\n\n"
+              f"{len(ex)} requests, K = {k}, batch 1, interleaved, {a.threads} threads, drafter `{a.drafter}`.\n\n"
+              + markdown_table(rows, cols))
+        (Path(a.results_dir) / f"{name}.md").write_text(md)
+        keys = {}
+        for n, r in table.items():
+            pre = f"{ds_name}.{split.protocol}.{n}"
+            if split.protocol == "loo" and k == 10:
+                if n != "beam":  # beam's quality keys belong to `specrec eval` (width 50)
+                    keys[f"{pre}.recall@10"] = r.overall["recall@10"]
+                    keys[f"{pre}.ndcg@10"] = r.overall["ndcg@10"]
+                keys[f"{pre}.speedup_vs_beam"] = r.extra["speedup_vs_beam"]
+                if n == "strict":
+                    keys[f"{pre}.equal_to_beam"] = r.extra["equal_to_beam"]
+            if split.protocol == "temporal" and "unseen" in r.groups and "recall@50" in r.groups["unseen"]:
+                keys[f"{pre}.unseen_recall@50"] = r.groups["unseen"]["recall@50"]
+        if keys:
+            update_summary(keys, Path(a.results_dir) / "summary.json")
     return 0
 
 
@@ -134,6 +225,17 @@ def _print_table(res, ks) -> None:
     c = Console()
     c.print(t)
     c.print(f"latency per request: p50 {res.latency['p50_ms']:.2f} ms  p99 {res.latency['p99_ms']:.2f} ms")
+
+
+def cmd_train_drafters(a: argparse.Namespace) -> int:
+    from .bundle import Bundle
+    from .pipeline import train_drafters
+
+    bundle = Bundle.load(a.bundle)
+    which = tuple(w.strip() for w in a.which.split(","))
+    epochs = {"retrieval": a.retrieval_epochs, "self": a.self_epochs, "nezha": a.nezha_epochs}
+    train_drafters(bundle, a.out or a.bundle, which, a.data, epochs)
+    return 0
 
 
 def cmd_sids(a: argparse.Namespace) -> int:
@@ -207,7 +309,26 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--json", action="store_true", help="print JSON instead of a table")
     e.add_argument("--save", action="store_true", help="write results JSON/markdown and update summary.json")
     e.add_argument("--results-dir", default=str(DEFAULT_RESULTS))
+    g = e.add_argument_group("policy comparison (with --policies)")
+    g.add_argument("--policies", help="comma-separated policies to compare side by side on the same requests, "
+                   "e.g. beam,specgr,nezha,strict,relaxed,sample (beam is always included as the reference)")
+    g.add_argument("--k", type=int, default=10, help="list length K")
+    g.add_argument("--drafter", choices=["retrieval", "self"], default="retrieval", help="drafter for specgr")
+    g.add_argument("--set", action="append", metavar="POLICY.FIELD=VALUE",
+                   help="policy parameter, e.g. --set specgr.gamma=-1.2 (repeatable)")
     e.set_defaults(func=cmd_eval)
+
+    d = sub.add_parser("train-drafters", help="train the retrieval drafter, self-draft head and NEZHA head of a bundle",
+                       description="Train the drafters on the bundle's own split (the GR model stays frozen) and "
+                       "write them into the bundle directory (or --out).")
+    d.add_argument("--bundle", required=True)
+    d.add_argument("--out", help="write the bundle here instead of in place")
+    d.add_argument("--data", help="dataset directory (default: the one the bundle was trained on)")
+    d.add_argument("--which", default="retrieval,self,nezha")
+    d.add_argument("--retrieval-epochs", type=int, default=30)
+    d.add_argument("--self-epochs", type=int, default=8)
+    d.add_argument("--nezha-epochs", type=int, default=5)
+    d.set_defaults(func=cmd_train_drafters)
 
     s = sub.add_parser("sids", help="fit semantic IDs on a dataset and report codebook usage and collisions")
     s.add_argument("--data", default="synthetic")

@@ -9,7 +9,7 @@ from typing import Callable
 
 import numpy as np
 
-from .bundle import Bundle
+from .bundle import Bundle, round_to_half
 from .data.dataset import Dataset, load_dataset
 from .data.splits import Split, make_split
 from .data.synthetic import synthetic_dataset
@@ -87,7 +87,52 @@ def build(
         "cutoff": split.cutoff, "quantile": quantile if protocol == "temporal" else None, "seed": seed,
         "train": train_cfg.model_dump(), "training": summary, "split": split.describe(), "sid_report": sid_report,
     }
-    bundle = Bundle(ds.name, ds.catalogue, sem, sids, split.seen.copy(), trainer.model, meta)
+    bundle = Bundle(ds.name, ds.catalogue, sem, sids, split.seen.copy(), round_to_half(trainer.model), meta)
     bundle.save(out / "bundle")
     log(f"bundle written to {out / 'bundle'} ({summary['train_minutes']} min of training)")
+    return bundle
+
+
+def train_drafters(
+    bundle: Bundle, out: str | Path, which: tuple[str, ...] = ("retrieval", "self", "nezha"),
+    data: str | Path | None = None, epochs: dict | None = None, progress: bool = True, log: Callable[[str], None] = print,
+) -> Bundle:
+    """Train the drafters of a bundle on its own split and save the bundle to ``out``."""
+    from .data.splits import temporal
+    from .train.drafters import DrafterTrainConfig, train_nezha, train_retrieval, train_self_draft
+
+    ds = open_dataset(data or bundle.meta.get("data_path"))
+    if ds.catalogue.ids != bundle.catalogue.ids:
+        raise ValueError("the dataset does not have the bundle's catalogue")
+    if bundle.meta.get("protocol") == "temporal":
+        split = temporal(ds, bundle.cfg.max_history, cutoff=int(bundle.meta["cutoff"]))
+    else:
+        split = make_split(ds, bundle.meta.get("protocol", "loo"), bundle.cfg.max_history)
+    epochs = epochs or {}
+    info = bundle.meta.setdefault("drafters", {})
+    if "retrieval" in which:
+        if bundle.text_emb is None:
+            bundle.text_emb = TextEmbedder(progress=progress)(bundle.catalogue.texts)
+        t0 = time.time()
+        model, rep = train_retrieval(split, [s.items for s in ds.sequences], bundle.text_emb,
+                                     tcfg=DrafterTrainConfig(epochs=epochs.get("retrieval", 30), batch_size=128, lr=1e-3),
+                                     log=log, progress=progress)
+        bundle.retrieval = round_to_half(model)
+        info["retrieval"] = {**rep, "minutes": round((time.time() - t0) / 60, 1)}
+    if "self" in which:
+        t0 = time.time()
+        head, rep = train_self_draft(bundle.model, split, bundle.sids,
+                                     tcfg=DrafterTrainConfig(epochs=epochs.get("self", 8), batch_size=256, lr=2e-3),
+                                     log=log, progress=progress)
+        bundle.self_draft = round_to_half(head)
+        info["self_draft"] = {**rep, "minutes": round((time.time() - t0) / 60, 1)}
+    if "nezha" in which:
+        t0 = time.time()
+        head, rep = train_nezha(bundle.model, split, bundle.sids,
+                                tcfg=DrafterTrainConfig(epochs=epochs.get("nezha", 5), batch_size=256, lr=2e-3, patience=2),
+                                log=log, progress=progress)
+        bundle.nezha_head = round_to_half(head)
+        info["nezha_head"] = {**rep, "minutes": round((time.time() - t0) / 60, 1)}
+    bundle.save(out)
+    log(f"bundle with drafters written to {out}")
     return bundle

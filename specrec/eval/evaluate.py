@@ -78,6 +78,38 @@ def summarise(name: str, ranked: np.ndarray, secs: np.ndarray, ex: Examples, spl
     return res
 
 
+def compare(
+    rankers: dict[str, Ranker], ex: Examples, k: int, progress: bool = True, warmup: int = 5,
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Run several rankers on the same requests, one request at a time and
+    interleaved (request 1 through every ranker, then request 2, ...), so
+    they are timed under the same conditions. A few warm-up requests per
+    ranker are run first and not timed."""
+    hists = ex.histories()
+    for name, rank in rankers.items():
+        for h in hists[:warmup]:
+            rank([h], k)
+    out = {name: (np.full((len(ex), k), -1, dtype=np.int64), np.zeros(len(ex))) for name in rankers}
+    for i in tqdm(range(len(ex)), desc="requests", disable=not progress, leave=False):
+        for name, rank in rankers.items():
+            t0 = time.perf_counter()
+            lst = np.asarray(rank([hists[i]], k))[0][:k]
+            out[name][1][i] = time.perf_counter() - t0
+            out[name][0][i, : len(lst)] = lst
+    return out
+
+
+def policy_ranker(policy) -> Ranker:
+    """A policy (see :mod:`specrec.policies`) as a ranker."""
+    from ..policies.base import RecRequest
+
+    def rank(histories: list[np.ndarray], k: int) -> np.ndarray:
+        res = policy.run([RecRequest(np.asarray(h, dtype=np.int64), k) for h in histories])
+        return np.stack([r.items for r in res])
+
+    return rank
+
+
 def beam_ranker(bundle, width: int) -> Ranker:
     """The baseline: trie-constrained beam search with a KV cache."""
     from ..decoding.beam import beam_search

@@ -49,7 +49,7 @@ def _loop(params, cfg: DrafterTrainConfig, n_train: int, lengths: np.ndarray, st
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            tot += float(loss) * len(idx)
+            tot += float(loss.detach()) * len(idx)
         val = valid_fn()
         history.append({"epoch": epoch + 1, "loss": tot / n_train, "valid": val, "seconds": round(time.time() - t0, 1)})
         log(f"{desc} epoch {epoch + 1}: loss {tot / n_train:.4f}  valid {val:.4f}")

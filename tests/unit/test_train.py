@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from specrec.bundle import Bundle
+from specrec.bundle import Bundle, round_to_half
 from specrec.data import leave_one_out
 from specrec.decoding.beam import beam_search
 from specrec.ids import SemanticIds
@@ -68,7 +68,7 @@ def test_bundle_roundtrip(setup, tmp_path, synth):
     split, cfg, sem, sids = setup
     tr = _trainer(setup, tmp_path / "run", epochs=1)
     tr.fit(progress=False)
-    b = Bundle("synthetic", synth.catalogue, sem, sids, split.seen, tr.model, {"protocol": "loo"})
+    b = Bundle("synthetic", synth.catalogue, sem, sids, split.seen, round_to_half(tr.model), {"protocol": "loo"})
     b.save(tmp_path / "bundle")
     c = Bundle.load(tmp_path / "bundle")
     assert c.catalogue.ids == b.catalogue.ids and np.array_equal(c.sids, b.sids)
