@@ -350,6 +350,13 @@ def build_parser() -> argparse.ArgumentParser:
     y.add_argument("--users", type=int, default=800)
     y.add_argument("--seed", type=int, default=0)
     y.set_defaults(func=cmd_synth)
+
+    try:  # serving subcommands (stack, recommend) when the serving code is installed
+        from specrec_rpc.cli import register
+    except ImportError:
+        register = None
+    if register is not None:
+        register(sub)
     return p
 
 

@@ -67,7 +67,7 @@ class Verifier(Protocol):
 
 
 @dataclass
-class _LocalState:
+class LocalState:
     enc: EncoderState
     beam: BeamSearch | None = None
     head_h: torch.Tensor | None = None
@@ -86,13 +86,13 @@ class LocalVerifier:
 
     @torch.inference_mode()
     def encode(self, hist_sids: torch.Tensor) -> Session:
-        sess = Session(n=hist_sids.shape[0], state=_LocalState(self.model.encode(hist_sids)))
+        sess = Session(n=hist_sids.shape[0], state=LocalState(self.model.encode(hist_sids)))
         sess.calls["encode"] += 1
         return sess
 
     def select(self, sess: Session, idx: torch.Tensor) -> Session:
-        st: _LocalState = sess.state
-        new = _LocalState(st.enc.select(idx))
+        st: LocalState = sess.state
+        new = LocalState(st.enc.select(idx))
         if st.head_h is not None:
             new.head_h = st.head_h[idx]
         if st.beam is not None:
@@ -127,7 +127,7 @@ class LocalVerifier:
     def _head_h(self, sess: Session) -> torch.Tensor:
         if self.head is None:
             raise RuntimeError("this verifier has no NEZHA draft head")
-        st: _LocalState = sess.state
+        st: LocalState = sess.state
         if st.head_h is None:
             sess.calls["head"] += 1
             st.head_h = self.head.hidden(self.head_model, st.enc)

@@ -51,3 +51,17 @@ def random_sids(n: int, level_sizes, seed: int = 0) -> np.ndarray:
         out[:, lvl] = flat % level_sizes[lvl]
         flat //= level_sizes[lvl]
     return out
+
+
+def sharpen(model, factor: float) -> None:
+    """Make a random model's output distributions decisive (tests want clear rankings)."""
+    import torch
+
+    with torch.no_grad():
+        if model.heads is not None:
+            for h in model.heads:
+                h.weight.mul_(factor)
+        else:
+            model.tok.weight.mul_(factor ** 0.5)
+            for b in model.head_bias:
+                b.normal_(0, 1.0)

@@ -38,10 +38,11 @@ class NezhaHead(nn.Module):
         self.transitions = nn.ModuleList(nn.GRUCell(d, d) for _ in range(self.L - 1))
         self.ln = nn.LayerNorm(d)
         self.heads = nn.ModuleList(nn.Linear(d, v) for v in g.level_sizes)
-        with torch.no_grad():  # start from the GR's own output heads
-            for mine, theirs in zip(self.heads, gr.heads):
-                mine.weight.copy_(theirs.weight)
-                mine.bias.copy_(theirs.bias)
+        with torch.no_grad():  # start from the GR's own output layers
+            for lvl, mine in enumerate(self.heads):
+                eye = torch.eye(d)
+                mine.weight.copy_(gr.level_logits(eye, lvl).T - gr.level_logits(torch.zeros(1, d), lvl).T)
+                mine.bias.copy_(gr.level_logits(torch.zeros(1, d), lvl)[0])
 
     def n_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

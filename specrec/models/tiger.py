@@ -42,6 +42,9 @@ class TigerConfig(BaseModel):
     dropout: float = 0.1
     max_history: int = 20
     activation: Literal["relu", "gelu"] = "relu"
+    tie_output: bool = Field(True, description="output logits of level t are the dot product with the (shared) "
+                             "input embeddings of level t's codes (tied, as in T5), plus a per-code bias")
+    label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="label smoothing of the training loss")
     encoder_input: Literal["items", "tokens"] = Field(
         "items",
         description="'tokens': one encoder position per SID token (TIGER, H*L positions); "
@@ -191,6 +194,14 @@ class EncoderState:
     def n(self) -> int:
         return self.mask.shape[0]
 
+    @staticmethod
+    def cat(states: list["EncoderState"]) -> "EncoderState":
+        """Stack the requests of several states (same history length)."""
+        mem = None if any(s.memory is None for s in states) else torch.cat([s.memory for s in states])
+        kv = [(torch.cat([s.cross_kv[i][0] for s in states]), torch.cat([s.cross_kv[i][1] for s in states]))
+              for i in range(len(states[0].cross_kv))]
+        return EncoderState(mem, torch.cat([s.mask for s in states]), kv)
+
     def select(self, idx: torch.Tensor) -> "EncoderState":
         """A state for a subset (or repetition) of the requests."""
         mem = None if self.memory is None else self.memory[idx]
@@ -209,7 +220,9 @@ class Tiger(SidTokens, nn.Module):
         self.enc_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_enc_layers))
         self.dec_layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_dec_layers))
         self.enc_ln, self.dec_ln = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.heads = nn.ModuleList(nn.Linear(d, v) for v in cfg.level_sizes)
+        # untied: one output layer per level; tied: a per-level bias only, weights are the code embeddings
+        self.heads = nn.ModuleList(nn.Linear(d, v, bias=True) for v in cfg.level_sizes) if not cfg.tie_output else None
+        self.head_bias = nn.ParameterList(nn.Parameter(torch.zeros(v)) for v in cfg.level_sizes) if cfg.tie_output else None
         self.drop = nn.Dropout(cfg.dropout)
         self.register_buffer("offsets", torch.tensor(cfg.offsets(), dtype=torch.int64), persistent=False)
         self.apply(self._init)
@@ -264,8 +277,15 @@ class Tiger(SidTokens, nn.Module):
             new.append(kv)
         return self.dec_ln(x).reshape(r, m, t, -1), new
 
+    def level_logits(self, hidden: torch.Tensor, level: int) -> torch.Tensor:
+        if self.heads is not None:
+            return self.heads[level](hidden)
+        off = self.cfg.offsets()[level]
+        w = self.tok.weight[off : off + self.cfg.level_sizes[level]]
+        return torch.nn.functional.linear(hidden, w, self.head_bias[level])
+
     def level_logprobs(self, hidden: torch.Tensor, level: int) -> torch.Tensor:
-        return torch.log_softmax(self.heads[level](hidden).float(), dim=-1)
+        return torch.log_softmax(self.level_logits(hidden, level).float(), dim=-1)
 
     def next_logprobs(self, enc: EncoderState, tokens: torch.Tensor, past=None, start: int = 0, last_only: bool = False):
         """Decoder pass returning, for each input position p (absolute
@@ -286,5 +306,6 @@ class Tiger(SidTokens, nn.Module):
         hidden = hidden[:, 0]
         loss = 0.0
         for lvl in range(self.cfg.sid_len):
-            loss = loss + F.cross_entropy(self.heads[lvl](hidden[:, lvl]), target_sids[:, lvl])
+            loss = loss + F.cross_entropy(self.level_logits(hidden[:, lvl], lvl), target_sids[:, lvl],
+                                          label_smoothing=self.cfg.label_smoothing)
         return loss / self.cfg.sid_len

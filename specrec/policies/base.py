@@ -41,6 +41,7 @@ class RecResult:
     scores: np.ndarray  # [k] float; the policy's scale (see each policy)
     sources: list[str]  # per item: draft / beam / head / sample / fill
     stats: RequestStats = field(default_factory=RequestStats)
+    degraded: str = ""  # set by a server answering without a dependency (why)
 
 
 @dataclass

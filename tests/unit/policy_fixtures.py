@@ -13,7 +13,7 @@ from specrec.models.tiger import Tiger
 from specrec.policies import Engine
 from specrec.verifier import LocalVerifier
 
-from ..conftest import random_sids, tiny_config
+from ..conftest import random_sids, sharpen, tiny_config
 
 
 class HashDrafter(VectorDrafter):
@@ -43,9 +43,7 @@ def make_engine(seed=0, n_items=60, unseen_frac=0.0, sharp=30.0, level_sizes=(6,
     torch.manual_seed(seed)
     cfg = tiny_config(level_sizes=list(level_sizes))
     model = Tiger(cfg).eval()
-    with torch.no_grad():
-        for h in model.heads:
-            h.weight.mul_(sharp)
+    sharpen(model, sharp)
     sids = random_sids(n_items, cfg.level_sizes, seed)
     rng = np.random.default_rng(seed)
     seen = rng.random(n_items) >= unseen_frac

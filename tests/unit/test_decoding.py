@@ -9,7 +9,7 @@ from specrec.decoding.scoring import score_sids
 from specrec.ids import SidTrie
 from specrec.models.tiger import Tiger
 
-from ..conftest import random_sids, tiny_config
+from ..conftest import random_sids, sharpen, tiny_config
 
 
 def make(seed=0, n_items=40, **kw):
@@ -17,9 +17,7 @@ def make(seed=0, n_items=40, **kw):
     cfg = tiny_config(**kw)
     model = Tiger(cfg).eval()
     # a random model is nearly uniform; scale the heads so rankings are decisive
-    with torch.no_grad():
-        for h in model.heads:
-            h.weight.mul_(40)
+    sharpen(model, 40)
     sids = random_sids(n_items, cfg.level_sizes, seed)
     return model, sids, SidTrie(sids, cfg.level_sizes)
 

@@ -1,0 +1,1 @@
+"""gRPC drafter service: retrieval (UniSRec-style) and self-draft (SpecGR++) modes over faiss."""

@@ -1,0 +1,6 @@
+from specrec_rpc.server import main
+
+from .service import DrafterService, DrafterSettings
+
+if __name__ == "__main__":
+    main(DrafterService, DrafterSettings)

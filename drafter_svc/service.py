@@ -1,0 +1,159 @@
+"""The drafter service: a thin adapter over the core drafters.
+
+It follows the catalogue: on every new item-set version the new rows are
+embedded (text, for the retrieval drafter; SID, for the self-drafter) and
+added to the faiss indexes, without a restart. Drafting runs on one compute
+thread; requests name the catalogue version they work on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+import numpy as np
+import torch
+from prometheus_client import Counter, Gauge
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from specrec.bundle import Bundle
+from specrec.drafters.base import DraftRequest as CoreDraftRequest
+from specrec.ids.embed import TextEmbedder
+from specrec_rpc.catalogue import CatalogueWatcher, Snapshot
+from specrec_rpc.errors import InvalidArgument, handle_errors, require
+from specrec_rpc.server import Service, channel_options
+from specrec_rpc.settings import ServiceSettings
+from specrec_rpc.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
+
+INDEXED = Gauge("specrec_drafter_indexed_items", "Catalogue rows in the drafter index", ["mode"])
+DRAFTED = Counter("specrec_drafter_candidates", "Candidates returned", ["mode"])
+
+
+class DrafterSettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="SPECREC_DRAFTER_", extra="ignore")
+
+    port: int = Field(50052, description="gRPC port")
+    metrics_port: int = Field(9102, description="Prometheus port (0 = off)")
+    bundle: Path = Field(Path("bundles/beauty-loo"), description="trained bundle directory (with drafters)")
+    itemset_addr: str = Field("127.0.0.1:50051", description="item-set service address")
+    default_mode: str = Field("retrieval", description="'retrieval' or 'self'")
+    threads: int = Field(1, description="torch intra-op threads")
+    max_n: int = Field(1000, description="most candidates one query may ask for")
+    max_queries: int = Field(256, description="most queries per call")
+    max_history: int = Field(1000, description="most history items per query")
+
+
+class DrafterService(Service):
+    name = "drafter"
+    grpc_services = ("specrec.v1.Drafter",)
+
+    def __init__(self, settings: DrafterSettings):
+        super().__init__(settings)
+        self.s = settings
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="draft")
+        self.drafters: dict = {}
+        self.embedder = TextEmbedder()
+
+    async def start(self) -> None:
+        torch.set_num_threads(self.s.threads)
+        self.bundle = await asyncio.to_thread(Bundle.load, self.s.bundle)
+        self.channel = grpc.aio.insecure_channel(self.s.itemset_addr, options=channel_options(self.s))
+        self.catalogue = CatalogueWatcher(self.channel)
+        snap = await self.catalogue.start()
+        await asyncio.to_thread(self._build, snap)
+        self.catalogue.listeners.append(self._on_version)
+        # warm up every mode
+        for mode, d in self.drafters.items():
+            rows = np.nonzero(snap.itemset.active)[0][:5]
+            await asyncio.to_thread(d.draft, [CoreDraftRequest(rows, 10), CoreDraftRequest(rows, 5, snap.itemset.sids[rows[:2], :1])])
+        if self.s.default_mode not in self.drafters:
+            raise ValueError(f"default mode {self.s.default_mode!r} is not available (have {sorted(self.drafters)})")
+
+    def _build(self, snap: Snapshot) -> None:
+        """Drafters for the bundle's rows, then the snapshot's extra rows."""
+        b = self.bundle
+        base = b.itemset
+        n0 = len(b.catalogue)
+        if b.retrieval is not None and b.text_emb is not None:
+            self.drafters["retrieval"] = b.drafter("retrieval", base)
+        if b.self_draft is not None:
+            self.drafters["self"] = b.drafter("self", base)
+        if not self.drafters:
+            raise ValueError(f"bundle {self.s.bundle} has no drafters (run `specrec train-drafters`)")
+        self._rows = n0
+        self._follow(snap)
+
+    def _follow(self, snap: Snapshot) -> None:
+        """Index rows added since the last version; point the drafters at the new snapshot."""
+        extra = range(self._rows, snap.itemset.n_rows)
+        for mode, d in self.drafters.items():
+            if mode == "retrieval":
+                new_emb = self.embedder([snap.texts[r] or snap.titles[r] or snap.ids[r] for r in extra]) if len(extra) else None
+                if new_emb is not None:
+                    d.add_items(snap.itemset, new_emb)
+                else:
+                    d.set_itemset(snap.itemset)
+            else:
+                d.add_items(snap.itemset) if len(extra) else d.set_itemset(snap.itemset)
+            INDEXED.labels(mode).set(len(d.vectors))
+        self._rows = snap.itemset.n_rows
+        self.snap = snap
+
+    async def _on_version(self, snap: Snapshot, old) -> None:
+        await asyncio.get_running_loop().run_in_executor(self.executor, self._follow, snap)
+        self.log.info("drafter follows catalogue", version=snap.version, rows=snap.itemset.n_rows)
+
+    async def stop(self) -> None:
+        await self.catalogue.stop()
+        await self.channel.close()
+        self.executor.shutdown(wait=True)
+
+    def add_to_server(self, server) -> None:
+        drafter_pb2_grpc.add_DrafterServicer_to_server(Servicer(self), server)
+
+
+class Servicer(drafter_pb2_grpc.DrafterServicer):
+    def __init__(self, svc: DrafterService):
+        self.svc = svc
+
+    @handle_errors
+    async def Draft(self, request, context):
+        svc, s = self.svc, self.svc.s
+        mode = request.mode or s.default_mode
+        if mode not in svc.drafters:
+            raise InvalidArgument("mode", f"unknown or unavailable mode {mode!r} (have {sorted(svc.drafters)})")
+        snap = svc.snap  # the drafter answers from its current version (rows and ids are stable across versions)
+        require(1 <= len(request.queries) <= s.max_queries, "queries", f"1..{s.max_queries} queries")
+        L = len(snap.level_sizes)
+        core = []
+        for qi, q in enumerate(request.queries):
+            f = f"queries[{qi}]"
+            require(1 <= q.n <= s.max_n, f"{f}.n", f"must be 1..{s.max_n}")
+            require(len(q.history) <= s.max_history, f"{f}.history", f"at most {s.max_history} items")
+            hist = np.array([snap.index[i] for i in q.history if i in snap.index], dtype=np.int64)
+            require(len(hist) > 0, f"{f}.history", "no item of the history is in the catalogue")
+            prefixes = None
+            if q.prefixes:
+                lens = {len(p.codes) for p in q.prefixes}
+                require(len(lens) == 1, f"{f}.prefixes", "all prefixes must have the same length")
+                plen = lens.pop()
+                require(1 <= plen < L, f"{f}.prefixes", f"prefix length must be 1..{L - 1}")
+                prefixes = np.array([list(p.codes) for p in q.prefixes], dtype=np.int64)
+                if (prefixes < 0).any() or (prefixes >= np.asarray(snap.level_sizes[:plen])).any():
+                    raise InvalidArgument(f"{f}.prefixes", "code out of range")
+            exclude = frozenset(snap.index[i] for i in q.exclude if i in snap.index)
+            core.append(CoreDraftRequest(hist, q.n, prefixes, exclude))
+        drafter = svc.drafters[mode]
+        drafts = await asyncio.get_running_loop().run_in_executor(svc.executor, drafter.draft, core)
+        snap = svc.snap  # may have moved on while drafting: it knows every row drafted
+        out = []
+        for d in drafts:
+            DRAFTED.labels(mode).inc(len(d.items))
+            out.append(drafter_pb2.Draft(
+                item_ids=[snap.ids[r] for r in d.items.tolist()], scores=d.scores.tolist(),
+                sids=[common_pb2.Sid(codes=snap.itemset.sids[r].tolist()) for r in d.items.tolist()],
+            ))
+        return drafter_pb2.DraftResponse(drafts=out, version=snap.version, mode=mode)

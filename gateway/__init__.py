@@ -1,0 +1,1 @@
+"""gRPC gateway: Recommend, budgets, the policy loop over remote components, degradation."""

@@ -1,0 +1,391 @@
+"""The ItemSet gRPC service: a thin adapter over :class:`~itemset_svc.store.RedisCatalogue`.
+
+Validation names the bad field (INVALID_ARGUMENT); writes need
+``authorization: Bearer <write_token>`` (absent: UNAUTHENTICATED, wrong:
+PERMISSION_DENIED); an unknown version is NOT_FOUND; Redis down or slow is
+UNAVAILABLE; any other failure is INTERNAL with a message. No exception
+reaches a client as UNKNOWN, streaming RPC included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hmac
+import time
+
+import grpc
+from redis.exceptions import RedisError
+
+from specrec.ids.semantic import CollisionOverflow
+from specrec_rpc.errors import (FailedPrecondition, InvalidArgument, PermissionDenied, Unauthenticated, Unavailable,
+                                require, status_of)
+from specrec_rpc.server import Service
+from specrec_rpc.v1 import common_pb2, itemset_pb2, itemset_pb2_grpc
+
+from .settings import ItemSetSettings
+from .store import REDIS_DOWN, RedisCatalogue, Record, UpsertSpec, VersionNotFound, WriteConflict, sid_str
+from .tokenizer import SidTokenizer
+
+MAX_ENTRIES = 10_000
+MAX_ID_CHARS = 256
+MAX_TEXT_CHARS = 10_000
+DEFAULT_CHUNK = 5_000
+MAX_CHUNK = 100_000
+
+
+# -- validation --------------------------------------------------------------------
+
+
+def check_count(field: str, n: int) -> None:
+    require(n <= MAX_ENTRIES, field, f"{n} entries, at most {MAX_ENTRIES:,} per call")
+
+
+def check_item_id(field: str, s: str) -> None:
+    require(len(s) > 0, field, "empty")
+    require(len(s) <= MAX_ID_CHARS, field, f"{len(s)} characters, at most {MAX_ID_CHARS}")
+    require(s.isprintable(), field, "non-printable characters")
+
+
+def check_text(field: str, s: str) -> None:
+    require(len(s) <= MAX_TEXT_CHARS, field, f"{len(s)} characters, at most {MAX_TEXT_CHARS:,}")
+
+
+def check_version(field: str, s: str) -> str:
+    require(s == "" or (s.isascii() and s.isdigit() and len(s) <= 19), field,
+            f"{s[:40]!r} is not a catalogue version (a positive integer, or empty for the current one)")
+    return s
+
+
+def check_sid(field: str, codes, level_sizes: list[int], prefix: bool = False) -> list[int]:
+    codes = list(codes)
+    L = len(level_sizes)
+    if prefix:
+        require(len(codes) < L, field, f"{len(codes)} codes; a prefix has at most {L - 1} (shorter than a full SID)")
+    else:
+        require(len(codes) == L, field, f"expected {L} codes, got {len(codes)}")
+    for lvl, c in enumerate(codes):
+        require(0 <= c < level_sizes[lvl], f"{field}[{lvl}]", f"code {c} out of range [0, {level_sizes[lvl]})")
+    return codes
+
+
+def to_pb(r: Record) -> common_pb2.Item:
+    return common_pb2.Item(item_id=r.item_id, sid=common_pb2.Sid(codes=list(r.sid)), title=r.title, text=r.text,
+                           unseen=r.unseen, row=r.row)
+
+
+# -- error mapping -----------------------------------------------------------------
+
+
+def grpc_status(exc: BaseException) -> tuple[grpc.StatusCode, str] | None:
+    """The status a known failure maps to (None: unexpected, INTERNAL)."""
+    if isinstance(exc, VersionNotFound):
+        return grpc.StatusCode.NOT_FOUND, str(exc)
+    if isinstance(exc, WriteConflict):
+        return grpc.StatusCode.ABORTED, str(exc)
+    if isinstance(exc, CollisionOverflow):
+        return grpc.StatusCode.FAILED_PRECONDITION, str(exc)
+    code = status_of(exc)
+    if code is not None:
+        return code, str(exc)
+    if isinstance(exc, REDIS_DOWN):
+        return grpc.StatusCode.UNAVAILABLE, f"redis unavailable: {type(exc).__name__}: {exc}"
+    if isinstance(exc, RedisError) and "READONLY" in str(exc):
+        return grpc.StatusCode.UNAVAILABLE, f"redis is read-only: {exc}"
+    return None
+
+
+async def _abort(self, context, exc: Exception, method: str):
+    mapped = grpc_status(exc)
+    if mapped is None:
+        self.log.exception("unhandled error", method=method)
+        mapped = grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(exc).__name__}: {exc}"
+    elif mapped[0] == grpc.StatusCode.UNAVAILABLE:
+        self.log.warning("dependency unavailable", method=method, error=mapped[1])
+    await context.abort(*mapped)
+
+
+def unary(fn):
+    @functools.wraps(fn)
+    async def wrapper(self, request, context):
+        try:
+            return await fn(self, request, context)
+        except (grpc.aio.AbortError, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - every failure gets a status
+            await _abort(self, context, exc, fn.__name__)
+
+    return wrapper
+
+
+def stream(fn):
+    @functools.wraps(fn)
+    async def wrapper(self, request, context):
+        try:
+            async for msg in fn(self, request, context):
+                yield msg
+        except (grpc.aio.AbortError, asyncio.CancelledError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the guard interceptor does not see streams
+            await _abort(self, context, exc, fn.__name__)
+
+    return wrapper
+
+
+# -- servicer ----------------------------------------------------------------------
+
+
+class ItemSetServicer(itemset_pb2_grpc.ItemSetServicer):
+    def __init__(self, service: "ItemSetService"):
+        self.svc = service
+        self.log = service.log
+
+    @property
+    def store(self) -> RedisCatalogue:
+        if self.svc.store is None:
+            raise Unavailable("the item set is starting")
+        return self.svc.store
+
+    def authorize(self, context) -> None:
+        token = self.svc.settings.write_token.get_secret_value()
+        header = None
+        for md in context.invocation_metadata() or ():
+            if md.key.lower() == "authorization":
+                header = md.value
+        if not token:
+            raise PermissionDenied("writes are disabled on this item set (no write token configured)")
+        if header is None:
+            raise Unauthenticated("writes need metadata 'authorization: Bearer <token>'")
+        scheme, _, given = str(header).partition(" ")
+        if scheme.lower() != "bearer" or not given.strip():
+            raise Unauthenticated("authorization metadata must be 'Bearer <token>'")
+        if not hmac.compare_digest(given.strip().encode(), token.encode()):
+            raise PermissionDenied("invalid write token")
+
+    async def level_sizes(self) -> list[int]:
+        ls = await self.store.level_sizes()
+        if ls is None and self.svc.tokenizer is not None:
+            ls = self.svc.tokenizer.level_sizes
+        if ls is None:
+            raise FailedPrecondition(f"namespace {self.store.ns!r} has no catalogue yet (bulk-load a bundle)")
+        return ls
+
+    # -- reads --------------------------------------------------------------------
+    @unary
+    async def GetVersion(self, request, context):
+        info = await self.store.info()
+        return itemset_pb2.CatalogueInfo(version=info.version, n_items=info.n_items, level_sizes=info.level_sizes,
+                                         stored_versions=info.stored_versions)
+
+    @unary
+    async def Resolve(self, request, context):
+        version = check_version("version", request.version)
+        ids = list(request.item_ids)
+        check_count("item_ids", len(ids))
+        for i, item_id in enumerate(ids):
+            check_item_id(f"item_ids[{i}]", item_id)
+        v, recs = await self.store.resolve(ids, version)
+        return itemset_pb2.ResolveResponse(items=[to_pb(r) for r in recs if r is not None],
+                                           missing=[i for i, r in zip(ids, recs) if r is None], version=v)
+
+    @unary
+    async def Lookup(self, request, context):
+        version = check_version("version", request.version)
+        check_count("sids", len(request.sids))
+        ls = await self.level_sizes()
+        keys = [sid_str(check_sid(f"sids[{i}].codes", s.codes, ls)) for i, s in enumerate(request.sids)]
+        v, owners = await self.store.lookup(keys, version)
+        return itemset_pb2.LookupResponse(valid=[o is not None for o in owners], item_ids=[o or "" for o in owners],
+                                          version=v)
+
+    @unary
+    async def AllowedCodes(self, request, context):
+        version = check_version("version", request.version)
+        check_count("prefixes", len(request.prefixes))
+        ls = await self.level_sizes()
+        keys = [sid_str(check_sid(f"prefixes[{i}].codes", p.codes, ls, prefix=True))
+                for i, p in enumerate(request.prefixes)]
+        v, allowed = await self.store.allowed(keys, version)
+        return itemset_pb2.AllowedCodesResponse(allowed=[common_pb2.Sid(codes=a) for a in allowed], version=v)
+
+    @stream
+    async def Snapshot(self, request, context):
+        version = check_version("version", request.version)
+        require(request.chunk_size >= 0, "chunk_size", f"{request.chunk_size} is negative")
+        require(request.chunk_size <= MAX_CHUNK, "chunk_size", f"{request.chunk_size}, at most {MAX_CHUNK:,}")
+        size = request.chunk_size or DEFAULT_CHUNK
+        v, ls, records = await self.store.snapshot(version)
+        for lo in range(0, max(len(records), 1), size):
+            chunk = itemset_pb2.SnapshotChunk(version=v, items=[to_pb(r) for r in records[lo: lo + size]])
+            if lo == 0:
+                chunk.level_sizes.extend(ls)
+                chunk.n_items = len(records)
+            yield chunk
+
+    # -- writes -------------------------------------------------------------------
+    @unary
+    async def Upsert(self, request, context):
+        self.authorize(context)
+        items = request.items
+        require(len(items) > 0, "items", "empty: give at least one item")
+        check_count("items", len(items))
+        ls = await self.level_sizes()
+        specs, first = [], {}
+        for i, it in enumerate(items):
+            f = f"items[{i}]"
+            check_item_id(f"{f}.item_id", it.item_id)
+            if it.item_id in first:
+                raise InvalidArgument(f"{f}.item_id", f"{it.item_id!r} is also items[{first[it.item_id]}]")
+            first[it.item_id] = i
+            check_text(f"{f}.text", it.text)
+            check_text(f"{f}.title", it.title)
+            sid = None
+            if it.HasField("sid") and len(it.sid.codes):
+                sid = tuple(check_sid(f"{f}.sid.codes", it.sid.codes, ls))
+            elif not it.text.strip():
+                raise InvalidArgument(f"{f}.text", "required when no sid is given")
+            specs.append(UpsertSpec(it.item_id, it.text, it.title, sid, it.seen, f))
+        encode = self.svc.encode if self.svc.tokenizer is not None else None
+        t0 = time.perf_counter()
+        res = await self.store.upsert(specs, encode)
+        self.log.info("upsert", version=res.version, items=len(res.items), collisions=res.collisions,
+                      ms=round((time.perf_counter() - t0) * 1000, 1))
+        return itemset_pb2.WriteResponse(version=res.version, items=[to_pb(r) for r in res.items],
+                                         collisions=res.collisions)
+
+    @unary
+    async def Delete(self, request, context):
+        self.authorize(context)
+        ids = list(request.item_ids)
+        require(len(ids) > 0, "item_ids", "empty: give at least one item id")
+        check_count("item_ids", len(ids))
+        for i, item_id in enumerate(ids):
+            check_item_id(f"item_ids[{i}]", item_id)
+        res = await self.store.delete(ids)
+        self.log.info("delete", version=res.version, removed=len(res.items), published=res.published)
+        return itemset_pb2.WriteResponse(version=res.version, items=[to_pb(r) for r in res.items])
+
+    @unary
+    async def Rollback(self, request, context):
+        self.authorize(context)
+        require(request.version != "", "version", "required: one of the stored versions")
+        version = check_version("version", request.version)
+        res = await self.store.rollback(version)
+        self.log.info("rollback", to=version, version=res.version, published=res.published)
+        return itemset_pb2.WriteResponse(version=res.version)
+
+
+# -- service -----------------------------------------------------------------------
+
+
+class ItemSetService(Service):
+    name = "itemset"
+    grpc_services = ("specrec.v1.ItemSet",)
+
+    def __init__(self, settings: ItemSetSettings):
+        super().__init__(settings)
+        self.settings: ItemSetSettings = settings
+        self.store: RedisCatalogue | None = None
+        self.tokenizer: SidTokenizer | None = None
+        self._background: asyncio.Task | None = None
+
+    def add_to_server(self, server: grpc.aio.Server) -> None:
+        itemset_pb2_grpc.add_ItemSetServicer_to_server(ItemSetServicer(self), server)
+
+    async def encode(self, texts: list[str]):
+        return await asyncio.to_thread(self.tokenizer.codes, texts)
+
+    async def start(self) -> None:
+        s = self.settings
+        if s.bundle is not None:
+            self.tokenizer = await asyncio.to_thread(SidTokenizer.from_bundle, s.bundle)
+            if s.warm_up:
+                t0 = time.perf_counter()
+                await asyncio.to_thread(self.tokenizer.warm_up)
+                self.log.info("tokenizer ready", bundle=str(s.bundle), level_sizes=self.tokenizer.level_sizes,
+                              warmup_s=round(time.perf_counter() - t0, 2))
+        store = RedisCatalogue.from_url(s.redis_url, s.namespace, timeout_s=s.redis_timeout_s, cluster=s.redis_cluster,
+                                        keep_versions=s.keep_versions,
+                                        default_level_sizes=self.tokenizer.level_sizes if self.tokenizer else None)
+        if await self._wait_for_redis(store, s.startup_wait_s):
+            try:
+                await self._prepare(store)
+            except BaseException:
+                await store.close()
+                raise
+        else:
+            self.log.error("redis unreachable; serving anyway (RPCs answer UNAVAILABLE until it is back)",
+                           redis_url=_safe_url(s.redis_url), waited_s=s.startup_wait_s)
+            self._background = asyncio.create_task(self._prepare_later(store))
+        self.store = store
+
+    async def _wait_for_redis(self, store: RedisCatalogue, wait_s: float) -> bool:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                await store.ping()
+                return True
+            except REDIS_DOWN as e:
+                if time.monotonic() >= deadline:
+                    return False
+                self.log.warning("waiting for redis", error=repr(e))
+                await asyncio.sleep(min(1.0, max(0.05, deadline - time.monotonic())))
+
+    async def _prepare_later(self, store: RedisCatalogue) -> None:
+        while True:
+            if await self._wait_for_redis(store, 5.0):
+                try:
+                    await self._prepare(store)
+                    return
+                except REDIS_DOWN:
+                    pass
+                except Exception:  # noqa: BLE001
+                    self.log.exception("catalogue preparation failed")
+                    return
+
+    async def _prepare(self, store: RedisCatalogue) -> None:
+        """Check the catalogue against the tokenizer; bulk-load the bundle into an empty namespace."""
+        s = self.settings
+        cur, ls = await store.state()
+        if self.tokenizer is not None and ls is not None and ls != self.tokenizer.level_sizes:
+            raise RuntimeError(f"namespace {s.namespace!r} holds SIDs with level sizes {ls}, but the bundle "
+                               f"{s.bundle} tokenizes to {self.tokenizer.level_sizes}")
+        if cur is None and s.bundle is not None and s.load_if_empty:
+            token = await store.try_lock("loading", 600)
+            if token is None:
+                self.log.info("another replica is loading the catalogue")
+                return
+            try:
+                if (await store.state())[0] is None:
+                    from .load import load_bundle
+
+                    t0 = time.perf_counter()
+                    version = await load_bundle(s.bundle, store)
+                    self.log.info("bulk-loaded bundle into empty namespace", version=version,
+                                  seconds=round(time.perf_counter() - t0, 2))
+            finally:
+                await store.unlock("loading", token)
+        else:
+            self.log.info("catalogue", namespace=s.namespace, version=cur, level_sizes=ls)
+
+    async def stop(self) -> None:
+        if self._background is not None:
+            self._background.cancel()
+            try:
+                await self._background
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001
+                pass
+        if self.store is not None:
+            try:
+                await self.store.close()
+            except Exception as e:  # noqa: BLE001
+                self.log.warning("closing redis failed", error=repr(e))
+            self.store = None
+
+
+def _safe_url(url: str) -> str:
+    """The URL without a password."""
+    if "@" in url:
+        scheme, _, rest = url.partition("://")
+        return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
+    return url

@@ -1,0 +1,259 @@
+"""Serving subcommands of the ``specrec`` tool (added when the serving code
+is installed; the core library itself knows nothing of gRPC):
+
+    specrec stack up       start Redis (if needed) and the four services, wait for health, send real requests
+    specrec stack down     stop everything ``stack up`` started
+    specrec recommend      one ad-hoc Recommend call through the gateway
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+STATE = ROOT / "runs" / "stack"
+PORTS = {"itemset": 50051, "drafter": 50052, "verifier": 50053, "gateway": 50050}
+METRICS = {"itemset": 9101, "drafter": 9102, "verifier": 9103, "gateway": 9100}
+MODULES = {"itemset": "itemset_svc", "drafter": "drafter_svc", "verifier": "verifier_svc", "gateway": "gateway"}
+BEAUTY_BUNDLE = ROOT / "bundles" / "beauty-loo"
+SYNTH_BUNDLE = ROOT / "runs" / "synthetic-stack" / "bundle"
+
+
+def _say(msg: str) -> None:
+    print(f"[stack] {msg}", flush=True)
+
+
+def _port_open(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.3)
+        return s.connect_ex((host, port)) == 0
+
+
+def _redis_ping(url: str) -> bool:
+    import redis
+
+    try:
+        return bool(redis.Redis.from_url(url, socket_timeout=0.5).ping())
+    except Exception:
+        return False
+
+
+def _ensure_bundle(a) -> Path:
+    if a.bundle:
+        return Path(a.bundle)
+    shared = Path(os.environ.get("SPECREC_SHARED_DATA", ROOT.parent / "shared" / "data"))
+    if (shared / "beauty").exists() and (BEAUTY_BUNDLE / "bundle.json").exists():
+        return BEAUTY_BUNDLE
+    if (SYNTH_BUNDLE / "retrieval.safetensors").exists():
+        return SYNTH_BUNDLE
+    _say("no ../shared/data here: building a small synthetic bundle (a few minutes, once)")
+    from specrec.models.tiger import TigerConfig
+    from specrec.pipeline import build, train_drafters
+    from specrec.train.trainer import TrainConfig
+
+    mcfg = TigerConfig(level_sizes=[32, 32, 32, 64], d_model=64, n_heads=4, d_kv=16, d_ff=256,
+                       n_enc_layers=2, n_dec_layers=2, max_history=20)
+    out = SYNTH_BUNDLE.parent
+    b = build(None, out, "temporal", mcfg, TrainConfig(epochs=8, warmup_steps=50, valid_limit=500), resume=False)
+    train_drafters(b, out / "bundle", epochs={"retrieval": 8, "self": 4, "nezha": 3})
+    return SYNTH_BUNDLE
+
+
+def _start_redis(a) -> tuple[str, int | None]:
+    if a.redis_url:
+        if not _redis_ping(a.redis_url):
+            raise SystemExit(f"REDIS_URL {a.redis_url} does not answer")
+        return a.redis_url, None
+    if _redis_ping("redis://127.0.0.1:6379/0"):
+        return "redis://127.0.0.1:6379/0", None
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise SystemExit("no Redis answers on 127.0.0.1:6379 and redis-server is not installed "
+                         "(apt-get install -y redis-server, or set REDIS_URL)")
+    port = 6390
+    d = STATE / "redis"
+    d.mkdir(parents=True, exist_ok=True)
+    p = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                          "--dir", str(d)], stdout=open(STATE / "logs" / "redis.log", "w"), stderr=subprocess.STDOUT)
+    url = f"redis://127.0.0.1:{port}/0"
+    for _ in range(50):
+        if _redis_ping(url):
+            return url, p.pid
+        time.sleep(0.1)
+    raise SystemExit("redis-server did not start (see runs/stack/logs/redis.log)")
+
+
+def _health(port: int) -> str:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+            return health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
+    except grpc.RpcError as e:
+        return e.code().name
+
+
+def cmd_up(a) -> int:
+    t_start = time.time()
+    if (STATE / "pids.json").exists():
+        _say("a stack seems to be running (runs/stack/pids.json); stopping it first")
+        cmd_down(a)
+    (STATE / "logs").mkdir(parents=True, exist_ok=True)
+    bundle = _ensure_bundle(a)
+    _say(f"bundle: {bundle.relative_to(ROOT) if bundle.is_relative_to(ROOT) else bundle}")
+    redis_url, redis_pid = _start_redis(a)
+    _say(f"redis: {redis_url}" + (" (started here)" if redis_pid else ""))
+    for name, port in PORTS.items():
+        if _port_open("127.0.0.1", port):
+            raise SystemExit(f"port {port} ({name}) is already in use; run `specrec stack down` or free it")
+    token = os.environ.get("SPECREC_WRITE_TOKEN") or secrets.token_urlsafe(16)
+    addrs = {n: f"127.0.0.1:{p}" for n, p in PORTS.items()}
+    env = dict(os.environ, PYTHONUNBUFFERED="1", SPECREC_ITEMSET_REDIS_URL=redis_url,
+               SPECREC_ITEMSET_NAMESPACE=a.namespace, SPECREC_ITEMSET_WRITE_TOKEN=token,
+               SPECREC_ITEMSET_BUNDLE=str(bundle), SPECREC_DRAFTER_BUNDLE=str(bundle), SPECREC_VERIFIER_BUNDLE=str(bundle),
+               SPECREC_DRAFTER_ITEMSET_ADDR=addrs["itemset"], SPECREC_VERIFIER_ITEMSET_ADDR=addrs["itemset"],
+               SPECREC_GATEWAY_ITEMSET_ADDR=addrs["itemset"], SPECREC_GATEWAY_DRAFTER_ADDR=addrs["drafter"],
+               SPECREC_GATEWAY_VERIFIER_ADDR=addrs["verifier"])
+    for n in PORTS:
+        env[f"SPECREC_{n.upper()}_PORT"] = str(PORTS[n])
+        env[f"SPECREC_{n.upper()}_METRICS_PORT"] = str(METRICS[n])
+        env[f"SPECREC_{n.upper()}_LOG_JSON"] = "true"
+    pids = {"redis": redis_pid} if redis_pid else {}
+    for name in ("itemset", "verifier", "drafter", "gateway"):
+        log = open(STATE / "logs" / f"{name}.log", "w")
+        p = subprocess.Popen([sys.executable, "-m", MODULES[name]], env=env, stdout=log, stderr=subprocess.STDOUT,
+                             cwd=ROOT, start_new_session=True)
+        pids[name] = p.pid
+        (STATE / "pids.json").write_text(json.dumps(pids))
+        _say(f"started {name} (pid {p.pid}, port {PORTS[name]}, metrics :{METRICS[name]}); waiting for SERVING")
+        t0 = time.time()
+        while True:
+            status = _health(PORTS[name])
+            if status == "SERVING":
+                _say(f"{name} SERVING after {time.time() - t0:.1f} s")
+                break
+            if p.poll() is not None or time.time() - t0 > a.timeout:
+                tail = (STATE / "logs" / f"{name}.log").read_text()[-2000:]
+                raise SystemExit(f"{name} did not become healthy (status {status}); log tail:\n{tail}")
+            time.sleep(0.5)
+    (STATE / "token").write_text(token)
+    _say(f"all four services SERVING, {time.time() - t_start:.0f} s after start; write token in runs/stack/token")
+    _demo(bundle, a.requests)
+    _say("stop everything with: specrec stack down")
+    return 0
+
+
+def _demo(bundle: Path, n: int) -> None:
+    import numpy as np
+
+    from .client import Client, format_response, timed_recommend
+
+    meta = json.loads((bundle / "bundle.json").read_text())
+    items = [json.loads(l) for l in open(bundle / "items.jsonl")]
+    ids = [it["item_id"] for it in items]
+    titles = {it["item_id"]: it["title"] for it in items}
+    histories = _sample_histories(meta, ids, n)
+    with Client() as c:
+        for i, hist in enumerate(histories):
+            for policy in ("specgr", "beam") if i == 0 else ("specgr",):
+                resp, ms = timed_recommend(c, hist, k=10, policy=policy, budget_ms=30)
+                print()
+                print(format_response(resp, ms, [titles.get(h, h) for h in hist]))
+    print()
+
+
+def _sample_histories(meta: dict, ids: list[str], n: int) -> list[list[str]]:
+    import numpy as np
+
+    data = meta.get("data_path")
+    if data and Path(data).exists():
+        from specrec.data import load_dataset
+
+        ds = load_dataset(data)
+        rng = np.random.default_rng(7)
+        picks = rng.choice(len(ds.sequences), size=n, replace=False)
+        return [[ds.catalogue.ids[x] for x in ds.sequences[u].items[:-1][-20:]] for u in picks]
+    rng = np.random.default_rng(7)
+    return [list(rng.choice(ids, size=8, replace=False)) for _ in range(n)]
+
+
+def cmd_down(a) -> int:
+    f = STATE / "pids.json"
+    if not f.exists():
+        _say("nothing to stop")
+        return 0
+    pids = json.loads(f.read_text())
+    for name in ("gateway", "drafter", "verifier", "itemset", "redis"):
+        pid = pids.get(name)
+        if not pid:
+            continue
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            continue
+        for _ in range(150):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        else:
+            os.kill(pid, signal.SIGKILL)
+        _say(f"stopped {name} (pid {pid})")
+    f.unlink()
+    return 0
+
+
+def cmd_recommend(a) -> int:
+    from .client import Client, format_response, timed_recommend
+
+    params = {}
+    for it in a.param or []:
+        k, _, v = it.partition("=")
+        params[k] = v
+    with Client(a.target, timeout_s=a.timeout) as c:
+        resp, ms = timed_recommend(c, a.history.split(","), k=a.k, policy=a.policy, budget_ms=a.budget_ms, params=params)
+    if a.json:
+        from google.protobuf.json_format import MessageToJson
+
+        print(MessageToJson(resp))
+    else:
+        print(format_response(resp, ms))
+    return 0
+
+
+def register(sub) -> None:
+    st = sub.add_parser("stack", help="run the local stack: Redis + item set, drafter, verifier, gateway",
+                        description="`up` installs nothing: it prepares a bundle (the Beauty bundle, or a small synthetic "
+                        "one), starts Redis unless one answers (or REDIS_URL is set), starts the four services as "
+                        "processes, waits for their health checks and sends real Recommend calls. `down` stops them.")
+    st.add_argument("action", choices=["up", "down"])
+    st.add_argument("--bundle", help="bundle directory (default: bundles/beauty-loo, else a synthetic one)")
+    st.add_argument("--redis-url", default=os.environ.get("REDIS_URL"), help="use this Redis (default: $REDIS_URL)")
+    st.add_argument("--namespace", default="specrec-local", help="Redis key namespace")
+    st.add_argument("--requests", type=int, default=3, help="demo requests to send after start")
+    st.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for each service")
+    st.set_defaults(func=lambda a: cmd_up(a) if a.action == "up" else cmd_down(a))
+
+    r = sub.add_parser("recommend", help="one Recommend call through the gateway")
+    r.add_argument("--history", required=True, help="comma-separated item ids, oldest first")
+    r.add_argument("--k", type=int, default=10)
+    r.add_argument("--policy", default="", help="beam, specgr, nezha, strict, relaxed or sample (default: the server's)")
+    r.add_argument("--budget-ms", type=float, default=0.0, help="latency budget (0 = the server's default)")
+    r.add_argument("--param", action="append", metavar="NAME=VALUE", help="policy parameter (repeatable)")
+    r.add_argument("--target", default="127.0.0.1:50050", help="gateway address")
+    r.add_argument("--timeout", type=float, default=5.0)
+    r.add_argument("--json", action="store_true")
+    r.set_defaults(func=cmd_recommend)
