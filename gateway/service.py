@@ -29,7 +29,7 @@ from pydantic_settings import SettingsConfigDict
 
 from specrec.drafters.base import DraftRequest
 from specrec.policies import POLICIES, Engine, RecRequest, RecResult, SpecMetrics, make_policy
-from specrec.policies.base import fill_to_k
+from specrec.policies.base import Budget, fill_to_k
 from specrec.policies.metrics import RequestStats
 from specrec_rpc.catalogue import CatalogueWatcher, Snapshot
 from specrec_rpc.errors import InvalidArgument, handle_errors, require
@@ -114,6 +114,8 @@ class GatewayService(Service):
         self.metrics = SpecMetrics()
         self.pool = ThreadPoolExecutor(max_workers=settings.workers, thread_name_prefix="policy")
         self._collector = SpecCollector(self.metrics)
+        # round-cost estimates persist across requests (a policy object lives for one request)
+        self.budgets: dict[str, Budget] = {}
 
     async def start(self) -> None:
         s = self.s
@@ -166,7 +168,9 @@ class GatewayService(Service):
         req = RecRequest(rows, k, deadline)
         t0 = time.monotonic()
         try:
-            res = make_policy(name, eng, **params).run([req])[0]
+            pol = make_policy(name, eng, **params)
+            pol.budget = self.budgets.setdefault(name, Budget(time.monotonic))
+            res = pol.run([req])[0]
         except DependencyDown as e:
             res = self._degraded(name, params, eng, req, e)
         except BudgetExceeded:
@@ -214,7 +218,7 @@ class Servicer(recommender_pb2_grpc.RecommenderServicer):
         f = lambda name: f"{prefix}{name}"  # noqa: E731
         require(len(r.history) > 0, f("history"), "empty: send at least one item id")
         require(len(r.history) <= s.max_history_items, f("history"), f"at most {s.max_history_items} item ids")
-        k = r.k if r.k else 10
+        k = r.k
         require(1 <= k <= s.max_k, f("k"), f"must be 1..{s.max_k}, got {r.k}")
         require(r.budget_ms >= 0, f("budget_ms"), f"must not be negative, got {r.budget_ms}")
         require(r.budget_ms <= s.max_budget_ms, f("budget_ms"), f"at most {s.max_budget_ms}")

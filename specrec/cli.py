@@ -31,6 +31,10 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-history", type=int, default=20, help="items of history fed to the encoder")
     g.add_argument("--encoder-input", choices=["items", "tokens"], default="items",
                    help="one encoder position per item (sum of its code embeddings) or per SID token (TIGER)")
+    g.add_argument("--causal-encoder", action="store_true",
+                   help="causal encoder, trained on whole sequences at once (several times cheaper per epoch)")
+    g.add_argument("--tie-output", action="store_true", help="tie output layers to the code embeddings (T5-style)")
+    g.add_argument("--label-smoothing", type=float, default=0.0)
     g.add_argument("--codebook-size", type=int, default=256, help="codes per RQ level")
     g.add_argument("--levels", type=int, default=3, help="RQ levels (the collision digit comes on top)")
     g.add_argument("--collision-size", type=int, default=256, help="largest collision digit + 1")
@@ -45,6 +49,7 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--warmup-steps", type=int, default=500)
     g.add_argument("--patience", type=int, default=6, help="epochs without a better validation metric before stopping")
     g.add_argument("--valid-limit", type=int, default=4000, help="validation users per epoch (0 = all)")
+    g.add_argument("--bf16", action="store_true", help="bfloat16 autocast for training matmuls (fast on AMX/AVX-512 CPUs)")
     g.add_argument("--seed", type=int, default=0)
 
 
@@ -56,10 +61,12 @@ def cmd_train(a: argparse.Namespace) -> int:
     mcfg = TigerConfig(
         level_sizes=[a.codebook_size] * a.levels + [a.collision_size], d_model=a.d_model, n_heads=a.heads,
         d_kv=a.d_kv, d_ff=a.d_ff, n_enc_layers=a.enc_layers, n_dec_layers=a.dec_layers, dropout=a.dropout,
-        max_history=a.max_history, encoder_input=a.encoder_input,
+        max_history=a.max_history, encoder_input=a.encoder_input, causal_encoder=a.causal_encoder,
+        tie_output=a.tie_output, label_smoothing=a.label_smoothing,
     )
     tcfg = TrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, weight_decay=a.weight_decay,
-                       warmup_steps=a.warmup_steps, patience=a.patience, valid_limit=a.valid_limit or None, seed=a.seed)
+                       warmup_steps=a.warmup_steps, patience=a.patience, valid_limit=a.valid_limit or None, seed=a.seed,
+                       bf16=a.bf16)
     build(a.data, a.out, a.protocol, mcfg, tcfg, quantile=a.quantile, seed=a.seed, resume=not a.no_resume)
     return 0
 

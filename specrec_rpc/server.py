@@ -58,6 +58,10 @@ def channel_options(settings: ServiceSettings) -> list[tuple[str, int]]:
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_ping_interval_without_data_ms", 5_000),
         ("grpc.http2.max_pings_without_data", 0),
+        # a restarted dependency is found again within about a second (client side)
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.min_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", 1000),
     ]
 
 
@@ -90,11 +94,12 @@ class GuardInterceptor(grpc.aio.ServerInterceptor):
             return handler
         inner, method = handler.unary_unary, details.method.rsplit("/", 1)[-1]
         m = self.m
+        exempt = details.method.startswith("/grpc.health.")  # probes must answer even when shedding load
 
         async def guarded(request, context):
             t0 = time.perf_counter()
             code = grpc.StatusCode.OK
-            if self.inflight >= self.max:
+            if self.inflight >= self.max and not exempt:
                 m.requests.labels(m.service, method, "RESOURCE_EXHAUSTED").inc()
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"overloaded: {self.inflight} requests in flight")
             self.inflight += 1

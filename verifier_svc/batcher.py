@@ -21,14 +21,15 @@ BATCH_SIZE = Histogram("specrec_verifier_batch_size", "Requests per computed bat
                        buckets=(1, 2, 4, 8, 16, 32, 64, 128))
 QUEUE_WAIT = Histogram("specrec_verifier_queue_wait_seconds", "Time from arrival to batch start", ["kind"],
                        buckets=(0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.03, 0.1))
-EXPIRED = Counter("specrec_verifier_expired", "Requests dropped because their deadline passed in the queue", ["kind"])
+EXPIRED = Counter("specrec_verifier_expired",
+                  "Requests dropped, not computed: their deadline passed or their caller gave up while queued", ["kind"])
 
 
 class Expired(Exception):
     pass
 
 
-@dataclass
+@dataclass(eq=False)  # identity semantics: payloads hold arrays
 class Job:
     payload: Any
     deadline: float | None  # time.monotonic() deadline
@@ -69,38 +70,51 @@ class Batcher:
             first = await self.queue.get()
             jobs = [first]
             until = time.monotonic() + self.max_wait
+            # fill without asyncio.wait_for(queue.get()): on Python < 3.12 a timeout racing a
+            # completed get() loses the item, and its caller would wait forever
             while len(jobs) < self.max_batch:
+                try:
+                    jobs.append(self.queue.get_nowait())
+                    continue
+                except asyncio.QueueEmpty:
+                    pass
                 left = until - time.monotonic()
                 if left <= 0:
                     break
-                try:
-                    jobs.append(await asyncio.wait_for(self.queue.get(), left))
-                except asyncio.TimeoutError:
-                    break
-            now = time.monotonic()
-            live = []
-            for j in jobs:
-                if j.future.cancelled():
-                    continue
-                if j.deadline is not None and now >= j.deadline:
-                    EXPIRED.labels(self.kind).inc()
-                    j.future.set_exception(Expired(f"{self.kind}: deadline passed while queued"))
-                    continue
-                live.append(j)
-                QUEUE_WAIT.labels(self.kind).observe(now - j.arrived)
-            if not live:
+                await asyncio.sleep(min(left, 0.0002))
+            gone = [j for j in jobs if j.future.cancelled()]  # the RPC was cancelled (e.g. its deadline passed)
+            if gone:
+                EXPIRED.labels(self.kind).inc(len(gone))
+            jobs = [j for j in jobs if not j.future.cancelled()]
+            if not jobs:
                 continue
-            BATCH_SIZE.labels(self.kind).observe(len(live))
             try:
-                results = await loop.run_in_executor(self.executor, self.run_batch, [j.payload for j in live])
+                live, results = await loop.run_in_executor(self.executor, self._run, jobs)
             except Exception as exc:  # the whole batch failed: every caller learns why
-                for j in live:
+                for j in jobs:
                     if not j.future.done():
                         j.future.set_exception(exc)
                 continue
+            alive = {id(j) for j in live}
+            for j in jobs:
+                if id(j) not in alive:
+                    EXPIRED.labels(self.kind).inc()
+                    if not j.future.done():
+                        j.future.set_exception(Expired(f"{self.kind}: deadline passed while queued"))
             for j, r in zip(live, results):
                 if not j.future.done():
                     if isinstance(r, Exception):
                         j.future.set_exception(r)
                     else:
                         j.future.set_result(r)
+
+    def _run(self, jobs: list[Job]):
+        """On the compute thread: drop what expired while waiting for it, compute the rest."""
+        now = time.monotonic()
+        live = [j for j in jobs if (j.deadline is None or now < j.deadline) and not j.future.cancelled()]
+        for j in live:
+            QUEUE_WAIT.labels(self.kind).observe(now - j.arrived)
+        if not live:
+            return [], []
+        BATCH_SIZE.labels(self.kind).observe(len(live))
+        return live, self.run_batch([j.payload for j in live])

@@ -127,10 +127,10 @@ class VerifierService(Service):
             h = np.full((1, self.max_history, len(self.level_sizes)), -1, dtype=np.int64)
             h[0, self.max_history - len(hist):] = hist
             enc = await self.batchers["encode"].submit((h,), None)
-            await self.batchers["score"].submit((enc[0], torch.from_numpy(snap.itemset.sids[rows[:8]])[None], False), None)
+            await self.batchers["score"].submit((enc, torch.from_numpy(snap.itemset.sids[rows[:8]])[None], False), None)
             await self.batchers["beam_search"].submit((h, 10, snap), None)
             if self.local.head is not None:
-                sess = Session(1, LocalState(enc[0]))
+                sess = Session(1, LocalState(enc))
                 await asyncio.get_running_loop().run_in_executor(self.executor, self.local.head_beams, sess, snap.itemset.trie, 10)
 
     async def stop(self) -> None:

@@ -70,7 +70,7 @@ def select_topk(beams: Beams, logp: torch.Tensor, trie: SidTrie, width: int) -> 
     code = idx % v
     par = parent.unsqueeze(-1).expand(-1, -1, level)
     codes = torch.cat([beams.codes.gather(1, par), code.unsqueeze(-1)], dim=2)
-    tok = logp.view(r, bc * v).gather(1, idx)
+    tok = logp.reshape(r, bc * v).gather(1, idx)
     token_logp = torch.cat([beams.token_logp.gather(1, par), tok.unsqueeze(-1)], dim=2)
     nodes = trie.advance(level, beams.nodes.gather(1, parent), code)
     dead = torch.isinf(top) | (nodes < 0)

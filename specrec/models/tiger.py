@@ -42,9 +42,15 @@ class TigerConfig(BaseModel):
     dropout: float = 0.1
     max_history: int = 20
     activation: Literal["relu", "gelu"] = "relu"
-    tie_output: bool = Field(True, description="output logits of level t are the dot product with the (shared) "
+    tie_output: bool = Field(False, description="output logits of level t are the dot product with the (shared) "
                              "input embeddings of level t's codes (tied, as in T5), plus a per-code bias")
     label_smoothing: float = Field(0.0, ge=0.0, lt=1.0, description="label smoothing of the training loss")
+    causal_encoder: bool = Field(
+        False,
+        description="causal self-attention in the encoder (each history position sees itself and earlier "
+        "ones). Lets training encode a user's sequence once for all its targets (SASRec-style), several "
+        "times cheaper than one encoder pass per prefix; needs encoder_input='items'",
+    )
     encoder_input: Literal["items", "tokens"] = Field(
         "items",
         description="'tokens': one encoder position per SID token (TIGER, H*L positions); "
@@ -240,25 +246,39 @@ class Tiger(SidTokens, nn.Module):
         return sum(p.numel() for p in self.parameters())
 
     # -- encoder -----------------------------------------------------------
-    def encode(self, hist_sids: torch.Tensor) -> EncoderState:
-        """hist_sids: [R, H, L] codes, left-padded with rows of -1."""
+    def _encoder_inputs(self, hist_sids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         tokens = self.history_tokens(hist_sids)
         if self.cfg.encoder_input == "tokens":
-            x = self.tok(tokens)
-            keep = tokens != PAD_TOKEN
-        else:
-            r, h, l = hist_sids.shape
-            x = self.tok(tokens).view(r, h, l, -1).sum(2)  # PAD embeds to zero
-            keep = hist_sids[:, :, 0] >= 0
+            return self.tok(tokens), tokens != PAD_TOKEN
+        r, h, l = hist_sids.shape
+        return self.tok(tokens).view(r, h, l, -1).sum(2), hist_sids[:, :, 0] >= 0  # PAD embeds to zero
+
+    def _self_mask(self, keep: torch.Tensor) -> torch.Tensor:
+        if not self.cfg.causal_encoder:
+            return keep[:, None, None, :]
+        s = keep.shape[1]
+        idx = torch.arange(s, device=keep.device)
+        allowed = (idx.view(1, s, 1) >= idx.view(1, 1, s)) & keep[:, None, :]
+        return (allowed | torch.eye(s, dtype=torch.bool, device=keep.device)).unsqueeze(1)  # a pad row sees itself
+
+    def _memory(self, hist_sids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, keep = self._encoder_inputs(hist_sids)
         s = x.shape[1]
-        pos = torch.arange(self.enc_pos.num_embeddings - s, self.enc_pos.num_embeddings, device=x.device)
+        if self.cfg.causal_encoder:  # positions count from the oldest item, so a prefix encodes as in its sequence
+            pos = (keep.long().cumsum(1) - 1).clamp(min=0)
+        else:  # right-aligned: the most recent item always has the last position
+            pos = torch.arange(self.enc_pos.num_embeddings - s, self.enc_pos.num_embeddings, device=x.device)
         x = self.drop(x + self.enc_pos(pos))
-        mask = keep[:, None, None, :]
+        mask = self._self_mask(keep)
         for layer in self.enc_layers:
             x = layer(x, mask)
-        mem = self.enc_ln(x)
+        return self.enc_ln(x), keep
+
+    def encode(self, hist_sids: torch.Tensor) -> EncoderState:
+        """hist_sids: [R, H, L] codes, left-padded with rows of -1."""
+        mem, keep = self._memory(hist_sids)
         cross = [layer.cross_attn.kv(mem) for layer in self.dec_layers]
-        return EncoderState(mem, mask, cross)
+        return EncoderState(mem, keep[:, None, None, :], cross)
 
     # -- decoder -----------------------------------------------------------
     def decode(self, enc: EncoderState, tokens: torch.Tensor, past=None, start=0, embeds: torch.Tensor | None = None):
@@ -299,6 +319,32 @@ class Tiger(SidTokens, nn.Module):
         return [self.level_logprobs(hidden[:, :, i], start + i) for i in range(first, t)], new
 
     # -- training ----------------------------------------------------------
+    def forward_sequences(self, inp_sids: torch.Tensor, tgt_sids: torch.Tensor) -> torch.Tensor:
+        """Causal-encoder training on whole sequences: ``inp_sids`` [B, T, L]
+        (left-padded with -1), ``tgt_sids`` [B, T, L] the next item after each
+        position (rows of -1 where there is none). One encoder pass serves every
+        target; the decoder for position t sees encoder positions <= t only.
+        Returns the mean token cross-entropy over valid targets."""
+        if not self.cfg.causal_encoder:
+            raise ValueError("forward_sequences needs causal_encoder=True")
+        mem, keep = self._memory(inp_sids)
+        b, t, _ = mem.shape
+        L = self.cfg.sid_len
+        idx = torch.arange(t, device=mem.device)
+        vis = (idx.view(1, t, 1) >= idx.view(1, 1, t)) & keep[:, None, :]  # [B, T(query pos), T(key pos)]
+        vis = vis | ~vis.any(-1, keepdim=True)  # padded positions: anything, to avoid empty rows (no loss there)
+        mask = vis.repeat_interleave(L, dim=1).unsqueeze(1)  # [B, 1, T*L, T]: decoder tokens of position t
+        cross = [layer.cross_attn.kv(mem) for layer in self.dec_layers]
+        valid = tgt_sids[:, :, 0] >= 0
+        hidden, _ = self.decode(EncoderState(mem, mask, cross), self.decoder_input(tgt_sids.clamp(min=0)[..., :-1]))
+        hidden = hidden[valid]  # [N, L, d]
+        tgt = tgt_sids[valid]
+        loss = 0.0
+        for lvl in range(L):
+            loss = loss + F.cross_entropy(self.level_logits(hidden[:, lvl], lvl), tgt[:, lvl],
+                                          label_smoothing=self.cfg.label_smoothing)
+        return loss / L
+
     def forward(self, hist_sids: torch.Tensor, target_sids: torch.Tensor) -> torch.Tensor:
         """Mean token cross-entropy of ``target_sids`` [B, L] given histories."""
         enc = self.encode(hist_sids)

@@ -44,6 +44,7 @@ class TrainConfig(BaseModel):
     metric: str = "ndcg@10"
     seed: int = 0
     bucket_chunk: int = 50
+    bf16: bool = False  # bfloat16 autocast for training matmuls (AMX/AVX-512 CPUs); weights stay float32
 
 
 def bucketed_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generator, chunk: int) -> list[np.ndarray]:
@@ -65,6 +66,42 @@ def history_batch(sids: torch.Tensor, hist: np.ndarray) -> torch.Tensor:
     hist = torch.from_numpy(hist[:, hist.shape[1] - n :])
     out = sids[hist.clamp(min=0)]
     return torch.where((hist < 0).unsqueeze(-1), torch.full_like(out, -1), out)
+
+
+def causal_chunks(ex: Examples) -> tuple[np.ndarray, np.ndarray]:
+    """Training examples -> whole-sequence chunks for a causal encoder.
+
+    Per user, the example with the latest target gives a chunk: its history
+    as input, and as targets the next item after every input position (the
+    history shifted by one, then the example's own target); positions whose
+    next item is not a training target are -1. Further chunks end 20 (H)
+    targets earlier, so every training target is in exactly one chunk.
+    Returns (inputs [C, H], targets [C, H]), left-padded with -1."""
+    H = ex.history.shape[1]
+    order = np.lexsort((ex.position, ex.user))
+    users, pos = ex.user[order], ex.position[order]
+    inp, tgt = [], []
+    starts = np.flatnonzero(np.r_[True, users[1:] != users[:-1]])
+    ends = np.r_[starts[1:], len(users)]
+    for a, b in zip(starts, ends):
+        p_min = int(pos[a])
+        by_pos = {int(p): int(order[i]) for i, p in zip(range(a, b), pos[a:b])}
+        e = int(pos[b - 1])
+        while e >= p_min:
+            j = by_pos[e]
+            h = ex.history[j]
+            row_t = np.full(H, PAD, dtype=np.int64)
+            n = int((h != PAD).sum())
+            first = e - n  # sequence position of the first history item
+            row_t[H - n : H - 1] = h[H - n + 1 :]
+            row_t[H - 1] = ex.target[j]
+            for i in range(H - n, H):  # next item of input i sits at position first + (i - (H - n)) + 1
+                if first + (i - (H - n)) + 1 < p_min:
+                    row_t[i] = PAD
+            inp.append(h)
+            tgt.append(row_t)
+            e -= H
+    return np.stack(inp), np.stack(tgt)
 
 
 @torch.inference_mode()
@@ -110,7 +147,8 @@ class Trainer:
             [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=cfg.lr, betas=(0.9, 0.98),
         )
-        self.steps_per_epoch = math.ceil(len(train) / cfg.batch_size)
+        n_units = len(causal_chunks(train)[0]) if model_cfg.causal_encoder else len(train)
+        self.steps_per_epoch = math.ceil(n_units / cfg.batch_size)
         self.total_steps = self.steps_per_epoch * cfg.epochs
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self._lr_factor)
         self.epoch = 0
@@ -167,7 +205,12 @@ class Trainer:
     # -- loop ----------------------------------------------------------------
     def fit(self, progress: bool = True) -> dict:
         c = self.cfg
-        lengths = (self.train.history != PAD).sum(1)
+        if self.mcfg.causal_encoder:
+            inp, tgt = causal_chunks(self.train)
+            lengths = (inp != PAD).sum(1)
+            self.log(f"causal encoder: {len(self.train)} targets in {len(inp)} sequence chunks")
+        else:
+            lengths = (self.train.history != PAD).sum(1)
         t_start = time.time()
         while self.epoch < c.epochs and self.bad_epochs < c.patience:
             rng = np.random.default_rng(c.seed * 100003 + self.epoch)
@@ -176,9 +219,20 @@ class Trainer:
             t0, tot, n = time.time(), 0.0, 0
             bar = tqdm(batches, desc=f"epoch {self.epoch + 1}/{c.epochs}", disable=not progress, leave=False)
             for idx in bar:
-                hist = history_batch(self.sids, self.train.history[idx])
-                tgt = self.sids[torch.from_numpy(self.train.target[idx])]
-                loss = self.model(hist, tgt)
+                if self.mcfg.causal_encoder:
+                    w = int(lengths[idx].max())
+                    x, y = torch.from_numpy(inp[idx][:, -w:]), torch.from_numpy(tgt[idx][:, -w:])
+                    pad = lambda a: torch.where((a < 0).unsqueeze(-1), torch.full_like(self.sids[a.clamp(min=0)], -1),  # noqa: E731
+                                                self.sids[a.clamp(min=0)])
+                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=c.bf16):
+                        loss = self.model.forward_sequences(pad(x), pad(y))
+                    n_targets = int((y >= 0).sum())
+                else:
+                    hist = history_batch(self.sids, self.train.history[idx])
+                    tgt_ = self.sids[torch.from_numpy(self.train.target[idx])]
+                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=c.bf16):
+                        loss = self.model(hist, tgt_)
+                    n_targets = len(idx)
                 self.opt.zero_grad(set_to_none=True)
                 loss.backward()
                 if c.grad_clip:
@@ -186,8 +240,8 @@ class Trainer:
                 self.opt.step()
                 self.sched.step()
                 self.step += 1
-                tot += loss.item() * len(idx)
-                n += len(idx)
+                tot += loss.item() * n_targets
+                n += n_targets
                 if self.step % 20 == 0:
                     bar.set_postfix(loss=f"{tot / n:.4f}", lr=f"{self.sched.get_last_lr()[0]:.2e}")
             train_s = time.time() - t0

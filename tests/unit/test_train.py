@@ -78,3 +78,51 @@ def test_bundle_roundtrip(setup, tmp_path, synth):
         x = beam_search(b.model, b.model.encode(hist), b.trie, 5)
         y = beam_search(c.model, c.model.encode(hist), c.trie, 5)
     assert torch.equal(x.codes, y.codes) and torch.allclose(x.scores, y.scores)
+
+
+def test_causal_chunks_cover_every_target_once_with_its_context(synth):
+    from specrec.data import leave_one_out as loo
+    from specrec.train.trainer import causal_chunks
+
+    split = loo(synth, max_history=6)
+    inp, tgt = causal_chunks(split.train)
+    want = {(tuple(h[h >= 0].tolist()), int(t)) for h, t in zip(split.train.history, split.train.target)}
+    got = []
+    for x, y in zip(inp, tgt):
+        for i in range(len(x)):
+            if y[i] >= 0:
+                ctx = x[: i + 1]
+                got.append((tuple(ctx[ctx >= 0].tolist()), int(y[i])))
+    assert len(got) == len(split.train)
+    # each (context, target) of a chunk is a training example whose history ends with that context
+    hist_of = {}
+    for h, t in zip(split.train.history, split.train.target):
+        hist_of.setdefault(int(t), []).append(tuple(h[h >= 0].tolist()))
+    for ctx, t in got:
+        assert any(full[-len(ctx):] == ctx for full in hist_of[t])
+    assert len(want) <= len(got)
+
+
+def test_causal_sequence_loss_equals_per_example_loss():
+    """One encoder pass over a sequence gives each target exactly the loss of
+    encoding its own prefix: training and inference see the same thing."""
+    from specrec.models.tiger import Tiger
+
+    torch.manual_seed(0)
+    cfg = tiny_config(causal_encoder=True, max_history=6)
+    model = Tiger(cfg).eval()
+    rng = np.random.default_rng(0)
+    seq = torch.from_numpy(rng.integers(0, 3, (6, 4)))
+    inp = torch.full((1, 6, 4), -1, dtype=torch.int64)
+    tgt = torch.full((1, 6, 4), -1, dtype=torch.int64)
+    inp[0, 2:] = seq[:4]  # 4 history items, left-padded
+    tgt[0, 2:] = seq[1:5]  # the next item after each
+    tgt[0, 2] = -1  # ... except the first position, not a training target
+    with torch.no_grad():
+        together = model.forward_sequences(inp, tgt)
+        singles = []
+        for i in range(1, 4):
+            h = torch.full((1, 6, 4), -1, dtype=torch.int64)
+            h[0, 6 - (i + 1):] = seq[: i + 1]
+            singles.append(model(h, seq[i + 1][None]))
+    assert torch.allclose(together, torch.stack(singles).mean(), atol=1e-5)

@@ -1,0 +1,288 @@
+{{/* ----------------------------------------------------------- names */}}
+
+{{- define "specrec.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "specrec.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* <fullname>-<component>, e.g. specrec-verifier; args: (list $ "verifier") */}}
+{{- define "specrec.componentName" -}}
+{{- $root := index . 0 -}}
+{{- printf "%s-%s" (include "specrec.fullname" $root | trunc 50 | trimSuffix "-") (index . 1) -}}
+{{- end -}}
+
+{{- define "specrec.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* ---------------------------------------------------------- labels */}}
+
+{{- define "specrec.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "specrec.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "specrec.labels" -}}
+helm.sh/chart: {{ include "specrec.chart" . }}
+{{ include "specrec.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: specrec
+{{- end -}}
+
+{{/* args: (list $ "component") */}}
+{{- define "specrec.componentSelectorLabels" -}}
+{{ include "specrec.selectorLabels" (index . 0) }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end -}}
+
+{{- define "specrec.componentLabels" -}}
+{{ include "specrec.labels" (index . 0) }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end -}}
+
+{{/* ---------------------------------------------------------- images */}}
+
+{{- define "specrec.imageTag" -}}
+{{- .Values.image.tag | default .Chart.AppVersion -}}
+{{- end -}}
+
+{{- define "specrec.image" -}}
+{{- printf "%s:%s" .Values.image.repository (include "specrec.imageTag" .) -}}
+{{- end -}}
+
+{{- define "specrec.gpuImage" -}}
+{{- $g := .Values.verifier.gpu.image -}}
+{{- $repo := $g.repository | default .Values.image.repository -}}
+{{- $tag := $g.tag | default (printf "%s-gpu" (include "specrec.imageTag" .)) -}}
+{{- printf "%s:%s" $repo $tag -}}
+{{- end -}}
+
+{{- define "specrec.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- .Values.serviceAccount.name | default (include "specrec.fullname" .) -}}
+{{- else -}}
+{{- .Values.serviceAccount.name | default "default" -}}
+{{- end -}}
+{{- end -}}
+
+{{/* ------------------------------------------------------- addresses */}}
+
+{{/* gRPC address of a component's (headless) Service; args: (list $ "itemset").
+     dns:/// makes the client resolve every pod address of the headless Service. */}}
+{{- define "specrec.addr" -}}
+{{- $root := index . 0 -}}
+{{- $comp := index . 1 -}}
+{{- $port := int (index $root.Values $comp).port -}}
+{{- printf "dns:///%s.%s.svc.%s:%d" (include "specrec.componentName" (list $root $comp)) $root.Release.Namespace $root.Values.clusterDomain $port -}}
+{{- end -}}
+
+{{- define "specrec.redis.bundled" -}}
+{{- if and (not .Values.redis.external.url) (not .Values.redis.external.existingSecret) -}}true{{- end -}}
+{{- end -}}
+
+{{- define "specrec.redis.url" -}}
+{{- printf "redis://%s.%s.svc.%s:6379/0" (include "specrec.componentName" (list . "redis")) .Release.Namespace .Values.clusterDomain -}}
+{{- end -}}
+
+{{/* The chart's own Secret is needed for a generated/given write token or an external Redis URL. */}}
+{{- define "specrec.secret.needed" -}}
+{{- if or (not .Values.writeToken.existingSecret) (and .Values.redis.external.url (not .Values.redis.external.existingSecret)) -}}true{{- end -}}
+{{- end -}}
+
+{{/* Redis URL env var of the item set and the loader */}}
+{{- define "specrec.env.redis" -}}
+{{- if .Values.redis.external.existingSecret }}
+- name: SPECREC_ITEMSET_REDIS_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.redis.external.existingSecret }}
+      key: {{ .Values.redis.external.existingSecretKey }}
+{{- else if .Values.redis.external.url }}
+- name: SPECREC_ITEMSET_REDIS_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "specrec.fullname" . }}
+      key: redis-url
+{{- else }}
+- name: SPECREC_ITEMSET_REDIS_URL
+  value: {{ include "specrec.redis.url" . | quote }}
+{{- end }}
+- name: SPECREC_ITEMSET_REDIS_CLUSTER
+  value: {{ .Values.redis.external.cluster | toString | quote }}
+- name: SPECREC_ITEMSET_NAMESPACE
+  value: {{ .Values.itemset.namespace | quote }}
+- name: SPECREC_ITEMSET_KEEP_VERSIONS
+  value: {{ int .Values.itemset.keepVersions | quote }}
+{{- end -}}
+
+{{/* ------------------------------------------------ environment (env) */}}
+
+{{/* Settings every service shares; args: (list $ "itemset") */}}
+{{- define "specrec.env.common" -}}
+{{- $root := index . 0 -}}
+{{- $comp := index . 1 -}}
+{{- $v := index $root.Values $comp -}}
+{{- $c := $root.Values.common -}}
+{{- $p := printf "SPECREC_%s_" (upper $comp) -}}
+- name: {{ $p }}HOST
+  value: "0.0.0.0"
+- name: {{ $p }}PORT
+  value: {{ int $v.port | quote }}
+- name: {{ $p }}METRICS_PORT
+  value: {{ int $v.metricsPort | quote }}
+- name: {{ $p }}MAX_CONCURRENCY
+  value: {{ int $v.maxConcurrency | quote }}
+- name: {{ $p }}MAX_MESSAGE_MB
+  value: {{ int $c.maxMessageMb | quote }}
+- name: {{ $p }}KEEPALIVE_S
+  value: {{ int $c.keepaliveS | quote }}
+- name: {{ $p }}GRACE_S
+  value: {{ $c.graceS | toString | quote }}
+- name: {{ $p }}LOG_LEVEL
+  value: {{ $c.logLevel | quote }}
+- name: {{ $p }}LOG_JSON
+  value: {{ $c.logJson | toString | quote }}
+{{- end -}}
+
+{{/* <component>.config: {SETTING: value} -> SPECREC_<COMPONENT>_SETTING; args: (list $ "itemset") */}}
+{{- define "specrec.env.config" -}}
+{{- $root := index . 0 -}}
+{{- $comp := index . 1 -}}
+{{- $v := index $root.Values $comp -}}
+{{- range $k, $val := $v.config }}
+- name: {{ printf "SPECREC_%s_%s" (upper $comp) (upper $k) }}
+  value: {{ $val | toString | quote }}
+{{- end }}
+{{- end -}}
+
+{{- define "specrec.env.itemset" -}}
+{{- $v := .Values.itemset -}}
+{{ include "specrec.env.redis" . | trim }}
+- name: SPECREC_ITEMSET_BUNDLE
+  value: {{ .Values.bundle.path | quote }}
+- name: SPECREC_ITEMSET_LOAD_IF_EMPTY
+  value: {{ $v.loadIfEmpty | toString | quote }}
+- name: SPECREC_ITEMSET_WARM_UP
+  value: {{ $v.warmUp | toString | quote }}
+- name: SPECREC_ITEMSET_REDIS_TIMEOUT_S
+  value: {{ $v.redisTimeoutS | toString | quote }}
+- name: SPECREC_ITEMSET_STARTUP_WAIT_S
+  value: {{ $v.startupWaitS | toString | quote }}
+- name: SPECREC_ITEMSET_WRITE_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.writeToken.existingSecret | default (include "specrec.fullname" .) }}
+      key: {{ ternary .Values.writeToken.existingSecretKey "write-token" (ne .Values.writeToken.existingSecret "") }}
+{{- end -}}
+
+{{- define "specrec.env.drafter" -}}
+{{- $v := .Values.drafter -}}
+- name: SPECREC_DRAFTER_BUNDLE
+  value: {{ .Values.bundle.path | quote }}
+- name: SPECREC_DRAFTER_ITEMSET_ADDR
+  value: {{ include "specrec.addr" (list . "itemset") | quote }}
+- name: SPECREC_DRAFTER_DEFAULT_MODE
+  value: {{ $v.defaultMode | quote }}
+- name: SPECREC_DRAFTER_THREADS
+  value: {{ int $v.threads | quote }}
+- name: SPECREC_DRAFTER_MAX_N
+  value: {{ int $v.maxN | quote }}
+- name: SPECREC_DRAFTER_MAX_QUERIES
+  value: {{ int $v.maxQueries | quote }}
+- name: SPECREC_DRAFTER_MAX_HISTORY
+  value: {{ int $v.maxHistory | quote }}
+{{- end -}}
+
+{{- define "specrec.env.verifier" -}}
+{{- $v := .Values.verifier -}}
+- name: SPECREC_VERIFIER_BUNDLE
+  value: {{ .Values.bundle.path | quote }}
+- name: SPECREC_VERIFIER_ITEMSET_ADDR
+  value: {{ include "specrec.addr" (list . "itemset") | quote }}
+- name: SPECREC_VERIFIER_BACKEND
+  value: {{ ternary "onnx" $v.backend $v.gpu.enabled | quote }}
+{{- if $v.onnxDir }}
+- name: SPECREC_VERIFIER_ONNX_DIR
+  value: {{ $v.onnxDir | quote }}
+{{- end }}
+- name: SPECREC_VERIFIER_THREADS
+  value: {{ int $v.threads | quote }}
+- name: SPECREC_VERIFIER_MAX_BATCH
+  value: {{ int $v.maxBatch | quote }}
+- name: SPECREC_VERIFIER_MAX_WAIT_MS
+  value: {{ $v.maxWaitMs | toString | quote }}
+- name: SPECREC_VERIFIER_SESSION_TTL_S
+  value: {{ $v.sessionTtlS | toString | quote }}
+- name: SPECREC_VERIFIER_MAX_SESSIONS
+  value: {{ int $v.maxSessions | quote }}
+- name: SPECREC_VERIFIER_MAX_WIDTH
+  value: {{ int $v.maxWidth | quote }}
+- name: SPECREC_VERIFIER_MAX_CANDIDATES
+  value: {{ int $v.maxCandidates | quote }}
+- name: SPECREC_VERIFIER_WARMUP_REQUESTS
+  value: {{ int $v.warmupRequests | quote }}
+{{- end -}}
+
+{{- define "specrec.env.gateway" -}}
+{{- $v := .Values.gateway -}}
+- name: SPECREC_GATEWAY_ITEMSET_ADDR
+  value: {{ include "specrec.addr" (list . "itemset") | quote }}
+- name: SPECREC_GATEWAY_DRAFTER_ADDR
+  value: {{ include "specrec.addr" (list . "drafter") | quote }}
+- name: SPECREC_GATEWAY_VERIFIER_ADDR
+  value: {{ include "specrec.addr" (list . "verifier") | quote }}
+- name: SPECREC_GATEWAY_DEFAULT_POLICY
+  value: {{ $v.defaultPolicy | quote }}
+- name: SPECREC_GATEWAY_DEFAULT_BUDGET_MS
+  value: {{ $v.defaultBudgetMs | toString | quote }}
+- name: SPECREC_GATEWAY_MAX_BUDGET_MS
+  value: {{ $v.maxBudgetMs | toString | quote }}
+- name: SPECREC_GATEWAY_MAX_K
+  value: {{ int $v.maxK | quote }}
+- name: SPECREC_GATEWAY_MAX_HISTORY_ITEMS
+  value: {{ int $v.maxHistoryItems | quote }}
+- name: SPECREC_GATEWAY_MAX_HISTORY
+  value: {{ int $v.maxHistory | quote }}
+- name: SPECREC_GATEWAY_MAX_BATCH
+  value: {{ int $v.maxBatch | quote }}
+- name: SPECREC_GATEWAY_DRAFTER_MODE
+  value: {{ $v.drafterMode | quote }}
+- name: SPECREC_GATEWAY_WORKERS
+  value: {{ int $v.workers | quote }}
+{{- if $v.policyDefaults }}
+- name: SPECREC_GATEWAY_POLICY_DEFAULTS
+  value: {{ $v.policyDefaults | toJson | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* Pod annotations for Prometheus; args: (list $ "itemset") */}}
+{{- define "specrec.podAnnotations" -}}
+{{- $root := index . 0 -}}
+{{- $comp := index . 1 -}}
+{{- $v := index $root.Values $comp -}}
+{{- $ann := merge (deepCopy ($v.podAnnotations | default dict)) (deepCopy ($root.Values.common.podAnnotations | default dict)) -}}
+{{- if $root.Values.metrics.enabled -}}
+{{- $_ := set $ann "prometheus.io/scrape" "true" -}}
+{{- $_ := set $ann "prometheus.io/port" (toString (int $v.metricsPort)) -}}
+{{- $_ := set $ann "prometheus.io/path" "/metrics" -}}
+{{- end -}}
+{{- toYaml $ann -}}
+{{- end -}}
+
+{{/* terminationGracePeriodSeconds: preStop sleep + the services' grace period + 5 s margin */}}
+{{- define "specrec.terminationGracePeriodSeconds" -}}
+{{- add (int .Values.common.preStopSleepS) (int (ceil .Values.common.graceS)) 5 -}}
+{{- end -}}

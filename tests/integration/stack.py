@@ -1,0 +1,128 @@
+"""The four services on loopback, in this process, over a real Redis.
+
+``Stack.start`` brings up item set -> verifier -> drafter -> gateway (each
+with port 0, wired to the others' real ports) and waits until every one is
+SERVING; services can be stopped and restarted individually.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import numpy as np
+
+from drafter_svc.service import DrafterService, DrafterSettings
+from gateway.service import GatewayService, GatewaySettings
+from itemset_svc.service import ItemSetService
+from itemset_svc.settings import ItemSetSettings
+from specrec_rpc.server import Runner
+from specrec_rpc.v1 import (
+    drafter_pb2_grpc, itemset_pb2_grpc, recommender_pb2, recommender_pb2_grpc, verifier_pb2_grpc,
+)
+from verifier_svc.service import VerifierService, VerifierSettings
+
+TOKEN = "stack-token"
+AUTH = (("authorization", f"Bearer {TOKEN}"),)
+
+
+def build_serving_bundle(src: Path, dst: Path) -> Path:
+    """The tiny bundle plus (untrained) drafters: retrieval model with real
+    text embeddings, self-draft head, NEZHA head."""
+    import torch
+
+    from specrec.bundle import Bundle, round_to_half
+    from specrec.ids.embed import TextEmbedder
+    from specrec.models.nezha_head import NezhaHead
+    from specrec.models.retrieval import RetrievalConfig, RetrievalModel
+    from specrec.models.self_draft import SelfDraftHead
+
+    b = Bundle.load(src)
+    torch.manual_seed(1)
+    b.text_emb = TextEmbedder(progress=False)(b.catalogue.texts)
+    b.retrieval = round_to_half(RetrievalModel(RetrievalConfig(max_history=b.cfg.max_history)).eval())
+    b.self_draft = round_to_half(SelfDraftHead(b.model).eval())
+    b.nezha_head = round_to_half(NezhaHead(b.model).eval())
+    return b.save(dst)
+
+
+@dataclass
+class Stack:
+    redis_url: str
+    namespace: str
+    bundle: Path
+    runners: dict[str, Runner] = field(default_factory=dict)
+    ports: dict[str, int] = field(default_factory=dict)
+    gateway_overrides: dict = field(default_factory=dict)
+
+    def addr(self, name: str) -> str:
+        return f"127.0.0.1:{self.ports[name]}"
+
+    def _settings(self, name: str):
+        common = dict(host="127.0.0.1", port=self.ports.get(name, 0), metrics_port=0, log_json=False, grace_s=1.0)
+        if name == "itemset":
+            return ItemSetSettings(**common, redis_url=self.redis_url, namespace=self.namespace, write_token=TOKEN,
+                                   bundle=self.bundle, startup_wait_s=5.0)
+        if name == "verifier":
+            return VerifierSettings(**common, bundle=self.bundle, itemset_addr=self.addr("itemset"), threads=1,
+                                    warmup_requests=2)
+        if name == "drafter":
+            return DrafterSettings(**common, bundle=self.bundle, itemset_addr=self.addr("itemset"))
+        return GatewaySettings(**common, itemset_addr=self.addr("itemset"), drafter_addr=self.addr("drafter"),
+                               verifier_addr=self.addr("verifier"), max_history=8, workers=8, **self.gateway_overrides)
+
+    async def start_one(self, name: str) -> None:
+        cls = {"itemset": ItemSetService, "verifier": VerifierService, "drafter": DrafterService, "gateway": GatewayService}[name]
+        runner = Runner(cls(self._settings(name)))
+        self.ports[name] = await runner.start()
+        self.runners[name] = runner
+
+    async def stop_one(self, name: str) -> None:
+        runner = self.runners.pop(name, None)
+        if runner is not None:
+            await runner.stop(0.5)
+
+    async def start(self) -> "Stack":
+        for name in ("itemset", "verifier", "drafter", "gateway"):
+            await self.start_one(name)
+        self.channels = {}
+        return self
+
+    def channel(self, name: str) -> grpc.aio.Channel:
+        if name not in self.channels:
+            self.channels[name] = grpc.aio.insecure_channel(self.addr(name))
+        return self.channels[name]
+
+    @property
+    def gateway(self):
+        return recommender_pb2_grpc.RecommenderStub(self.channel("gateway"))
+
+    @property
+    def itemset(self):
+        return itemset_pb2_grpc.ItemSetStub(self.channel("itemset"))
+
+    @property
+    def verifier(self):
+        return verifier_pb2_grpc.VerifierStub(self.channel("verifier"))
+
+    @property
+    def drafter(self):
+        return drafter_pb2_grpc.DrafterStub(self.channel("drafter"))
+
+    async def stop(self) -> None:
+        for ch in getattr(self, "channels", {}).values():
+            await ch.close()
+        for name in ("gateway", "drafter", "verifier", "itemset"):
+            await self.stop_one(name)
+
+    async def recommend(self, history, k=10, policy="", budget_ms=10_000.0, params=None, timeout=30.0):
+        req = recommender_pb2.RecommendRequest(history=[str(h) for h in history], k=k, policy=policy, budget_ms=budget_ms,
+                                               params={a: str(b) for a, b in (params or {}).items()})
+        return await self.gateway.Recommend(req, timeout=timeout)
+
+
+def histories(bundle, n: int, seed: int = 0) -> list[list[str]]:
+    rng = np.random.default_rng(seed)
+    ids = bundle.catalogue.ids
+    return [[ids[i] for i in rng.choice(len(ids), size=int(rng.integers(1, 10)), replace=False)] for _ in range(n)]

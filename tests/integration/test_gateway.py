@@ -1,0 +1,200 @@
+"""The whole system over real gRPC on loopback with a real Redis: gateway
+answers equal the in-process policies, budgets, degradation, catalogue
+updates, and a clear status for every kind of bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+import numpy as np
+import pytest
+import pytest_asyncio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from specrec.bundle import Bundle
+from specrec.policies import RecRequest, make_policy
+from specrec_rpc.v1 import common_pb2, drafter_pb2, itemset_pb2, recommender_pb2
+
+from .stack import AUTH, Stack, build_serving_bundle, histories
+
+POLICIES = ["beam", "specgr", "nezha", "strict", "relaxed", "sample"]
+PARAMS = {"specgr": {"delta": 12, "gamma": -3.0}, "sample": {"seed": 5}, "strict": {"n_drafts": 15},
+          "relaxed": {"n_drafts": 15}}
+
+
+@pytest.fixture(scope="module")
+def serving_bundle_dir(tiny_bundle_dir, tmp_path_factory):
+    return build_serving_bundle(tiny_bundle_dir, tmp_path_factory.mktemp("serving") / "bundle")
+
+
+@pytest.fixture(scope="module")
+def serving_bundle(serving_bundle_dir):
+    return Bundle.load(serving_bundle_dir)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def stack(redis_url, serving_bundle_dir):
+    from .conftest import delete_keys, namespace_pattern
+
+    ns = f"gw-{time.time_ns()}"
+    st = await Stack(redis_url, ns, serving_bundle_dir).start()
+    yield st
+    await st.stop()
+    delete_keys(redis_url, namespace_pattern(ns))
+
+
+async def expect(aw, code, *fragments):
+    with pytest.raises(grpc.aio.AioRpcError) as ei:
+        await aw
+    assert ei.value.code() == code, (ei.value.code(), ei.value.details())
+    for f in fragments:
+        assert f in ei.value.details(), ei.value.details()
+    return ei.value.details()
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_all_services_serving(stack):
+    for name in ("itemset", "verifier", "drafter", "gateway"):
+        r = await health_pb2_grpc.HealthStub(stack.channel(name)).Check(health_pb2.HealthCheckRequest(service=""))
+        assert r.status == health_pb2.HealthCheckResponse.SERVING, name
+
+
+@pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.parametrize("policy", POLICIES)
+async def test_gateway_equals_in_process_policy(stack, serving_bundle, policy):
+    engine = serving_bundle.engine(drafter="retrieval")
+    params = PARAMS.get(policy, {})
+    local = make_policy(policy, engine, **params)
+    ids = serving_bundle.catalogue.ids
+    index = {i: n for n, i in enumerate(ids)}
+    for hist in histories(serving_bundle, 4, seed=3):
+        rows = np.array([index[h] for h in hist])
+        if policy == "sample":  # same seed, same stream of draws
+            local = make_policy(policy, engine, **params)
+        want = local.run([RecRequest(rows[-8:], 10)])[0]
+        got = await stack.recommend(hist, k=10, policy=policy, params=params)
+        assert [it.item_id for it in got.items] == [ids[r] for r in want.items], policy
+        assert np.allclose([it.score for it in got.items], want.scores, atol=1e-4)
+        st = got.stats
+        assert st.policy == policy and st.exit_reason == want.stats.exit_reason and not st.degraded
+        assert st.encoder_calls == 1 and st.catalogue_version
+        # every item is valid in the catalogue version named in the response, no duplicates
+        r = await stack.itemset.Lookup(itemset_pb2.LookupRequest(sids=[it.sid for it in got.items], version=st.catalogue_version))
+        assert all(r.valid) and list(r.item_ids) == [it.item_id for it in got.items]
+        assert len({it.item_id for it in got.items}) == 10
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_small_budget_answers_in_time_with_budget_exit(stack, serving_bundle):
+    hist = histories(serving_bundle, 1, seed=4)[0]
+    await stack.recommend(hist, k=10, policy="specgr")  # warm
+    lat, reasons, stages = [], [], []
+    for _ in range(7):
+        t0 = time.perf_counter()
+        r = await stack.recommend(hist, k=10, policy="specgr", budget_ms=5, params={"gamma": 0.0, "delta": 12})
+        lat.append((time.perf_counter() - t0) * 1000)
+        reasons.append(r.stats.exit_reason)
+        stages.append(dict(r.stats.stage_ms))
+        assert len(r.items) == 10
+    assert "budget" in reasons
+    assert np.median(lat) < 12.0, (lat, stages)  # 5 ms budget + a few ms of transport and fill
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_bad_inputs_get_clear_statuses(stack, serving_bundle):
+    ok = serving_bundle.catalogue.ids[:3]
+    IA = grpc.StatusCode.INVALID_ARGUMENT
+    await expect(stack.recommend([], k=10), IA, "history", "empty")
+    await expect(stack.recommend(["no-such-item", "nor-this"], k=10), IA, "history", "none of the 2")
+    await expect(stack.recommend(ok, k=0), IA, "k:")
+    await expect(stack.recommend(ok, k=-3), IA, "k:")
+    await expect(stack.recommend(ok, k=10**6), IA, "k:")
+    await expect(stack.recommend(ok, k=10, budget_ms=-1), IA, "budget_ms")
+    await expect(stack.recommend(ok, k=10, policy="greedy"), IA, "policy", "unknown")
+    await expect(stack.recommend(ok, k=10, policy="specgr", params={"gamma": "high"}), IA, "params.gamma")
+    await expect(stack.recommend(ok, k=10, policy="specgr", params={"nope": 1}), IA, "params.nope")
+    await expect(stack.recommend(ok * 400, k=10), IA, "history", "at most")
+    # oversized request: larger than the server's message limit
+    big = recommender_pb2.RecommendRequest(history=ok, k=10, user_id="x" * (17 * 1024 * 1024))
+    await expect(stack.gateway.Recommend(big, timeout=30), grpc.StatusCode.RESOURCE_EXHAUSTED)
+    # writes: malformed SIDs or text, missing or wrong token
+    up = stack.itemset.Upsert
+    bad_sid = itemset_pb2.UpsertItem(item_id="n1", text="x", sid=common_pb2.Sid(codes=[1, 2]))
+    await expect(up(itemset_pb2.UpsertRequest(items=[bad_sid]), metadata=AUTH), IA, "items[0].sid")
+    no_text = itemset_pb2.UpsertItem(item_id="n2")
+    await expect(up(itemset_pb2.UpsertRequest(items=[no_text]), metadata=AUTH), IA, "items[0].text")
+    good = itemset_pb2.UpsertRequest(items=[itemset_pb2.UpsertItem(item_id="n3", text="red lipstick")])
+    await expect(up(good), grpc.StatusCode.UNAUTHENTICATED)
+    await expect(up(good, metadata=(("authorization", "Bearer wrong"),)), grpc.StatusCode.PERMISSION_DENIED)
+    # a batch answers per request
+    batch = recommender_pb2.RecommendBatchRequest(requests=[
+        recommender_pb2.RecommendRequest(history=ok, k=5, budget_ms=10_000),
+        recommender_pb2.RecommendRequest(history=ok, k=0),
+    ])
+    r = await stack.gateway.RecommendBatch(batch, timeout=30)
+    assert r.results[0].error_code == 0 and len(r.results[0].response.items) == 5
+    assert r.results[1].error_code == IA.value[0] and "requests[1].k" in r.results[1].error_message
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_upserted_item_becomes_recommendable(stack, serving_bundle):
+    text = "Aurel velvet lipstick, long-wear matte red, 0.5 oz"
+    r = await stack.itemset.Upsert(itemset_pb2.UpsertRequest(items=[itemset_pb2.UpsertItem(item_id="new-1", text=text, title=text)]),
+                                   metadata=AUTH)
+    version, sid = r.version, list(r.items[0].sid.codes)
+    t0 = time.monotonic()
+    while True:  # gateway, drafter and verifier follow the new version
+        resp = await stack.recommend(serving_bundle.catalogue.ids[:2], k=3, policy="beam")
+        if resp.stats.catalogue_version == version:
+            break
+        assert time.monotonic() - t0 < 2.0, "new version not picked up within 2 s"
+        await asyncio.sleep(0.05)
+    # the drafter indexes it: prefix-restricted drafting under its SID prefix finds it
+    d = await stack.drafter.Draft(drafter_pb2.DraftRequest(queries=[drafter_pb2.DraftQuery(
+        history=serving_bundle.catalogue.ids[:3], n=50, prefixes=[common_pb2.Sid(codes=sid[:3])])]))
+    assert "new-1" in d.drafts[0].item_ids
+    # and the gateway recommends it: with K = the whole catalogue every valid item is listed, flagged unseen
+    n = len(serving_bundle.catalogue) + 1
+    resp = await stack.recommend(["new-1", *serving_bundle.catalogue.ids[:2]], k=n, policy="specgr",
+                                 params={"delta": n, "gamma": -1e9})
+    new = [it for it in resp.items if it.item_id == "new-1"]
+    assert new and new[0].unseen and list(new[0].sid.codes) == sid and new[0].source == "draft"
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_degrades_when_verifier_or_drafter_stops(stack, serving_bundle):
+    hist = histories(serving_bundle, 1, seed=9)[0]
+    try:
+        await stack.stop_one("verifier")
+        t0 = time.perf_counter()
+        r = await stack.recommend(hist, k=10, policy="specgr", budget_ms=500)
+        assert (time.perf_counter() - t0) < 1.0
+        assert r.stats.degraded and "verifier" in r.stats.degraded_reason and len(r.items) == 10
+        assert all(it.source == "draft" for it in r.items), [(it.source, it.item_id) for it in r.items]
+    finally:
+        await stack.start_one("verifier")
+    try:
+        await stack.stop_one("drafter")
+        t0 = time.perf_counter()
+        r = await stack.recommend(hist, k=10, policy="specgr", budget_ms=1000)
+        assert (time.perf_counter() - t0) < 2.0
+        assert r.stats.degraded and "drafter" in r.stats.degraded_reason and len(r.items) == 10
+        beam = await stack.recommend(hist, k=10, policy="beam", budget_ms=1000)
+        assert [i.item_id for i in r.items] == [i.item_id for i in beam.items]  # beam-only
+        both_down = None
+        await stack.stop_one("verifier")
+        both_down = await stack.recommend(hist, k=10, policy="specgr", budget_ms=30)
+        assert both_down.stats.degraded and len(both_down.items) == 10
+    finally:
+        if "verifier" not in stack.runners:
+            await stack.start_one("verifier")
+        await stack.start_one("drafter")
+    t0 = time.monotonic()
+    while True:  # back to normal once the channels reconnect (about a second)
+        r = await stack.recommend(hist, k=10, policy="specgr")
+        if not r.stats.degraded:
+            break
+        assert time.monotonic() - t0 < 5.0, r.stats.degraded_reason
+        await asyncio.sleep(0.2)

@@ -1,0 +1,163 @@
+"""The verifier service on loopback: equal to the in-process verifier,
+dynamic batching, deadline-aware dropping, the ONNX Runtime backend, and
+field-naming errors."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import grpc
+import numpy as np
+import pytest
+import pytest_asyncio
+import torch
+from prometheus_client import REGISTRY
+
+from specrec.bundle import Bundle
+from specrec.decoding.beam import beam_search
+from specrec.decoding.scoring import score_sids
+from specrec_rpc.server import Runner
+from specrec_rpc.tensors import to_msg, to_torch
+from specrec_rpc.v1 import common_pb2, verifier_pb2, verifier_pb2_grpc
+from verifier_svc.service import VerifierService, VerifierSettings
+
+from .stack import Stack, build_serving_bundle
+
+
+@pytest.fixture(scope="module")
+def vbundle_dir(tiny_bundle_dir, tmp_path_factory):
+    return build_serving_bundle(tiny_bundle_dir, tmp_path_factory.mktemp("vb") / "bundle")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def vstack(redis_url, vbundle_dir):
+    from .conftest import delete_keys, namespace_pattern
+
+    ns = f"ver-{time.time_ns()}"
+    st = Stack(redis_url, ns, vbundle_dir)
+    await st.start_one("itemset")
+    await st.start_one("verifier")
+    st.channels = {}
+    yield st
+    await st.stop()
+    delete_keys(redis_url, namespace_pattern(ns))
+
+
+def hist_tensor(bundle, rows_list):
+    return bundle.history_sids([np.asarray(r) for r in rows_list])
+
+
+def metric(name, **labels) -> float:
+    v = REGISTRY.get_sample_value(name, labels)
+    return 0.0 if v is None else v
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_score_and_beam_equal_local(vstack, vbundle_dir):
+    b = Bundle.load(vbundle_dir)
+    stub = vstack.verifier
+    h = hist_tensor(b, [[0, 5, 9], [3], [7, 8, 1, 2, 11]])
+    enc = await stub.Encode(verifier_pb2.EncodeRequest(history_sids=to_msg(h)))
+    cand = torch.from_numpy(b.sids[np.arange(30)]).view(3, 10, 4)
+    r = await stub.Score(verifier_pb2.ScoreRequest(session=enc.session, sids=to_msg(cand), full=True))
+    with torch.inference_mode():
+        e = b.model.encode(h)
+        want = score_sids(b.model, e, cand, full=True)
+        beams = beam_search(b.model, e, b.trie, 7)
+    assert torch.allclose(to_torch(r.token_logp), want.token_logp, atol=1e-5)
+    assert all(torch.allclose(to_torch(x), y, atol=1e-5) for x, y in zip(r.full, want.full))
+    got = await stub.BeamSearch(verifier_pb2.BeamSearchRequest(history_sids=to_msg(h), width=7))
+    assert torch.equal(to_torch(got.codes), beams.codes)
+    # the session's own stepwise beam search ends in the same beams
+    for _ in range(4):
+        step = await stub.BeamStep(verifier_pb2.BeamStepRequest(session=enc.session, width=7))
+    assert torch.equal(to_torch(step.codes), beams.codes)
+    await stub.Release(verifier_pb2.ReleaseRequest(session=enc.session))
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_concurrent_requests_are_batched(vstack, vbundle_dir):
+    b = Bundle.load(vbundle_dir)
+    stub = vstack.verifier
+    before_sum = metric("specrec_verifier_batch_size_sum", kind="encode")
+    before_n = metric("specrec_verifier_batch_size_count", kind="encode")
+    hs = [hist_tensor(b, [[i, i + 1]]) for i in range(24)]
+    outs = await asyncio.gather(*(stub.Encode(verifier_pb2.EncodeRequest(history_sids=to_msg(h))) for h in hs))
+    assert len({o.session for o in outs}) == 24
+    reqs = metric("specrec_verifier_batch_size_sum", kind="encode") - before_sum
+    batches = metric("specrec_verifier_batch_size_count", kind="encode") - before_n
+    assert reqs == 24 and batches < 24, (reqs, batches)  # several requests shared a forward pass
+    # and batching does not change answers
+    with torch.inference_mode():
+        e = b.model.encode(torch.cat(hs))
+    cand = torch.from_numpy(b.sids[:6])[None]
+    scores = await asyncio.gather(*(stub.Score(verifier_pb2.ScoreRequest(session=o.session, sids=to_msg(cand))) for o in outs))
+    with torch.inference_mode():
+        want = score_sids(b.model, e, cand.expand(24, -1, -1)).token_logp
+    for i, s in enumerate(scores):
+        assert torch.allclose(to_torch(s.token_logp)[0], want[i], atol=1e-5)
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_expired_requests_are_dropped_not_computed(vstack, vbundle_dir):
+    b = Bundle.load(vbundle_dir)
+    svc: VerifierService = vstack.runners["verifier"].service
+    before = metric("specrec_verifier_expired_total", kind="encode")
+    # occupy the compute thread, then send requests whose deadline passes while they queue
+    busy = asyncio.get_running_loop().run_in_executor(svc.executor, time.sleep, 0.3)
+    h = to_msg(hist_tensor(b, [[1, 2, 3]]))
+    calls = [vstack.verifier.Encode(verifier_pb2.EncodeRequest(history_sids=h), timeout=0.05) for _ in range(5)]
+    res = await asyncio.gather(*calls, return_exceptions=True)
+    await busy
+    assert all(isinstance(r, grpc.aio.AioRpcError) and r.code() == grpc.StatusCode.DEADLINE_EXCEEDED for r in res)
+    await asyncio.sleep(0.1)
+    assert metric("specrec_verifier_expired_total", kind="encode") - before >= 1
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_bad_requests_name_the_field(vstack):
+    stub = vstack.verifier
+    IA = grpc.StatusCode.INVALID_ARGUMENT
+    bad = [
+        (verifier_pb2.EncodeRequest(history_sids=to_msg(np.zeros((1, 3, 2), np.int64))), IA, "history_sids"),
+        (verifier_pb2.EncodeRequest(history_sids=to_msg(np.full((1, 3, 4), 99, np.int64))), IA, "history_sids: code out of range"),
+        (verifier_pb2.EncodeRequest(history_sids=to_msg(np.full((1, 3, 4), -1, np.int64))), IA, "at least one item"),
+        (verifier_pb2.EncodeRequest(history_sids=to_msg(np.zeros((1, 3, 4), np.float32))), IA, "dtype"),
+        (verifier_pb2.EncodeRequest(history_sids=common_pb2.Tensor(shape=[1, 2, 4], dtype="int64", data=b"123")), IA, "bytes"),
+    ]
+    for req, code, frag in bad:
+        with pytest.raises(grpc.aio.AioRpcError) as ei:
+            await stub.Encode(req)
+        assert ei.value.code() == code and frag in ei.value.details(), ei.value.details()
+    with pytest.raises(grpc.aio.AioRpcError) as ei:
+        await stub.Score(verifier_pb2.ScoreRequest(session="nope", sids=to_msg(np.zeros((1, 1, 4), np.int64))))
+    assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "session" in ei.value.details()
+    enc = await stub.Encode(verifier_pb2.EncodeRequest(history_sids=to_msg(np.zeros((2, 3, 4), np.int64))))
+    with pytest.raises(grpc.aio.AioRpcError) as ei:
+        await stub.Score(verifier_pb2.ScoreRequest(session=enc.session, sids=to_msg(np.zeros((1, 1, 4), np.int64))))
+    assert ei.value.code() == IA and "sids" in ei.value.details() and "rows" in ei.value.details()
+    with pytest.raises(grpc.aio.AioRpcError) as ei:
+        await stub.BeamStep(verifier_pb2.BeamStepRequest(session=enc.session, width=0))
+    assert ei.value.code() == IA and "width" in ei.value.details()
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_onnx_runtime_backend_matches_torch(vstack, vbundle_dir, tmp_path):
+    b = Bundle.load(vbundle_dir)
+    s = VerifierSettings(host="127.0.0.1", port=0, metrics_port=0, bundle=vbundle_dir, backend="onnx",
+                         onnx_dir=tmp_path / "onnx", itemset_addr=vstack.addr("itemset"), threads=1,
+                         warmup_requests=1, log_json=False)
+    runner = Runner(VerifierService(s))
+    port = await runner.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = verifier_pb2_grpc.VerifierStub(ch)
+            h = hist_tensor(b, [[0, 5, 9], [3, 4]])
+            got = await stub.BeamSearch(verifier_pb2.BeamSearchRequest(history_sids=to_msg(h), width=6))
+            with torch.inference_mode():
+                want = beam_search(b.model, b.model.encode(h), b.trie, 6)
+            assert torch.equal(to_torch(got.codes), want.codes)
+            assert torch.allclose(to_torch(got.scores), want.scores, atol=1e-4)
+    finally:
+        await runner.stop(0)
