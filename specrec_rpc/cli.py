@@ -12,40 +12,21 @@ import argparse
 import json
 import os
 import secrets
-import shutil
-import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
+
+from .localstack import ServiceProcs, find_or_start_redis, port_open, stop_pid
 
 ROOT = Path(__file__).resolve().parents[1]
 STATE = ROOT / "runs" / "stack"
 PORTS = {"itemset": 50051, "drafter": 50052, "verifier": 50053, "gateway": 50050}
 METRICS = {"itemset": 9101, "drafter": 9102, "verifier": 9103, "gateway": 9100}
-MODULES = {"itemset": "itemset_svc", "drafter": "drafter_svc", "verifier": "verifier_svc", "gateway": "gateway"}
 BEAUTY_BUNDLE = ROOT / "bundles" / "beauty-loo"
 SYNTH_BUNDLE = ROOT / "runs" / "synthetic-stack" / "bundle"
 
 
 def _say(msg: str) -> None:
     print(f"[stack] {msg}", flush=True)
-
-
-def _port_open(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.3)
-        return s.connect_ex((host, port)) == 0
-
-
-def _redis_ping(url: str) -> bool:
-    import redis
-
-    try:
-        return bool(redis.Redis.from_url(url, socket_timeout=0.5).ping())
-    except Exception:
-        return False
 
 
 def _ensure_bundle(a) -> Path:
@@ -70,39 +51,9 @@ def _ensure_bundle(a) -> Path:
 
 
 def _start_redis(a) -> tuple[str, int | None]:
-    if a.redis_url:
-        if not _redis_ping(a.redis_url):
-            raise SystemExit(f"REDIS_URL {a.redis_url} does not answer")
-        return a.redis_url, None
-    if _redis_ping("redis://127.0.0.1:6379/0"):
-        return "redis://127.0.0.1:6379/0", None
-    exe = shutil.which("redis-server")
-    if exe is None:
-        raise SystemExit("no Redis answers on 127.0.0.1:6379 and redis-server is not installed "
-                         "(apt-get install -y redis-server, or set REDIS_URL)")
-    port = 6390
-    d = STATE / "redis"
-    d.mkdir(parents=True, exist_ok=True)
-    p = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                          "--dir", str(d)], stdout=open(STATE / "logs" / "redis.log", "w"), stderr=subprocess.STDOUT)
-    url = f"redis://127.0.0.1:{port}/0"
-    for _ in range(50):
-        if _redis_ping(url):
-            return url, p.pid
-        time.sleep(0.1)
-    raise SystemExit("redis-server did not start (see runs/stack/logs/redis.log)")
-
-
-def _health(port: int) -> str:
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
-            r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
-            return health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
-    except grpc.RpcError as e:
-        return e.code().name
+    url, proc = find_or_start_redis(a.redis_url, workdir=STATE / "redis", log_path=STATE / "logs" / "redis.log",
+                                    port=6390)
+    return url, proc.pid if proc else None
 
 
 def cmd_up(a) -> int:
@@ -116,38 +67,17 @@ def cmd_up(a) -> int:
     redis_url, redis_pid = _start_redis(a)
     _say(f"redis: {redis_url}" + (" (started here)" if redis_pid else ""))
     for name, port in PORTS.items():
-        if _port_open("127.0.0.1", port):
+        if port_open("127.0.0.1", port):
             raise SystemExit(f"port {port} ({name}) is already in use; run `specrec stack down` or free it")
     token = os.environ.get("SPECREC_WRITE_TOKEN") or secrets.token_urlsafe(16)
-    addrs = {n: f"127.0.0.1:{p}" for n, p in PORTS.items()}
-    env = dict(os.environ, PYTHONUNBUFFERED="1", SPECREC_ITEMSET_REDIS_URL=redis_url,
-               SPECREC_ITEMSET_NAMESPACE=a.namespace, SPECREC_ITEMSET_WRITE_TOKEN=token,
-               SPECREC_ITEMSET_BUNDLE=str(bundle), SPECREC_DRAFTER_BUNDLE=str(bundle), SPECREC_VERIFIER_BUNDLE=str(bundle),
-               SPECREC_DRAFTER_ITEMSET_ADDR=addrs["itemset"], SPECREC_VERIFIER_ITEMSET_ADDR=addrs["itemset"],
-               SPECREC_GATEWAY_ITEMSET_ADDR=addrs["itemset"], SPECREC_GATEWAY_DRAFTER_ADDR=addrs["drafter"],
-               SPECREC_GATEWAY_VERIFIER_ADDR=addrs["verifier"])
-    for n in PORTS:
-        env[f"SPECREC_{n.upper()}_PORT"] = str(PORTS[n])
-        env[f"SPECREC_{n.upper()}_METRICS_PORT"] = str(METRICS[n])
-        env[f"SPECREC_{n.upper()}_LOG_JSON"] = "true"
     pids = {"redis": redis_pid} if redis_pid else {}
-    for name in ("itemset", "verifier", "drafter", "gateway"):
-        log = open(STATE / "logs" / f"{name}.log", "w")
-        p = subprocess.Popen([sys.executable, "-m", MODULES[name]], env=env, stdout=log, stderr=subprocess.STDOUT,
-                             cwd=ROOT, start_new_session=True)
-        pids[name] = p.pid
+
+    def started(name: str, pid: int) -> None:
+        pids[name] = pid
         (STATE / "pids.json").write_text(json.dumps(pids))
-        _say(f"started {name} (pid {p.pid}, port {PORTS[name]}, metrics :{METRICS[name]}); waiting for SERVING")
-        t0 = time.time()
-        while True:
-            status = _health(PORTS[name])
-            if status == "SERVING":
-                _say(f"{name} SERVING after {time.time() - t0:.1f} s")
-                break
-            if p.poll() is not None or time.time() - t0 > a.timeout:
-                tail = (STATE / "logs" / f"{name}.log").read_text()[-2000:]
-                raise SystemExit(f"{name} did not become healthy (status {status}); log tail:\n{tail}")
-            time.sleep(0.5)
+
+    ServiceProcs(bundle, redis_url, a.namespace, STATE / "logs", ports=PORTS, metrics_ports=METRICS,
+                 token=token).start(a.timeout, say=_say, on_started=started)
     (STATE / "token").write_text(token)
     _say(f"all four services SERVING, {time.time() - t_start:.0f} s after start; write token in runs/stack/token")
     _demo(bundle, a.requests)
@@ -199,18 +129,8 @@ def cmd_down(a) -> int:
         pid = pids.get(name)
         if not pid:
             continue
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
+        if not stop_pid(pid):
             continue
-        for _ in range(150):
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.1)
-        else:
-            os.kill(pid, signal.SIGKILL)
         _say(f"stopped {name} (pid {pid})")
     f.unlink()
     return 0

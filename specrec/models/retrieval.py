@@ -39,7 +39,10 @@ class MoEAdaptor(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.drop(x)
-        z = torch.einsum("...ed,edk->...ek", x.unsqueeze(-2) - self.bias, self.experts)
+        e, d, k = self.experts.shape
+        # (x - b_i) W_i = x W_i - b_i W_i: one [.., d] x [d, e*k] matmul instead of an [.., e, d] copy of x
+        z = (x @ self.experts.permute(1, 0, 2).reshape(d, e * k)).unflatten(-1, (e, k))
+        z = z - torch.einsum("ed,edk->ek", self.bias, self.experts)
         g = torch.softmax(self.gate(x), dim=-1).unsqueeze(-1)
         return (g * z).sum(-2)
 

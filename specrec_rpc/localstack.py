@@ -1,0 +1,257 @@
+"""The local stack as processes: a Redis (found, or started here) and the four
+services as subprocesses, each waited on until its gRPC health check says
+``SERVING``.
+
+Used by ``specrec stack up`` (fixed ports, state under ``runs/stack``) and by
+the benchmarks (``bench/load.py``: free ports, a private Redis namespace,
+everything stopped at the end):
+
+    from specrec_rpc.localstack import ServiceProcs, delete_namespace, find_or_start_redis
+
+    url, redis_proc = find_or_start_redis(os.environ.get("REDIS_URL"), workdir=tmp, log_path=tmp / "redis.log")
+    procs = ServiceProcs(bundle, url, "bench-1234", log_dir=tmp / "logs")
+    try:
+        procs.start()
+        ... procs.addr("gateway") ...
+    finally:
+        procs.stop()
+        delete_namespace(url, "bench-1234")
+        stop_process(redis_proc)
+
+Redis, in this order: the URL given (``$REDIS_URL``; it must answer), else a
+server answering on 127.0.0.1:6379, else a private ``redis-server`` (no
+persistence) on the given port or a free one.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+ORDER = ("itemset", "verifier", "drafter", "gateway")  # start order; stopped in reverse
+MODULES = {"itemset": "itemset_svc", "drafter": "drafter_svc", "verifier": "verifier_svc", "gateway": "gateway"}
+DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_open(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.3)
+        return s.connect_ex((host, port)) == 0
+
+
+def redis_ping(url: str, timeout: float = 0.5) -> bool:
+    import redis
+
+    try:
+        r = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        try:
+            return bool(r.ping())
+        finally:
+            r.close()
+    except Exception:  # noqa: BLE001 - "does it answer" is all we ask
+        return False
+
+
+def find_or_start_redis(url: str | None, *, workdir: Path, log_path: Path | None = None,
+                        port: int | None = None) -> tuple[str, subprocess.Popen | None]:
+    """(Redis URL, the redis-server process started here or None)."""
+    if url:
+        if not redis_ping(url, 2.0):
+            raise SystemExit(f"Redis at {url} does not answer")
+        return url, None
+    if redis_ping(DEFAULT_REDIS):
+        return DEFAULT_REDIS, None
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise SystemExit("no Redis answers on 127.0.0.1:6379 and redis-server is not installed "
+                         "(apt-get install -y redis-server, or set REDIS_URL)")
+    port = port or free_port()
+    workdir.mkdir(parents=True, exist_ok=True)
+    out = open(log_path, "w") if log_path else subprocess.DEVNULL
+    p = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                          "--dir", str(workdir)], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"redis://127.0.0.1:{port}/0"
+    deadline = time.monotonic() + 15
+    while not redis_ping(url):
+        if p.poll() is not None or time.monotonic() > deadline:
+            stop_process(p)
+            raise SystemExit(f"redis-server did not start on port {port}" + (f" (see {log_path})" if log_path else ""))
+        time.sleep(0.1)
+    return url, p
+
+
+def delete_namespace(url: str, namespace: str) -> int:
+    """Delete every key of an item-set namespace (they all start with ``{namespace}``)."""
+    import redis
+
+    ns = namespace.replace("[", "\\[").replace("*", "\\*").replace("?", "\\?")
+    r = redis.Redis.from_url(url, socket_timeout=5)
+    try:
+        n, batch = 0, []
+        for k in r.scan_iter(match="{" + ns + "}*", count=1000):
+            batch.append(k)
+            if len(batch) >= 500:
+                n += r.unlink(*batch)
+                batch = []
+        if batch:
+            n += r.unlink(*batch)
+        return n
+    finally:
+        r.close()
+
+
+def health_status(port: int, host: str = "127.0.0.1", timeout: float = 1.0) -> str:
+    """The server's health status name (``SERVING``, ``NOT_SERVING``, ...), or the gRPC error code's name."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    try:
+        with grpc.insecure_channel(f"{host}:{port}") as ch:
+            r = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""), timeout=timeout)
+            return health_pb2.HealthCheckResponse.ServingStatus.Name(r.status)
+    except grpc.RpcError as e:
+        return e.code().name
+
+
+def stop_pid(pid: int, timeout: float = 15.0) -> bool:
+    """SIGTERM, wait up to ``timeout`` s, then SIGKILL. False when there was no such process."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            # reap it if it is our child, so that it does not linger as a zombie
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                return True
+        except ChildProcessError:
+            pass
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    try:
+        os.kill(pid, signal.SIGKILL)
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+    except ProcessLookupError:
+        pass
+    return True
+
+
+def stop_process(p: subprocess.Popen | None, timeout: float = 15.0) -> None:
+    if p is None or p.poll() is not None:
+        return
+    p.terminate()
+    try:
+        p.wait(timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+
+
+def service_env(bundle: Path, redis_url: str, namespace: str, token: str, ports: dict[str, int],
+                metrics_ports: dict[str, int], max_history: int | None = None, log_json: bool = True,
+                base: dict | None = None) -> dict[str, str]:
+    """Environment wiring the four services to one another, the bundle and Redis."""
+    addrs = {n: f"127.0.0.1:{p}" for n, p in ports.items()}
+    env = dict(os.environ if base is None else base)
+    env.update(PYTHONUNBUFFERED="1", SPECREC_ITEMSET_REDIS_URL=redis_url, SPECREC_ITEMSET_NAMESPACE=namespace,
+               SPECREC_ITEMSET_WRITE_TOKEN=token, SPECREC_ITEMSET_BUNDLE=str(bundle), SPECREC_DRAFTER_BUNDLE=str(bundle),
+               SPECREC_VERIFIER_BUNDLE=str(bundle), SPECREC_DRAFTER_ITEMSET_ADDR=addrs["itemset"],
+               SPECREC_VERIFIER_ITEMSET_ADDR=addrs["itemset"], SPECREC_GATEWAY_ITEMSET_ADDR=addrs["itemset"],
+               SPECREC_GATEWAY_DRAFTER_ADDR=addrs["drafter"], SPECREC_GATEWAY_VERIFIER_ADDR=addrs["verifier"])
+    if max_history is not None:
+        env["SPECREC_GATEWAY_MAX_HISTORY"] = str(max_history)
+    for n in ORDER:
+        env[f"SPECREC_{n.upper()}_PORT"] = str(ports[n])
+        env[f"SPECREC_{n.upper()}_METRICS_PORT"] = str(metrics_ports.get(n, 0))
+        env[f"SPECREC_{n.upper()}_LOG_JSON"] = "true" if log_json else "false"
+    return env
+
+
+@dataclass
+class ServiceProcs:
+    """The four services as subprocesses (each in its own session, so a
+    terminal's Ctrl-C reaches only the caller, which stops them)."""
+
+    bundle: Path
+    redis_url: str
+    namespace: str
+    log_dir: Path
+    ports: dict[str, int] | None = None  # None: free ports
+    metrics_ports: dict[str, int] | None = None  # None: metrics off
+    token: str = field(default_factory=lambda: secrets.token_urlsafe(16))
+    max_history: int | None = None  # the gateway's history window (None: the service's default)
+    env: dict[str, str] = field(default_factory=dict)  # extra variables (e.g. SPECREC_VERIFIER_THREADS)
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.ports = dict(self.ports) if self.ports else {n: free_port() for n in ORDER}
+        self.metrics_ports = dict(self.metrics_ports) if self.metrics_ports else {n: 0 for n in ORDER}
+
+    def addr(self, name: str) -> str:
+        return f"127.0.0.1:{self.ports[name]}"
+
+    def log_path(self, name: str) -> Path:
+        return self.log_dir / f"{name}.log"
+
+    def start(self, timeout: float = 300.0, say: Callable[[str], None] = print,
+              on_started: Callable[[str, int], None] | None = None) -> "ServiceProcs":
+        """Start item set -> verifier -> drafter -> gateway, each waited on
+        until SERVING (SystemExit with its log tail otherwise; what was
+        started keeps running: call :meth:`stop`)."""
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        env = service_env(self.bundle, self.redis_url, self.namespace, self.token, self.ports, self.metrics_ports,
+                          self.max_history)
+        env.update(self.env)
+        for name in ORDER:
+            with open(self.log_path(name), "w") as log:
+                p = subprocess.Popen([sys.executable, "-m", MODULES[name]], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                     cwd=ROOT, start_new_session=True)
+            self.procs[name] = p
+            if on_started:
+                on_started(name, p.pid)
+            m = self.metrics_ports.get(name, 0)
+            say(f"started {name} (pid {p.pid}, port {self.ports[name]}" + (f", metrics :{m}" if m else "")
+                + "); waiting for SERVING")
+            t0 = time.time()
+            while True:
+                status = health_status(self.ports[name])
+                if status == "SERVING":
+                    say(f"{name} SERVING after {time.time() - t0:.1f} s")
+                    break
+                if p.poll() is not None or time.time() - t0 > timeout:
+                    tail = self.log_path(name).read_text()[-2000:]
+                    raise SystemExit(f"{name} did not become healthy (status {status}); log tail:\n{tail}")
+                time.sleep(0.5)
+        return self
+
+    def stop(self, say: Callable[[str], None] | None = None) -> None:
+        for name in reversed(ORDER):
+            p = self.procs.pop(name, None)
+            if p is None or p.poll() is not None:
+                continue
+            stop_process(p)
+            if say:
+                say(f"stopped {name} (pid {p.pid})")
