@@ -11,19 +11,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from specrec.bundle import read_meta  # noqa: F401 - re-exported for the item set's loaders
 from specrec.ids.semantic import SemanticIds
-
-
-def read_meta(path: str | Path) -> dict:
-    from specrec.bundle import FORMAT_VERSION
-
-    path = Path(path)
-    if not (path / "bundle.json").exists():
-        raise FileNotFoundError(f"not a bundle directory (no bundle.json): {path}")
-    meta = json.loads((path / "bundle.json").read_text())
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{path}: bundle format {meta.get('format_version')} != {FORMAT_VERSION}")
-    return meta
 
 
 def bundle_semantic_ids(path: str | Path) -> tuple[SemanticIds, list[int]]:

@@ -68,6 +68,18 @@ def round_to_half(module: nn.Module) -> nn.Module:
     return module
 
 
+
+def read_meta(path: str | Path) -> dict:
+    """A bundle's ``bundle.json``, checked for the format version (loads no weights)."""
+    path = Path(path)
+    if not (path / "bundle.json").exists():
+        raise FileNotFoundError(f"not a bundle directory (no bundle.json): {path}")
+    meta = json.loads((path / "bundle.json").read_text())
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{path}: bundle format {meta.get('format_version')} != {FORMAT_VERSION}")
+    return meta
+
+
 @dataclass
 class Bundle:
     name: str
@@ -176,11 +188,7 @@ class Bundle:
     @classmethod
     def load(cls, path: str | Path) -> "Bundle":
         path = Path(path)
-        if not (path / "bundle.json").exists():
-            raise FileNotFoundError(f"not a bundle directory (no bundle.json): {path}")
-        meta = json.loads((path / "bundle.json").read_text())
-        if meta.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"{path}: bundle format {meta.get('format_version')} != {FORMAT_VERSION}")
+        meta = read_meta(path)
         ids, titles, texts, sids, seen = [], [], [], [], []
         with open(path / "items.jsonl", encoding="utf-8") as fh:
             for line in fh:

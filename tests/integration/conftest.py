@@ -26,27 +26,14 @@ from pathlib import Path
 
 import pytest
 
+from specrec_rpc.localstack import free_port, redis_ping
+
 SESSION_PREFIX = f"test-{uuid.uuid4().hex[:10]}"
 _counter = itertools.count(1)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _ping(url: str, timeout: float = 0.5) -> bool:
-    import redis
-
-    try:
-        r = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
-        try:
-            return bool(r.ping())
-        finally:
-            r.close()
-    except Exception:  # noqa: BLE001 - "does it answer" is all we ask
-        return False
+    return redis_ping(url, timeout)
 
 
 def delete_keys(url: str, pattern: str) -> int:
