@@ -24,7 +24,7 @@ from ..itemset import LocalItemSet
 from .base import Draft, DraftRequest, topn_excluding
 
 
-def build_index(vectors: np.ndarray, exact_limit: int = 200_000, hnsw_m: int = 32, ef_search: int = 128):
+def build_index(vectors: np.ndarray, exact_limit: int = 200_000, hnsw_m: int = 32, ef_search: int = 512):
     import faiss
 
     d = vectors.shape[1]
@@ -32,7 +32,7 @@ def build_index(vectors: np.ndarray, exact_limit: int = 200_000, hnsw_m: int = 3
         index = faiss.IndexFlatIP(d)
     else:
         index = faiss.IndexHNSWFlat(d, hnsw_m, faiss.METRIC_INNER_PRODUCT)
-        index.hnsw.efConstruction = 80
+        index.hnsw.efConstruction = 200
         index.hnsw.efSearch = ef_search
     index.add(np.ascontiguousarray(vectors, dtype=np.float32))
     return index
