@@ -478,7 +478,7 @@ def main(argv=None) -> int:
                   for r in res["rows"]]
     cols = ["policy", "offered_rps", "achieved_rps", "p50_ms", "p95_ms", "p99_ms", "max_ms", "errors", "degraded",
             "budget_exit", "exits", "pass"]
-    lines = [f"# Load through the gateway\n", f"Command: `{command}`\n",
+    lines = ["# Load through the gateway\n", f"Command: `{command}`\n",
              f"Bundle `{res['bundle']}`; {hist_source}. K = {a.k}, budget {a.budget_ms:g} ms, {res['arrivals']} arrivals, "
              f"open loop (grpc.aio), {a.duration:g} s measured per rate after {a.warmup:g} s warm-up; latency from the "
              f"scheduled send time to the answer. Verifier threads {a.threads}; {machine}.\n",
@@ -507,7 +507,7 @@ def main(argv=None) -> int:
          f"{res['bundle']}: Recommend through the gateway, K={a.k}, budget {a.budget_ms:g} ms, {os.cpu_count()} CPUs")
     update_summary(summary, out / "summary.json")
 
-    body = [f"## Load through the gateway (`bench/load.py`)\n",
+    body = ["## Load through the gateway (`bench/load.py`)\n",
             f"Produced by:\n\n```bash\n{command}\n```\n",
             f"{res['arrivals'].capitalize()} arrivals at fixed offered rates, open loop; {machine}. "
             f"Full table: [`load.md`](load.md), rows in [`load.json`](load.json).\n",

@@ -248,7 +248,7 @@ class Servicer(recommender_pb2_grpc.RecommenderServicer):
         it = snap.itemset
         items = [recommender_pb2.RecommendedItem(
             item_id=snap.ids[r], sid=common_pb2.Sid(codes=it.sids[r].tolist()),
-            score=float(sc) if np.isfinite(sc) else -1e30, title=snap.titles[r], unseen=not bool(it.seen[r]), source=src)
+            score=float(sc), title=snap.titles[r], unseen=not bool(it.seen[r]), source=src)
             for r, sc, src in zip(res.items.tolist(), res.scores.tolist(), res.sources)]
         st = res.stats
         degraded = res.degraded

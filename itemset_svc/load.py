@@ -17,8 +17,9 @@ import json
 import sys
 from pathlib import Path
 
+from specrec.bundle import read_meta
+
 from .store import RedisCatalogue, Record
-from .tokenizer import read_meta
 
 
 def bundle_records(path: str | Path) -> tuple[list[Record], list[int]]:

@@ -4,14 +4,13 @@ chosen by the store, per version)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 
-from specrec.bundle import read_meta  # noqa: F401 - re-exported for the item set's loaders
+from specrec.bundle import read_meta
 from specrec.ids.semantic import SemanticIds
 
 

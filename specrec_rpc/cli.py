@@ -8,7 +8,6 @@ is installed; the core library itself knows nothing of gRPC):
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import secrets
@@ -86,8 +85,6 @@ def cmd_up(a) -> int:
 
 
 def _demo(bundle: Path, n: int, budget_ms: float) -> None:
-    import numpy as np
-
     from .client import Client, format_response, timed_recommend
 
     meta = json.loads((bundle / "bundle.json").read_text())

@@ -53,8 +53,7 @@ def format_response(resp: recommender_pb2.RecommendResponse, latency_ms: float |
         lines.append(f"DEGRADED: {st.degraded_reason}")
     for i, it in enumerate(resp.items, 1):
         flag = " [new]" if it.unseen else ""
-        score = f"{it.score:8.3f}" if it.score > -1e29 else "    -inf"  # catalogue fill: no model score
-        lines.append(f"{i:>3}. {score}  {it.source:<6} {it.item_id:>8}  {it.title[:70]}{flag}")
+        lines.append(f"{i:>3}. {it.score:8.3f}  {it.source:<6} {it.item_id:>8}  {it.title[:70]}{flag}")
     stages = ", ".join(f"{k} {v:.1f}" for k, v in sorted(st.stage_ms.items()))
     lines.append(f"stages (ms): {stages}")
     return "\n".join(lines)

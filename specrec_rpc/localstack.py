@@ -96,15 +96,19 @@ def find_or_start_redis(url: str | None, *, workdir: Path, log_path: Path | None
     return url, p
 
 
-def delete_namespace(url: str, namespace: str) -> int:
-    """Delete every key of an item-set namespace (they all start with ``{namespace}``)."""
+def namespace_pattern(namespace: str) -> str:
+    """SCAN pattern of an item-set namespace: every key starts with its hash tag ``{namespace}``."""
+    return "{" + namespace.replace("[", "\\[").replace("*", "\\*").replace("?", "\\?") + "}*"
+
+
+def delete_keys(url: str, pattern: str) -> int:
+    """Delete the keys matching ``pattern`` (SCAN + UNLINK, in batches)."""
     import redis
 
-    ns = namespace.replace("[", "\\[").replace("*", "\\*").replace("?", "\\?")
     r = redis.Redis.from_url(url, socket_timeout=5)
     try:
         n, batch = 0, []
-        for k in r.scan_iter(match="{" + ns + "}*", count=1000):
+        for k in r.scan_iter(match=pattern, count=1000):
             batch.append(k)
             if len(batch) >= 500:
                 n += r.unlink(*batch)
@@ -114,6 +118,11 @@ def delete_namespace(url: str, namespace: str) -> int:
         return n
     finally:
         r.close()
+
+
+def delete_namespace(url: str, namespace: str) -> int:
+    """Delete every key of an item-set namespace."""
+    return delete_keys(url, namespace_pattern(namespace))
 
 
 def health_status(port: int, host: str = "127.0.0.1", timeout: float = 1.0) -> str:

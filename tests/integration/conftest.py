@@ -18,7 +18,6 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
-import socket
 import subprocess
 import time
 import uuid
@@ -26,39 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from specrec_rpc.localstack import free_port, redis_ping
+from specrec_rpc.localstack import delete_keys, free_port, namespace_pattern, redis_ping
 
 SESSION_PREFIX = f"test-{uuid.uuid4().hex[:10]}"
 _counter = itertools.count(1)
-
-
-def _ping(url: str, timeout: float = 0.5) -> bool:
-    return redis_ping(url, timeout)
-
-
-def delete_keys(url: str, pattern: str) -> int:
-    """Delete the keys matching ``pattern`` (SCAN + UNLINK)."""
-    import redis
-
-    r = redis.Redis.from_url(url, socket_timeout=5)
-    try:
-        n = 0
-        batch = []
-        for k in r.scan_iter(match=pattern, count=1000):
-            batch.append(k)
-            if len(batch) >= 500:
-                n += r.unlink(*batch)
-                batch = []
-        if batch:
-            n += r.unlink(*batch)
-        return n
-    finally:
-        r.close()
-
-
-def namespace_pattern(ns: str) -> str:
-    """Every key of an item-set namespace starts with its hash tag ``{ns}``."""
-    return "{" + ns.replace("[", "\\[").replace("*", "\\*").replace("?", "\\?") + "}*"
 
 
 @pytest.fixture(scope="session")
@@ -67,9 +37,9 @@ def redis_url():
     url = os.environ.get("SPECREC_TEST_REDIS_URL")
     proc = tmp = None
     if url:
-        if not _ping(url, 2.0):
+        if not redis_ping(url, 2.0):
             pytest.fail(f"SPECREC_TEST_REDIS_URL={url} does not answer PING")
-    elif _ping("redis://127.0.0.1:6379/0"):
+    elif redis_ping("redis://127.0.0.1:6379/0"):
         url = "redis://127.0.0.1:6379/0"
     else:
         binary = shutil.which("redis-server")
@@ -84,7 +54,7 @@ def redis_url():
                                  "--dir", tmp], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         url = f"redis://127.0.0.1:{port}/0"
         deadline = time.monotonic() + 15
-        while not _ping(url):
+        while not redis_ping(url):
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
                 pytest.fail(f"could not start {binary} on port {port}")

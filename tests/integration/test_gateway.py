@@ -36,7 +36,7 @@ def serving_bundle(serving_bundle_dir):
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def stack(redis_url, serving_bundle_dir):
-    from .conftest import delete_keys, namespace_pattern
+    from specrec_rpc.localstack import delete_keys, namespace_pattern
 
     ns = f"gw-{time.time_ns()}"
     st = await Stack(redis_url, ns, serving_bundle_dir).start()
@@ -151,10 +151,15 @@ async def test_upserted_item_becomes_recommendable(stack, serving_bundle):
             break
         assert time.monotonic() - t0 < 2.0, "new version not picked up within 2 s"
         await asyncio.sleep(0.05)
-    # the drafter indexes it: prefix-restricted drafting under its SID prefix finds it
-    d = await stack.drafter.Draft(drafter_pb2.DraftRequest(queries=[drafter_pb2.DraftQuery(
-        history=serving_bundle.catalogue.ids[:3], n=50, prefixes=[common_pb2.Sid(codes=sid[:3])])]))
-    assert "new-1" in d.drafts[0].item_ids
+    # the drafter indexes it (it follows the catalogue on its own, within the same 2 s of the upsert):
+    # prefix-restricted drafting under its SID prefix finds it
+    while True:
+        d = await stack.drafter.Draft(drafter_pb2.DraftRequest(queries=[drafter_pb2.DraftQuery(
+            history=serving_bundle.catalogue.ids[:3], n=50, prefixes=[common_pb2.Sid(codes=sid[:3])])]))
+        if "new-1" in d.drafts[0].item_ids:
+            break
+        assert time.monotonic() - t0 < 2.0, "the drafter did not index the new item within 2 s"
+        await asyncio.sleep(0.05)
     # and the gateway recommends it: with K = the whole catalogue every valid item is listed, flagged unseen
     n = len(serving_bundle.catalogue) + 1
     resp = await stack.recommend(["new-1", *serving_bundle.catalogue.ids[:2]], k=n, policy="specgr",

@@ -26,7 +26,7 @@ from specrec_rpc.catalogue import CatalogueWatcher
 from specrec_rpc.server import Runner
 from specrec_rpc.v1 import common_pb2, itemset_pb2, itemset_pb2_grpc
 
-from .conftest import free_port
+from specrec_rpc.localstack import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "s3cret-token"
