@@ -10,7 +10,11 @@ A bundle directory holds
 and, once drafters are trained (``specrec train-drafters``):
 
 - ``text_emb.npy``       item text embeddings (float16), for the retrieval drafter;
-- ``retrieval.safetensors``, ``self_draft.safetensors``, ``nezha_head.safetensors``.
+- ``retrieval.safetensors``, ``self_draft.safetensors``, ``nezha_head.safetensors``;
+
+and, once the baseline is trained (``specrec train-baseline``):
+
+- ``sasrec.safetensors`` the SASRec baseline on the same split.
 
 Weights are stored in half precision to keep the committed bundle small; the
 loaded model is the float32 upcast of those weights, and every figure in
@@ -34,6 +38,7 @@ from .ids.trie import SidTrie
 from .itemset import LocalItemSet
 from .models.nezha_head import NezhaConfig, NezhaHead
 from .models.retrieval import RetrievalConfig, RetrievalModel
+from .models.sasrec import SASRec, SASRecConfig
 from .models.self_draft import SelfDraftConfig, SelfDraftHead
 from .models.tiger import Tiger, TigerConfig
 
@@ -80,6 +85,20 @@ def read_meta(path: str | Path) -> dict:
     return meta
 
 
+def sid_space_fingerprint(path: str | Path) -> str:
+    """What ties a catalogue to a bundle: the SID space (level sizes and RQ codebooks), hashed.
+    A catalogue made for one bundle is valid for another with the same fingerprint. A catalogue-only
+    bundle (no codebooks, as a loader's test bundle) is identified by its level sizes alone."""
+    import hashlib
+
+    path = Path(path)
+    meta = read_meta(path)
+    h = hashlib.sha256(json.dumps(meta["model"]["level_sizes"]).encode())
+    if (path / "codebooks.npy").exists():
+        h.update((path / "codebooks.npy").read_bytes())
+    return h.hexdigest()[:16]
+
+
 @dataclass
 class Bundle:
     name: str
@@ -93,6 +112,7 @@ class Bundle:
     retrieval: RetrievalModel | None = None
     self_draft: SelfDraftHead | None = None
     nezha_head: NezhaHead | None = None
+    sasrec: SASRec | None = None
 
     def __post_init__(self) -> None:
         if self.sids.shape != (len(self.catalogue), self.model.cfg.sid_len):
@@ -125,14 +145,17 @@ class Bundle:
         return out
 
     # -- serving pieces ----------------------------------------------------------
-    def drafter(self, kind: str = "retrieval", itemset: LocalItemSet | None = None):
+    def drafter(self, kind: str = "retrieval", itemset: LocalItemSet | None = None, text_share: float | None = None):
+        """A drafter over the bundle's catalogue (``text_share``: the retrieval
+        drafter's share of text-similarity candidates; default: the bundle's)."""
         itemset = itemset or self.itemset
         if kind == "retrieval":
             from .drafters.retrieval import RetrievalDrafter
 
             if self.retrieval is None or self.text_emb is None:
                 raise ValueError(f"bundle {self.name!r} has no retrieval drafter (run `specrec train-drafters`)")
-            return RetrievalDrafter(self.retrieval, self.text_emb, itemset)
+            share = self.meta.get("drafters", {}).get("text_share", 0.0) if text_share is None else text_share
+            return RetrievalDrafter(self.retrieval, self.text_emb, itemset, text_share=share)
         if kind == "self":
             from .drafters.self_draft import SelfDrafter
 
@@ -141,13 +164,19 @@ class Bundle:
             return SelfDrafter(self.model, self.self_draft, itemset)
         raise ValueError(f"unknown drafter {kind!r} (expected 'retrieval' or 'self')")
 
-    def engine(self, drafter: str | None = "retrieval", model=None):
-        """An in-process engine: local verifier (torch, or ``model`` such as an
-        ONNX Runtime backend), the bundle's item set, and a drafter."""
+    def backend(self, name: str | None = None, **kw):
+        """The GR model's hot path on a backend (:mod:`specrec.backends`; default: the fastest, ONNX Runtime)."""
+        from .backends import DEFAULT_BACKEND, make_backend
+
+        return make_backend(name or DEFAULT_BACKEND, self.model, self.nezha_head, **kw)
+
+    def engine(self, drafter: str | None = "retrieval", backend=None):
+        """An in-process engine: local verifier on ``backend`` (default: the
+        default backend), the bundle's item set, and a drafter."""
         from .policies.base import Engine
         from .verifier import LocalVerifier
 
-        verifier = LocalVerifier(model if model is not None else self.model, self.nezha_head, self.model)
+        verifier = LocalVerifier(backend if backend is not None else self.backend(), self.nezha_head, self.model)
         d = self.drafter(drafter) if drafter else None
         return Engine(verifier, self.itemset, self.cfg.max_history, d)
 
@@ -173,6 +202,9 @@ class Bundle:
         if self.nezha_head is not None:
             meta["nezha_head"] = self.nezha_head.cfg.model_dump()
             save_weights(self.nezha_head, path / "nezha_head.safetensors")
+        if self.sasrec is not None:
+            meta["sasrec"] = self.sasrec.cfg.model_dump()
+            save_weights(self.sasrec, path / "sasrec.safetensors")
         if self.text_emb is not None:
             np.save(path / "text_emb.npy", self.text_emb.astype(np.float16))
         (path / "bundle.json").write_text(json.dumps(meta, indent=2) + "\n")
@@ -207,4 +239,6 @@ class Bundle:
             b.self_draft = load_weights(SelfDraftHead(model, SelfDraftConfig(**meta["self_draft"])), path / "self_draft.safetensors")
         if "nezha_head" in meta:
             b.nezha_head = load_weights(NezhaHead(model, NezhaConfig(**meta["nezha_head"])), path / "nezha_head.safetensors")
+        if "sasrec" in meta:
+            b.sasrec = load_weights(SASRec(SASRecConfig(**meta["sasrec"])), path / "sasrec.safetensors")
         return b

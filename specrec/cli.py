@@ -48,8 +48,16 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--weight-decay", type=float, default=0.05)
     g.add_argument("--warmup-steps", type=int, default=500)
     g.add_argument("--patience", type=int, default=6, help="epochs without a better validation metric before stopping")
-    g.add_argument("--valid-limit", type=int, default=4000, help="validation users per epoch (0 = all)")
-    g.add_argument("--bf16", action="store_true", help="bfloat16 autocast for training matmuls (fast on AMX/AVX-512 CPUs)")
+    g.add_argument("--valid-limit", type=int, default=4000,
+                   help="validation users, a seeded random sample (0 = all)")
+    g.add_argument("--valid-every", type=int, default=1, help="epochs between validations (the last is always validated)")
+    g.add_argument("--ema", type=float, default=0.0,
+                   help="decay of a moving average of the weights, e.g. 0.999 (0 = off); the better of raw and EMA is kept")
+    g.add_argument("--workers", type=int, default=1,
+                   help="data-parallel training processes (2 on a 2-core CPU: about 1.6x the throughput of one)")
+    g.add_argument("--threads", type=int, default=None, help="torch threads in all (default: every core)")
+    g.add_argument("--bf16", action="store_true",
+                   help="bfloat16 autocast for training matmuls (only on CPUs with AMX/AVX-512 BF16; 10x slower without)")
     g.add_argument("--seed", type=int, default=0)
 
 
@@ -66,7 +74,7 @@ def cmd_train(a: argparse.Namespace) -> int:
     )
     tcfg = TrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, weight_decay=a.weight_decay,
                        warmup_steps=a.warmup_steps, patience=a.patience, valid_limit=a.valid_limit or None, seed=a.seed,
-                       bf16=a.bf16)
+                       bf16=a.bf16, ema=a.ema, valid_every=a.valid_every, workers=a.workers, threads=a.threads)
     build(a.data, a.out, a.protocol, mcfg, tcfg, quantile=a.quantile, seed=a.seed, resume=not a.no_resume)
     return 0
 
@@ -76,6 +84,9 @@ def _load_eval_split(bundle, data: str | None, protocol: str | None):
     from .pipeline import open_dataset
 
     data = data or bundle.meta.get("data_path")
+    if data and str(data) != "synthetic" and not Path(data).is_dir():
+        raise SystemExit(f"dataset directory not found: {data} (the bundle was trained on it; point --data at a copy, "
+                         "e.g. ../shared/data/beauty)")
     ds = open_dataset(data)
     if ds.catalogue.ids != bundle.catalogue.ids:
         raise SystemExit(f"the dataset at {data} does not have the bundle's catalogue")
@@ -83,6 +94,16 @@ def _load_eval_split(bundle, data: str | None, protocol: str | None):
     if protocol == "temporal" and bundle.meta.get("cutoff") is not None:
         return temporal(ds, bundle.cfg.max_history, cutoff=int(bundle.meta["cutoff"]))
     return make_split(ds, protocol, bundle.cfg.max_history, bundle.meta.get("quantile") or 0.8)
+
+
+def _backend(bundle, a: argparse.Namespace):
+    """The hot-path backend an eval asked for (--backend, --device, --threads)."""
+    name = a.backend or "onnx"
+    if name == "eager":
+        return bundle.backend("eager", device=a.device)
+    if a.device != "cpu":
+        raise SystemExit("--device applies to --backend eager (ONNX Runtime picks CUDA itself when onnxruntime-gpu finds a GPU)")
+    return bundle.backend(name, threads=a.threads)
 
 
 def _policy_params(items: list[str]) -> dict[str, dict]:
@@ -101,22 +122,29 @@ def cmd_eval(a: argparse.Namespace) -> int:
     import torch
 
     from .bundle import Bundle
+    from .data.splits import sample_examples
 
     torch.set_num_threads(a.threads)
     bundle = Bundle.load(a.bundle)
     split = _load_eval_split(bundle, a.data, a.protocol)
-    ex = getattr(split, a.split).head(a.limit)
+    ex = getattr(split, a.split)
+    if a.sample is not None and a.limit is not None:
+        raise SystemExit("--sample and --limit are exclusive: a seeded random sample, or the first N users")
+    ex = sample_examples(ex, a.sample, a.seed) if a.sample is not None else ex.head(a.limit)
     if a.policies:
         return _eval_policies(a, bundle, split, ex)
-    from .eval.evaluate import beam_ranker, run_ranker, summarise
+    from .eval.evaluate import beam_ranker, run_ranker, sasrec_ranker, summarise
     from .eval.results import markdown_table, update_summary, write_json
 
     ks = sorted({int(k) for k in a.ks.split(",")})
     width = a.width or max(ks)
-    ranked, secs = run_ranker(beam_ranker(bundle, width), ex, max(ks), a.batch_size, progress=not a.json, desc="beam")
-    res = summarise("beam", ranked, secs, ex, split, ks)
-    res.extra.update(protocol=split.protocol, split=a.split, beam_width=width, batch_size=a.batch_size,
-                     threads=a.threads, dataset=bundle.meta.get("dataset"))
+    ranker = beam_ranker(bundle, width, _backend(bundle, a)) if a.ranker == "beam" else sasrec_ranker(bundle)
+    ranked, secs = run_ranker(ranker, ex, max(ks), a.batch_size, progress=not a.json, desc=a.ranker)
+    res = summarise(a.ranker, ranked, secs, ex, split, ks)
+    res.extra.update(protocol=split.protocol, split=a.split, batch_size=a.batch_size, threads=a.threads,
+                     dataset=bundle.meta.get("dataset"), sample=a.sample, seed=a.seed if a.sample else None)
+    if a.ranker == "beam":
+        res.extra.update(beam_width=width, backend=a.backend or "onnx")
     out = res.as_dict()
     if a.json:
         print(json.dumps(out, indent=2))
@@ -124,7 +152,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
         _print_table(res, ks)
     if a.save:
         ds_name = bundle.meta.get("dataset", bundle.name)
-        name = f"{ds_name}_{split.protocol}_beam"
+        name = f"{ds_name}_{split.protocol}_{a.ranker}"
         write_json(name, out, Path(a.results_dir))
         cols = ["group", *[f"recall@{k}" for k in ks], *[f"ndcg@{k}" for k in ks]]
         rows = [{"group": "overall", **res.overall}] + [{"group": g, **m} for g, m in res.groups.items()]
@@ -132,9 +160,10 @@ def cmd_eval(a: argparse.Namespace) -> int:
         md += (f"\nLatency per request (batch {a.batch_size}, {a.threads} threads): p50 {res.latency['p50_ms']:.1f} ms, "
                f"p99 {res.latency['p99_ms']:.1f} ms; n = {res.n}\n")
         (Path(a.results_dir) / f"{name}.md").write_text(md)
-        keys = {f"{ds_name}.{split.protocol}.beam.{k}": v for k, v in res.overall.items() if k.split("@")[1] in ("5", "10")}
+        keys = {f"{ds_name}.{split.protocol}.{a.ranker}.{k}": v for k, v in res.overall.items()
+                if k.split("@")[1] in ("5", "10")}
         tr = bundle.meta.get("training", {})
-        if split.protocol == "loo":
+        if split.protocol == "loo" and a.ranker == "beam" and a.sample is None and a.limit is None:
             if "train_minutes" in tr:
                 keys[f"{ds_name}.train.minutes"] = tr["train_minutes"]
             keys[f"{ds_name}.model.params"] = bundle.model.n_params()
@@ -144,9 +173,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
 
 def _eval_policies(a: argparse.Namespace, bundle, split, ex) -> int:
     """Side-by-side comparison of policies on the same requests (interleaved, batch 1)."""
-    import numpy as np
-
-    from .eval.evaluate import compare, policy_ranker, summarise
+    from .eval.compare import compare_policies, comparison_table, plot_stages, summary_keys
     from .eval.results import markdown_table, update_summary, write_json
     from .policies import make_policy
 
@@ -154,37 +181,25 @@ def _eval_policies(a: argparse.Namespace, bundle, split, ex) -> int:
     if "beam" not in names:
         names = ["beam", *names]
     params = _policy_params(a.set)
-    engine = bundle.engine(drafter=a.drafter)
+    engine = bundle.engine(drafter=a.drafter, backend=_backend(bundle, a))
     policies = {n: make_policy(n, engine, **params.get(n, {})) for n in names}
+    engine.verifier.backend.warmup(engine.itemset.trie, (a.k,))  # no graph is made while timing
+    if a.compare_eager:
+        policies["beam@eager"] = make_policy("beam", bundle.engine(drafter=None, backend=bundle.backend("eager")))
     k = a.k
     ks = sorted({10, 50, k} & set(range(1, k + 1))) or [k]
-    runs = compare({n: policy_ranker(p) for n, p in policies.items()}, ex, k, progress=not a.json)
-    snap = engine.metrics.snapshot()
-    beam_mean = float(runs["beam"][1].mean())
-    table, rows = {}, []
-    for n in names:
-        ranked, secs = runs[n]
-        res = summarise(n, ranked, secs, ex, split, ks)
-        res.extra["speedup_vs_beam"] = beam_mean / float(secs.mean())
-        res.extra["mean_ms"] = float(secs.mean() * 1000)
-        res.extra["acceptance_rate"] = snap.get(n, {}).get("acceptance_rate", float("nan"))
-        res.extra["exit_reasons"] = snap.get(n, {}).get("exit_reasons", {})
-        res.extra["params"] = policies[n].config.model_dump()
-        if n != "beam":
-            res.extra["equal_to_beam"] = float(np.mean([np.array_equal(x, y) for x, y in zip(ranked, runs["beam"][0])]))
-        table[n] = res
-        row = {"policy": n, **res.overall, "p50_ms": res.latency["p50_ms"], "p99_ms": res.latency["p99_ms"],
-               "speedup": res.extra["speedup_vs_beam"], "accept": res.extra["acceptance_rate"]}
-        for g, m in res.groups.items():
-            row.update({f"{g}_{kk}": v for kk, v in m.items()})
-        rows.append(row)
+    runs = compare_policies(policies, ex, k, progress=not a.json)
+    table, rows = comparison_table(runs, ex, split, ks, engine.metrics.snapshot())
     ds_name = bundle.meta.get("dataset", bundle.name)
+    backend = engine.verifier.backend.describe()
     out = {"k": k, "n": len(ex), "protocol": split.protocol, "drafter": a.drafter, "threads": a.threads,
+           "sample": a.sample, "seed": a.seed, "backend": backend,
+           "params": {n: p.config.model_dump() for n, p in policies.items()},
            "policies": {n: r.as_dict() for n, r in table.items()}}
     cols = ["policy", *[f"recall@{x}" for x in ks], *[f"ndcg@{x}" for x in ks]]
     if split.protocol == "temporal":
         cols += [f"unseen_recall@{max(ks)}", f"in_sample_recall@{max(ks)}"]
-    cols += ["p50_ms", "p99_ms", "speedup", "accept"]
+    cols += ["p50_ms", "p99_ms", "speedup", "equal_to_beam", "item_accept", "token_accept", "no_fallback"]
     if a.json:
         print(json.dumps(out, indent=2, default=str))
     else:
@@ -194,25 +209,21 @@ def _eval_policies(a: argparse.Namespace, bundle, split, ex) -> int:
         Console().print(Markdown(markdown_table(rows, cols)))
     if a.save:
         name = f"{ds_name}_{split.protocol}_policies_k{k}"
-        write_json(name, out, Path(a.results_dir))
+        results = Path(a.results_dir)
+        write_json(name, out, results)
+        users = (f"a random sample of {len(ex)} {a.split} users (seed {a.seed})" if a.sample is not None
+                 else f"{len(ex)} {a.split} users")
         md = (f"# {name}\n\nCommand: `{' '.join(['specrec', *sys.argv[1:]])}`\n\n"
-              f"{len(ex)} requests, K = {k}, batch 1, interleaved, {a.threads} threads, drafter `{a.drafter}`.\n\n"
-              + markdown_table(rows, cols))
-        (Path(a.results_dir) / f"{name}.md").write_text(md)
-        keys = {}
-        for n, r in table.items():
-            pre = f"{ds_name}.{split.protocol}.{n}"
-            if split.protocol == "loo" and k == 10:
-                if n != "beam":  # beam's quality keys belong to `specrec eval` (width 50)
-                    keys[f"{pre}.recall@10"] = r.overall["recall@10"]
-                    keys[f"{pre}.ndcg@10"] = r.overall["ndcg@10"]
-                keys[f"{pre}.speedup_vs_beam"] = r.extra["speedup_vs_beam"]
-                if n == "strict":
-                    keys[f"{pre}.equal_to_beam"] = r.extra["equal_to_beam"]
-            if split.protocol == "temporal" and "unseen" in r.groups and "recall@50" in r.groups["unseen"]:
-                keys[f"{pre}.unseen_recall@50"] = r.groups["unseen"]["recall@50"]
+              f"{users}, K = {k}, batch 1, interleaved, {a.threads} threads, backend {backend}, drafter `{a.drafter}`. "
+              f"speedup = beam's mean time / the policy's; item_accept / token_accept: accepted / drafted items and "
+              f"SID tokens; no_fallback: share of requests a level-wise policy served with no fallback pass.\n\n"
+              + markdown_table(rows, cols) + f"\n![stage times]({name}_stages.png)\n")
+        (results / f"{name}.md").write_text(md)
+        plot_stages(table, results / f"{name}_stages.png",
+                    f"{ds_name} {split.protocol}, K={k}: mean time per request by stage ({len(ex)} requests)")
+        keys = summary_keys(table, ds_name, split.protocol, k)
         if keys:
-            update_summary(keys, Path(a.results_dir) / "summary.json")
+            update_summary(keys, results / "summary.json")
     return 0
 
 
@@ -240,8 +251,41 @@ def cmd_train_drafters(a: argparse.Namespace) -> int:
 
     bundle = Bundle.load(a.bundle)
     which = tuple(w.strip() for w in a.which.split(","))
+    from .train.align import AlignConfig
+
     epochs = {"retrieval": a.retrieval_epochs, "self": a.self_epochs, "nezha": a.nezha_epochs}
-    train_drafters(bundle, a.out or a.bundle, which, a.data, epochs)
+    align = AlignConfig(mode=a.align, alpha=a.align_alpha, top_k=a.align_top_k, examples=a.align_examples)
+    train_drafters(bundle, a.out or a.bundle, which, a.data, epochs, align=align)
+    return 0
+
+
+def cmd_train_baseline(a: argparse.Namespace) -> int:
+    import time
+
+    from .bundle import Bundle, round_to_half
+    from .data.splits import make_split, temporal
+    from .models.sasrec import SASRecConfig
+    from .pipeline import open_dataset
+    from .train.baseline import train_sasrec
+    from .train.drafters import DrafterTrainConfig
+
+    bundle = Bundle.load(a.bundle)
+    ds = open_dataset(a.data or bundle.meta.get("data_path"))
+    if ds.catalogue.ids != bundle.catalogue.ids:
+        raise SystemExit("the dataset does not have the bundle's catalogue")
+    h = bundle.cfg.max_history
+    split = (temporal(ds, h, cutoff=int(bundle.meta["cutoff"])) if bundle.meta.get("protocol") == "temporal"
+             else make_split(ds, bundle.meta.get("protocol", "loo"), h))
+    t0 = time.time()
+    cfg = SASRecConfig(n_items=len(bundle.catalogue), d_model=a.d_model, n_layers=a.layers, n_heads=a.heads,
+                       d_ff=4 * a.d_model, dropout=a.dropout, max_history=h)
+    tcfg = DrafterTrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, patience=a.patience, valid_limit=a.valid_limit)
+    model, rep = train_sasrec(split, [s.items for s in ds.sequences], len(bundle.catalogue), cfg, tcfg)
+    bundle.sasrec = round_to_half(model)
+    bundle.meta.setdefault("baselines", {})["sasrec"] = {**rep, "minutes": round((time.time() - t0) / 60, 1)}
+    bundle.save(a.out or a.bundle)
+    print(f"SASRec trained in {(time.time() - t0) / 60:.1f} min (best valid NDCG@10 {rep['best_valid_ndcg@10']:.4f}); "
+          f"evaluate with: specrec eval --bundle {a.out or a.bundle} --ranker sasrec")
     return 0
 
 
@@ -260,17 +304,21 @@ def cmd_sids(a: argparse.Namespace) -> int:
 def cmd_export(a: argparse.Namespace) -> int:
     import torch
 
+    from .backends import Backend
+    from .backends.onnx import OrtBackend, export_onnx
     from .bundle import Bundle
-    from .export.onnx import OrtTiger, export_onnx
+    from .decoding.beam import beam_search
 
     bundle = Bundle.load(a.bundle)
-    out = export_onnx(bundle.model, a.out)
-    ort_model = OrtTiger(out)
+    out = export_onnx(bundle.model, a.out, bundle.nezha_head)
+    ort_be, ref = OrtBackend(bundle.model, bundle.nezha_head, onnx_dir=out), Backend(bundle.model, bundle.nezha_head)
     hist = bundle.history_sids([bundle.sids_t.new_tensor([0, 1, 2]).numpy()])
     with torch.inference_mode():
-        e1, e2 = bundle.model.encode(hist), ort_model.encode(hist)
-        diff = max(float((x - y).abs().max()) for (x, _), (y, _) in zip(e1.cross_kv, e2.cross_kv))
-    print(f"exported to {out} (providers {ort_model.providers}); encoder max |torch - ort| = {diff:.2e}")
+        a = beam_search(ref, ref.encode(hist), bundle.trie, 10)
+        b = beam_search(ort_be, ort_be.encode(hist), bundle.trie, 10)
+    diff = float((a.scores - b.scores).abs().max())
+    print(f"exported to {out} (providers {ort_be.providers}); beam search max |eager - onnx| = {diff:.2e}, "
+          f"same beams: {bool(torch.equal(a.codes, b.codes))}")
     return 0
 
 
@@ -305,12 +353,18 @@ def build_parser() -> argparse.ArgumentParser:
                        "Recall@K and NDCG@K, per-request latency p50/p99; under the temporal protocol also for "
                        "in-sample and unseen targets.")
     e.add_argument("--bundle", required=True)
+    e.add_argument("--ranker", choices=["beam", "sasrec"], default="beam",
+                   help="the GR model's beam search, or the bundle's SASRec baseline (specrec train-baseline)")
+    e.add_argument("--backend", choices=["onnx", "eager"], help="hot-path backend (default: onnx)")
+    e.add_argument("--device", default="cpu", help="device of the eager backend (e.g. cuda)")
     e.add_argument("--data", help="dataset directory (default: the one the bundle was trained on)")
     e.add_argument("--protocol", choices=["loo", "temporal"], help="default: the bundle's")
     e.add_argument("--split", choices=["test", "valid"], default="test")
     e.add_argument("--ks", default="5,10,50", help="comma-separated cut-offs")
     e.add_argument("--width", type=int, help="beam width (default: the largest K)")
-    e.add_argument("--limit", type=int, help="evaluate the first N users only")
+    e.add_argument("--sample", type=int, help="evaluate a seeded random sample of N users (see --seed)")
+    e.add_argument("--seed", type=int, default=0, help="seed of --sample")
+    e.add_argument("--limit", type=int, help="evaluate the first N users only (not typical users: prefer --sample)")
     e.add_argument("--batch-size", type=int, default=1, help="requests per call (1 = per-request latency)")
     e.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     e.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -321,6 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "e.g. beam,specgr,nezha,strict,relaxed,sample (beam is always included as the reference)")
     g.add_argument("--k", type=int, default=10, help="list length K")
     g.add_argument("--drafter", choices=["retrieval", "self"], default="retrieval", help="drafter for specgr")
+    g.add_argument("--compare-eager", action="store_true",
+                   help="also run beam search on the eager (reference) backend: speedup_vs_eager of the default beam")
     g.add_argument("--set", action="append", metavar="POLICY.FIELD=VALUE",
                    help="policy parameter, e.g. --set specgr.gamma=-1.2 (repeatable)")
     e.set_defaults(func=cmd_eval)
@@ -335,7 +391,32 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--retrieval-epochs", type=int, default=30)
     d.add_argument("--self-epochs", type=int, default=8)
     d.add_argument("--nezha-epochs", type=int, default=5)
+    d.add_argument("--align", choices=["none", "strict", "relaxed"], default="none",
+                   help="align the NEZHA head and the self-drafter to the GR model's own top-K (AtSpeed-S / -R)")
+    d.add_argument("--align-alpha", type=float, default=0.3, help="weight of the recommendation loss when aligning")
+    d.add_argument("--align-top-k", type=int, default=10, help="target beams distilled per history")
+    d.add_argument("--align-examples", type=int, default=30_000,
+                   help="training histories whose target beams are computed once (cached under $SPECREC_CACHE/beams)")
     d.set_defaults(func=cmd_train_drafters)
+
+    tb = sub.add_parser("train-baseline", help="train the SASRec baseline on a bundle's split (same histories and metrics)",
+                        description="Train SASRec (item-id embeddings, causal transformer, full-softmax cross-entropy) "
+                        "on the bundle's own split and save it into the bundle; `specrec eval --ranker sasrec` "
+                        "evaluates it by the same code path as the GR model.")
+    tb.add_argument("--bundle", required=True)
+    tb.add_argument("--model", choices=["sasrec"], default="sasrec")
+    tb.add_argument("--out", help="write the bundle here instead of in place")
+    tb.add_argument("--data", help="dataset directory (default: the one the bundle was trained on)")
+    tb.add_argument("--d-model", type=int, default=64)
+    tb.add_argument("--layers", type=int, default=2)
+    tb.add_argument("--heads", type=int, default=2)
+    tb.add_argument("--dropout", type=float, default=0.3)
+    tb.add_argument("--epochs", type=int, default=60)
+    tb.add_argument("--batch-size", type=int, default=128)
+    tb.add_argument("--lr", type=float, default=1e-3)
+    tb.add_argument("--patience", type=int, default=5)
+    tb.add_argument("--valid-limit", type=int, default=4000, help="validation users (a seeded random sample)")
+    tb.set_defaults(func=cmd_train_baseline)
 
     s = sub.add_parser("sids", help="fit semantic IDs on a dataset and report codebook usage and collisions")
     s.add_argument("--data", default="synthetic")
@@ -346,7 +427,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=cmd_sids)
 
-    x = sub.add_parser("export-onnx", help="export a bundle's model to ONNX (encoder + decoder step) and check it")
+    x = sub.add_parser("export-onnx", help="export a bundle's hot path to ONNX (encode, step, tree, head) and check it")
     x.add_argument("--bundle", required=True)
     x.add_argument("--out", required=True)
     x.set_defaults(func=cmd_export)

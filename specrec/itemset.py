@@ -95,6 +95,21 @@ class LocalItemSet:
         lo, hi = self.prefix_range(prefix)
         return self.order[0][lo:hi]
 
+    def items_with_prefixes(self, prefixes: np.ndarray) -> np.ndarray:
+        """Items under any of ``prefixes`` [P, l] (all the same length), vectorised."""
+        prefixes = np.asarray(prefixes, dtype=np.int64)
+        rows, keys = self.order
+        if not len(prefixes):
+            return np.zeros(0, dtype=np.int64)
+        l = prefixes.shape[1]
+        lo = hi = np.zeros(len(prefixes), dtype=np.int64)
+        for lvl, v in enumerate(self.level_sizes):
+            lo = lo * v + (prefixes[:, lvl] if lvl < l else 0)
+            hi = hi * v + (prefixes[:, lvl] if lvl < l else v - 1)
+        a, b = np.searchsorted(keys, lo, "left"), np.searchsorted(keys, hi, "right")
+        spans = [rows[x:y] for x, y in zip(a.tolist(), b.tolist()) if y > x]
+        return np.unique(np.concatenate(spans)) if spans else np.zeros(0, dtype=np.int64)
+
     def __len__(self) -> int:
         return int(self.active.sum())
 

@@ -47,6 +47,24 @@ def fit_semantic_ids(
     return sem, sids, report
 
 
+DEMO_HISTORIES = "demo_histories.json"
+
+
+def write_demo_histories(bundle_dir: str | Path, split, n: int = 50, seed: int = 7) -> Path:
+    """A seeded random sample of held-out test histories (item ids) with their targets, shipped in the
+    bundle: the local stack's demo shows the real model without the dataset."""
+    from .data.splits import sample_examples
+
+    ex = sample_examples(split.test, n, seed)
+    ids = [json.loads(line)["item_id"] for line in open(Path(bundle_dir) / "items.jsonl")]
+    rows = ex.histories()
+    demo = [{"history": [ids[r] for r in h], "target": ids[int(t)]} for h, t in zip(rows, ex.target)]
+    p = Path(bundle_dir) / DEMO_HISTORIES
+    p.write_text(json.dumps({"source": f"{len(demo)} test users, a seeded random sample (seed {seed})",
+                             "users": demo}) + "\n")
+    return p
+
+
 def build(
     data: str | Path | None,
     out: str | Path,
@@ -60,6 +78,7 @@ def build(
     embedder: Callable | None = None,
     log: Callable[[str], None] = print,
 ) -> Bundle:
+    t_build = time.time()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     ds = open_dataset(data)
@@ -80,7 +99,8 @@ def build(
     if resume:
         trainer.resume()
     summary = trainer.fit(progress=progress)
-    summary["train_minutes"] = round(sum(h["train_s"] + h["valid_s"] for h in trainer.history) / 60.0, 1)
+    summary["train_minutes"] = round(sum(h["train_s"] + h.get("valid_s", 0.0) for h in trainer.history) / 60.0, 1)
+    summary["wall_minutes_this_session"] = round((time.time() - t_build) / 60.0, 1)
     summary["params"] = trainer.model.n_params()
     meta = {
         "dataset": ds.name, "data_path": None if data is None else str(data), "protocol": protocol,
@@ -89,6 +109,7 @@ def build(
     }
     bundle = Bundle(ds.name, ds.catalogue, sem, sids, split.seen.copy(), round_to_half(trainer.model), meta)
     bundle.save(out / "bundle")
+    write_demo_histories(out / "bundle", split)
     log(f"bundle written to {out / 'bundle'} ({summary['train_minutes']} min of training)")
     return bundle
 
@@ -96,9 +117,13 @@ def build(
 def train_drafters(
     bundle: Bundle, out: str | Path, which: tuple[str, ...] = ("retrieval", "self", "nezha"),
     data: str | Path | None = None, epochs: dict | None = None, progress: bool = True, log: Callable[[str], None] = print,
+    align=None,
 ) -> Bundle:
-    """Train the drafters of a bundle on its own split and save the bundle to ``out``."""
+    """Train the drafters of a bundle on its own split and save the bundle to
+    ``out``; ``align`` (:class:`~specrec.train.align.AlignConfig`) aligns the
+    NEZHA head and the self-drafter to the GR model (AtSpeed)."""
     from .data.splits import temporal
+    from .ids.embed import cache_dir
     from .train.drafters import DrafterTrainConfig, train_nezha, train_retrieval, train_self_draft
 
     ds = open_dataset(data or bundle.meta.get("data_path"))
@@ -123,14 +148,14 @@ def train_drafters(
         t0 = time.time()
         head, rep = train_self_draft(bundle.model, split, bundle.sids,
                                      tcfg=DrafterTrainConfig(epochs=epochs.get("self", 8), batch_size=256, lr=2e-3),
-                                     log=log, progress=progress)
+                                     log=log, progress=progress, align=align, cache=cache_dir() / "beams")
         bundle.self_draft = round_to_half(head)
         info["self_draft"] = {**rep, "minutes": round((time.time() - t0) / 60, 1)}
     if "nezha" in which:
         t0 = time.time()
         head, rep = train_nezha(bundle.model, split, bundle.sids,
                                 tcfg=DrafterTrainConfig(epochs=epochs.get("nezha", 5), batch_size=256, lr=2e-3, patience=2),
-                                log=log, progress=progress)
+                                log=log, progress=progress, align=align, cache=cache_dir() / "beams")
         bundle.nezha_head = round_to_half(head)
         info["nezha_head"] = {**rep, "minutes": round((time.time() - t0) / 60, 1)}
     bundle.save(out)

@@ -4,42 +4,74 @@ A policy encodes a batch of histories once (:meth:`Verifier.encode` returns a
 :class:`Session`) and then asks, as often as it likes and with no further
 encoder work, for
 
-- ``score``: teacher-forced log-probs of candidate SIDs (one pass);
+- ``score``: teacher-forced log-probs of candidate SIDs, in one pass over their
+  unique prefixes (a prefix tree); with ``with_frontier`` the pass also
+  evaluates the session's current beam prefixes, so the next beam step costs
+  nothing;
 - ``next_logprobs``: next-level distributions after given prefixes;
-- ``beam_step``: one more level of the session's own constrained beam search
-  (KV-cached), or ``beam_search`` for the whole of it;
+- ``beam_step``: one more level of the session's own constrained beam search,
+  or ``beam_search`` for all of it. A step reads the distributions earlier
+  passes already verified and computes only the missing beams; a session that
+  verified nothing steps with the KV cache. ``rule`` picks the beams: the exact
+  top-k (``beam``/``strict``), or the relaxed rule that prefers drafted codes
+  the target finds good enough;
 - ``head_*``: NEZHA draft-head distributions and beams (one extra decoder pass
   per session, cached).
 
-:class:`LocalVerifier` runs in-process (torch or ONNX Runtime). The verifier
-service exposes the same operations over gRPC and the gateway's remote
-verifier implements this interface against it, so policies run unchanged.
-Every implementation counts its work in :attr:`Session.calls`.
+:class:`LocalVerifier` runs in-process on a :mod:`backend <specrec.backends>`.
+The verifier service exposes the same operations over gRPC and the gateway's
+remote verifier implements this interface against it, so policies run
+unchanged. Every implementation counts its work in :attr:`Session.calls` and
+reports, per beam step, how many beams were read from verified passes
+(:attr:`Session.coverage`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
+import numpy as np
 import torch
 
-from .decoding.beam import Beams, BeamSearch, prefix_logprobs
-from .decoding.scoring import Scores, score_sids
+from .decoding.beam import Beams, BeamSearch, select_topk
+from .decoding.scoring import Scores, VerifiedPrefixes, prefix_logprobs, tree_pass
+from .decoding.tree import read_level, token_logprobs
 from .ids.trie import SidTrie
 from .models.tiger import EncoderState
 
 
 @dataclass
+class SelectRule:
+    """How a beam step picks its beams: the exact top-k, or relaxed
+    verification (LASER / AtSpeed-R): a drafted code whose target probability
+    is >= ``threshold`` and within the target's ``top_k`` valid codes takes a
+    beam slot before any code that was not drafted."""
+
+    kind: Literal["exact", "relaxed"] = "exact"
+    threshold: float = 0.02
+    top_k: int = 10
+
+
+@dataclass
+class StepCoverage:
+    """One beam step: per request, beams read from verified passes and beams computed."""
+
+    covered: list[int]
+    computed: list[int]
+
+
+@dataclass
 class Session:
     """Per-batch verifier state. ``calls`` counts operations by kind
-    ("encode", "score", "step", "expand", "head"); ``state`` is the
-    implementation's own."""
+    ("encode", "score", "step", "expand", "head"); ``coverage`` has one entry
+    per beam step; ``state`` is the implementation's own."""
 
     n: int
     state: Any = None
     calls: Counter = field(default_factory=Counter)
+    coverage: list[StepCoverage] = field(default_factory=list)
 
 
 class Verifier(Protocol):
@@ -47,17 +79,21 @@ class Verifier(Protocol):
 
     def encode(self, hist_sids: torch.Tensor) -> Session: ...
 
+    def prepare(self, sess: Session) -> None:
+        """Make the session's encoder state ready now (a remote verifier starts
+        encoding in the background; a policy that drafts first calls it)."""
+
     def select(self, sess: Session, idx: torch.Tensor) -> Session: ...
 
-    def score(self, sess: Session, sids: torch.Tensor, full: bool = False) -> Scores: ...
+    def score(self, sess: Session, sids: torch.Tensor, full: bool = False, with_frontier: bool = False) -> Scores: ...
 
     def next_logprobs(self, sess: Session, prefixes: torch.Tensor) -> torch.Tensor: ...
 
-    def beam_start(self, sess: Session, trie: SidTrie, width: int) -> None: ...
+    def beam_start(self, sess: Session, trie: SidTrie, width: int, rule: SelectRule | None = None) -> None: ...
 
     def beam_step(self, sess: Session) -> Beams: ...
 
-    def beam_search(self, sess: Session, trie: SidTrie, width: int) -> Beams: ...
+    def beam_search(self, sess: Session, trie: SidTrie, width: int, rule: SelectRule | None = None) -> Beams: ...
 
     def head_logprobs(self, sess: Session, prefixes: torch.Tensor) -> list[torch.Tensor]: ...
 
@@ -69,68 +105,143 @@ class Verifier(Protocol):
 @dataclass
 class LocalState:
     enc: EncoderState
+    verified: VerifiedPrefixes
     beam: BeamSearch | None = None
+    rule: SelectRule = field(default_factory=SelectRule)
     head_h: torch.Tensor | None = None
 
 
+PREFER = 1e4  # added to preferred (relaxed-accepted) extensions when choosing beams, never kept in scores
+
+
+def relaxed_select(verified: VerifiedPrefixes, rule: SelectRule):
+    """The relaxed rule as a beam-selection function (see :class:`SelectRule`)."""
+
+    def select(beams: Beams, logp: torch.Tensor, trie: SidTrie, width: int):
+        r, bc, v = logp.shape
+        allowed = trie.allowed_mask(beams.level, beams.trie_nodes(trie).reshape(-1)).view(r, bc, v)
+        masked = logp.masked_fill(~allowed, float("-inf"))
+        kth = masked.topk(min(rule.top_k, v), dim=-1).values[..., -1:]
+        good = (masked >= kth) & (masked.exp() >= rule.threshold) & allowed & beams.alive.unsqueeze(-1)
+        bias = (good & verified.was_drafted(beams.codes)).float() * PREFER
+        return select_topk(beams, logp, trie, width, bias=bias)
+
+    return select
+
+
 class LocalVerifier:
-    """In-process verifier over a :class:`~specrec.models.tiger.Tiger` (or an
-    ONNX Runtime backend with the same decoding interface) and, optionally, a
-    NEZHA draft head (torch only; ``head_model`` is the torch GR it reads)."""
+    """In-process verifier on a backend (:mod:`specrec.backends`) and,
+    optionally, a NEZHA draft head (its level transitions run in eager torch
+    on the GR model ``head_model``)."""
 
-    def __init__(self, model, head=None, head_model=None):
-        self.model = model
+    def __init__(self, backend, head=None, head_model=None):
+        self.backend = backend
+        self.cfg = backend.cfg
         self.head = head
-        self.head_model = head_model if head_model is not None else model
-        self.level_sizes = list(model.cfg.level_sizes)
+        self.head_model = head_model if head_model is not None else getattr(backend, "model", None)
+        self.level_sizes = list(self.cfg.level_sizes)
 
-    @torch.inference_mode()
+    # -- sessions -------------------------------------------------------------------
     def encode(self, hist_sids: torch.Tensor) -> Session:
-        sess = Session(n=hist_sids.shape[0], state=LocalState(self.model.encode(hist_sids)))
+        return self.session(self.backend.encode(hist_sids))
+
+    def prepare(self, sess: Session) -> None:
+        """Nothing to do: encoding is eager in-process."""
+
+    def session(self, enc: EncoderState) -> Session:
+        sess = Session(n=enc.n, state=LocalState(enc, VerifiedPrefixes(self.level_sizes)))
         sess.calls["encode"] += 1
         return sess
 
     def select(self, sess: Session, idx: torch.Tensor) -> Session:
         st: LocalState = sess.state
-        new = LocalState(st.enc.select(idx))
+        enc = st.enc.select(idx)
+        new = LocalState(enc, st.verified.select(idx))
         if st.head_h is not None:
             new.head_h = st.head_h[idx]
         if st.beam is not None:
-            new.beam = st.beam.select(idx, new.enc)
-        return Session(n=len(idx), state=new, calls=sess.calls)
+            new.beam, new.rule = st.beam.select_requests(idx, enc), st.rule
+            self._bind(new)
+        return Session(n=len(idx), state=new, calls=sess.calls, coverage=sess.coverage)
+
+    def release(self, sess: Session) -> None:
+        sess.state = None
+
+    # -- verification --------------------------------------------------------------------
+    def _frontier(self, st: LocalState):
+        b = st.beam.beams if st.beam is not None and not st.beam.done else None
+        return [] if b is None or b.level >= len(self.level_sizes) else [(b.codes, b.alive)]
 
     @torch.inference_mode()
-    def score(self, sess: Session, sids: torch.Tensor, full: bool = False) -> Scores:
+    def score(self, sess: Session, sids: torch.Tensor, full: bool = False, with_frontier: bool = False) -> Scores:
         sess.calls["score"] += 1
-        return score_sids(self.model, sess.state.enc, sids, full=full)
+        st: LocalState = sess.state
+        groups = [(sids, np.ones(sids.shape[:2], dtype=bool))]
+        if with_frontier:
+            groups += self._frontier(st)
+        tree, out = tree_pass(self.backend, st.enc, groups, drafts=1)
+        st.verified.add(tree, out)
+        token, per_level = token_logprobs(out, tree, sids.numpy(), full)
+        return Scores(token, per_level)
 
     @torch.inference_mode()
     def next_logprobs(self, sess: Session, prefixes: torch.Tensor) -> torch.Tensor:
         sess.calls["expand"] += 1
-        return prefix_logprobs(self.model, sess.state.enc, prefixes)
+        return prefix_logprobs(self.backend, sess.state.enc, prefixes)
 
-    def beam_start(self, sess: Session, trie: SidTrie, width: int) -> None:
-        sess.state.beam = BeamSearch(self.model, sess.state.enc, trie, width)
+    # -- beam search ------------------------------------------------------------------------
+    def beam_start(self, sess: Session, trie: SidTrie, width: int, rule: SelectRule | None = None) -> None:
+        st: LocalState = sess.state
+        st.rule = rule or SelectRule()
+        st.beam = BeamSearch(self.backend, st.enc, trie, width)
+        self._bind(st)
+
+    def _bind(self, st: LocalState) -> None:
+        """Point the session's beam search at the session's verified passes (again after a select)."""
+        st.beam.known = lambda b: st.verified.read(b.codes) if st.verified else None
+        st.beam.compute_missing = lambda b, missing: self._compute_missing(st, b, missing)
+        if st.rule.kind == "relaxed":
+            st.beam.select_fn = relaxed_select(st.verified, st.rule)
+
+    def _compute_missing(self, st: LocalState, beams: Beams, missing: torch.Tensor) -> torch.Tensor:
+        """One tree pass over the missing beams' prefixes (remembered like any pass)."""
+        tree, out = tree_pass(self.backend, st.enc, [(beams.codes, missing)], drafts=0)
+        st.verified.add(tree, out)
+        return read_level(out, tree.lookup(beams.codes.numpy()), beams.level, self.level_sizes)
 
     @torch.inference_mode()
     def beam_step(self, sess: Session) -> Beams:
+        st: LocalState = sess.state
+        if st.beam is None:
+            raise RuntimeError("beam_start first")
         sess.calls["step"] += 1
-        return sess.state.beam.step()
+        beams = st.beam.step()
+        sess.coverage.append(StepCoverage(st.beam.covered.tolist(), st.beam.computed.tolist()))
+        return beams
 
-    def beam_search(self, sess: Session, trie: SidTrie, width: int) -> Beams:
-        self.beam_start(sess, trie, width)
-        while not sess.state.beam.done:
+    @torch.inference_mode()
+    def beam_search(self, sess: Session, trie: SidTrie, width: int, rule: SelectRule | None = None) -> Beams:
+        st: LocalState = sess.state
+        if not st.verified and (rule is None or rule.kind == "exact"):
+            beams = self.backend.search(st.enc, trie, width)  # one call where the backend has a whole-search graph
+            if beams is not None:
+                sess.calls["step"] += 1
+                n = beams.alive.shape[0]
+                sess.coverage.extend(StepCoverage([0] * n, beams.alive.sum(1).tolist()) for _ in self.level_sizes)
+                return beams
+        self.beam_start(sess, trie, width, rule)
+        while not st.beam.done:
             self.beam_step(sess)
-        return sess.state.beam.beams
+        return st.beam.beams
 
-    # -- NEZHA draft head ----------------------------------------------------
+    # -- NEZHA draft head ----------------------------------------------------------------------
     def _head_h(self, sess: Session) -> torch.Tensor:
         if self.head is None:
             raise RuntimeError("this verifier has no NEZHA draft head")
         st: LocalState = sess.state
         if st.head_h is None:
             sess.calls["head"] += 1
-            st.head_h = self.head.hidden(self.head_model, st.enc)
+            st.head_h = self.backend.head_hidden(st.enc)
         return st.head_h
 
     @torch.inference_mode()
@@ -140,7 +251,176 @@ class LocalVerifier:
     @torch.inference_mode()
     def head_beams(self, sess: Session, trie: SidTrie, width: int) -> Beams:
         """NEZHA drafts: the head's constrained beams (valid SIDs only)."""
+        if self.head is None:
+            raise RuntimeError("this verifier has no NEZHA draft head")
+        beams = self.backend.head_search(sess.state.enc, trie, width)  # decoder pass and head search in one call
+        if beams is not None:
+            sess.calls["head"] += 1
+            return beams
         return self.head.beam_search(self.head_model, self._head_h(sess), trie, width)
 
-    def release(self, sess: Session) -> None:
-        sess.state = None
+
+# -- batches of jobs from several callers (the verifier service's batcher) ---------------------------
+@dataclass(eq=False)
+class EncodeJob:
+    hist: np.ndarray  # [R, H, L] codes, rows of -1 = padding
+
+
+@dataclass(eq=False)
+class ScoreJob:
+    session: Session | EncodeJob  # an EncodeJob: encode first, in the same batch
+    sids: torch.Tensor  # [R, M, L]
+    full: bool = False
+    with_frontier: bool = False
+
+
+@dataclass(eq=False)
+class SearchJob:
+    session: Session | EncodeJob
+    trie: SidTrie
+    width: int
+    rule: SelectRule | None = None
+
+
+@dataclass(eq=False)
+class StepJob:
+    session: Session | EncodeJob
+    trie: SidTrie
+    width: int
+    rule: SelectRule | None = None
+
+
+@dataclass(eq=False)
+class HeadJob:
+    session: Session | EncodeJob
+    trie: SidTrie
+    width: int
+
+
+@dataclass(eq=False)
+class ExpandJob:
+    session: Session | EncodeJob
+    prefixes: torch.Tensor  # [R, M, l]
+    head: bool = False  # the NEZHA head's distributions instead of the target's
+
+
+Job = EncodeJob | ScoreJob | SearchJob | StepJob | HeadJob | ExpandJob
+
+
+def run_jobs(verifier: LocalVerifier, jobs: list[Job]) -> list[Any]:
+    """Execute the jobs of several callers, batching what can share a pass:
+    encodes together (also the encodes of jobs that carry an :class:`EncodeJob`
+    as their session: ``job.session`` is then the new session); scores
+    together (one tree pass over every caller's rows); whole beam searches and
+    head searches of the same catalogue and width together. Exactly one
+    result per job, in order; a failing job gets its exception as its result
+    and the others are unaffected."""
+    out: list[Any] = [None] * len(jobs)
+    # jobs that carry a history instead of a session: encode them first, all in one batch
+    embedded = [j for j in jobs if isinstance(getattr(j, "session", None), EncodeJob)]
+    if embedded:
+        try:
+            with torch.inference_mode():
+                sessions = _run_group(verifier, "encode", [j.session for j in embedded])
+        except Exception as exc:  # noqa: BLE001
+            sessions = [exc] * len(embedded)
+        for j, s in zip(embedded, sessions):
+            j.session = s
+    groups: dict[tuple, list[int]] = {}
+    for n, job in enumerate(jobs):
+        if isinstance(getattr(job, "session", None), Exception):
+            out[n] = job.session
+            continue
+        if isinstance(job, EncodeJob):
+            key = ("encode",)
+        elif isinstance(job, ScoreJob) and not job.with_frontier:
+            key = ("score", job.full)
+        elif isinstance(job, SearchJob) and not job.session.state.verified and (job.rule is None or job.rule.kind == "exact"):
+            key = ("search", id(job.trie), job.width)
+        elif isinstance(job, HeadJob):
+            key = ("head", id(job.trie), job.width)
+        else:
+            key = ("single", n)
+        groups.setdefault(key, []).append(n)
+    with torch.inference_mode():
+        for key, idx in groups.items():
+            try:
+                results = _run_group(verifier, key[0], [jobs[n] for n in idx])
+            except Exception as exc:  # noqa: BLE001 - the group failed together: each caller learns why
+                results = [exc] * len(idx)
+            for n, r in zip(idx, results):
+                out[n] = r
+    return out
+
+
+def _split(enc_rows: list[int]) -> list[tuple[int, int]]:
+    spans, start = [], 0
+    for n in enc_rows:
+        spans.append((start, start + n))
+        start += n
+    return spans
+
+
+def _run_group(ver: LocalVerifier, kind: str, jobs: list) -> list[Any]:
+    if kind == "encode":
+        enc = ver.backend.encode(torch.from_numpy(np.concatenate([j.hist for j in jobs])))
+        return [ver.session(enc.select(torch.arange(a, b))) for a, b in _split([len(j.hist) for j in jobs])]
+    if kind == "score":  # one tree pass over every caller's rows; each session remembers its rows of it
+        encs = [j.session.state.enc for j in jobs]
+        m = max(j.sids.shape[1] for j in jobs)
+        sids = torch.cat([torch.cat([j.sids, j.sids[:, :1].expand(-1, m - j.sids.shape[1], -1)], 1) for j in jobs])
+        tree, out = tree_pass(ver.backend, EncoderState.cat(encs), [(sids, np.ones(sids.shape[:2], bool))], drafts=1)
+        token, full = token_logprobs(out, tree, sids.numpy(), any(j.full for j in jobs))
+        res = []
+        for j, (a, b) in zip(jobs, _split([len(j.sids) for j in jobs])):
+            j.session.state.verified.add(tree, out, rows=np.arange(a, b))
+            j.session.calls["score"] += 1
+            mm = j.sids.shape[1]
+            res.append(Scores(token[a:b, :mm], [f[a:b, :mm] for f in full] if j.full else None))
+        return res
+    if kind in ("search", "head"):
+        enc = EncoderState.cat([j.session.state.enc for j in jobs])
+        first = jobs[0]
+        if kind == "search":
+            beams = ver.backend.search(enc, first.trie, first.width)
+            if beams is None:
+                return [ver.beam_search(j.session, j.trie, j.width, j.rule) for j in jobs]
+        else:
+            beams = ver.backend.head_search(enc, first.trie, first.width)
+            if beams is None:
+                return [ver.head_beams(j.session, j.trie, j.width) for j in jobs]
+        res = []
+        for j, (a, b) in zip(jobs, _split([j.session.n for j in jobs])):
+            part = beams.select(torch.arange(a, b))
+            j.session.calls["step" if kind == "search" else "head"] += 1
+            if kind == "search":
+                j.session.coverage.extend(StepCoverage([0] * (b - a), part.alive.sum(1).tolist()) for _ in ver.level_sizes)
+            res.append(part)
+        return res
+    return [_run_one(ver, j) for j in jobs]
+
+
+def _run_one(ver: LocalVerifier, job) -> Any:
+    try:
+        if isinstance(job, ScoreJob):
+            return ver.score(job.session, job.sids, job.full, job.with_frontier)
+        if isinstance(job, SearchJob):
+            return ver.beam_search(job.session, job.trie, job.width, job.rule)
+        if isinstance(job, StepJob):
+            st = job.session.state
+            if st.beam is None:
+                ver.beam_start(job.session, job.trie, job.width, job.rule)
+            elif st.beam.done:
+                raise SessionStateError("session: its beam search is already complete")
+            return ver.beam_step(job.session)
+        if isinstance(job, ExpandJob):
+            if job.head:
+                return ver.head_logprobs(job.session, job.prefixes)
+            return ver.next_logprobs(job.session, job.prefixes)
+        raise TypeError(f"not a verifier job: {type(job).__name__}")
+    except Exception as exc:  # noqa: BLE001 - attached to this job's result
+        return exc
+
+
+class SessionStateError(RuntimeError):
+    """An operation the session's state does not allow (e.g. stepping a finished search)."""

@@ -46,9 +46,21 @@ class Examples:
             return self
         return Examples(self.history[:n], self.target[:n], self.user[:n], self.position[:n])
 
+    def take(self, idx: np.ndarray) -> "Examples":
+        return Examples(self.history[idx], self.target[idx], self.user[idx], self.position[idx])
+
     def histories(self) -> list[np.ndarray]:
         """Unpadded histories, oldest first."""
         return [h[h != PAD] for h in self.history]
+
+
+def sample_examples(ex: Examples, n: int | None, seed: int = 0) -> Examples:
+    """A seeded random sample of ``n`` examples (in their original order); all when ``n`` is None or too big.
+    The first users of a file are not typical, so benchmarks and validation sample instead of taking a head."""
+    if n is None or n >= len(ex):
+        return ex
+    idx = np.sort(np.random.default_rng(seed).choice(len(ex), size=n, replace=False))
+    return ex.take(idx)
 
 
 @dataclass

@@ -3,22 +3,25 @@
 Scores are sums of the model's (unconstrained) per-level log-probabilities;
 codes the trie does not allow are masked to -inf before each top-k, so every
 surviving beam is a prefix of a valid SID. When a request has fewer valid
-continuations than the beam width, the extra beams are dead (score -inf, node
--1) and are dropped from the final list.
+continuations than the beam width, the extra beams are dead (``alive`` False,
+score -inf) and are dropped from the final list.
 
-With ``use_cache=True`` each step feeds one token per beam and reuses the
-self-attention keys/values (reordered by beam parent); without it every step
-re-runs the decoder over the whole prefix. Both give the same beams.
+Each step feeds one token per beam through the backend's KV-cached step
+(:meth:`specrec.backends.Backend.step`); the cache reorder by beam parent is
+folded into the next step. Where the next-level distributions are already
+known (a prefix tree verified them, see :mod:`specrec.decoding.tree`), a step
+reads them instead of computing (:class:`BeamSearch` ``source``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from ..ids.trie import SidTrie
-from ..models.tiger import EncoderState, Tiger
+from ..models.tiger import BOS_TOKEN, EncoderState
 
 NEG_INF = float("-inf")
 
@@ -27,86 +30,117 @@ NEG_INF = float("-inf")
 class Beams:
     codes: torch.Tensor  # [R, B, l] prefix codes (levels 0..l-1)
     scores: torch.Tensor  # [R, B] cumulative log-probability (-inf = dead)
-    nodes: torch.Tensor  # [R, B] trie node at depth l (-1 = dead)
     token_logp: torch.Tensor  # [R, B, l] the log-probability of each code
+    alive: torch.Tensor  # [R, B] bool: the beam is a valid prefix
+    nodes: torch.Tensor | None = None  # [R, B] trie node at depth l (-1 = dead); None where no trie was walked
 
     @property
     def level(self) -> int:
         return self.codes.shape[2]
 
-    def alive(self) -> torch.Tensor:
-        return self.nodes >= 0
-
     def items(self, trie: SidTrie) -> torch.Tensor:
         """Item index of each complete beam [R, B]; -1 for dead beams."""
         r, b, l = self.codes.shape
         items = trie.lookup(self.codes.reshape(r * b, l)).view(r, b)
-        return torch.where(self.alive(), items, torch.full_like(items, -1))
+        return torch.where(self.alive, items, torch.full_like(items, -1))
 
     def select(self, idx: torch.Tensor) -> "Beams":
-        return Beams(self.codes[idx], self.scores[idx], self.nodes[idx], self.token_logp[idx])
+        nodes = None if self.nodes is None else self.nodes[idx]
+        return Beams(self.codes[idx], self.scores[idx], self.token_logp[idx], self.alive[idx], nodes)
+
+    def trie_nodes(self, trie: SidTrie) -> torch.Tensor:
+        """Trie node of every beam (walked when not carried)."""
+        if self.nodes is not None:
+            return self.nodes
+        r, b, l = self.codes.shape
+        nodes = trie.walk(self.codes.reshape(r * b, l)).view(r, b) if l else torch.zeros(r, b, dtype=torch.int64)
+        return torch.where(self.alive, nodes, torch.full_like(nodes, -1))
 
 
 def root_beams(n_requests: int) -> Beams:
     return Beams(
         torch.zeros(n_requests, 1, 0, dtype=torch.int64),
         torch.zeros(n_requests, 1),
-        torch.zeros(n_requests, 1, dtype=torch.int64),
         torch.zeros(n_requests, 1, 0),
+        torch.ones(n_requests, 1, dtype=torch.bool),
+        torch.zeros(n_requests, 1, dtype=torch.int64),
     )
 
 
-def select_topk(beams: Beams, logp: torch.Tensor, trie: SidTrie, width: int) -> tuple[Beams, torch.Tensor]:
+def select_topk(beams: Beams, logp: torch.Tensor, trie: SidTrie, width: int,
+                bias: torch.Tensor | None = None) -> tuple[Beams, torch.Tensor]:
     """One constrained beam step. ``logp`` [R, Bc, V] are next-level
-    log-probs for each current beam. Returns the new beams and, per new beam,
-    the flat index ``r * Bc + parent`` of the beam it extends."""
+    log-probs for each current beam. ``bias`` (same shape, optional) is added
+    when *choosing* beams but never kept in their scores (relaxed verification
+    prefers drafted codes this way); beams are ordered by their true scores.
+    Returns the new beams and, per new beam, the flat index ``r * Bc + parent``
+    of the beam it extends."""
     r, bc, v = logp.shape
     level = beams.level
-    allowed = trie.allowed_mask(level, beams.nodes.reshape(-1)).view(r, bc, v)
+    nodes = beams.trie_nodes(trie)
+    allowed = trie.allowed_mask(level, nodes.reshape(-1)).view(r, bc, v)
     cand = torch.where(allowed, beams.scores.unsqueeze(-1) + logp, torch.full_like(logp, NEG_INF))
     k = min(width, bc * v)
-    top, idx = cand.view(r, bc * v).topk(k, dim=1)
+    choose = cand if bias is None else cand + bias
+    top, idx = choose.view(r, bc * v).topk(k, dim=1)
+    if bias is not None:
+        top = cand.view(r, bc * v).gather(1, idx)
+        order = torch.argsort(top, dim=1, descending=True, stable=True)
+        top, idx = top.gather(1, order), idx.gather(1, order)
     parent = torch.div(idx, v, rounding_mode="floor")
     code = idx % v
     par = parent.unsqueeze(-1).expand(-1, -1, level)
     codes = torch.cat([beams.codes.gather(1, par), code.unsqueeze(-1)], dim=2)
     tok = logp.reshape(r, bc * v).gather(1, idx)
     token_logp = torch.cat([beams.token_logp.gather(1, par), tok.unsqueeze(-1)], dim=2)
-    nodes = trie.advance(level, beams.nodes.gather(1, parent), code)
-    dead = torch.isinf(top) | (nodes < 0)
-    nodes = torch.where(dead, torch.full_like(nodes, -1), nodes)
-    top = torch.where(dead, torch.full_like(top, NEG_INF), top)
+    new_nodes = trie.advance(level, nodes.gather(1, parent), code)
+    dead = torch.isinf(top) | (new_nodes < 0)
+    new_nodes = new_nodes.masked_fill(dead, -1)
+    top = top.masked_fill(dead, NEG_INF)
     flat_parent = parent + torch.arange(r).unsqueeze(1) * bc
-    return Beams(codes, top, nodes, token_logp), flat_parent.reshape(-1)
+    return Beams(codes, top, token_logp, ~dead, new_nodes), flat_parent.reshape(-1)
 
 
-def prefix_logprobs(model: Tiger, enc: EncoderState, codes: torch.Tensor) -> torch.Tensor:
-    """Next-level log-probs after each prefix, by a full (uncached) decoder
-    pass: codes [R, M, l] -> [R, M, V_l]."""
-    return model.next_logprobs(enc, model.decoder_input(codes), last_only=True)[0][0]
+def beam_tokens(beams: Beams, offsets: list[int]) -> torch.Tensor:
+    """The decoder input token of each beam's next step: BOS at level 0, else its newest code."""
+    level = beams.level
+    if level == 0:
+        return torch.full(beams.scores.shape, BOS_TOKEN, dtype=torch.int64)
+    return beams.codes[:, :, -1].clamp(min=0) + offsets[level - 1]
 
 
-def expand_prefixes(model: Tiger, enc: EncoderState, beams: Beams, trie: SidTrie, width: int) -> Beams:
-    """One beam step from given prefixes (any level), without a cache."""
-    logp = prefix_logprobs(model, enc, beams.codes)
-    new, _ = select_topk(beams, logp, trie, width)
-    return new
+#: reads known next-level log-probs for some beams: (beams) -> (logp [R, B, V], known [R, B] bool)
+KnownSource = Callable[[Beams], tuple[torch.Tensor, torch.Tensor]]
 
 
 class BeamSearch:
-    """Stepwise constrained beam search; ``run()`` decodes full SIDs.
+    """Stepwise constrained beam search on a backend; ``run()`` decodes full SIDs.
 
     Callers that need intermediate prefixes (guided re-drafting, level-wise
     verification) call :meth:`step` themselves and read :attr:`beams`.
-    """
 
-    def __init__(self, model: Tiger, enc: EncoderState, trie: SidTrie, width: int, use_cache: bool = True):
-        self.model, self.enc, self.trie, self.width = model, enc, trie, width
-        self.use_cache = use_cache
+    With ``known``, a step first asks it for beams whose next-level log-probs
+    are already known (verified drafts; it returns None while nothing is) and
+    computes only the others, by ``compute_missing`` (one tree pass over their
+    prefixes). Steps before anything is known are KV-cached backend steps;
+    once a level was read, the cache lacks it, so later misses go by tree
+    passes. ``select`` replaces the exact top-k (relaxed verification)."""
+
+    def __init__(self, backend, enc: EncoderState, trie: SidTrie, width: int,
+                 known: KnownSource | None = None,
+                 compute_missing: Callable[[Beams, torch.Tensor], torch.Tensor] | None = None,
+                 select: Callable[[Beams, torch.Tensor, SidTrie, int], tuple[Beams, torch.Tensor]] | None = None):
+        self.backend, self.enc, self.trie, self.width = backend, enc, trie, width
+        self.known, self.compute_missing = known, compute_missing
+        self.select_fn = select or select_topk
         self.beams = root_beams(enc.n)
-        self.past = None
-        self.depth = model.cfg.sid_len
+        self.cache = None  # the backend's StepCache; False once abandoned for verified reads
+        self.parent: torch.Tensor | None = None
+        self.depth = backend.cfg.sid_len
+        self.offsets = backend.cfg.offsets()
         self.logp: torch.Tensor | None = None  # last step's next-level log-probs [R, Bc, V]
+        self.covered: torch.Tensor | None = None  # last step: [R] beams whose log-probs were known
+        self.computed: torch.Tensor | None = None  # last step: [R] beams computed
 
     @property
     def done(self) -> bool:
@@ -115,20 +149,29 @@ class BeamSearch:
     def next_logprobs(self) -> torch.Tensor:
         """Log-probs of the next level for the current beams [R, B, V]."""
         b = self.beams
-        if not self.use_cache:
-            return prefix_logprobs(self.model, self.enc, b.codes)
-        level = b.level
-        tok = self.model.decoder_input(b.codes)[..., -1:]  # BOS at level 0, else the newest code
-        logp, self.past = self.model.next_logprobs(self.enc, tok, self.past, start=level)
-        return logp[0]
+        got = self.known(b) if self.known is not None else None
+        if got is None and self.cache is not False:  # nothing verified: a KV-cached step
+            logp, self.cache = self.backend.step(self.enc, beam_tokens(b, self.offsets), b.level, self.parent, self.cache)
+            self.covered = torch.zeros(b.alive.shape[0], dtype=torch.int64)
+            self.computed = b.alive.sum(1)
+            return logp
+        self.cache = False  # from here on the KV cache misses levels: missing beams are computed by tree passes
+        if got is None:
+            got = (torch.zeros(*b.alive.shape, self.backend.cfg.level_sizes[b.level]), torch.zeros_like(b.alive))
+        logp, known = got
+        missing = b.alive & ~known
+        self.covered = (b.alive & known).sum(1)
+        self.computed = missing.sum(1)
+        if bool(missing.any()):
+            logp = logp.clone()
+            logp[missing] = self.compute_missing(b, missing)[missing]
+        return logp
 
     def step(self) -> Beams:
         if self.done:
             raise RuntimeError("beam search already complete")
         self.logp = self.next_logprobs()
-        self.beams, parent = select_topk(self.beams, self.logp, self.trie, self.width)
-        if self.past is not None:
-            self.past = [(k.index_select(0, parent), v.index_select(0, parent)) for k, v in self.past]
+        self.beams, self.parent = self.select_fn(self.beams, self.logp, self.trie, self.width)
         return self.beams
 
     def run(self) -> Beams:
@@ -136,17 +179,25 @@ class BeamSearch:
             self.step()
         return self.beams
 
-    def select(self, idx: torch.Tensor, enc: EncoderState) -> "BeamSearch":
+    def select_requests(self, idx: torch.Tensor, enc: EncoderState) -> "BeamSearch":
         """The same search restricted to requests ``idx`` (``enc`` already selected)."""
-        new = BeamSearch(self.model, enc, self.trie, self.width, self.use_cache)
+        new = BeamSearch(self.backend, enc, self.trie, self.width, self.known, self.compute_missing, self.select_fn)
         new.beams = self.beams.select(idx)
-        if self.past is not None:
+        new.cache = self.cache
+        if self.cache is not None and self.cache is not False:
+            from ..backends.base import StepCache
+
+            c = self.cache
+            rows = (idx.view(-1, 1) * c.row_width + torch.arange(c.row_width)).reshape(-1)
+            new.cache = StepCache(c.k.index_select(1, rows), c.v.index_select(1, rows), c.row_width, c.beams)
             b = self.beams.codes.shape[1]
-            rows = (idx.view(-1, 1) * b + torch.arange(b).view(1, -1)).reshape(-1)
-            new.past = [(k.index_select(0, rows), v.index_select(0, rows)) for k, v in self.past]
+            within = self.parent.view(-1, b)[idx] - idx.view(-1, 1) * c.beams
+            new.parent = (within + torch.arange(len(idx)).view(-1, 1) * c.beams).reshape(-1)
         return new
 
 
 @torch.inference_mode()
-def beam_search(model: Tiger, enc: EncoderState, trie: SidTrie, width: int, use_cache: bool = True) -> Beams:
-    return BeamSearch(model, enc, trie, width, use_cache).run()
+def beam_search(backend, enc: EncoderState, trie: SidTrie, width: int) -> Beams:
+    """The whole search: in one backend call where the backend has one, else step by step."""
+    beams = backend.search(enc, trie, width)
+    return beams if beams is not None else BeamSearch(backend, enc, trie, width).run()

@@ -21,7 +21,7 @@ loop runs on the GR model (policy ``sample``) and on small explicit tables
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -56,11 +56,31 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class SampleStats:
-    rounds: int = 0
-    draft_tokens: int = 0
-    accepted_tokens: int = 0
-    drafted_by_position: list[int] = field(default_factory=list)
-    accepted_by_position: list[int] = field(default_factory=list)
+    """Per stream: draft rounds it took part in, and drafted / accepted tokens by position."""
+
+    rounds_per_stream: torch.Tensor  # [n] int64
+    drafted: torch.Tensor  # [n, depth] int64
+    accepted: torch.Tensor  # [n, depth] int64
+
+    @property
+    def rounds(self) -> int:
+        return int(self.rounds_per_stream.max()) if len(self.rounds_per_stream) else 0
+
+    @property
+    def draft_tokens(self) -> int:
+        return int(self.drafted.sum())
+
+    @property
+    def accepted_tokens(self) -> int:
+        return int(self.accepted.sum())
+
+    @property
+    def drafted_by_position(self) -> list[int]:
+        return self.drafted.sum(0).tolist()
+
+    @property
+    def accepted_by_position(self) -> list[int]:
+        return self.accepted.sum(0).tolist()
 
 
 def speculative_sample(
@@ -80,10 +100,11 @@ def speculative_sample(
     seq = torch.zeros(n, depth, dtype=torch.int64)
     logp = torch.zeros(n)
     length = torch.zeros(n, dtype=torch.int64)  # committed tokens per stream
-    st = SampleStats(drafted_by_position=[0] * depth, accepted_by_position=[0] * depth)
+    st = SampleStats(torch.zeros(n, dtype=torch.int64), torch.zeros(n, depth, dtype=torch.int64),
+                     torch.zeros(n, depth, dtype=torch.int64))
     while bool((length < depth).any()):
-        st.rounds += 1
         active = length < depth
+        st.rounds_per_stream += active.long()
         qs: list[torch.Tensor | None] = [None] * depth
         for j in range(int(length[active].min()), depth):
             q = q_next(seq[:, :j])
@@ -103,10 +124,8 @@ def speculative_sample(
             a = accept_prob(p.gather(1, y[:, None]).squeeze(1), q.gather(1, y[:, None]).squeeze(1))
             u = torch.rand(len(idx), generator=generator)
             acc = u < a
-            st.draft_tokens += len(idx)
-            st.accepted_tokens += int(acc.sum())
-            st.drafted_by_position[j] += len(idx)
-            st.accepted_by_position[j] += int(acc.sum())
+            st.drafted[idx, j] += 1
+            st.accepted[idx, j] += acc.long()
             rej = idx[~acc]
             if len(rej):
                 z = torch.multinomial(residual_fn(p[~acc], q[~acc]), 1, generator=generator).squeeze(1)

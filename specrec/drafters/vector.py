@@ -8,7 +8,9 @@ vectors for histories and one vector per catalogue row.
   ``bench/drafter_index.py``).
 - Guided re-drafting: with ``prefixes``, only items whose SID starts with one
   of the request's prefixes are scored (exactly, by matrix product; prefixes
-  map to contiguous ranges of the SID-sorted catalogue).
+  map to contiguous ranges of the SID-sorted catalogue, found vectorised).
+- A history's user vector is computed once and remembered (LRU), so the
+  rounds of one request pay for it once.
 - Excluded (already verified) and inactive (deleted) items are never returned.
 - ``add_items`` indexes new catalogue rows without a restart.
 """
@@ -16,12 +18,15 @@ vectors for histories and one vector per catalogue row.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from typing import Sequence
 
 import numpy as np
 
 from ..itemset import LocalItemSet
 from .base import Draft, DraftRequest, topn_excluding
+
+USER_CACHE = 4096  # user vectors remembered (by history)
 
 
 def build_index(vectors: np.ndarray, exact_limit: int = 200_000, hnsw_m: int = 32, ef_search: int = 512):
@@ -47,6 +52,7 @@ class VectorDrafter:
         self.exact_limit = exact_limit
         self.index = build_index(self.vectors, exact_limit)
         self._lock = threading.Lock()
+        self._users: OrderedDict[bytes, np.ndarray] = OrderedDict()
 
     @property
     def index_kind(self) -> str:
@@ -68,16 +74,31 @@ class VectorDrafter:
                 self.index.add(new_vectors)
             self.itemset = itemset
 
+    def cached_user_vectors(self, histories: Sequence[np.ndarray]) -> np.ndarray:
+        """User vectors, remembered per history (guided re-drafting asks again every round)."""
+        keys = [np.asarray(h, dtype=np.int64).tobytes() for h in histories]
+        with self._lock:
+            missing = [i for i, k in enumerate(keys) if k not in self._users]
+        if missing:
+            vecs = self.user_vectors([histories[i] for i in missing])
+            with self._lock:
+                for i, v in zip(missing, vecs):
+                    self._users[keys[i]] = v
+                while len(self._users) > USER_CACHE:
+                    self._users.popitem(last=False)
+        with self._lock:
+            return np.stack([self._users[k] for k in keys])
+
     def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         if not requests:
             return []
-        users = self.user_vectors([r.history for r in requests])
+        users = self.cached_user_vectors([r.history for r in requests])
         itemset, vectors = self.itemset, self.vectors
         out: list[Draft | None] = [None] * len(requests)
         free = [i for i, r in enumerate(requests) if r.prefixes is None]
         for i, r in enumerate(requests):
             if r.prefixes is not None:
-                rows = np.unique(np.concatenate([itemset.items_with_prefix(p) for p in r.prefixes] or [np.zeros(0, np.int64)]))
+                rows = itemset.items_with_prefixes(r.prefixes)
                 out[i] = topn_excluding(vectors[rows] @ users[i], rows, r.n, r.exclude)
         if free:
             inactive = len(itemset.active) - int(itemset.active.sum())

@@ -110,14 +110,33 @@ def policy_ranker(policy) -> Ranker:
     return rank
 
 
-def beam_ranker(bundle, width: int) -> Ranker:
+def beam_ranker(bundle, width: int, backend=None) -> Ranker:
     """The baseline: trie-constrained beam search with a KV cache."""
     from ..decoding.beam import beam_search
 
+    backend = backend or bundle.backend()
+
     @torch.inference_mode()
     def rank(histories: list[np.ndarray], k: int) -> np.ndarray:
-        model, trie = bundle.model, bundle.trie
-        enc = model.encode(bundle.history_sids(histories))
-        return beam_search(model, enc, trie, max(width, k)).items(trie)[:, :k].numpy()
+        trie = bundle.trie
+        enc = backend.encode(bundle.history_sids(histories))
+        return beam_search(backend, enc, trie, max(width, k)).items(trie)[:, :k].numpy()
+
+    return rank
+
+
+def sasrec_ranker(bundle) -> Ranker:
+    """The SASRec baseline of a bundle (``specrec train-baseline``): top-K by score over the catalogue."""
+    if bundle.sasrec is None:
+        raise ValueError(f"bundle {bundle.name!r} has no SASRec baseline (run `specrec train-baseline`)")
+    model, h = bundle.sasrec.eval(), bundle.sasrec.cfg.max_history
+
+    def rank(histories: list[np.ndarray], k: int) -> np.ndarray:
+        x = torch.full((len(histories), h), -1, dtype=torch.int64)
+        for i, items in enumerate(histories):
+            items = np.asarray(items, dtype=np.int64)[-h:]
+            if len(items):
+                x[i, h - len(items):] = torch.from_numpy(items)
+        return model.rank(x, k).numpy()
 
     return rank

@@ -20,11 +20,14 @@ def _clean(v):
     return v
 
 
-def update_summary(keys: dict, path: Path | None = None) -> Path:
+def update_summary(keys: dict, path: Path | None = None, retire: tuple[str, ...] = ()) -> Path:
+    """Set ``keys`` (a value None is kept as null: "measured, none"), and remove the ``retire`` keys."""
     path = path or RESULTS_DIR / "summary.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     data = json.loads(path.read_text()) if path.exists() else {}
     data.update({k: _clean(v) for k, v in keys.items()})
+    for k in retire:
+        data.pop(k, None)
     path.write_text(json.dumps(dict(sorted(data.items())), indent=2) + "\n")
     return path
 
@@ -47,3 +50,25 @@ def markdown_table(rows: list[dict], columns: list[str], fmt: str = "{:.4f}") ->
     for r in rows:
         lines.append("| " + " | ".join(cell(r.get(c, "")) for c in columns) + " |")
     return "\n".join(lines) + "\n"
+
+
+def readme_section(path: Path, owner: str, body: str, retire: tuple[str, ...] = ()) -> None:
+    """Write ``body`` as ``owner``'s section of a results README (between ``<!-- owner: begin -->`` and
+    ``<!-- owner: end -->``, replaced in place, else appended), and drop the sections of ``retire``."""
+    import re
+
+    def marks(name: str) -> tuple[str, str]:
+        return f"<!-- {name}: begin -->", f"<!-- {name}: end -->"
+
+    begin, end = marks(owner)
+    section = f"{begin}\n{body.rstrip()}\n{end}\n"
+    text = path.read_text() if path.exists() else "# Measured results\n\n"
+    for old in retire:
+        b, e = marks(old)
+        text = re.sub(re.escape(b) + r".*?" + re.escape(e) + r"\n?", "", text, flags=re.S)
+    if begin in text and end in text:
+        text = re.sub(re.escape(begin) + r".*?" + re.escape(end) + r"\n?", lambda _: section, text, flags=re.S)
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    path.write_text(text)
+

@@ -9,13 +9,18 @@ and advance whole batches of prefixes without Python loops:
   ``parent * V_d + code`` for ``searchsorted``; an edge's index is the id of
   the child node it leads to.
 
-Memory is O(number of edges), so it scales to large catalogues.
+Memory is O(number of edges), so it scales to large catalogues. Where a
+level's ``nodes x codes`` table is small (under :data:`DENSE_LIMIT` cells; all
+of Beauty's levels), its allowed-code mask is also kept dense, so masking a
+batch of beams is one gather instead of a CSR expansion.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+
+DENSE_LIMIT = 1 << 25  # cells of a dense allowed-code table per level (bool: 32 MiB)
 
 
 class SidTrie:
@@ -56,6 +61,18 @@ class SidTrie:
         if len(s):
             self.leaf_item[torch.from_numpy(parent)] = torch.from_numpy(order)
         self.n_duplicates = len(s) - n_parents
+        self.dense: list[torch.Tensor | None] = [self._dense(d) for d in range(self.depth)]
+
+    def _dense(self, level: int) -> torch.Tensor | None:
+        """[n_parents + 1, V] bool allowed-code table (its last row, read by node -1, allows nothing)."""
+        ptr = self.ptr[level]
+        n, v = len(ptr) - 1, self.level_sizes[level]
+        if (n + 1) * v > DENSE_LIMIT:
+            return None
+        table = torch.zeros(n + 1, v, dtype=torch.bool)
+        parent = torch.repeat_interleave(torch.arange(n), ptr[1:] - ptr[:-1])
+        table[parent, self.codes[level]] = True
+        return table
 
     def __len__(self) -> int:
         return self.n_sids
@@ -64,6 +81,8 @@ class SidTrie:
         """Bool ``[len(nodes), V_level]``: which codes may follow each node.
         A node id of -1 (a dead prefix) allows nothing."""
         nodes = nodes.reshape(-1)
+        if self.dense[level] is not None:
+            return self.dense[level][nodes]  # node -1 reads the last row: nothing allowed
         v = self.level_sizes[level]
         mask = torch.zeros(len(nodes), v, dtype=torch.bool)
         alive = nodes >= 0

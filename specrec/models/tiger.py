@@ -161,8 +161,10 @@ class DecoderLayer(nn.Module):
         self.ff = FeedForward(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, r: int, cross_kv, cross_mask, past=None):
-        """x: [R*M, T, d]. past: (k, v) [R*M, h, t, dk] or None. Returns (x, (k, v))."""
+    def forward(self, x, r: int, cross_kv, cross_mask, past=None, self_mask=None):
+        """x: [R*M, T, d]. past: (k, v) [R*M, h, t, dk] or None. ``self_mask``
+        (bool, broadcastable to [R*M, h, T, t+T]) replaces the causal mask, e.g.
+        a tree mask. Returns (x, (k, v))."""
         a = self.self_attn
         h = self.ln1(x)
         q, (k, v) = a.split(a.q(h)), a.kv(h)
@@ -170,7 +172,9 @@ class DecoderLayer(nn.Module):
             k = torch.cat([past[0], k], dim=2)
             v = torch.cat([past[1], v], dim=2)
         t_new, t_all = q.shape[2], k.shape[2]
-        if t_new == 1:  # one new token attends to everything before it
+        if self_mask is not None:
+            out = a.attend(q, k, v, self_mask)
+        elif t_new == 1:  # one new token attends to everything before it
             out = a.attend(q, k, v)
         else:  # causal over [cached prefix, new tokens]; shape-generic for export
             qi = torch.arange(t_new, device=x.device).unsqueeze(1) + (t_all - t_new)
@@ -190,28 +194,39 @@ class DecoderLayer(nn.Module):
 
 @dataclass
 class EncoderState:
-    """Encoder output for R requests, with per-layer cross-attention K/V."""
+    """Encoder output for R requests: the decoder's cross-attention mask and
+    keys/values, stacked over decoder layers (one tensor each, so backends
+    pass them as plain inputs)."""
 
     memory: torch.Tensor | None  # [R, S, d] (None where a backend does not expose it)
-    mask: torch.Tensor  # [R, 1, 1, S] bool (True = attend)
-    cross_kv: list[tuple[torch.Tensor, torch.Tensor]]  # per decoder layer, [R, h, S, dk]
+    mask: torch.Tensor  # [R, 1, 1, S] bool (True = attend); training may pass a wider mask
+    cross_k: torch.Tensor  # [n_layers, R, h, S, dk]
+    cross_v: torch.Tensor  # [n_layers, R, h, S, dk]
 
     @property
     def n(self) -> int:
-        return self.mask.shape[0]
+        return self.cross_k.shape[1]
+
+    @property
+    def keep(self) -> torch.Tensor:
+        """[R, S] bool: real (non-padding) history positions."""
+        return self.mask[:, 0, 0, :]
+
+    @property
+    def cross_kv(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(self.cross_k[i], self.cross_v[i]) for i in range(self.cross_k.shape[0])]
 
     @staticmethod
     def cat(states: list["EncoderState"]) -> "EncoderState":
         """Stack the requests of several states (same history length)."""
         mem = None if any(s.memory is None for s in states) else torch.cat([s.memory for s in states])
-        kv = [(torch.cat([s.cross_kv[i][0] for s in states]), torch.cat([s.cross_kv[i][1] for s in states]))
-              for i in range(len(states[0].cross_kv))]
-        return EncoderState(mem, torch.cat([s.mask for s in states]), kv)
+        return EncoderState(mem, torch.cat([s.mask for s in states]), torch.cat([s.cross_k for s in states], dim=1),
+                            torch.cat([s.cross_v for s in states], dim=1))
 
     def select(self, idx: torch.Tensor) -> "EncoderState":
         """A state for a subset (or repetition) of the requests."""
         mem = None if self.memory is None else self.memory[idx]
-        return EncoderState(mem, self.mask[idx], [(k[idx], v[idx]) for k, v in self.cross_kv])
+        return EncoderState(mem, self.mask[idx], self.cross_k[:, idx], self.cross_v[:, idx])
 
 
 class Tiger(SidTokens, nn.Module):
@@ -259,7 +274,7 @@ class Tiger(SidTokens, nn.Module):
         s = keep.shape[1]
         idx = torch.arange(s, device=keep.device)
         allowed = (idx.view(1, s, 1) >= idx.view(1, 1, s)) & keep[:, None, :]
-        return (allowed | torch.eye(s, dtype=torch.bool, device=keep.device)).unsqueeze(1)  # a pad row sees itself
+        return (allowed | (idx.view(1, s, 1) == idx.view(1, 1, s))).unsqueeze(1)  # a pad row sees itself
 
     def _memory(self, hist_sids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x, keep = self._encoder_inputs(hist_sids)
@@ -277,8 +292,11 @@ class Tiger(SidTokens, nn.Module):
     def encode(self, hist_sids: torch.Tensor) -> EncoderState:
         """hist_sids: [R, H, L] codes, left-padded with rows of -1."""
         mem, keep = self._memory(hist_sids)
-        cross = [layer.cross_attn.kv(mem) for layer in self.dec_layers]
-        return EncoderState(mem, keep[:, None, None, :], cross)
+        return EncoderState(mem, keep[:, None, None, :], *self._cross(mem))
+
+    def _cross(self, mem: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ks, vs = zip(*(layer.cross_attn.kv(mem) for layer in self.dec_layers))
+        return torch.stack(ks), torch.stack(vs)
 
     # -- decoder -----------------------------------------------------------
     def decode(self, enc: EncoderState, tokens: torch.Tensor, past=None, start=0, embeds: torch.Tensor | None = None):
@@ -334,9 +352,8 @@ class Tiger(SidTokens, nn.Module):
         vis = (idx.view(1, t, 1) >= idx.view(1, 1, t)) & keep[:, None, :]  # [B, T(query pos), T(key pos)]
         vis = vis | ~vis.any(-1, keepdim=True)  # padded positions: anything, to avoid empty rows (no loss there)
         mask = vis.repeat_interleave(L, dim=1).unsqueeze(1)  # [B, 1, T*L, T]: decoder tokens of position t
-        cross = [layer.cross_attn.kv(mem) for layer in self.dec_layers]
         valid = tgt_sids[:, :, 0] >= 0
-        hidden, _ = self.decode(EncoderState(mem, mask, cross), self.decoder_input(tgt_sids.clamp(min=0)[..., :-1]))
+        hidden, _ = self.decode(EncoderState(mem, mask, *self._cross(mem)), self.decoder_input(tgt_sids.clamp(min=0)[..., :-1]))
         hidden = hidden[valid]  # [N, L, d]
         tgt = tgt_sids[valid]
         loss = 0.0

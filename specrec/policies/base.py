@@ -1,17 +1,22 @@
 """What every policy shares: requests and results, the engine a policy talks
-to, the budget hook, and the fill-up that guarantees K unique valid items.
+to, the live batch, the budget hook, and the fill-up that guarantees K unique
+valid items.
 
 A policy is a named strategy with one config object (a pydantic model whose
 field descriptions are its documentation). ``Policy.run`` takes a batch of
-requests and returns one result per request, in order.
+requests and returns one result per request, in order. It is the same for
+every policy: stats, encode, ``self._run(batch)`` with the session released in
+a ``finally``, then the metrics. A policy implements ``_run`` as short named
+phases over a :class:`LiveBatch`.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar, Sequence
+from typing import Callable, ClassVar, Sequence, final
 
 import numpy as np
 import torch
@@ -20,7 +25,7 @@ from pydantic import BaseModel, ConfigDict
 from ..decoding.beam import Beams
 from ..drafters.base import Drafter
 from ..itemset import LocalItemSet
-from ..verifier import Verifier
+from ..verifier import Session, Verifier
 from .metrics import RequestStats, SpecMetrics
 
 
@@ -41,7 +46,8 @@ class RecResult:
     scores: np.ndarray  # [k] float; the policy's scale (see each policy)
     sources: list[str]  # per item: draft / beam / head / sample / fill
     stats: RequestStats = field(default_factory=RequestStats)
-    degraded: str = ""  # set by a server answering without a dependency (why)
+    degraded: str = ""  # why the answer is not the asked policy's own (a dependency down, catalogue fill), when so
+    served_by: str = ""  # the policy that made the list (``auto`` picks one)
 
 
 @dataclass
@@ -54,6 +60,14 @@ class Engine:
     drafter: Drafter | None = None
     clock: Callable[[], float] = time.perf_counter
     metrics: SpecMetrics = field(default_factory=SpecMetrics)
+    online: dict = field(default_factory=dict)  # policy name -> Online: what each policy learned, across requests
+    load: Callable[[str], float] = lambda policy: 0.0  # expected queue wait (s) of the service a policy uses
+
+    def learned(self, policy: str) -> "Online":
+        """The policy's :class:`Online` state, shared by every policy object of this engine."""
+        if policy not in self.online:
+            self.online[policy] = Online(Budget(self.clock))
+        return self.online[policy]
 
     def history_sids(self, histories: Sequence[np.ndarray]) -> torch.Tensor:
         """Item-index histories -> [R, H, L] codes, left-padded with -1 rows."""
@@ -83,6 +97,67 @@ class Budget:
     def observe(self, kind: str, seconds: float) -> None:
         old = self.estimate.get(kind)
         self.estimate[kind] = seconds if old is None else (1 - self.alpha) * old + self.alpha * seconds
+
+    def observe_total(self, seconds: float, alpha: float = 0.1) -> None:
+        """A whole request's time: running mean and mean absolute deviation."""
+        mean = self.estimate.get("total")
+        if mean is None or alpha >= 1.0:
+            self.estimate["total"], self.estimate["total_dev"] = seconds, 0.5 * seconds
+            return
+        self.estimate["total_dev"] = (1 - alpha) * self.estimate["total_dev"] + alpha * abs(seconds - mean)
+        self.estimate["total"] = (1 - alpha) * mean + alpha * seconds
+
+    def expected(self, spread: float = 2.0) -> float | None:
+        """A high estimate of a whole request's time (mean + ``spread`` deviations); None before any."""
+        if "total" not in self.estimate:
+            return None
+        return self.estimate["total"] + spread * self.estimate["total_dev"]
+
+
+class DraftSizer:
+    """Draft count per list length K, adapted online: x(1 + step) after a
+    request whose drafts fell short, x(1 - step/4) after one they served, kept
+    in [min_factor * K, max_factor * K]. It settles where about one request in
+    five falls short. Counts are rounded up to a fixed ladder of multiples of
+    K (:data:`LADDER`), so a backend that keeps one graph per width (the NEZHA
+    head's search) sees only a few widths, all warmed up before serving."""
+
+    LADDER = (1, 2, 3, 4, 6)
+
+    def __init__(self, start_factor: float = 1.5, min_factor: float = 1.0, max_factor: float = 6.0, step: float = 0.2):
+        self.start, self.min, self.max, self.step = start_factor, min_factor, max_factor, step
+        self._n: dict[int, float] = {}
+        self._lock = threading.Lock()
+
+    def size(self, k: int) -> int:
+        with self._lock:
+            n = self._n.setdefault(k, self.start * k)
+        return next((m * k for m in self.LADDER if m * k >= n), self.LADDER[-1] * k)
+
+    def observe(self, k: int, short: bool) -> None:
+        with self._lock:
+            n = self._n.setdefault(k, self.start * k)
+            n *= (1 + self.step) if short else (1 - self.step / 4)
+            self._n[k] = min(self.max * k, max(self.min * k, n))
+
+
+@dataclass
+class Online:
+    """What a policy learns across requests: stage-cost estimates (the budget
+    hook), the adaptive draft count, and acceptance estimates. The gateway
+    keeps one per policy and hands it to the policy object of each request."""
+
+    budget: Budget
+    drafts: DraftSizer = field(default_factory=DraftSizer)
+    rates: dict[str, float] = field(default_factory=dict)  # running estimates by name (e.g. exit rate per round)
+    requests: int = 0
+
+    def rate(self, name: str, default: float) -> float:
+        return self.rates.get(name, default)
+
+    def observe_rate(self, name: str, value: float, alpha: float = 0.05) -> None:
+        old = self.rates.get(name)
+        self.rates[name] = value if old is None else (1 - alpha) * old + alpha * value
 
 
 def charge(stats: Sequence[RequestStats], encoder: bool = False) -> None:
@@ -145,7 +220,7 @@ def fill_to_k(
     taken = set(items)
     items, scores, sources = list(items), list(scores), list(sources)
     if len(items) < k and prefixes is not None and prefixes.level > 0:
-        alive = prefixes.alive()[request]
+        alive = prefixes.alive[request]
         order = torch.argsort(prefixes.scores[request], descending=True, stable=True)
         for b in order.tolist():
             if not alive[b]:
@@ -179,29 +254,110 @@ def length_normalised(token_logp: torch.Tensor, unseen: torch.Tensor | np.ndarra
     return torch.where(unseen, head, full)
 
 
+class LiveBatch:
+    """The requests of one :meth:`Policy.run` that are still being worked on.
+
+    Row ``j`` of the verifier session (and of :attr:`beams`) is request
+    ``active[j]``. :meth:`finish` records a request's result; :meth:`drop`
+    takes finished rows out of the session and the beams in one place."""
+
+    def __init__(self, requests: Sequence[RecRequest], stats: list[RequestStats], verifier: Verifier):
+        self.requests = requests
+        self.stats = stats
+        self.verifier = verifier
+        self.session: Session | None = None
+        self.beams: Beams | None = None  # beams of the active rows, when the policy keeps some
+        self.active: list[int] = list(range(len(requests)))
+        self.results: list[RecResult | None] = [None] * len(requests)
+
+    def __len__(self) -> int:
+        return len(self.active)
+
+    def rows(self):
+        """(row, request index, request, stats) of every active request."""
+        for j, i in enumerate(self.active):
+            yield j, i, self.requests[i], self.stats[i]
+
+    @property
+    def active_stats(self) -> list[RequestStats]:
+        return [self.stats[i] for i in self.active]
+
+    def finish(self, row: int, result: RecResult) -> None:
+        self.results[self.active[row]] = result
+
+    def drop(self, rows: Sequence[int]) -> None:
+        """Remove finished rows (session rows and beams follow)."""
+        gone = set(rows)
+        if not gone:
+            return
+        keep = [j for j in range(len(self.active)) if j not in gone]
+        if keep:
+            idx = torch.tensor(keep)
+            self.session = self.verifier.select(self.session, idx)
+            if self.beams is not None:
+                self.beams = self.beams.select(idx)
+        self.active = [self.active[j] for j in keep]
+
+
 class Policy(ABC):
     name: ClassVar[str]
     Config: ClassVar[type[PolicyConfig]]
+    uses_verifier: ClassVar[bool] = True  # False: run() opens no verifier session (drafter-only, auto)
 
-    def __init__(self, engine: Engine, config: PolicyConfig | None = None, **params):
+    def __init__(self, engine: Engine, config: PolicyConfig | None = None, online: Online | None = None, **params):
         self.engine = engine
         if config is not None and params:
             raise ValueError("pass a config object or keyword parameters, not both")
         self.config = config if config is not None else self.Config(**params)
-        self.budget = Budget(engine.clock)
+        self.online = online or engine.learned(self.name)
+
+    @property
+    def budget(self) -> Budget:
+        return self.online.budget
+
+    @final
+    def run(self, requests: Sequence[RecRequest]) -> list[RecResult]:
+        eng = self.engine
+        stats = [RequestStats() for _ in requests]
+        batch = LiveBatch(requests, stats, eng.verifier)
+        t0 = eng.clock()
+        try:
+            if self.uses_verifier:
+                with Stage(eng.clock, stats, "encode"):
+                    batch.session = eng.verifier.encode(eng.history_sids([r.history for r in requests]))
+                charge(stats, encoder=True)
+                try:
+                    self._run(batch)
+                finally:
+                    eng.verifier.release(batch.session)
+            else:
+                self._run(batch)
+        finally:  # a request that failed still teaches what it cost
+            self.online.requests += 1
+            # a probe (auto retrying a tier it had skipped) replaces the stale estimate instead of nudging it
+            relearn = self.online.rates.pop("relearn", 0.0) > 0
+            self.online.budget.observe_total((eng.clock() - t0) / max(1, len(requests)), alpha=1.0 if relearn else 0.1)
+        for res in batch.results:
+            if not res.served_by:  # a delegating policy's results were recorded by the policy that made them
+                res.served_by = self.name
+                eng.metrics.record(self.name, res.stats)
+        return batch.results
 
     @abstractmethod
-    def run(self, requests: Sequence[RecRequest]) -> list[RecResult]:
-        ...
-
-    def _finish(self, results: list[RecResult]) -> list[RecResult]:
-        for res in results:
-            self.engine.metrics.record(self.name, res.stats)
-        return results
+    def _run(self, batch: LiveBatch) -> None:
+        """Fill ``batch.results`` for every request (phases of the policy)."""
 
     def _result(self, k: int, items, scores, sources, stats: RequestStats, prefixes: Beams | None = None, request: int = 0) -> RecResult:
         items, scores, sources = fill_to_k(k, self.engine.itemset, list(items)[:k], list(scores)[:k], list(sources)[:k], prefixes, request)
         return RecResult(np.asarray(items[:k], dtype=np.int64), np.asarray(scores[:k], dtype=np.float64), sources[:k], stats)
+
+    def _exit_late(self, batch: LiveBatch, kind: str, result_fn) -> None:
+        """Finish (exit reason ``budget``) the requests whose next ``kind`` would not fit their deadline."""
+        late = [j for j, _, r, _ in batch.rows() if not self.budget.fits(r.deadline, kind)]
+        for j in late:
+            batch.stats[batch.active[j]].exit_reason = "budget"
+            batch.finish(j, result_fn(j))
+        batch.drop(late)
 
 
 POLICIES: dict[str, type[Policy]] = {}
@@ -212,7 +368,7 @@ def register(cls: type[Policy]) -> type[Policy]:
     return cls
 
 
-def make_policy(name: str, engine: Engine, **params) -> Policy:
+def make_policy(name: str, engine: Engine, online: Online | None = None, **params) -> Policy:
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r} (known: {', '.join(sorted(POLICIES))})")
-    return POLICIES[name](engine, **params)
+    return POLICIES[name](engine, online=online, **params)

@@ -1,23 +1,21 @@
 """``beam``: trie-constrained beam search with a KV cache (the baseline).
 
 Scores are summed log-probabilities of the SID (the reference scale that
-``strict`` reproduces). With a budget, a request whose next level would not
-fit stops early and its list is filled from items under its best prefixes
-(exit reason ``budget``).
+``strict`` reproduces). When the whole search fits the budget it is one
+verifier call (one RPC through the gateway); otherwise it goes level by level,
+and a request whose next level would not fit stops early and its list is
+filled from items under its best prefixes (exit reason ``budget``).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
-
-import torch
 from pydantic import Field
 
-from .base import Policy, PolicyConfig, RecRequest, RecResult, RequestStats, Stage, charge, register
+from .base import LiveBatch, Policy, PolicyConfig, Stage, charge, register
 
 
 class BeamConfig(PolicyConfig):
-    width: int | None = Field(None, ge=1, description="beam width (default: K, the list length)")
+    width: int | None = Field(None, ge=1, le=1000, description="beam width (default: K, the list length)")
 
 
 @register
@@ -25,44 +23,48 @@ class BeamPolicy(Policy):
     name = "beam"
     Config = BeamConfig
 
-    def run(self, requests: Sequence[RecRequest]) -> list[RecResult]:
-        eng, ver = self.engine, self.engine.verifier
-        trie = eng.itemset.trie
-        width = self.config.width or max(r.k for r in requests)
-        stats = [RequestStats() for _ in requests]
-        results: list[RecResult | None] = [None] * len(requests)
-        with Stage(eng.clock, stats, "encode"):
-            sess = ver.encode(eng.history_sids([r.history for r in requests]))
-        charge(stats, encoder=True)
-        ver.beam_start(sess, trie, width)
-        active = list(range(len(requests)))
-        beams = None
-        depth = len(eng.itemset.level_sizes)
-        for level in range(depth):
-            stop = [j for j, i in enumerate(active) if not self.budget.fits(requests[i].deadline, "step")]
-            for j in stop:
-                i = active[j]
-                stats[i].exit_reason = "budget"
-                results[i] = self._result(requests[i].k, [], [], [], stats[i], beams, j)
-            if stop:
-                keep = [j for j in range(len(active)) if j not in set(stop)]
-                if not keep:
-                    break
-                sess = ver.select(sess, torch.tensor(keep))
-                active = [active[j] for j in keep]
-            act_stats = [stats[i] for i in active]
-            with Stage(eng.clock, act_stats, "beam") as t:
-                beams = ver.beam_step(sess)
+    def _run(self, batch: LiveBatch) -> None:
+        width = self.config.width or max(r.k for r in batch.requests)
+        if all(self.budget.fits(r.deadline, "search") for r in batch.requests):
+            self._search(batch, width)
+        else:
+            self._stepwise(batch, width)
+        self._complete(batch)
+
+    def _search(self, batch: LiveBatch, width: int) -> None:
+        """The whole search in one verifier call."""
+        eng = self.engine
+        with Stage(eng.clock, batch.stats, "beam") as t:
+            batch.beams = eng.verifier.beam_search(batch.session, eng.itemset.trie, width)
+        self.budget.observe("search", t.seconds)
+        charge(batch.stats)
+        for st in batch.stats:
+            st.rounds = len(eng.itemset.level_sizes)
+
+    def _stepwise(self, batch: LiveBatch, width: int) -> None:
+        """One level at a time, exiting requests whose next level would not fit."""
+        eng = self.engine
+        eng.verifier.beam_start(batch.session, eng.itemset.trie, width)
+        for _ in eng.itemset.level_sizes:
+            self._exit_late(batch, "step", lambda j: self._result(
+                batch.requests[batch.active[j]].k, [], [], [], batch.stats[batch.active[j]], batch.beams, j))
+            if not batch.active:
+                return
+            with Stage(eng.clock, batch.active_stats, "beam") as t:
+                batch.beams = eng.verifier.beam_step(batch.session)
             self.budget.observe("step", t.seconds)
-            charge(act_stats)
-            for st in act_stats:
+            self.budget.observe("search", t.seconds * len(eng.itemset.level_sizes))
+            charge(batch.active_stats)
+            for st in batch.active_stats:
                 st.rounds += 1
-        if beams is not None and beams.level == depth:
-            items = beams.items(trie)
-            for j, i in enumerate(active):
-                ok = items[j] >= 0
-                stats[i].exit_reason = "complete"
-                results[i] = self._result(requests[i].k, items[j][ok].tolist(), beams.scores[j][ok].tolist(),
-                                          ["beam"] * int(ok.sum()), stats[i])
-        ver.release(sess)
-        return self._finish(results)
+
+    def _complete(self, batch: LiveBatch) -> None:
+        trie = self.engine.itemset.trie
+        if not batch.active:
+            return
+        items = batch.beams.items(trie)
+        for j, _, req, st in batch.rows():
+            ok = items[j] >= 0
+            st.exit_reason = "complete"
+            batch.finish(j, self._result(req.k, items[j][ok].tolist(), batch.beams.scores[j][ok].tolist(),
+                                         ["beam"] * int(ok.sum()), st))

@@ -1,146 +1,126 @@
 """Level-by-level verification of drafted SIDs (shared by ``strict`` and ``relaxed``).
 
-Drafts (N SIDs per request, from the NEZHA head or a drafter) are scored by
-the verifier in ONE teacher-forced pass that returns the target's full
-next-level distribution after every draft prefix. Beam search then runs
-level by level on the target's own distributions: a beam whose prefix is a
-draft prefix reads its distribution from that pass; beams off the drafts
-(misses) get theirs from one batched verifier call for the level, and only
-those beams are computed. With good drafts a whole search costs the encoder
-plus two decoder passes instead of L steps.
+Phases:
 
-How the next beams are chosen is the policy's: ``strict`` takes the exact
-top-K (so its output equals ``beam``); ``relaxed`` prefers drafted tokens the
-target finds good enough.
+1. ``_draft``: N SIDs per request, from the NEZHA head (its constrained beams)
+   or from the engine's drafter;
+2. ``_verify``: one decoder pass over the drafts' unique prefixes (a prefix
+   tree, :mod:`specrec.decoding.tree`); the session remembers every node's
+   next-level distribution;
+3. ``_search``: the target's own beam search, level by level, which reads the
+   distributions of beams whose prefix was drafted and computes only the
+   others (one pass per level with misses: a *fallback*);
+4. ``_accept``: the list, and what was accepted (items: drafted SIDs in the
+   list; tokens: drafted prefixes on the list's paths, by position).
+
+How the next beams are chosen is the policy's :class:`~specrec.verifier.SelectRule`:
+``strict`` takes the exact top-K (so its output equals ``beam``); ``relaxed``
+prefers drafted codes the target finds good enough.
+
+The draft count adapts (:class:`~.base.DraftSizer`): it grows after a
+fallback and shrinks slowly while drafts cover every level, per list length
+K, so it settles where about one request in five needs a fallback.
 """
 
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from typing import Literal
 
+import numpy as np
 import torch
 from pydantic import Field
 
-from ..decoding.beam import Beams, root_beams
 from ..drafters.base import DraftRequest
-from ..ids.trie import SidTrie
-from .base import Policy, PolicyConfig, RecRequest, RecResult, RequestStats, Stage, charge
+from ..decoding.tree import prefix_keys
+from ..verifier import SelectRule
+from .base import LiveBatch, Policy, PolicyConfig, Stage, charge
+
 
 class LevelwiseConfig(PolicyConfig):
-    width: int | None = Field(None, ge=1, description="beam width (default: K)")
-    n_drafts: int = Field(50, ge=1, description="drafted SIDs per request")
+    width: int | None = Field(None, ge=1, le=1000, description="beam width (default: K)")
+    n_drafts: int | None = Field(None, ge=1, le=4096,
+                                 description="drafted SIDs per request (default: adaptive, see base.DraftSizer)")
     drafter: Literal["head", "drafter"] = Field("head", description="draft with the NEZHA head or the engine's drafter")
 
 
 class LevelwisePolicy(Policy):
     Config = LevelwiseConfig
 
-    def select(self, beams: Beams, logp: torch.Tensor, trie: SidTrie, width: int, drafted: list[dict]) -> Beams:
-        """Next beams from the current ones and the target's next-level
-        log-probs ``logp`` [R, B, V]; ``drafted[i][prefix]`` is the set of
-        codes the drafts put after ``prefix`` for request i."""
-        raise NotImplementedError
+    def rule(self) -> SelectRule:
+        return SelectRule()
 
-    def _drafts(self, sess, requests, stats) -> torch.Tensor:
+    def _run(self, batch: LiveBatch) -> None:
+        k = max(r.k for r in batch.requests)
+        width = self.config.width or k
+        n = self.config.n_drafts or self.online.drafts.size(k)
+        codes, ok = self._draft(batch, n)
+        self._verify(batch, codes, ok)
+        self._search(batch, width)
+        self._accept(batch, codes, ok)
+
+    def _draft(self, batch: LiveBatch, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Draft SIDs [R, N, L] and a validity mask [R, N]."""
         eng, cfg = self.engine, self.config
         if cfg.drafter == "head":
-            with Stage(eng.clock, stats, "draft"):
-                b = eng.verifier.head_beams(sess, eng.itemset.trie, cfg.n_drafts)
-            charge(stats)
-            return b.codes, b.alive()
+            with Stage(eng.clock, batch.stats, "draft"):
+                b = eng.verifier.head_beams(batch.session, eng.itemset.trie, n)
+            charge(batch.stats)
+            return b.codes, b.alive
         if eng.drafter is None:
             raise ValueError(f"{self.name} with drafter='drafter' needs an engine drafter")
-        with Stage(eng.clock, stats, "draft"):
-            drafts = eng.drafter.draft([DraftRequest(r.history, cfg.n_drafts) for r in requests])
+        with Stage(eng.clock, batch.stats, "draft"):
+            drafts = eng.drafter.draft([DraftRequest(r.history, n) for r in batch.requests])
         L = len(eng.itemset.level_sizes)
         m = max(1, max(len(d.items) for d in drafts))
-        codes = torch.zeros(len(requests), m, L, dtype=torch.int64)
-        ok = torch.zeros(len(requests), m, dtype=torch.bool)
+        codes = torch.zeros(len(drafts), m, L, dtype=torch.int64)
+        ok = torch.zeros(len(drafts), m, dtype=torch.bool)
         for i, d in enumerate(drafts):
             if len(d.items):
                 codes[i, : len(d.items)] = torch.from_numpy(eng.itemset.sids_of(d.items))
                 ok[i, : len(d.items)] = True
         return codes, ok
 
-    def run(self, requests: Sequence[RecRequest]) -> list[RecResult]:
-        eng, ver = self.engine, self.engine.verifier
+    def _verify(self, batch: LiveBatch, codes: torch.Tensor, ok: torch.Tensor) -> None:
+        """One pass over the drafts' unique prefixes (remembered by the session)."""
+        eng = self.engine
+        sids = codes.clone()
+        first_valid = torch.from_numpy(eng.itemset.sids[eng.itemset.order[0][:1]]).view(-1)
+        for j in range(len(sids)):  # rows without a draft repeat one (a duplicate adds no node)
+            good = torch.nonzero(ok[j]).view(-1)
+            sids[j][~ok[j]] = sids[j, good[0]].clone() if len(good) else first_valid
+        with Stage(eng.clock, batch.stats, "verify"):
+            eng.verifier.score(batch.session, sids)
+        charge(batch.stats)
+
+    def _search(self, batch: LiveBatch, width: int) -> None:
+        """The target's beam search over the verified distributions (fallback passes where they miss)."""
+        eng, sess = self.engine, batch.session
+        before = len(sess.coverage)
+        with Stage(eng.clock, batch.stats, "beam"):
+            batch.beams = eng.verifier.beam_search(sess, eng.itemset.trie, width, self.rule())
+        steps = sess.coverage[before:]
+        for j, _, req, st in batch.rows():
+            st.rounds = len(steps)
+            st.fallback_steps = sum(int(s.computed[j] > 0) for s in steps)
+            st.verifier_calls += 1 + st.fallback_steps  # the search call, and one pass per fallback
+            self.online.drafts.observe(req.k, st.fallback_steps > 0)
+
+    def _accept(self, batch: LiveBatch, codes: torch.Tensor, ok: torch.Tensor) -> None:
+        eng = self.engine
+        beams = batch.beams
         trie = eng.itemset.trie
-        L = len(eng.itemset.level_sizes)
-        R = len(requests)
-        width = self.config.width or max(r.k for r in requests)
-        stats = [RequestStats() for _ in requests]
-        with Stage(eng.clock, stats, "encode"):
-            sess = ver.encode(eng.history_sids([r.history for r in requests]))
-        charge(stats, encoder=True)
-        codes, ok = self._drafts(sess, requests, stats)
-        with Stage(eng.clock, stats, "verify"):
-            full = ver.score(sess, codes, full=True).full  # per level j: [R, N, V_j] after draft[:j]
-        charge(stats)
-        # draft prefix (any length < L) -> draft row holding its next-level distribution
-        table: list[dict] = []
-        drafted: list[dict] = []  # level -> {prefix: set of drafted next codes}
-        for i in range(R):
-            t, dr = {}, {}
-            for n in torch.nonzero(ok[i]).squeeze(1).tolist():
-                sid = tuple(codes[i, n].tolist())
-                for j in range(L):
-                    t.setdefault(sid[:j], n)
-                    dr.setdefault(sid[:j], set()).add(sid[j])
-            table.append(t)
-            drafted.append(dr)
-            stats[i].drafted = int(ok[i].sum())
-            stats[i].drafted_by_position = [0] * L
-            stats[i].accepted_by_position = [0] * L
-
-        beams = root_beams(R)
-        for level in range(L):
-            bc = beams.codes.shape[1]
-            logp = torch.zeros(R, bc, eng.itemset.level_sizes[level])
-            alive = beams.alive()
-            miss: list[list[int]] = [[] for _ in range(R)]
-            for i in range(R):
-                for b in torch.nonzero(alive[i]).squeeze(1).tolist():
-                    n = table[i].get(tuple(beams.codes[i, b].tolist()))
-                    stats[i].draft_tokens += 1
-                    stats[i].drafted_by_position[level] += 1
-                    if n is None:
-                        miss[i].append(b)
-                    else:
-                        logp[i, b] = full[level][i, n]
-                        stats[i].accepted_tokens += 1
-                        stats[i].accepted_by_position[level] += 1
-            if any(miss):
-                rows = [i for i in range(R) if miss[i]]
-                m = max(len(miss[i]) for i in rows)
-                pre = torch.zeros(R, m, level, dtype=torch.int64)
-                for i in rows:
-                    pre[i, : len(miss[i])] = beams.codes[i, miss[i]]
-                    pre[i, len(miss[i]) :] = beams.codes[i, miss[i][0]]
-                with Stage(eng.clock, [stats[i] for i in rows], "fallback"):
-                    got = ver.next_logprobs(sess, pre)
-                charge([stats[i] for i in rows])
-                for i in rows:
-                    logp[i, miss[i]] = got[i, : len(miss[i])]
-            beams = self.select(beams, logp, trie, width, drafted)
-            for st in stats:
-                st.rounds += 1
         items = beams.items(trie)
-        results = []
-        for i, r in enumerate(requests):
-            a = beams.alive()[i]
-            its = items[i][a]
-            draft_sids = {tuple(x) for x in codes[i][ok[i]].tolist()}
-            stats[i].accepted = sum(tuple(x) in draft_sids for x in beams.codes[i][a].tolist())
-            stats[i].exit_reason = "complete"
-            results.append(self._result(r.k, its.tolist(), beams.scores[i][a].tolist(), self._sources(beams, i, a, drafted[i]), stats[i]))
-        ver.release(sess)
-        return self._finish(results)
-
-    @staticmethod
-    def _sources(beams: Beams, i: int, alive: torch.Tensor, drafted: dict) -> list[str]:
-        out = []
-        for sid in beams.codes[i][alive].tolist():
-            on = all(sid[j] in drafted.get(tuple(sid[:j]), ()) for j in range(len(sid)))
-            out.append("draft" if on else "beam")
-        return out
+        sizes = eng.itemset.level_sizes
+        for j, _, req, st in batch.rows():
+            a = beams.alive[j]
+            drafted = codes[j][ok[j]].numpy()
+            final = beams.codes[j][a].numpy()
+            for lvl in range(len(sizes)):  # drafted prefixes of length lvl+1 on the list's paths
+                dk = np.unique(prefix_keys(drafted[:, : lvl + 1], sizes))
+                fk = np.unique(prefix_keys(final[:, : lvl + 1], sizes))
+                st.observe_tokens(lvl, len(dk), int(np.isin(dk, fk).sum()))
+            st.observe_items(len(np.unique(prefix_keys(drafted, sizes))),
+                             int(np.isin(prefix_keys(final, sizes), prefix_keys(drafted, sizes)).sum()))
+            st.exit_reason = "complete"
+            sources = ["draft" if s else "beam" for s in np.isin(prefix_keys(final, sizes), prefix_keys(drafted, sizes))]
+            batch.finish(j, self._result(req.k, items[j][a].tolist(), beams.scores[j][a].tolist(), sources, st))

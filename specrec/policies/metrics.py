@@ -1,8 +1,21 @@
-"""Speculative-decoding counters, in the style of vLLM's spec-decode metrics.
+"""Speculative-decoding counters, in the style of vLLM's ``SpecDecodingStats``.
 
-Counters only ever increase; :meth:`SpecMetrics.snapshot` gives a plain dict
-(acceptance rates derived from the counters). Services export the same
-numbers to Prometheus.
+Two kinds of acceptance, never mixed:
+
+- **items**: whole candidate items a drafter proposed (``specgr``, the head's
+  SIDs in ``strict``/``relaxed``, ``nezha``) and how many the target accepted
+  (``specgr``: V > gamma; ``strict``/``relaxed``: the drafted SID is in the final
+  list; ``nezha``: a valid SID, since verification is set membership);
+- **tokens**: drafted SID codes by position (level) and how many the target
+  accepted at that position (``sample``: the rejection-sampling test;
+  ``strict``/``relaxed``: a drafted prefix that became one of the target's
+  beams at that level).
+
+A request records through :meth:`RequestStats.observe_items` and
+:meth:`RequestStats.observe_tokens`; :class:`SpecMetrics` aggregates counters
+only (they never decrease). Acceptance rates are derived where they are read:
+in PromQL, ``rate(specrec_spec_accepted_items_total[5m]) /
+rate(specrec_spec_draft_items_total[5m])``, and the same for tokens.
 """
 
 from __future__ import annotations
@@ -17,21 +30,43 @@ class RequestStats:
     """What one request cost and how it ended."""
 
     rounds: int = 0
-    drafted: int = 0  # candidate items (or draft tokens, for token-level policies) proposed
-    accepted: int = 0
-    draft_tokens: int = 0
-    accepted_tokens: int = 0
+    draft_items: int = 0
+    accepted_items: int = 0
+    draft_tokens_by_position: list[int] = field(default_factory=list)
+    accepted_tokens_by_position: list[int] = field(default_factory=list)
+    accepted_items_by_round: list[int] = field(default_factory=list)
     verifier_calls: int = 0
     encoder_calls: int = 0
+    fallback_steps: int = 0  # levelwise: beam steps that computed beams the drafts did not cover
     exit_reason: str = ""
-    accepted_by_round: list[int] = field(default_factory=list)
-    accepted_by_position: list[int] = field(default_factory=list)  # token-level: accepted at SID level j
-    drafted_by_position: list[int] = field(default_factory=list)
     stage_ms: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+
+    def observe_items(self, drafted: int, accepted: int) -> None:
+        """Candidate items proposed and accepted (one call per draft round)."""
+        self.draft_items += int(drafted)
+        self.accepted_items += int(accepted)
+        self.accepted_items_by_round.append(int(accepted))
+
+    def observe_tokens(self, position: int, drafted: int, accepted: int) -> None:
+        """Drafted SID codes at one position (level) and how many were accepted."""
+        while len(self.draft_tokens_by_position) <= position:
+            self.draft_tokens_by_position.append(0)
+            self.accepted_tokens_by_position.append(0)
+        self.draft_tokens_by_position[position] += int(drafted)
+        self.accepted_tokens_by_position[position] += int(accepted)
+
+    @property
+    def draft_tokens(self) -> int:
+        return sum(self.draft_tokens_by_position)
+
+    @property
+    def accepted_tokens(self) -> int:
+        return sum(self.accepted_tokens_by_position)
 
     def as_dict(self) -> dict:
         d = dict(self.__dict__)
         d["stage_ms"] = {k: round(v, 3) for k, v in self.stage_ms.items()}
+        d["draft_tokens"], d["accepted_tokens"] = self.draft_tokens, self.accepted_tokens
         return d
 
 
@@ -41,59 +76,59 @@ class SpecMetrics:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.requests: Counter = Counter()
-        self.num_drafts: Counter = Counter()  # draft rounds
-        self.num_draft_items: Counter = Counter()
-        self.num_accepted_items: Counter = Counter()
-        self.num_draft_tokens: Counter = Counter()
-        self.num_accepted_tokens: Counter = Counter()
+        self.draft_rounds: Counter = Counter()
+        self.draft_items: Counter = Counter()
+        self.accepted_items: Counter = Counter()
+        self.draft_tokens: dict[str, Counter] = defaultdict(Counter)  # policy -> position -> n
+        self.accepted_tokens: dict[str, Counter] = defaultdict(Counter)
+        self.accepted_items_by_round: dict[str, Counter] = defaultdict(Counter)
         self.verifier_calls: Counter = Counter()
         self.encoder_calls: Counter = Counter()
+        self.fallback_steps: Counter = Counter()
+        self.no_fallback_requests: Counter = Counter()
         self.exit_reasons: Counter = Counter()  # (policy, reason)
-        self.accepted_by_round: dict[str, Counter] = defaultdict(Counter)
-        self.accepted_by_position: dict[str, Counter] = defaultdict(Counter)
-        self.drafted_by_position: dict[str, Counter] = defaultdict(Counter)
 
     def record(self, policy: str, st: RequestStats) -> None:
         with self._lock:
             self.requests[policy] += 1
-            self.num_drafts[policy] += st.rounds if st.drafted else 0
-            self.num_draft_items[policy] += st.drafted
-            self.num_accepted_items[policy] += st.accepted
-            self.num_draft_tokens[policy] += st.draft_tokens
-            self.num_accepted_tokens[policy] += st.accepted_tokens
+            self.draft_rounds[policy] += len(st.accepted_items_by_round)
+            self.draft_items[policy] += st.draft_items
+            self.accepted_items[policy] += st.accepted_items
+            for j, n in enumerate(st.draft_tokens_by_position):
+                self.draft_tokens[policy][j] += n
+            for j, n in enumerate(st.accepted_tokens_by_position):
+                self.accepted_tokens[policy][j] += n
+            for r, n in enumerate(st.accepted_items_by_round):
+                self.accepted_items_by_round[policy][r] += n
             self.verifier_calls[policy] += st.verifier_calls
             self.encoder_calls[policy] += st.encoder_calls
+            self.fallback_steps[policy] += st.fallback_steps
+            self.no_fallback_requests[policy] += int(st.fallback_steps == 0)
             self.exit_reasons[(policy, st.exit_reason)] += 1
-            for r, n in enumerate(st.accepted_by_round):
-                self.accepted_by_round[policy][r] += n
-            for j, n in enumerate(st.accepted_by_position):
-                self.accepted_by_position[policy][j] += n
-            for j, n in enumerate(st.drafted_by_position):
-                self.drafted_by_position[policy][j] += n
-
-    def acceptance_rate(self, policy: str) -> float:
-        if self.num_draft_tokens[policy]:
-            return self.num_accepted_tokens[policy] / self.num_draft_tokens[policy]
-        d = self.num_draft_items[policy]
-        return self.num_accepted_items[policy] / d if d else float("nan")
 
     def snapshot(self) -> dict:
+        """Plain counters per policy, plus the rates derived from them (for tables)."""
         with self._lock:
             out = {}
             for p in self.requests:
+                dt, at = sum(self.draft_tokens[p].values()), sum(self.accepted_tokens[p].values())
+                di, ai = self.draft_items[p], self.accepted_items[p]
                 out[p] = {
                     "requests": self.requests[p],
-                    "drafts": self.num_drafts[p],
-                    "draft_items": self.num_draft_items[p],
-                    "accepted_items": self.num_accepted_items[p],
-                    "draft_tokens": self.num_draft_tokens[p],
-                    "accepted_tokens": self.num_accepted_tokens[p],
+                    "draft_rounds": self.draft_rounds[p],
+                    "draft_items": di,
+                    "accepted_items": ai,
+                    "draft_tokens": dt,
+                    "accepted_tokens": at,
+                    "item_acceptance": ai / di if di else float("nan"),
+                    "token_acceptance": at / dt if dt else float("nan"),
+                    "draft_tokens_by_position": dict(sorted(self.draft_tokens[p].items())),
+                    "accepted_tokens_by_position": dict(sorted(self.accepted_tokens[p].items())),
+                    "accepted_items_by_round": dict(sorted(self.accepted_items_by_round[p].items())),
                     "verifier_calls": self.verifier_calls[p],
                     "encoder_calls": self.encoder_calls[p],
-                    "acceptance_rate": self.acceptance_rate(p),
+                    "fallback_steps": self.fallback_steps[p],
+                    "no_fallback_share": self.no_fallback_requests[p] / self.requests[p],
                     "exit_reasons": {r: n for (q, r), n in self.exit_reasons.items() if q == p},
-                    "accepted_by_round": dict(sorted(self.accepted_by_round[p].items())),
-                    "accepted_by_position": dict(sorted(self.accepted_by_position[p].items())),
-                    "drafted_by_position": dict(sorted(self.drafted_by_position[p].items())),
                 }
             return out

@@ -6,15 +6,13 @@ summed log-probabilities."""
 
 from __future__ import annotations
 
-from typing import Sequence
-
 from pydantic import Field
 
-from .base import Policy, PolicyConfig, RecRequest, RecResult, RequestStats, Stage, charge, register
+from .base import LiveBatch, Policy, PolicyConfig, Stage, charge, register
 
 
 class NezhaPolicyConfig(PolicyConfig):
-    width: int | None = Field(None, ge=1, description="head beam width (default: K)")
+    width: int | None = Field(None, ge=1, le=1000, description="head beam width (default: K)")
 
 
 @register
@@ -22,27 +20,19 @@ class NezhaPolicy(Policy):
     name = "nezha"
     Config = NezhaPolicyConfig
 
-    def run(self, requests: Sequence[RecRequest]) -> list[RecResult]:
-        eng, ver = self.engine, self.engine.verifier
-        width = self.config.width or max(r.k for r in requests)
-        stats = [RequestStats() for _ in requests]
-        with Stage(eng.clock, stats, "encode"):
-            sess = ver.encode(eng.history_sids([r.history for r in requests]))
-        charge(stats, encoder=True)
-        with Stage(eng.clock, stats, "head"):
-            beams = ver.head_beams(sess, eng.itemset.trie, width)
-        charge(stats)
+    def _run(self, batch: LiveBatch) -> None:
+        eng = self.engine
+        width = self.config.width or max(r.k for r in batch.requests)
+        with Stage(eng.clock, batch.stats, "head"):
+            beams = eng.verifier.head_beams(batch.session, eng.itemset.trie, width)
+        charge(batch.stats)
         items = beams.items(eng.itemset.trie)
-        results = []
-        for i, r in enumerate(requests):
-            ok = items[i] >= 0
-            its = items[i][ok].numpy()
+        for j, _, req, st in batch.rows():
+            ok = items[j] >= 0
+            its = items[j][ok].numpy()
             valid = eng.itemset.contains(eng.itemset.sids_of(its))  # model-free verification
-            stats[i].rounds = 1
-            stats[i].drafted = int(ok.sum())
-            stats[i].accepted = int(valid.sum())
-            stats[i].exit_reason = "complete"
-            results.append(self._result(r.k, its[valid].tolist(), beams.scores[i][ok].numpy()[valid].tolist(),
-                                        ["head"] * int(valid.sum()), stats[i]))
-        ver.release(sess)
-        return self._finish(results)
+            st.rounds = 1
+            st.observe_items(int(ok.sum()), int(valid.sum()))
+            st.exit_reason = "complete"
+            batch.finish(j, self._result(req.k, its[valid].tolist(), beams.scores[j][ok].numpy()[valid].tolist(),
+                                         ["head"] * int(valid.sum()), st))

@@ -14,20 +14,18 @@ without replacement). Scores are the target log-probabilities.
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import torch
 from pydantic import Field
 
 from ..decoding.speculative import speculative_sample, transform
-from .base import Policy, PolicyConfig, RecRequest, RecResult, RequestStats, Stage, charge, register
+from .base import LiveBatch, Policy, PolicyConfig, Stage, charge, register
 
 
 class SampleConfig(PolicyConfig):
-    temperature: float = Field(1.0, gt=0, description="applied to target and draft alike")
-    top_k: int = Field(0, ge=0, description="keep the k most likely valid codes per level (0 = all)")
-    streams: int | None = Field(None, ge=1, description="samples drawn per request per batch (default: 2K)")
-    max_batches: int = Field(4, ge=1, description="batches of streams at most before filling the list")
+    temperature: float = Field(1.0, gt=0, le=100.0, description="applied to target and draft alike")
+    top_k: int = Field(0, ge=0, le=4096, description="keep the k most likely valid codes per level (0 = all)")
+    streams: int | None = Field(None, ge=1, le=4096, description="samples drawn per request per batch (default: 2K)")
+    max_batches: int = Field(4, ge=1, le=64, description="batches of streams at most before filling the list")
     seed: int | None = Field(None, description="random seed (None = fresh randomness)")
 
 
@@ -68,44 +66,40 @@ class SamplePolicy(Policy):
 
         return p_fn, q_next
 
-    def run(self, requests: Sequence[RecRequest]) -> list[RecResult]:
-        eng, ver, cfg = self.engine, self.engine.verifier, self.config
+    def _run(self, batch: LiveBatch) -> None:
+        eng, cfg = self.engine, self.config
+        requests, stats = batch.requests, batch.stats
         L = len(eng.itemset.level_sizes)
         R = len(requests)
         M = cfg.streams or 2 * max(r.k for r in requests)
-        stats = [RequestStats() for _ in requests]
-        with Stage(eng.clock, stats, "encode"):
-            sess = ver.encode(eng.history_sids([r.history for r in requests]))
-        charge(stats, encoder=True)
-
-        p_fn, q_next = self.distributions(sess, R, M, stats)
-
+        p_fn, q_next = self.distributions(batch.session, R, M, stats)
         lists: list[dict[int, float]] = [dict() for _ in requests]
         for _ in range(cfg.max_batches):
             with Stage(eng.clock, stats, "sample"):
                 seq, logp, sst = speculative_sample(p_fn, q_next, R * M, L, self.generator)
-            items = eng.itemset.lookup(seq.numpy()).reshape(R, M)
-            logp = logp.view(R, M).numpy()
-            for i in range(R):
-                st = stats[i]
-                st.rounds += sst.rounds
-                for it, lp in zip(items[i].tolist(), logp[i].tolist()):
-                    if it >= 0 and it not in lists[i]:
-                        lists[i][it] = lp
-            # token counters are per batch of all requests; attribute evenly
-            for st in stats:
-                st.draft_tokens += sst.draft_tokens // R
-                st.accepted_tokens += sst.accepted_tokens // R
-                st.drafted_by_position = [a + b // R for a, b in zip(st.drafted_by_position or [0] * L, sst.drafted_by_position)]
-                st.accepted_by_position = [a + b // R for a, b in zip(st.accepted_by_position or [0] * L, sst.accepted_by_position)]
+            self._collect(lists, seq, logp, R, M)
+            self._observe(stats, sst, R, M)
             if all(len(lists[i]) >= r.k for i, r in enumerate(requests)):
                 break
-        results = []
-        for i, r in enumerate(requests):
+        for j, i, r, st in batch.rows():
             its = list(lists[i])[: r.k]
-            stats[i].drafted = stats[i].draft_tokens
-            stats[i].accepted = stats[i].accepted_tokens
-            stats[i].exit_reason = "complete" if len(its) >= r.k else "max_batches"
-            results.append(self._result(r.k, its, [lists[i][x] for x in its], ["sample"] * len(its), stats[i]))
-        ver.release(sess)
-        return self._finish(results)
+            st.exit_reason = "complete" if len(its) >= r.k else "max_batches"
+            batch.finish(j, self._result(r.k, its, [lists[i][x] for x in its], ["sample"] * len(its), st))
+
+    def _collect(self, lists: list[dict[int, float]], seq: torch.Tensor, logp: torch.Tensor, R: int, M: int) -> None:
+        """Distinct valid items of each request's streams, in draw order (stream rows are request-major)."""
+        items = self.engine.itemset.lookup(seq.numpy()).reshape(R, M)
+        logp = logp.view(R, M).numpy()
+        for i in range(R):
+            for it, lp in zip(items[i].tolist(), logp[i].tolist()):
+                if it >= 0 and it not in lists[i]:
+                    lists[i][it] = lp
+
+    @staticmethod
+    def _observe(stats, sst, R: int, M: int) -> None:
+        """Per request: its own streams' rounds, drafted and accepted tokens."""
+        for i, st in enumerate(stats):
+            rows = slice(i * M, (i + 1) * M)
+            st.rounds += int(sst.rounds_per_stream[rows].max())
+            for j in range(sst.drafted.shape[1]):
+                st.observe_tokens(j, int(sst.drafted[rows, j].sum()), int(sst.accepted[rows, j].sum()))

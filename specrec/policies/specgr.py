@@ -1,17 +1,26 @@
 """``specgr``: draft, verify in one pass, accept, exit early; re-draft guided
 by the GR's own beam prefixes (SpecGR, AAAI'26), per request.
 
-Per round and request:
+A round, in phases:
 
-1. the drafter proposes ``delta`` items (never one already verified for this
-   request; after round 0 only items under *this request's* beam prefixes);
-2. the verifier scores them in one teacher-forced pass; the score V is the
-   length-normalised log-likelihood, over L-1 levels for items the
-   catalogue flags unseen (the L-1 rule);
-3. items with V > gamma (strictly) are accepted; a request with K accepted
-   exits (``accepted``);
-4. otherwise the request's beam search advances one level and its prefixes
-   guide the next round.
+1. ``_draft_round``: the drafter proposes ``delta`` items per request (never
+   one already verified for it; after round 0 only items under *this
+   request's* beam prefixes);
+2. ``_verify``: one decoder pass over the unique prefixes of the drafts *and*
+   of the current beams (a prefix tree); the score V is the length-normalised
+   log-likelihood, over L-1 levels for items the catalogue flags unseen (the
+   L-1 rule);
+3. ``_accept``: items with V > gamma (strictly) are accepted; a request with K
+   accepted exits (``accepted``);
+4. ``_advance_beams``: the request's beam search advances one level, reading
+   the distributions the verify pass already computed (no second pass).
+
+Drafting is skipped for a round when it does not pay (``adaptive``, the
+seed's alpha > rho condition, per round index): it pays when the estimated
+chance of exiting at that round, times the cost of the beam steps an exit
+saves, exceeds the cost of drafting and verifying. The chance and the costs
+are estimated online (one request in 16 drafts in every round and one never
+drafts, to keep the estimates fresh). A request that never drafts is plain beam search, ranked by V.
 
 When the beams are complete (``beams_complete``), or the budget cannot fit
 another round (``budget``), the list is filled up to K from rejected
@@ -21,24 +30,36 @@ delta = 0 this is beam search (items ordered by V).
 
 from __future__ import annotations
 
-from typing import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from pydantic import Field
 
-from ..drafters.base import DraftRequest
-from .base import (
-    Candidates, Policy, PolicyConfig, RecRequest, RecResult, RequestStats, Stage, charge, length_normalised, register,
-)
+from ..drafters.base import Draft, DraftRequest
+from .base import Candidates, LiveBatch, Policy, PolicyConfig, RecResult, Stage, charge, length_normalised, register
+
+EXPLORE_EVERY = 16
 
 
 class SpecGRConfig(PolicyConfig):
-    delta: int = Field(50, ge=0, description="items drafted per request per round")
-    beta: int | None = Field(None, ge=1, description="beam width of guided re-drafting (default: K)")
-    gamma: float = Field(-1.0, description="accept a draft when its length-normalised log-likelihood V > gamma")
+    delta: int | None = Field(None, ge=0, le=4096, description="items drafted per request per round "
+                              "(default: adaptive, about 2K)")
+    beta: int | None = Field(None, ge=1, le=1000, description="beam width of guided re-drafting (default: K)")
+    gamma: float = Field(-1.0, ge=-100.0, le=0.0,
+                         description="accept a draft when its length-normalised log-likelihood V > gamma")
     unseen_rule: bool = Field(True, description="score unseen items over the first L-1 levels")
-    max_rounds: int | None = Field(None, ge=1, description="draft rounds at most (default: L, one per beam level)")
+    max_rounds: int | None = Field(None, ge=1, le=16, description="draft rounds at most (default: L, one per beam level)")
+    adaptive: bool = Field(True, description="skip drafting in a round where the online estimate says it does not pay")
+
+
+@dataclass
+class RequestPool:
+    """One request's verified candidates (accepted or not), by V."""
+
+    pool: Candidates = field(default_factory=Candidates)
+    verified: set[int] = field(default_factory=set)
+    accepted: int = 0
 
 
 @register
@@ -46,18 +67,111 @@ class SpecGRPolicy(Policy):
     name = "specgr"
     Config = SpecGRConfig
 
-    def _verify(self, sess, drafts, active, stats, unseen_fn):
-        """Score the drafts of the active requests in one pass -> list of V arrays."""
+    def _run(self, batch: LiveBatch) -> None:
+        eng, cfg = self.engine, self.config
+        if cfg.delta and eng.drafter is None:
+            raise ValueError("specgr needs a drafter (delta > 0)")
+        L = len(eng.itemset.level_sizes)
+        k = max(r.k for r in batch.requests)
+        pools = [RequestPool() for _ in batch.requests]
+        eng.verifier.beam_start(batch.session, eng.itemset.trie, cfg.beta or k)
+        eng.verifier.prepare(batch.session)  # a remote verifier encodes while the drafter drafts round 0
+        phase = self.online.requests % EXPLORE_EVERY  # 0: always draft (learns exit rates), 1: never (learns step cost)
+        explore = {0: True, 1: False}.get(phase)
+        for rnd in range(cfg.max_rounds or L):
+            self._exit_late(batch, "round", lambda j: self._final(batch, pools, j, complete=False))
+            if not batch.active:
+                return
+            for st in batch.active_stats:
+                st.rounds += 1
+            delta = self._delta(rnd, k, explore)
+            if delta:
+                drafted = self._draft_and_verify(batch, pools, delta)
+                if drafted:
+                    self._observe_exits(batch, pools, rnd, k)
+                    if not batch.active:
+                        return
+            if batch.beams is not None and batch.beams.level >= L:
+                break
+            self._advance_beams(batch, drafted=bool(delta))
+        complete = batch.beams is not None and batch.beams.level >= L
+        for j, _, _, st in batch.rows():
+            st.exit_reason = "beams_complete" if complete else "max_rounds"
+        for j in range(len(batch.active)):
+            batch.finish(j, self._final(batch, pools, j, complete=complete))
+
+    # -- when drafting pays ------------------------------------------------------------
+    def _delta(self, rnd: int, k: int, explore: bool | None) -> int:
+        """Items to draft this round (0: skip drafting)."""
+        cfg = self.config
+        if cfg.delta is not None:
+            return cfg.delta
+        if self.engine.drafter is None:
+            return 0
+        delta = 2 * k
+        if not cfg.adaptive or explore is True:
+            return delta
+        if explore is False:
+            return 0
+        L = len(self.engine.itemset.level_sizes)
+        est = self.budget.estimate
+        step = est.get("beam_step", 0.0)
+        draft = est.get("draft", 0.0) + est.get("verify", 0.0) - est.get("beam_read", 0.0)
+        p_exit = self.online.rate(f"specgr.exit@{rnd}", 1.0)  # optimistic until measured
+        saved = (L - rnd) * step  # an exit at this round saves the beam steps from here on
+        return delta if p_exit * saved > draft or not step else 0
+
+    def _observe_exits(self, batch: LiveBatch, pools: list[RequestPool], rnd: int, k: int) -> None:
+        """Finish requests with K accepted; learn the exit rate of this round."""
+        done = [j for j, i, req, _ in batch.rows() if pools[i].accepted >= req.k]
+        n = len(batch.active)
+        for j in done:
+            batch.stats[batch.active[j]].exit_reason = "accepted"
+            # K accepted: every accepted V > gamma >= every rejected V, so the top K are accepted ones
+            batch.finish(j, self._final(batch, pools, j, complete=False))
+        if n:
+            self.online.observe_rate(f"specgr.exit@{rnd}", len(done) / n)
+        batch.drop(done)
+
+    # -- phases ----------------------------------------------------------------------------
+    def _draft_and_verify(self, batch: LiveBatch, pools: list[RequestPool], delta: int) -> bool:
+        drafts = self._draft_round(batch, pools, delta)
+        if not any(len(d.items) for d in drafts):
+            return False
+        values = self._verify(batch, drafts)
+        self._accept(batch, pools, drafts, values)
+        return True
+
+    def _draft_round(self, batch: LiveBatch, pools: list[RequestPool], delta: int) -> list[Draft]:
+        eng = self.engine
+        dreqs = []
+        for j, i, req, _ in batch.rows():
+            prefixes = None
+            if batch.beams is not None:
+                prefixes = batch.beams.codes[j][batch.beams.alive[j]].numpy()
+            dreqs.append(DraftRequest(req.history, delta, prefixes, frozenset(pools[i].verified)))
+        with Stage(eng.clock, batch.active_stats, "draft") as t:
+            drafts = eng.drafter.draft(dreqs)
+        self.budget.observe("draft", t.seconds)
+        return drafts
+
+    def _verify(self, batch: LiveBatch, drafts: list[Draft]) -> list[np.ndarray]:
+        """One pass over the drafts and the beam frontier -> V per draft."""
         eng = self.engine
         m = max(len(d.items) for d in drafts)
         L = len(eng.itemset.level_sizes)
-        sids = np.zeros((len(active), m, L), dtype=np.int64)
+        sids = np.zeros((len(drafts), m, L), dtype=np.int64)
         for j, d in enumerate(drafts):
             if len(d.items):
                 sids[j, : len(d.items)] = eng.itemset.sids_of(d.items)
                 sids[j, len(d.items) :] = sids[j, 0]
-        scores = eng.verifier.score(sess, torch.from_numpy(sids))
-        charge([stats[i] for i in active])
+            else:  # a request with no drafts this round repeats any valid item (adds nothing to the pass)
+                sids[j] = eng.itemset.sids[eng.itemset.order[0][0]]
+        with Stage(eng.clock, batch.active_stats, "verify") as t:
+            scores = eng.verifier.score(batch.session, torch.from_numpy(sids), with_frontier=True)
+        self.budget.observe("verify", t.seconds)
+        charge(batch.active_stats)
+        unseen_fn = eng.itemset.is_unseen
         out = []
         for j, d in enumerate(drafts):
             tl = scores.token_logp[j, : len(d.items)]
@@ -65,100 +179,35 @@ class SpecGRPolicy(Policy):
             out.append(v.numpy())
         return out
 
-    def run(self, requests: Sequence[RecRequest]) -> list[RecResult]:
-        eng, ver, cfg = self.engine, self.engine.verifier, self.config
-        if cfg.delta and eng.drafter is None:
-            raise ValueError("specgr needs a drafter (delta > 0)")
-        trie = eng.itemset.trie
-        L = len(eng.itemset.level_sizes)
-        n = len(requests)
-        beta = cfg.beta or max(r.k for r in requests)
-        max_rounds = cfg.max_rounds or L
-        stats = [RequestStats() for _ in requests]
-        pool = [Candidates() for _ in requests]  # every verified candidate (accepted or not), by V
-        accepted = [0] * n
-        verified: list[set[int]] = [set() for _ in requests]
-        results: list[RecResult | None] = [None] * n
-        unseen_fn = eng.itemset.is_unseen
+    def _accept(self, batch: LiveBatch, pools: list[RequestPool], drafts: list[Draft], values: list[np.ndarray]) -> None:
+        for j, i, _, st in batch.rows():
+            d, v = drafts[j], values[j]
+            acc = int((v > self.config.gamma).sum())
+            pools[i].pool.add(d.items, v, "draft")
+            pools[i].verified.update(d.items.tolist())
+            pools[i].accepted += acc
+            st.observe_items(len(d.items), acc)
 
-        with Stage(eng.clock, stats, "encode"):
-            sess = ver.encode(eng.history_sids([r.history for r in requests]))
-        charge(stats, encoder=True)
-        ver.beam_start(sess, trie, beta)
-        active = list(range(n))
-        beams = None  # beams of the active requests, rows aligned with `active`
+    def _advance_beams(self, batch: LiveBatch, drafted: bool) -> None:
+        eng = self.engine
+        with Stage(eng.clock, batch.active_stats, "beam") as t:
+            batch.beams = eng.verifier.beam_step(batch.session)
+        # a step after a verify pass only reads the frontier; one without computes it
+        self.budget.observe("beam_read" if drafted else "beam_step", t.seconds)
+        charge(batch.active_stats)
 
-        def finish(rows: list[int], reason: str, complete: bool) -> None:
-            for j in rows:
-                i = active[j]
-                stats[i].exit_reason = reason
-                if complete and beams is not None:
-                    ok = beams.alive()[j]
-                    items = beams.items(trie)[j][ok].numpy()
-                    v = length_normalised(beams.token_logp[j][ok], unseen_fn(items)) if cfg.unseen_rule else beams.token_logp[j][ok].mean(-1)
-                    pool[i].add(items, v.numpy(), "beam")
-                items, scores, sources = pool[i].top(requests[i].k)
-                prefixes = None if complete else beams
-                results[i] = self._result(requests[i].k, items, scores, sources, stats[i], prefixes, j)
-
-        def drop(rows: list[int]) -> None:
-            nonlocal sess, beams, active
-            keep = [j for j in range(len(active)) if j not in set(rows)]
-            if rows and keep:
-                idx = torch.tensor(keep)
-                sess = ver.select(sess, idx)
-                beams = beams.select(idx) if beams is not None else None
-            active = [active[j] for j in keep]
-
-        for rnd in range(max_rounds):
-            late = [j for j, i in enumerate(active) if not self.budget.fits(requests[i].deadline, "round")]
-            finish(late, "budget", complete=False)
-            drop(late)
-            if not active:
-                break
-            t_round = eng.clock()
-            act_stats = [stats[i] for i in active]
-            for st in act_stats:
-                st.rounds += 1
-            if cfg.delta:
-                dreqs = []
-                for j, i in enumerate(active):
-                    prefixes = None
-                    if beams is not None:
-                        ok = beams.alive()[j]
-                        prefixes = beams.codes[j][ok].numpy()
-                    dreqs.append(DraftRequest(requests[i].history, cfg.delta, prefixes, frozenset(verified[i])))
-                with Stage(eng.clock, act_stats, "draft"):
-                    drafts = eng.drafter.draft(dreqs)
-                if any(len(d.items) for d in drafts):
-                    with Stage(eng.clock, act_stats, "verify"):
-                        values = self._verify(sess, drafts, active, stats, unseen_fn)
-                    for j, i in enumerate(active):
-                        d, v = drafts[j], values[j]
-                        acc = v > cfg.gamma
-                        pool[i].add(d.items, v, "draft")
-                        verified[i].update(d.items.tolist())
-                        accepted[i] += int(acc.sum())
-                        st = stats[i]
-                        st.drafted += len(d.items)
-                        st.accepted += int(acc.sum())
-                        st.accepted_by_round.append(int(acc.sum()))
-                    # K accepted: every accepted V > gamma >= every rejected V, so the top K are accepted ones
-                    done = [j for j, i in enumerate(active) if accepted[i] >= requests[i].k]
-                    finish(done, "accepted", complete=False)
-                    drop(done)
-                    if not active:
-                        break
-            if beams is not None and beams.level >= L:
-                break
-            act_stats = [stats[i] for i in active]
-            with Stage(eng.clock, act_stats, "beam"):
-                beams = ver.beam_step(sess)
-            charge(act_stats)
-            self.budget.observe("round", eng.clock() - t_round)
-        if active:
-            # beams complete (or rounds exhausted): finish the beams if they are not, then fill
-            complete = beams is not None and beams.level >= L
-            finish(list(range(len(active))), "beams_complete" if complete else "max_rounds", complete=complete)
-        ver.release(sess)
-        return self._finish(results)
+    def _final(self, batch: LiveBatch, pools: list[RequestPool], row: int, complete: bool) -> RecResult:
+        """The list of the request at ``row``: best V from its pool (with the
+        complete beams, when complete), filled under its beam prefixes."""
+        eng, trie = self.engine, self.engine.itemset.trie
+        i = batch.active[row]
+        req, st, pool = batch.requests[i], batch.stats[i], pools[i].pool
+        beams = batch.beams
+        if complete and beams is not None:
+            ok = beams.alive[row]
+            items = beams.items(trie)[row][ok].numpy()
+            tl = beams.token_logp[row][ok]
+            v = length_normalised(tl, eng.itemset.is_unseen(items)) if self.config.unseen_rule else tl.mean(-1)
+            pool.add(items, v.numpy(), "beam")
+        items, scores, sources = pool.top(req.k)
+        return self._result(req.k, items, scores, sources, st, None if complete else beams, row)

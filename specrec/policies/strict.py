@@ -1,13 +1,12 @@
 """``strict``: lossless speculative beam search (AtSpeed-S style).
 
 Drafts are verified level by level against the target's exact top-K; a miss
-falls back to the target's own step for the missing beams only (see
-:mod:`.levelwise`). The output equals ``beam`` exactly: same items, same
-order, scores equal up to float rounding, for every history."""
+falls back to computing the missing beams only (see :mod:`.levelwise`). The
+output equals ``beam`` exactly: same items, same order, scores equal up to
+float rounding, for every history."""
 
 from __future__ import annotations
 
-from ..decoding.beam import select_topk
 from .base import register
 from .levelwise import LevelwisePolicy
 
@@ -15,6 +14,3 @@ from .levelwise import LevelwisePolicy
 @register
 class StrictPolicy(LevelwisePolicy):
     name = "strict"
-
-    def select(self, beams, logp, trie, width, drafted):
-        return select_topk(beams, logp, trie, width)[0]

@@ -17,7 +17,11 @@ from ..data.splits import PAD, Examples, Split
 from ..models.nezha_head import NezhaHead
 from ..models.retrieval import RetrievalConfig, RetrievalModel
 from ..models.self_draft import SelfDraftHead
-from ..models.tiger import Tiger
+from ..models.tiger import EncoderState, Tiger
+from .align import (
+    AlignConfig, coverage, head_alignment_loss, sample_for_alignment, self_draft_alignment_loss, target_beams,
+    target_logprobs,
+)
 from .trainer import bucketed_batches, history_batch
 
 
@@ -132,9 +136,13 @@ def train_retrieval(
 # -- self-draft head ---------------------------------------------------------------
 def train_self_draft(
     gr: Tiger, split: Split, sids: np.ndarray, tcfg: DrafterTrainConfig | None = None,
-    log: Callable[[str], None] = print, progress: bool = True,
+    log: Callable[[str], None] = print, progress: bool = True, align: AlignConfig | None = None, cache=None,
 ) -> tuple[SelfDraftHead, dict]:
+    """In-catalogue softmax on the true next item; aligned (``align.mode`` not
+    'none'), also on the target's own top-K items (see :mod:`.align`)."""
     tcfg = tcfg or DrafterTrainConfig(epochs=10, batch_size=256, lr=2e-3)
+    if align is not None and align.mode != "none":
+        return _train_self_draft_aligned(gr, split, sids, tcfg, align, log, progress, cache)
     torch.manual_seed(tcfg.seed)
     gr.eval()
     for p in gr.parameters():
@@ -173,13 +181,16 @@ def train_self_draft(
 # -- NEZHA head -------------------------------------------------------------------
 def train_nezha(
     gr: Tiger, split: Split, sids: np.ndarray, tcfg: DrafterTrainConfig | None = None,
-    log: Callable[[str], None] = print, progress: bool = True,
+    log: Callable[[str], None] = print, progress: bool = True, align: AlignConfig | None = None, cache=None,
 ) -> tuple[NezhaHead, dict]:
     """Cross-entropy on the true next SID plus KL to the GR's own per-level
-    distributions along it; validation: recall@10 of the head's constrained beams."""
+    distributions along it; validation: recall@10 of the head's constrained
+    beams. Aligned (``align.mode`` not 'none'): see :mod:`.align`."""
     from ..ids.trie import SidTrie
 
     tcfg = tcfg or DrafterTrainConfig(epochs=6, batch_size=256, lr=2e-3, patience=2)
+    if align is not None and align.mode != "none":
+        return _train_nezha_aligned(gr, split, sids, tcfg, align, log, progress, cache)
     torch.manual_seed(tcfg.seed)
     gr.eval()
     for p in gr.parameters():
@@ -215,3 +226,106 @@ def train_nezha(
                               lambda: {k: v.clone() for k, v in head.state_dict().items()})
     head.load_state_dict(state)
     return head.eval(), {"best_valid_recall@10": best, "epochs": hist}
+
+
+# -- aligned training (AtSpeed) ----------------------------------------------------------
+def _aligned_beams(gr: Tiger, split: Split, sids_t: torch.Tensor, trie, align: AlignConfig, seed: int, cache, progress):
+    train = target_beams(gr, sample_for_alignment(split.train, align.examples, seed), sids_t, trie, align.top_k,
+                         cache, progress=progress)
+    valid = target_beams(gr, sample_for_alignment(split.valid, align.valid_examples, seed + 1), sids_t, trie,
+                         align.top_k, cache, progress=progress)
+    return train, valid
+
+
+def _aligned_setup(gr, split, sids, tcfg, align: AlignConfig, cache, progress, make_head):
+    """The GR model frozen, the draft head made (after seeding), and the target's beams on training and
+    validation histories: (head, sids as a tensor, trie, train beams, valid beams)."""
+    from ..ids.trie import SidTrie
+
+    torch.manual_seed(tcfg.seed)
+    gr.eval()
+    for p in gr.parameters():
+        p.requires_grad_(False)
+    head = make_head(gr)
+    sids_t = torch.from_numpy(np.ascontiguousarray(sids, dtype=np.int64))
+    trie = SidTrie(sids, gr.cfg.level_sizes)
+    tb, vb = _aligned_beams(gr, split, sids_t, trie, align, tcfg.seed, cache, progress)
+    return head, sids_t, trie, tb, vb
+
+
+def _fit_aligned(head, name: str, label: str, tcfg, lengths, step, validate, align: AlignConfig, log, progress):
+    """Train ``head`` with ``step``, keep its best epoch by coverage (``validate``), and report."""
+    before = validate()
+    best, state, hist = _loop(list(head.parameters()), tcfg, len(lengths), lengths, step, validate, name, log,
+                              progress, lambda: {k: v.clone() for k, v in head.state_dict().items()})
+    head.load_state_dict(state)
+    log(f"{label}: coverage of the target's top-{align.top_k} by its top-{2 * align.top_k}: {before:.3f} -> {best:.3f}")
+    return head.eval(), {"align": align.model_dump(), "coverage_before": before, "best_valid_coverage": best,
+                         "epochs": hist}
+
+
+def _train_nezha_aligned(gr, split, sids, tcfg, align: AlignConfig, log, progress, cache):
+    from ..backends import Backend
+
+    head, sids_t, trie, tb, vb = _aligned_setup(gr, split, sids, tcfg, align, cache, progress, NezhaHead)
+    be = Backend(gr)
+    ex = tb.examples
+    lengths = (ex.history != PAD).sum(1)
+    v_target = vb.items(trie)
+    log(f"nezha head, aligned ({align.mode}, alpha {align.alpha}): {len(ex)} histories, target top-{align.top_k}")
+
+    def step(idx):
+        head.train()
+        tgt = sids_t[torch.from_numpy(ex.target[idx])]
+        codes, alive = torch.from_numpy(tb.codes[idx]), torch.from_numpy(tb.alive[idx])
+        with torch.no_grad():
+            e = be.encode(history_batch(sids_t, ex.history[idx]))  # inference tensors: copied for use beside autograd
+            enc = EncoderState(None, e.mask.clone(), e.cross_k.clone(), e.cross_v.clone())
+            teacher, _ = gr.next_logprobs(enc, gr.decoder_input(tgt[:, None, :-1]))
+            teacher = [t[:, 0] for t in teacher]
+            p = target_logprobs(be, enc, codes, alive)
+        rec = head.loss(gr, enc, tgt, teacher)
+        q = head.prefix_logprobs(gr, head.hidden(gr, enc), codes.clamp(min=0))
+        return align.alpha * rec + (1 - align.alpha) * head_alignment_loss(align.mode, q, p, codes, alive)
+
+    @torch.inference_mode()
+    def validate():
+        head.eval()
+        drafts = []
+        for s in range(0, len(vb.examples), 500):
+            enc = be.encode(history_batch(sids_t, vb.examples.history[s : s + 500]))
+            beams = head.beam_search(gr, head.hidden(gr, enc), trie, 2 * align.top_k)
+            drafts.append(beams.items(trie).numpy())
+        return coverage(np.concatenate(drafts), v_target)
+
+    return _fit_aligned(head, "nezha (aligned)", "nezha head", tcfg, lengths, step, validate, align, log, progress)
+
+
+def _train_self_draft_aligned(gr, split, sids, tcfg, align: AlignConfig, log, progress, cache):
+    head, sids_t, trie, tb, vb = _aligned_setup(gr, split, sids, tcfg, align, cache, progress, SelfDraftHead)
+    seen_rows = torch.from_numpy(np.nonzero(split.seen)[0])
+    remap = torch.full((len(sids),), -1, dtype=torch.int64)
+    remap[seen_rows] = torch.arange(len(seen_rows))
+    ex = tb.examples
+    positives = torch.from_numpy(tb.items(trie))
+    positives = torch.where(positives >= 0, remap[positives.clamp(min=0)], -1)
+    lengths = (ex.history != PAD).sum(1)
+    v_target = vb.items(trie)
+
+    def step(idx):
+        head.train()
+        with torch.no_grad():
+            enc = gr.encode(history_batch(sids_t, ex.history[idx]))
+        logits = head.user_vectors(enc) @ head.item_vectors(gr, sids_t[seen_rows]).T / head.cfg.temperature
+        rec = F.cross_entropy(logits, remap[torch.from_numpy(ex.target[idx])])
+        return align.alpha * rec + (1 - align.alpha) * self_draft_alignment_loss(logits, positives[idx])
+
+    @torch.inference_mode()
+    def validate():
+        head.eval()
+        items = head.item_vectors(gr, sids_t)
+        u = head.user_vectors(gr.encode(history_batch(sids_t, vb.examples.history)))
+        return coverage((u @ items.T).topk(2 * align.top_k, dim=1).indices.numpy(), v_target)
+
+    return _fit_aligned(head, "self-draft (aligned)", "self-drafter", tcfg, lengths, step, validate, align, log,
+                        progress)

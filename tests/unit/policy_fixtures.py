@@ -11,6 +11,7 @@ from specrec.itemset import LocalItemSet
 from specrec.models.nezha_head import NezhaHead
 from specrec.models.tiger import Tiger
 from specrec.policies import Engine
+from specrec.backends import Backend
 from specrec.verifier import LocalVerifier
 
 from ..conftest import random_sids, sharpen, tiny_config
@@ -50,7 +51,7 @@ def make_engine(seed=0, n_items=60, unseen_frac=0.0, sharp=30.0, level_sizes=(6,
     itemset = LocalItemSet(sids, seen, cfg.level_sizes)
     vectors = rng.normal(size=(n_items, 16)).astype(np.float32)
     head = NezhaHead(model).eval() if with_head else None
-    verifier = LocalVerifier(model, head)
+    verifier = LocalVerifier(Backend(model, head), head, model)
     return Engine(verifier, itemset, cfg.max_history, HashDrafter(vectors, itemset, seed))
 
 

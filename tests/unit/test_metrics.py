@@ -30,3 +30,22 @@ def test_percentiles_in_ms():
     p = percentiles_ms([0.001] * 99 + [0.1])
     assert math.isclose(p["p50_ms"], 1.0)
     assert p["p99_ms"] > 1.0
+
+
+def test_item_and_token_acceptance_are_counted_apart():
+    """Items (specgr's candidates) and SID tokens (level-wise policies) are separate counters:
+    a request that drafts both keeps two rates, and tokens add up by position."""
+    from specrec.policies.metrics import RequestStats, SpecMetrics
+
+    st = RequestStats()
+    st.observe_items(drafted=10, accepted=3)
+    st.observe_items(drafted=10, accepted=1)
+    st.observe_tokens(0, drafted=4, accepted=4)
+    st.observe_tokens(2, drafted=4, accepted=0)
+    assert (st.draft_items, st.accepted_items) == (20, 4)
+    assert st.draft_tokens_by_position == [4, 0, 4] and st.accepted_tokens_by_position == [4, 0, 0]
+    m = SpecMetrics()
+    m.record("specgr", st)
+    m.record("specgr", RequestStats())  # a request that drafted nothing changes neither rate
+    snap = m.snapshot()["specgr"]
+    assert snap["item_acceptance"] == 0.2 and snap["token_acceptance"] == 0.5

@@ -8,7 +8,7 @@ from specrec.policies import POLICIES, RecRequest, make_policy
 
 from .policy_fixtures import histories, make_engine
 
-ALL = ["beam", "specgr", "nezha", "strict", "relaxed", "sample"]
+ALL = ["beam", "specgr", "nezha", "strict", "relaxed", "sample", "drafter", "auto"]
 
 
 def run(engine, name, hists, k=10, **params):
@@ -33,10 +33,13 @@ def test_k_unique_valid_items_and_stats(name):
             assert len(set(res.items.tolist())) == k
             assert eng.itemset.contains(eng.itemset.sids_of(res.items)).all()
             assert res.stats.exit_reason
-            assert res.stats.encoder_calls == 1
-            assert res.stats.verifier_calls >= 1
-    snap = eng.metrics.snapshot()[name]
-    assert snap["requests"] == 15
+            uses_verifier = res.served_by != "drafter"
+            assert res.stats.encoder_calls == int(uses_verifier)
+            assert (res.stats.verifier_calls >= 1) == uses_verifier
+            # auto, without a deadline: its most accurate tier (beam, strict: the same list)
+            assert res.served_by in ((name,) if name != "auto" else ("beam", "strict"))
+    snap = eng.metrics.snapshot()
+    assert sum(snap[p]["requests"] for p in (("beam", "strict") if name == "auto" else (name,)) if p in snap) == 15
 
 
 @settings(max_examples=12, deadline=None)
@@ -52,15 +55,49 @@ def test_strict_equals_beam_on_random_models(seed, k, n_items):
             assert np.allclose(a.scores, b.scores, atol=1e-5)
 
 
-def test_strict_uses_fewer_verifier_calls_when_drafts_cover():
+def count_passes(eng):
+    """Count the backend's decoder passes by kind (wraps the eager functions)."""
+    be = eng.verifier.backend
+    counts = {"encode": 0, "step": 0, "tree": 0, "head": 0}
+    for kind, attr in (("encode", "_encode"), ("step", "_step"), ("tree", "_tree"), ("head", "_head_hidden")):
+        fn = getattr(be, attr)
+
+        def wrapped(*a, _fn=fn, _kind=kind):
+            counts[_kind] += 1
+            return _fn(*a)
+
+        setattr(be, attr, wrapped)
+    return counts
+
+
+def test_strict_needs_one_decoder_pass_when_drafts_cover():
     eng = make_engine(2)
     hists = histories(eng, 4, 2)
-    # drafting the whole catalogue covers every beam: encode + head + one verify pass
-    strict = run(eng, "strict", hists, k=5, n_drafts=60)
+    counts = count_passes(eng)
     beam = run(eng, "beam", hists, k=5)
+    assert counts == {"encode": 1, "step": 4, "tree": 0, "head": 0}
+    for key in counts:
+        counts[key] = 0
+    # drafting the whole catalogue covers every beam: encode + head + one tree pass, no fallback
+    strict = run(eng, "strict", hists, k=5, n_drafts=60)
+    assert counts == {"encode": 1, "step": 0, "tree": 1, "head": 1}
     for s, b in zip(strict, beam):
-        assert s.stats.verifier_calls == 3 < b.stats.verifier_calls == 5
-        assert s.stats.accepted_tokens == s.stats.draft_tokens
+        assert s.items.tolist() == b.items.tolist()
+        assert s.stats.fallback_steps == 0 and s.stats.accepted_items == 5
+        assert s.stats.accepted_tokens_by_position[-1] == 5  # the list's paths, at the last level
+    assert eng.metrics.snapshot()["strict"]["no_fallback_share"] == 1.0
+
+
+def test_strict_with_one_draft_falls_back_and_still_equals_beam():
+    eng = make_engine(2)
+    hists = histories(eng, 3, 12)
+    beam = run(eng, "beam", hists, k=6)
+    counts = count_passes(eng)
+    strict = run(eng, "strict", hists, k=6, n_drafts=1)
+    assert counts["tree"] >= 2  # the draft pass, then fallback passes for the levels it misses
+    for s, b in zip(strict, beam):
+        assert s.items.tolist() == b.items.tolist()
+        assert s.stats.fallback_steps >= 1
 
 
 def test_specgr_delta_zero_is_beam():
@@ -72,22 +109,17 @@ def test_specgr_delta_zero_is_beam():
         for a, b in zip(beam, spec):
             assert a.items.tolist() == b.items.tolist()
             assert np.allclose(a.scores / 4.0, b.scores, atol=1e-6)  # V is the mean, beam the sum
-            assert b.stats.exit_reason == "beams_complete" and b.stats.drafted == 0
+            assert b.stats.exit_reason == "beams_complete" and b.stats.draft_items == 0
 
 
 def test_specgr_encodes_once_and_never_verifies_twice():
     eng = make_engine(4)
-    calls = {"encode": 0}
-    enc = eng.verifier.model.encode
-
-    def counting(*a, **kw):
-        calls["encode"] += 1
-        return enc(*a, **kw)
-
-    eng.verifier.model.encode = counting
+    calls = count_passes(eng)
     hists = histories(eng, 4, 4)
     res = run(eng, "specgr", hists, k=10, delta=8, gamma=0.0)  # nothing is accepted: every round runs
     assert calls["encode"] == 1  # one batched encoder call for all four requests
+    # each round's verify pass also evaluates the beam frontier: the beam steps compute nothing more
+    assert calls["tree"] == 4 and calls["step"] == 0
     for r in res:
         assert r.stats.rounds == 4 and r.stats.exit_reason == "beams_complete"
     # no item is drafted twice for the same request
@@ -116,10 +148,10 @@ def test_specgr_redrafts_per_request_prefixes():
     # as a beam search over that request alone finds them (never a union across the batch)
     for i, h in enumerate(hists):
         sess = eng.verifier.encode(eng.history_sids([h]))
-        bs = BeamSearch(eng.verifier.model, sess.state.enc, eng.itemset.trie, 3)
+        bs = BeamSearch(eng.verifier.backend, sess.state.enc, eng.itemset.trie, 3)
         for batch in guided:
             beams = bs.step()
-            own = {tuple(c) for c in beams.codes[0][beams.alive()[0]].tolist()}
+            own = {tuple(c) for c in beams.codes[0][beams.alive[0]].tolist()}
             assert {tuple(p) for p in batch[i].prefixes.tolist()} == own
     # and the drafter honours them: every guided draft is under one of its request's prefixes
     for batch in guided:
@@ -141,8 +173,8 @@ def test_specgr_accepts_strictly_above_gamma_and_applies_unseen_rule():
     # put gamma exactly on one candidate's V: that candidate must not be accepted
     res = run(eng, "specgr", hists, k=60, delta=60, gamma=float(v[0].max()), max_rounds=1)
     r0 = res[0]
-    assert r0.stats.accepted == int((v[0] > float(v[0].max())).sum()) == 0
-    res = run(eng, "specgr", hists, k=5, delta=60, gamma=-1e9)
+    assert r0.stats.accepted_items == int((v[0] > float(v[0].max())).sum()) == 0
+    res = run(eng, "specgr", hists, k=5, delta=60, gamma=-100.0)
     for i, r in enumerate(res):
         assert r.stats.exit_reason == "accepted"
         # scores are V (L-1 rule for unseen), sorted descending
@@ -169,6 +201,7 @@ def test_beam_budget_exit():
     t = [0.0]
     eng.clock = lambda: t[0]
     pol = make_policy("beam", eng)
+    pol.budget.estimate["search"] = 4.0  # the whole search does not fit: level by level, exiting on the budget
     pol.budget.estimate["step"] = 1.0
     res = pol.run([RecRequest(h, 7, deadline=0.5) for h in histories(eng, 2, 8)])
     assert all(r.stats.exit_reason == "budget" and len(set(r.items.tolist())) == 7 for r in res)
@@ -180,7 +213,7 @@ def test_nezha_never_returns_invalid(seed):
     eng = make_engine(seed, n_items=20, level_sizes=(8, 8, 8, 4))
     for r in run(eng, "nezha", histories(eng, 5, seed), k=20):
         assert eng.itemset.contains(eng.itemset.sids_of(r.items)).all()
-        assert r.stats.accepted == 20 and r.stats.verifier_calls == 2
+        assert r.stats.accepted_items == 20 and r.stats.verifier_calls == 2
 
 
 def test_relaxed_is_beam_when_nothing_drafted_is_good_enough():
@@ -190,6 +223,104 @@ def test_relaxed_is_beam_when_nothing_drafted_is_good_enough():
     relaxed = run(eng, "relaxed", hists, k=6, threshold=1.0, top_k=1)  # p >= 1 is (almost) never met
     for a, b in zip(beam, relaxed):
         assert a.items.tolist() == b.items.tolist()
-    loose = run(eng, "relaxed", hists, k=6, threshold=0.0, top_k=10_000)
+    loose = run(eng, "relaxed", hists, k=6, threshold=0.0, top_k=1000)
     for r in loose:
         assert np.all(np.diff(r.scores) <= 1e-9)
+
+
+@pytest.mark.parametrize("name", ["beam", "specgr", "strict", "nezha", "sample"])
+def test_session_released_when_a_call_raises(name):
+    eng = make_engine(10)
+    released = []
+    real_release = eng.verifier.release
+    eng.verifier.release = lambda sess: (released.append(sess), real_release(sess))
+
+    def boom(*a, **kw):
+        raise RuntimeError("verifier fell over")
+
+    for op in ("beam_search", "beam_step", "head_beams", "score"):
+        setattr(eng.verifier, op, boom)
+    with pytest.raises(RuntimeError, match="fell over"):
+        run(eng, name, histories(eng, 2, 10), k=5, **({"seed": 0} if name == "sample" else {}))
+    assert len(released) == 1
+
+
+def test_specgr_skips_drafting_that_does_not_pay():
+    """With gamma = 0 nothing is ever accepted: the learned exit rate falls and the
+    policy stops drafting (plain beam steps), except on its exploration requests."""
+    eng = make_engine(11)
+    pol = make_policy("specgr", eng, gamma=0.0)
+    hists = histories(eng, 80, 11)
+    for h in hists[:60]:
+        pol.run([RecRequest(h, 5)])
+    eng.drafter.calls.clear()
+    res = [pol.run([RecRequest(h, 5)])[0] for h in hists[60:]]
+    beam = run(eng, "beam", hists[60:], k=5)
+    drafting = [r for r in res if r.stats.draft_items]
+    assert len(drafting) <= 2  # exploration only (1 request in 16)
+    for r, b in zip(res, beam):
+        if not r.stats.draft_items:
+            assert r.items.tolist() == b.items.tolist()
+
+
+def test_drafter_policy_is_the_drafters_list():
+    eng = make_engine(12)
+    hists = histories(eng, 3, 12)
+    res = run(eng, "drafter", hists, k=7)
+    from specrec.drafters.base import DraftRequest
+
+    for h, r in zip(hists, res):
+        want = eng.drafter.draft([DraftRequest(h, 7)])[0]
+        assert r.items.tolist()[: len(want.items)] == want.items.tolist()
+        assert r.served_by == "drafter" and r.stats.verifier_calls == 0
+
+
+
+def teach_costs(eng, seconds: dict[str, float]) -> None:
+    """Each policy's learned request cost, as if 50 requests had taken that long."""
+    for name, cost in seconds.items():
+        b = eng.learned(name).budget
+        for _ in range(50):
+            b.observe_total(cost)
+
+def test_auto_picks_the_most_accurate_policy_that_fits():
+    """With learned costs beam 20 ms, strict 30 ms, nezha 5 ms, drafter 1 ms: a 100 ms
+    budget gets beam (strict gives the same list but costs more), 10 ms gets nezha,
+    2 ms the drafter, and 0.5 ms (or a queue that eats the budget) is refused."""
+    from specrec.policies import Overloaded
+
+    eng = make_engine(13)
+    t = [0.0]
+    eng.clock = lambda: t[0]
+    teach_costs(eng, {"beam": 0.02, "strict": 0.03, "nezha": 0.005, "drafter": 0.001})
+    auto = make_policy("auto", eng)
+    h = histories(eng, 1, 13)[0]
+    for budget, want in ((0.1, "beam"), (0.010, "nezha"), (0.002, "drafter")):
+        assert auto.choose(RecRequest(h, 5, deadline=budget)) == want
+    with pytest.raises(Overloaded):
+        auto.choose(RecRequest(h, 5, deadline=0.0005))
+    eng.load = lambda p: 0.0 if p == "drafter" else 0.095  # the verifier's queue: only the drafter fits 100 ms
+    assert auto.choose(RecRequest(h, 5, deadline=0.1)) == "drafter"
+    eng.load = lambda p: 0.0
+    res = auto.run([RecRequest(h, 5, deadline=0.1)])[0]
+    assert res.served_by == "beam" and len(res.items) == 5
+    assert eng.metrics.snapshot()["beam"]["requests"] == 1 and "auto" not in eng.metrics.snapshot()
+
+
+def test_auto_probes_a_skipped_tier_and_relearns_its_cost():
+    """After a fault, beam's learned cost (200 ms) misses a 150 ms budget: auto answers with the drafter,
+    then after probe_s tries beam once; that request's time replaces the stale estimate, and beam is back."""
+    eng = make_engine(17)
+    t = [100.0]
+    eng.clock = lambda: t[0]
+    teach_costs(eng, {"beam": 0.2, "strict": 0.3, "nezha": 0.2, "drafter": 0.001})
+    auto = make_policy("auto", eng, probe_s=0.5)
+    h = histories(eng, 1, 17)[0]
+    assert auto.choose(RecRequest(h, 5, deadline=t[0] + 0.15)) == "drafter"
+    t[0] += 0.2
+    assert auto.choose(RecRequest(h, 5, deadline=t[0] + 0.15)) == "drafter"  # not yet probe_s since it was skipped
+    t[0] += 0.4
+    assert auto.choose(RecRequest(h, 5, deadline=t[0] + 0.15)) == "beam"  # the probe
+    make_policy("beam", eng).run([RecRequest(h, 5, deadline=None)])  # the fake clock does not move: 0 s
+    assert eng.learned("beam").budget.expected() == 0.0
+    assert auto.choose(RecRequest(h, 5, deadline=t[0] + 0.15)) == "beam"

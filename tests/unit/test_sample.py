@@ -14,7 +14,7 @@ from specrec.decoding.scoring import score_sids
 from specrec.decoding.speculative import accept_prob, residual, speculative_sample, transform
 from specrec.policies import RecRequest, make_policy
 
-from .policy_fixtures import histories, make_engine
+from .policy_fixtures import make_engine
 
 SIZES = (3, 2, 3)
 ALPHA = 1e-3  # significance of the frequency tests
@@ -211,27 +211,38 @@ def test_temperature_and_topk_exactness():
 
 @torch.inference_mode()
 def test_sample_policy_streams_follow_the_gr_model():
-    """On a real tiny GR model with a NEZHA head: streams are distributed as
-    the model's (temperature-processed, item-set-constrained) distribution."""
+    """On a real tiny GR model with a NEZHA head, with several requests in one
+    call: each request's streams are distributed as the model's
+    (temperature-processed, item-set-constrained) distribution for *its own*
+    history. The requests' targets differ enough that a row mix-up across the
+    batch fails the test."""
     eng = make_engine(2, n_items=12, sharp=3.0)
     pol = make_policy("sample", eng, temperature=1.3, seed=0)
-    hist = histories(eng, 1, 2)
-    sess = eng.verifier.encode(eng.history_sids(hist))
-    n = 20_000
-    p_fn, q_next = pol.distributions(sess, 1, n)
-    seq, logp, st = speculative_sample(p_fn, q_next, n, 4, pol.generator)
-    # exact target over the 12 valid SIDs
+    hists = [np.full(6, i) for i in (0, 5, 9)]  # one item repeated: histories as different as they get
+    R, M = len(hists), 8_000
+    sess = eng.verifier.encode(eng.history_sids(hists))
+    p_fn, q_next = pol.distributions(sess, R, M)
+    seq, logp, st = speculative_sample(p_fn, q_next, R * M, 4, pol.generator)
     sids = torch.from_numpy(eng.itemset.sids)
-    full = score_sids(eng.verifier.model, sess.state.enc, sids.unsqueeze(0), full=True).full
-    probs = torch.ones(len(sids))
-    for j in range(4):
-        allowed = pol._allowed(sids[:, :j], j)
-        probs *= transform(full[j][0], allowed, 1.3, 0).gather(1, sids[:, j : j + 1]).squeeze(1)
-    assert abs(float(probs.sum()) - 1.0) < 1e-4
-    want = {tuple(s): float(pr) for s, pr in zip(sids.tolist(), probs)}
-    counts = Counter(map(tuple, seq.tolist()))
-    assert chi2_pvalue(counts, want) > ALPHA
+    full = score_sids(eng.verifier.backend, sess.state.enc, sids.unsqueeze(0).expand(R, -1, -1), full=True).full
+    want = []
+    for r in range(R):
+        probs = torch.ones(len(sids))
+        for j in range(4):
+            allowed = pol._allowed(sids[:, :j], j)
+            probs *= transform(full[j][r], allowed, 1.3, 0).gather(1, sids[:, j : j + 1]).squeeze(1)
+        assert abs(float(probs.sum()) - 1.0) < 1e-4
+        want.append({tuple(s): float(pr) for s, pr in zip(sids.tolist(), probs)})
+    for r in range(R):
+        counts = Counter(map(tuple, seq[r * M : (r + 1) * M].tolist()))
+        assert chi2_pvalue(counts, want[r]) > ALPHA
+        other = want[(r + 1) % R]  # the check tells the requests apart
+        assert sum(abs(want[r][s] - other[s]) for s in other) > 0.05
+        assert chi2_pvalue(counts, other) < 1e-6
     assert st.accepted_tokens < st.draft_tokens  # the untrained head is not the target: rejections happened
-    # and the policy's lists are distinct valid items
-    res = pol.run([RecRequest(hist[0], 5)])[0]
-    assert len(set(res.items.tolist())) == 5
+    # the policy's lists are distinct valid items, and each request counts only its own streams' tokens
+    res = pol.run([RecRequest(h, 5) for h in hists])
+    for r in res:
+        assert len(set(r.items.tolist())) == 5
+        assert 0 < r.stats.draft_tokens <= 4 * pol.config.max_batches * 2 * 5 * 4
+    assert sum(r.stats.draft_tokens for r in res) == eng.metrics.snapshot()["sample"]["draft_tokens"]

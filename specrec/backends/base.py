@@ -1,0 +1,180 @@
+"""The eager backend (the reference), and what every backend shares.
+
+A backend runs the four hot-path functions of :mod:`specrec.models.hotpath`
+and hands decoding its tensors on decoding's terms:
+
+- :meth:`Backend.encode` -> :class:`~specrec.models.tiger.EncoderState`;
+- :meth:`Backend.step` -> next-level log-probs of a beam step, and the cache;
+- :meth:`Backend.tree` -> every node's next-level log-probs of a prefix tree;
+- :meth:`Backend.head_hidden` -> the NEZHA head's decoder states.
+
+Histories are trimmed to the real items rounded up to a multiple of 4 (left
+padding changes nothing: padded positions are masked, and positions count from
+the oldest real item or from the right), which more than halves the encoder's
+work on Beauty. A backend that compiles for fixed shapes also pads requests,
+beams and tree nodes to buckets (:meth:`Backend.padded`); the eager backend
+pads nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from ..decoding.tree import PrefixTree
+from ..models.hotpath import HotPath
+from ..models.tiger import EncoderState, Tiger
+
+
+@dataclass
+class StepCache:
+    """The static self-attention cache of a beam search: [n_layers, R*B', h, L, dk]
+    with B' = ``row_width`` rows per request (``beams`` of them real, the rest padding)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    row_width: int
+    beams: int
+
+
+def history_bucket(n: int, window: int) -> int:
+    """History positions kept: the real ones rounded up to a multiple of 4 (at most the window)."""
+    return min(window, max(4, -(-n // 4) * 4))
+
+
+def pow2_bucket(n: int, smallest: int = 1) -> int:
+    b = smallest
+    while b < n:
+        b *= 2
+    return b
+
+
+def _pad(x: torch.Tensor, n: int, dim: int = 0) -> torch.Tensor:
+    """Pad ``x`` along ``dim`` to size ``n`` by repeating its first slice."""
+    have = x.shape[dim]
+    if have >= n:
+        return x
+    first = x.narrow(dim, 0, 1)
+    reps = [1] * x.dim()
+    reps[dim] = n - have
+    return torch.cat([x, first.repeat(*reps)], dim=dim)
+
+
+class Backend:
+    """Eager PyTorch: the reference every other backend is tested against."""
+
+    name: ClassVar[str] = "eager"
+
+    def __init__(self, model: Tiger, head=None, device: str = "cpu"):
+        """``device``: where the eager backend computes ("cuda" for a GPU; the
+        decoding around it stays on the CPU, tensors cross at the four calls)."""
+        self.device = torch.device(device)
+        self.model = model.eval()
+        self.cfg = model.cfg
+        self.hot = HotPath(model).eval().to(self.device)
+        self.head = head
+        self.placeholders = None if head is None else head.placeholders.detach().to(self.device)
+
+    def describe(self) -> dict:
+        return {"backend": self.name, "device": str(self.device)}
+
+    def _to(self, *xs):
+        return [x.to(self.device) for x in xs] if self.device.type != "cpu" else list(xs)
+
+    def _back(self, x):
+        return x.cpu() if self.device.type != "cpu" else x
+
+    # -- the four functions (subclasses replace these) -----------------------------
+    def _encode(self, hist_sids):
+        return self.hot.encode(*self._to(hist_sids))  # the state stays on the device
+
+    def _step(self, *args):
+        logp, k, v = self.hot.step(*self._to(*args))
+        return self._back(logp), k, v  # the cache stays on the device
+
+    def _tree(self, *args):
+        return self._back(self.hot.tree(*self._to(*args)))
+
+    def _head_hidden(self, *args):
+        return self._back(self.hot.head_hidden(*self._to(*args)))
+
+    def _empty_cache(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.cfg
+        shape = (cfg.n_dec_layers, rows, cfg.n_heads, cfg.sid_len, cfg.d_kv)
+        return torch.zeros(shape, device=self.device), torch.zeros(shape, device=self.device)
+
+    def search(self, enc: EncoderState, trie, width: int):
+        """The whole constrained beam search in one call, where the backend has
+        one (-> :class:`~specrec.decoding.beam.Beams`); None: step instead."""
+        return None
+
+    def head_search(self, enc: EncoderState, trie, width: int):
+        """The NEZHA head's whole beam search in one call, where the backend has one; None otherwise."""
+        return None
+
+    def warmup(self, trie, ks=(10,)) -> None:
+        """Prepare what serving list lengths ``ks`` will use (nothing to prepare eagerly)."""
+
+    def padded(self, kind: str, n: int) -> int:
+        """Size to pad a varying axis to: ``kind`` is 'requests', 'beams' or 'nodes'."""
+        return n
+
+    # -- decoding-side calls -----------------------------------------------------------
+    def _enc_inputs(self, enc: EncoderState, rows: int):
+        return _pad(enc.keep, rows), _pad(enc.cross_k, rows, 1), _pad(enc.cross_v, rows, 1)
+
+    @torch.inference_mode()
+    def encode(self, hist_sids: torch.Tensor) -> EncoderState:
+        """[R, H, L] codes, left-padded with rows of -1 -> encoder state (trimmed to a history bucket)."""
+        r, h, _ = hist_sids.shape
+        real = int((hist_sids[:, :, 0] >= 0).sum(1).max())
+        x = _pad(hist_sids[:, h - history_bucket(real, h) :], self.padded("requests", r))
+        keep, ck, cv = self._encode(x)
+        return EncoderState(None, self._back(keep[:r, None, None, :]), ck[:, :r], cv[:, :r])
+
+    @torch.inference_mode()
+    def step(self, enc: EncoderState, tokens: torch.Tensor, start: int, parent: torch.Tensor | None,
+             cache: StepCache | None) -> tuple[torch.Tensor, StepCache]:
+        """One cached beam step: ``tokens`` [R, B] at decoder position ``start``;
+        ``parent`` [R*B] the beam (flat ``r * B_prev + j``) each beam continues,
+        None at the first step. Returns level ``start``'s log-probs [R, B, V]
+        and the new cache."""
+        r, b = tokens.shape
+        cfg = self.cfg
+        rp, bp = self.padded("requests", r), self.padded("beams", b)
+        if cache is None:
+            cache = StepCache(*self._empty_cache(rp * bp), bp, b)
+            rows = torch.arange(rp * bp)
+        else:  # beam j of request q continues cache row q * row_width + (its parent's index within q)
+            q = torch.arange(r).view(-1, 1)
+            rows = q * cache.row_width + (parent.view(r, b) - q * cache.beams)
+            rows = _pad(_pad(rows, bp, 1), rp).reshape(-1)
+        tokens = _pad(_pad(tokens, bp, 1), rp)
+        logp, k, v = self._step(tokens, torch.tensor(start, dtype=torch.int64), rows,
+                                *self._enc_inputs(enc, rp), cache.k, cache.v)
+        v_level = cfg.level_sizes[start]
+        return logp.view(rp, bp, -1)[:r, :b, :v_level], StepCache(k, v, bp, b)
+
+    @torch.inference_mode()
+    def tree(self, enc: EncoderState, tree: PrefixTree) -> torch.Tensor:
+        """Every node's log-probs of every level [R, T, L, Vmax] (T = tree.width; read level = depth)."""
+        r, t = tree.tokens.shape
+        rp, tp = self.padded("requests", r), self.padded("nodes", t)
+        tokens, positions, mask = tree.tokens, tree.positions, tree.mask
+        if tp > t:  # padding nodes: PAD tokens that attend only to themselves
+            tokens, positions = F.pad(tokens, (0, tp - t)), F.pad(positions, (0, tp - t))
+            mask = F.pad(mask, (0, tp - t, 0, tp - t))
+            mask[:, torch.arange(t, tp), torch.arange(t, tp)] = True
+        out = self._tree(_pad(tokens, rp), _pad(positions, rp), _pad(mask, rp), *self._enc_inputs(enc, rp))
+        return out[:r, :t]
+
+    @torch.inference_mode()
+    def head_hidden(self, enc: EncoderState) -> torch.Tensor:
+        """The NEZHA head's decoder states [R, L, d]."""
+        if self.placeholders is None:
+            raise RuntimeError("this backend has no NEZHA draft head")
+        r = enc.n
+        return self._head_hidden(*self._enc_inputs(enc, self.padded("requests", r)), self.placeholders)[:r]

@@ -1,0 +1,267 @@
+"""``onnx``: the hot path as ONNX graphs on ONNX Runtime (the CPU default).
+
+:func:`export_onnx` writes the functions of :class:`~specrec.models.hotpath.FusedHotPath`
+-- ``encode``, ``step``, ``tree`` and, with a NEZHA head, ``head`` (its decoder
+pass) -- with every varying axis dynamic, so nothing is padded and nothing
+recompiles, plus ``config.json``. Whole searches are graphs too, one per
+beam width, exported on first use and kept beside the others:
+``beam_w{W}.onnx`` (the target's constrained beam search) and
+``head_w{W}.onnx`` (the NEZHA head's, its decoder pass included). They read
+the item set as dense child tables, made once per catalogue version; a
+catalogue too big for dense tables falls back to step-by-step search.
+
+:class:`OrtBackend` runs them with full graph optimisations (exported once per
+weights into ``$SPECREC_CACHE/onnx/<fingerprint>`` unless told where), on the CUDA
+execution provider when ``onnxruntime-gpu`` finds a GPU, else the CPU.
+Intra-op threads do not spin while idle (``allow_spinning`` 0), since the
+process also runs gRPC and Python.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import weakref
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..decoding.beam import Beams
+from ..models.hotpath import FusedHotPath, child_tables
+from ..models.tiger import Tiger
+from .base import Backend
+
+OPSET = 18
+ENC = ["enc_mask", "cross_k", "cross_v"]
+ENC_AXES = {"enc_mask": {0: "R", 1: "S"}, "cross_k": {1: "R", 4: "S"}, "cross_v": {1: "R", 3: "S"}}
+
+
+class _Fn(nn.Module):
+    def __init__(self, fn, *static):
+        super().__init__()
+        self.fn, self.static = fn, static
+
+    def forward(self, *args):
+        return self.fn(*args, *self.static)
+
+
+class _Search(nn.Module):
+    """A whole search with its tables as separate inputs and the width baked in."""
+
+    def __init__(self, fn, n_tables: int, width: int):
+        super().__init__()
+        self.fn, self.n, self.width = fn, n_tables, width
+
+    def forward(self, enc_mask, cross_k, cross_v, *tables):
+        return self.fn(enc_mask, cross_k, cross_v, list(tables), self.width)
+
+
+def _export(module: nn.Module, args, inputs, outputs, axes, path: Path) -> None:
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")  # several processes may export the same graph at once
+    torch.onnx.export(module.eval(), args, str(tmp), dynamo=False, opset_version=OPSET, input_names=inputs,
+                      output_names=outputs, dynamic_axes=axes, external_data=False)
+    tmp.replace(path)
+
+
+def _example_encoder(fused: FusedHotPath, r: int = 2, s: int = 3):
+    cfg = fused.cfg
+    hist = torch.randint(0, min(cfg.level_sizes), (r, s, cfg.sid_len))
+    hist[0, 0] = -1
+    with torch.no_grad():
+        return hist, fused.encode(hist)
+
+
+def export_onnx(model: Tiger, out_dir: str | Path, head=None) -> Path:
+    """Write the hot path's graphs (no whole searches yet) and config.json to ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = model.cfg
+    fused = FusedHotPath(model, head).eval()
+    r, b, t = 2, 3, 5
+    hist, (keep, ck, cv) = _example_encoder(fused, r)
+    _export(_Fn(fused.encode), (hist,), ["hist_sids"], ENC, {"hist_sids": {0: "R", 1: "S"}, **ENC_AXES},
+            out / "encode.onnx")
+    cache_k, cache_v = fused.empty_cache(r * 2)
+    args = (torch.randint(2, cfg.vocab_size, (r, b)), torch.tensor(1), torch.randint(0, r * 2, (r * b,)),
+            keep, ck, cv, cache_k + 0.5, cache_v + 0.5)
+    _export(_Fn(fused.step), args, ["tokens", "start", "parent", *ENC, "cache_k", "cache_v"], ["logp", "new_k", "new_v"],
+            {"tokens": {0: "R", 1: "B"}, "parent": {0: "N"}, **ENC_AXES, "cache_k": {1: "Nc"}, "cache_v": {1: "Nc"},
+             "logp": {0: "N"}, "new_k": {1: "N"}, "new_v": {1: "N"}}, out / "step.onnx")
+    mask = torch.rand(r, t, t) > 0.5
+    mask |= torch.eye(t, dtype=torch.bool)
+    args = (torch.randint(2, cfg.vocab_size, (r, t)), torch.randint(0, cfg.sid_len, (r, t)), mask, keep, ck, cv)
+    _export(_Fn(fused.tree), args, ["tokens", "positions", "tree_mask", *ENC], ["logp"],
+            {"tokens": {0: "R", 1: "T"}, "positions": {0: "R", 1: "T"}, "tree_mask": {0: "R", 1: "T", 2: "T"},
+             **ENC_AXES, "logp": {0: "R", 1: "T"}}, out / "tree.onnx")
+    if head is not None:
+        _export(_Fn(fused.head_hidden), (keep, ck, cv), ENC, ["hidden"], {**ENC_AXES, "hidden": {0: "R"}},
+                out / "head.onnx")
+    meta = {"model": cfg.model_dump(), "fingerprint": weights_fingerprint(model, head)}
+    (out / "config.json").write_text(json.dumps(meta, indent=2) + "\n")
+    return out
+
+
+def weights_fingerprint(*modules) -> str:
+    """sha256 (first 16 hex digits) of the modules' weights and of the code the graphs are traced
+    from (this file and the hot path): exported graphs belong to exactly these."""
+    import hashlib
+
+    from ..models import hotpath
+
+    h = hashlib.sha256(Path(hotpath.__file__).read_bytes() + Path(__file__).read_bytes())
+    for m in modules:
+        if m is None:
+            continue
+        for k, v in sorted(m.state_dict().items()):
+            h.update(k.encode())
+            h.update(v.detach().float().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def export_search(model: Tiger, out_dir: str | Path, kind: str, width: int, head=None) -> Path:
+    """Write ``beam_w{width}.onnx`` (kind 'beam') or ``head_w{width}.onnx`` (kind 'head')."""
+    out = Path(out_dir)
+    fused = FusedHotPath(model, head).eval()
+    hist, enc = _example_encoder(fused, 2)
+    sids = torch.stack([torch.randint(0, v, (16,)) for v in model.cfg.level_sizes], 1)
+    from ..ids.trie import SidTrie
+
+    tables = child_tables(SidTrie(sids.numpy(), model.cfg.level_sizes), fused.vmax)
+    names = [f"table{j}" for j in range(len(tables))]
+    fn = fused.beam_search if kind == "beam" else fused.head_beam_search
+    path = out / f"{kind}_w{width}.onnx"
+    _export(_Search(fn, len(tables), width), (*enc, *tables), [*ENC, *names], ["codes", "scores", "token_logp", "alive"],
+            {**ENC_AXES, **{n: {0: f"nodes{j}"} for j, n in enumerate(names)},
+             "codes": {0: "R"}, "scores": {0: "R"}, "token_logp": {0: "R"}, "alive": {0: "R"}}, path)
+    return path
+
+
+def default_providers() -> list[str]:
+    import onnxruntime as ort
+
+    avail = ort.get_available_providers()
+    return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in avail]
+
+
+class OrtBackend(Backend):
+    name = "onnx"
+
+    def __init__(self, model, head=None, onnx_dir: str | Path | None = None, threads: int | None = None,
+                 providers: list[str] | None = None):
+        super().__init__(model, head)
+        import onnxruntime as ort
+
+        self._ort = ort
+        if onnx_dir is None:  # shared by every process serving these weights
+            from ..ids.embed import cache_dir
+
+            onnx_dir = cache_dir() / "onnx" / weights_fingerprint(model, head)
+        d = Path(onnx_dir)
+        if not _current(d, model, head):
+            export_onnx(model, d, head)
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if threads:
+            so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self.options, self.providers_wanted = so, providers or default_providers()
+        self.onnx_dir = d
+        self.sessions: dict[str, object] = {}
+        self._lock = threading.Lock()
+        for name in ("encode", "step", "tree", "head"):
+            if (d / f"{name}.onnx").exists():
+                self._session(name)
+        self.providers = self.sessions["encode"].get_providers()
+        self._tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def describe(self) -> dict:
+        return {"backend": self.name, "providers": self.providers}
+
+    def _session(self, name: str):
+        s = self.sessions.get(name)
+        if s is None:
+            with self._lock:
+                s = self.sessions.get(name)
+                if s is None:
+                    s = self._ort.InferenceSession(str(self.onnx_dir / f"{name}.onnx"), self.options,
+                                                   providers=self.providers_wanted)
+                    self.sessions[name] = s
+        return s
+
+    def _run(self, name: str, inputs: list[str], args) -> list[torch.Tensor]:
+        feed = {k: (v if isinstance(v, np.ndarray) else np.ascontiguousarray(v.numpy())) for k, v in zip(inputs, args)}
+        return [torch.from_numpy(x) for x in self._session(name).run(None, feed)]
+
+    # -- the four functions -------------------------------------------------------------
+    def _encode(self, hist_sids):
+        return tuple(self._run("encode", ["hist_sids"], [hist_sids]))
+
+    def _step(self, *args):
+        return tuple(self._run("step", ["tokens", "start", "parent", *ENC, "cache_k", "cache_v"], args))
+
+    def _empty_cache(self, rows: int):
+        cfg = self.cfg
+        k = torch.zeros(cfg.n_dec_layers, rows, cfg.n_heads, cfg.d_kv, cfg.sid_len)
+        return k, torch.zeros(cfg.n_dec_layers, rows, cfg.n_heads, cfg.sid_len, cfg.d_kv)
+
+    def _tree(self, *args):
+        return self._run("tree", ["tokens", "positions", "tree_mask", *ENC], args)[0]
+
+    def _head_hidden(self, enc_mask, cross_k, cross_v, placeholders):
+        return self._run("head", ENC, [enc_mask, cross_k, cross_v])[0]
+
+    # -- whole searches -------------------------------------------------------------------------
+    def _tables_of(self, trie) -> list[np.ndarray] | None:
+        if trie not in self._tables:
+            t = child_tables(trie, max(self.cfg.level_sizes))
+            self._tables[trie] = None if t is None else [x.numpy() for x in t]
+        return self._tables[trie]
+
+    def _whole(self, kind: str, enc, trie, width: int):
+        tables = self._tables_of(trie)
+        if tables is None or (kind == "head" and self.head is None):
+            return None
+        name = f"{kind}_w{width}"
+        if name not in self.sessions and not (self.onnx_dir / f"{name}.onnx").exists():
+            with self._lock:
+                if not (self.onnx_dir / f"{name}.onnx").exists():
+                    export_search(self.model, self.onnx_dir, kind, width, self.head)
+        names = [f"table{j}" for j in range(len(tables))]
+        codes, scores, tlp, alive = self._run(name, [*ENC, *names], [enc.keep, enc.cross_k, enc.cross_v, *tables])
+        return Beams(codes, scores, tlp, alive.bool(), None)
+
+    def search(self, enc, trie, width: int):
+        return self._whole("beam", enc, trie, width)
+
+    def head_search(self, enc, trie, width: int):
+        return self._whole("head", enc, trie, width)
+
+    def warmup(self, trie, ks=(10,)) -> None:
+        """Export and load, before serving, the whole-search graphs a list length K uses: the
+        beam search of width K, and the head's searches of every draft count the policies use."""
+        from ..policies.base import DraftSizer
+
+        enc = self.encode(torch.zeros(1, 4, self.cfg.sid_len, dtype=torch.int64))
+        for k in ks:
+            self.search(enc, trie, k)
+            if self.head is not None:
+                for m in DraftSizer.LADDER:
+                    self.head_search(enc, trie, m * k)
+
+
+def _current(d: Path, model, head) -> bool:
+    """The exported graphs in ``d`` belong to exactly these weights (model and head)."""
+    if not (d / "config.json").exists() or not (d / "tree.onnx").exists():
+        return False
+    if head is not None and not (d / "head.onnx").exists():
+        return False
+    meta = json.loads((d / "config.json").read_text())
+    if meta.get("fingerprint") == weights_fingerprint(model, head):
+        return True
+    for old in d.glob("*_w*.onnx"):  # whole-search graphs of other weights
+        old.unlink()
+    return False

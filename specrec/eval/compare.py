@@ -1,0 +1,143 @@
+"""Policies side by side on the same requests (``specrec eval --policies``).
+
+Every request goes through every policy in turn (interleaved, batch 1), so
+they are timed under the same machine state; a few warm-up requests are not
+timed. Besides quality and latency it reports what each policy's stats say:
+item and token acceptance, the share of requests a level-wise policy served
+without a fallback pass, the stage times (plotted), and, with
+``eager_beam``, the default beam against beam search on the eager
+(reference) backend.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from ..data.splits import Examples, Split
+from ..policies import RecRequest
+from .evaluate import EvalResult, summarise
+
+
+@dataclass
+class Run:
+    ranked: np.ndarray  # [N, K]
+    secs: np.ndarray  # [N]
+    stage_ms: dict[str, float] = field(default_factory=dict)  # mean per request
+
+
+def compare_policies(policies: dict, ex: Examples, k: int, progress: bool = True, warmup: int = 5) -> dict[str, Run]:
+    hists = ex.histories()
+    for pol in policies.values():
+        for h in hists[:warmup]:
+            pol.run([RecRequest(np.asarray(h, dtype=np.int64), k)])
+    runs = {n: Run(np.full((len(ex), k), -1, dtype=np.int64), np.zeros(len(ex))) for n in policies}
+    stages = {n: defaultdict(float) for n in policies}
+    for i in tqdm(range(len(ex)), desc="requests", disable=not progress, leave=False):
+        req = RecRequest(np.asarray(hists[i], dtype=np.int64), k)
+        for name, pol in policies.items():
+            t0 = time.perf_counter()
+            res = pol.run([req])[0]
+            runs[name].secs[i] = time.perf_counter() - t0
+            runs[name].ranked[i, : len(res.items)] = res.items[:k]
+            for s, ms in res.stats.stage_ms.items():
+                stages[name][s] += ms
+    for name in policies:
+        runs[name].stage_ms = {s: v / len(ex) for s, v in stages[name].items()}
+    return runs
+
+
+def comparison_table(runs: dict[str, Run], ex: Examples, split: Split, ks, metrics: dict) -> tuple[dict, list[dict]]:
+    """Per policy: an EvalResult with the comparison figures in ``extra``, and table rows."""
+    beam = runs["beam"]
+    beam_mean = float(beam.secs.mean())
+    eager = runs.get("beam@eager")
+    table, rows = {}, []
+    for n, run in runs.items():
+        res: EvalResult = summarise(n, run.ranked, run.secs, ex, split, ks)
+        snap = metrics.get(n.split("@")[0], {}) if "@" not in n else {}
+        x = res.extra
+        x["mean_ms"] = float(run.secs.mean() * 1000)
+        x["speedup_vs_beam"] = beam_mean / float(run.secs.mean())
+        if eager is not None:
+            x["speedup_vs_eager"] = float(eager.secs.mean()) / float(run.secs.mean())
+        x["stage_ms"] = run.stage_ms
+        for key in ("item_acceptance", "token_acceptance", "no_fallback_share", "exit_reasons",
+                    "accepted_tokens_by_position", "draft_tokens_by_position"):
+            if key in snap:
+                x[key] = snap[key]
+        x["equal_to_beam"] = float(np.mean([np.array_equal(a, b) for a, b in zip(run.ranked, beam.ranked)]))
+        ref = summarise("beam", beam.ranked, beam.secs, ex, split, ks).overall
+        r10 = f"recall@{min(10, max(ks))}"
+        x["recall_ratio_vs_beam"] = res.overall[r10] / ref[r10] if ref[r10] else float("nan")
+        table[n] = res
+        row = {"policy": n, **res.overall, "p50_ms": res.latency["p50_ms"], "p99_ms": res.latency["p99_ms"],
+               "speedup": x["speedup_vs_beam"], "item_accept": x.get("item_acceptance", float("nan")),
+               "token_accept": x.get("token_acceptance", float("nan")),
+               "no_fallback": x.get("no_fallback_share", float("nan")), "equal_to_beam": x["equal_to_beam"]}
+        for g, m in res.groups.items():
+            row.update({f"{g}_{kk}": v for kk, v in m.items()})
+        rows.append(row)
+    return table, rows
+
+
+def summary_keys(table: dict, dataset: str, protocol: str, k: int) -> dict:
+    """Summary keys: ``<dataset>.<protocol>.<policy>[.k<K>].<figure>`` (no infix at K = 10)."""
+    keys = {}
+    infix = "" if k == 10 else f".k{k}"
+    for n, r in table.items():
+        if "@" in n:
+            continue
+        pre = f"{dataset}.{protocol}.{n}{infix}"
+        x = r.extra
+        if protocol == "loo":
+            if n != "beam":  # beam's own quality keys come from `specrec eval` (width 50, all users)
+                for m in (f"recall@{k}", f"ndcg@{k}"):
+                    keys[f"{pre}.{m}"] = r.overall.get(m)
+                keys[f"{pre}.speedup_vs_beam"] = x["speedup_vs_beam"]
+                keys[f"{pre}.recall_ratio_vs_beam"] = x["recall_ratio_vs_beam"]
+            elif "speedup_vs_eager" in x:
+                keys[f"{pre}.speedup_vs_eager"] = x["speedup_vs_eager"]
+            if n == "strict":
+                keys[f"{pre}.equal_to_beam"] = x["equal_to_beam"]
+                keys[f"{pre}.no_fallback_share"] = x.get("no_fallback_share")
+            if n == "specgr":
+                keys[f"{pre}.item_acceptance"] = x.get("item_acceptance")
+            if n == "drafter":  # the degraded-mode answer: its recall at this K, under one name per K
+                keys[f"{dataset}.{protocol}.drafter.recall@{k}"] = r.overall.get(f"recall@{k}")
+        if protocol == "temporal":
+            for g in ("unseen", "overall"):
+                m = r.groups.get(g, r.overall if g == "overall" else {})
+                if "recall@50" in m:
+                    keys[f"{pre}.{'unseen_' if g == 'unseen' else ''}recall@50"] = m["recall@50"]
+    return keys
+
+
+def plot_stages(table: dict, path, title: str) -> None:
+    """Stacked bars: mean milliseconds per stage, per policy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(table)
+    stages = sorted({s for r in table.values() for s in r.extra["stage_ms"] if s != "total"})
+    fig, ax = plt.subplots(figsize=(max(6, 1.1 * len(names) + 2), 4.2))
+    bottom = np.zeros(len(names))
+    for s in stages:
+        v = np.asarray([table[n].extra["stage_ms"].get(s, 0.0) for n in names])
+        ax.bar(names, v, bottom=bottom, label=s)
+        bottom += v
+    ax.scatter(names, [table[n].extra["mean_ms"] for n in names], color="k", marker="_", s=400, zorder=5,
+               label="mean wall time")
+    ax.set_ylabel("ms per request (mean)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, ncol=2)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,88 @@
+"""``auto``: per request, the most accurate policy whose cost fits the budget.
+
+The gateway's default. Candidates are tried from the most accurate down
+(``tiers``): ``beam`` and ``strict`` give the same list (the cheaper of the two
+by estimate is tried), then ``nezha`` (the draft head's list), then
+``drafter`` (the drafter's list, no verifier). A candidate fits when
+
+    now + expected cost + the verifier's queue wait <= deadline
+
+where a policy's expected cost is its running mean plus two running mean
+absolute deviations (learned online from its own requests, in
+:class:`~.base.Online`; a request that failed counts with the time it took)
+and the queue wait is the engine's live estimate for the service the policy
+uses (``Engine.load(policy)``; 0 in-process). A request that nothing fits, not even the
+drafter, is refused (:class:`Overloaded`): the gateway answers
+RESOURCE_EXHAUSTED at once, while there is still time to say so, instead of
+computing an answer that would arrive late.
+
+Estimates of a tier that was not chosen for a while go stale (they were
+learned under load, or while the verifier was paused), so a better tier that
+was skipped for ``probe_s`` seconds is tried once anyway when its estimate
+misses the time left by less than 2x; its estimate is then replaced by that
+request's time (requests meanwhile still see the old one). After a fault the verifier's tiers come back within about
+``probe_s``, and while the fault lasts one request in ``probe_s`` pays for the
+probe (it falls back to the drafter like any verifier call that misses).
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from .base import LiveBatch, Policy, PolicyConfig, RecRequest, make_policy, register
+
+
+class Overloaded(RuntimeError):
+    """No policy can answer within the request's budget."""
+
+
+class AutoConfig(PolicyConfig):
+    tiers: list[list[str]] = Field([["beam", "strict"], ["nezha"], ["drafter"]],
+                                   description="candidate policies, most accurate first; within a tier, equally "
+                                   "accurate policies (the cheapest by estimate is tried)")
+    spread: float = Field(2.0, ge=0.0, le=10.0, description="deviations added to a policy's mean cost")
+    probe_s: float = Field(1.0, gt=0.0, le=3600.0, description="try a better tier skipped for this many seconds once")
+
+
+@register
+class AutoPolicy(Policy):
+    name = "auto"
+    Config = AutoConfig
+    uses_verifier = False
+
+    def _run(self, batch: LiveBatch) -> None:
+        for j, _, req, _ in batch.rows():
+            name = self.choose(req)
+            batch.finish(j, make_policy(name, self.engine).run([req])[0])
+
+    def _cost(self, name: str) -> float | None:
+        return self.engine.learned(name).budget.expected(self.config.spread)
+
+    def choose(self, req: RecRequest) -> str:
+        eng, cfg = self.engine, self.config
+        if req.deadline is None:
+            return self._cheapest(cfg.tiers[0])
+        now = eng.clock()
+        for n, tier in enumerate(cfg.tiers):
+            name = self._cheapest(tier)
+            if name == "drafter" and self.engine.drafter is None:
+                continue
+            cost = self._cost(name)
+            left = req.deadline - now - eng.load(name)
+            last = self.online.rates.setdefault(f"tried@{name}", now)
+            if cost is None or cost <= left:
+                self.online.rates[f"tried@{name}"] = now
+                return name
+            if n + 1 < len(cfg.tiers) and now - last >= cfg.probe_s and 0 < left and cost <= 2 * left:
+                self.online.rates[f"tried@{name}"] = now
+                self.engine.learned(name).rates["relearn"] = 1.0  # its estimate is replaced by this request's time
+                return name
+        raise Overloaded(f"no policy fits the {max(0.0, req.deadline - now) * 1000:.1f} ms left "
+                         f"(queue ahead: verifier {eng.load('beam') * 1000:.1f} ms, drafter {eng.load('drafter') * 1000:.1f} ms)")
+
+    def _cheapest(self, tier: list[str]) -> str:
+        costs = [(self._cost(n), n) for n in tier]
+        unknown = [n for c, n in costs if c is None]
+        if unknown:  # not measured yet: try it
+            return unknown[0]
+        return min(costs)[1]

@@ -1,0 +1,101 @@
+"""Every backend computes what eager PyTorch computes (within 1e-4), and
+``strict`` still equals ``beam`` exactly when both run on it."""
+
+import numpy as np
+import pytest
+import torch
+
+from specrec.backends import Backend, make_backend
+from specrec.decoding.beam import beam_search
+from specrec.decoding.scoring import score_sids
+from specrec.ids import SidTrie
+from specrec.itemset import LocalItemSet
+from specrec.models.nezha_head import NezhaHead
+from specrec.models.tiger import Tiger
+from specrec.policies import Engine, RecRequest, make_policy
+from specrec.verifier import LocalVerifier
+
+from ..conftest import random_sids, sharpen, tiny_config
+
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(11)
+    m = Tiger(tiny_config(max_history=8)).eval()
+    sharpen(m, 20)
+    return m, NezhaHead(m).eval(), random_sids(50, m.cfg.level_sizes, 11)
+
+
+@pytest.fixture(scope="module", params=["onnx"])
+def pair(request, model, tmp_path_factory):
+    m, head, sids = model
+    kw = {"onnx_dir": tmp_path_factory.mktemp("onnx"), "threads": 1}
+    return Backend(m, head), make_backend(request.param, m, head, **kw), sids
+
+
+def _hist(sids, lengths, h=8):
+    out = torch.full((len(lengths), h, 4), -1, dtype=torch.int64)
+    for i, k in enumerate(lengths):
+        out[i, h - k :] = torch.from_numpy(sids[i : i + k])
+    return out
+
+
+@torch.inference_mode()
+def test_encoder_matches(pair):
+    """Encoder states are each backend's own layout: compare what the decoder reads from them."""
+    ref, be, sids = pair
+    cand = torch.from_numpy(sids[:12]).view(1, 12, 4)
+    for lengths in ([8, 3, 1], [5], [2, 2]):
+        a, b = ref.encode(_hist(sids, lengths)), be.encode(_hist(sids, lengths))
+        assert torch.equal(a.mask, b.mask)
+        c = cand.expand(len(lengths), -1, -1)
+        assert (score_sids(ref, a, c).token_logp - score_sids(be, b, c).token_logp).abs().max() < TOL
+
+
+@torch.inference_mode()
+def test_tree_scoring_matches(pair):
+    ref, be, sids = pair
+    hist = _hist(sids, [6, 2])
+    for m in (3, 10, 23):
+        cand = torch.from_numpy(sids[np.random.default_rng(m).integers(0, 50, 2 * m)]).view(2, m, 4)
+        sa, sb = score_sids(ref, ref.encode(hist), cand, full=True), score_sids(be, be.encode(hist), cand, full=True)
+        assert (sa.token_logp - sb.token_logp).abs().max() < TOL
+        for x, y in zip(sa.full, sb.full):
+            assert (x - y).abs().max() < TOL
+
+
+@torch.inference_mode()
+def test_beam_search_and_head_match(pair):
+    ref, be, sids = pair
+    trie = SidTrie(sids, ref.cfg.level_sizes)
+    hist = _hist(sids, [7, 3, 1])
+    for width in (1, 6, 11):
+        a = beam_search(ref, ref.encode(hist), trie, width)
+        b = beam_search(be, be.encode(hist), trie, width)
+        assert torch.equal(a.codes, b.codes)
+        assert (a.scores - b.scores).nan_to_num(0, 0, 0).abs().max() < TOL
+    assert (ref.head_hidden(ref.encode(hist)) - be.head_hidden(be.encode(hist))).abs().max() < TOL
+    # the NEZHA head's whole search (decoder pass, transitions, trie) in one call equals its eager search
+    hb = be.head_search(be.encode(hist), trie, 6)
+    if hb is not None:
+        want = ref.head.beam_search(ref.model, ref.head_hidden(ref.encode(hist)), trie, 6)
+        assert torch.equal(hb.codes[hb.alive], want.codes[want.alive])
+        assert (hb.scores - want.scores).nan_to_num(0, 0, 0).abs().max() < TOL
+
+
+def test_strict_equals_beam_on_the_backend(pair, model):
+    m, head, sids = model
+    _, be, _ = pair
+    itemset = LocalItemSet(sids, np.ones(len(sids), bool), m.cfg.level_sizes)
+    eng = Engine(LocalVerifier(be, head, m), itemset, m.cfg.max_history)
+    rng = np.random.default_rng(3)
+    hists = [rng.integers(0, 50, int(rng.integers(1, 9))) for _ in range(4)]
+    for k in (3, 8):
+        beam = make_policy("beam", eng).run([RecRequest(h, k) for h in hists])
+        for n in (1, 2 * k):
+            strict = make_policy("strict", eng, n_drafts=n).run([RecRequest(h, k) for h in hists])
+            for a, b in zip(beam, strict):
+                assert a.items.tolist() == b.items.tolist()
+                assert np.allclose(a.scores, b.scores, atol=TOL)
