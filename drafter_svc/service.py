@@ -12,19 +12,18 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import grpc
 import numpy as np
 import torch
 from prometheus_client import Counter, Gauge
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from specrec.bundle import Bundle
+from specrec.bundle import Bundle, sid_space_fingerprint
 from specrec.drafters.base import DraftRequest as CoreDraftRequest
 from specrec.ids.embed import TextEmbedder
 from specrec_rpc.catalogue import CatalogueWatcher, Snapshot
 from specrec_rpc.errors import InvalidArgument, handle_errors, require
-from specrec_rpc.server import Service, channel_options
+from specrec_rpc.server import Service, make_channel
 from specrec_rpc.settings import ServiceSettings
 from specrec_rpc.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
 
@@ -60,8 +59,9 @@ class DrafterService(Service):
     async def start(self) -> None:
         torch.set_num_threads(self.s.threads)
         self.bundle = await asyncio.to_thread(Bundle.load, self.s.bundle)
-        self.channel = grpc.aio.insecure_channel(self.s.itemset_addr, options=channel_options(self.s))
-        self.catalogue = CatalogueWatcher(self.channel)
+        self.channel = make_channel(self.s.itemset_addr, self.s, aio=True)
+        # a catalogue of another bundle (another SID space) is refused: the service waits NOT_SERVING for its own
+        self.catalogue = CatalogueWatcher(self.channel, expect_bundle=sid_space_fingerprint(self.s.bundle))
         snap = await self.catalogue.start()
         await asyncio.to_thread(self._build, snap)
         self.catalogue.listeners.append(self._on_version)

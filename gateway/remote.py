@@ -4,12 +4,20 @@ interfaces, so the policy loop runs unchanged in the gateway.
 Policies are synchronous code; the gateway runs each request's policy in a
 worker thread, and these adapters use blocking stubs from there. Every call
 carries the request's remaining budget as its gRPC deadline.
+
+Round trips are few: ``encode`` sends nothing; the history travels with the
+first verifier call (which creates the session), and ``beam`` is one
+``BeamSearch``. A policy that drafts before it verifies (``specgr``) calls
+:meth:`RemoteVerifier.prepare`, which starts the encode in the background so
+that it runs while the drafter works. A session the verifier lost (restart,
+eviction) is re-created once from the history, wherever the call does not
+depend on the session's beam state; otherwise the request degrades.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import grpc
@@ -19,14 +27,14 @@ import torch
 from specrec.decoding.beam import Beams
 from specrec.decoding.scoring import Scores
 from specrec.drafters.base import Draft, DraftRequest
-from specrec.verifier import Session
+from specrec.verifier import SelectRule, Session, StepCoverage
 from specrec_rpc.catalogue import Snapshot
 from specrec_rpc.tensors import to_msg, to_torch
 from specrec_rpc.v1 import common_pb2, drafter_pb2, verifier_pb2
 
 #: extra time granted to one downstream call beyond the request's budget, so a
 #: call that starts just in time can still answer (keeps answers within budget + a few ms)
-GRACE_S = 0.004
+GRACE_S = 0.002
 
 
 class DependencyDown(RuntimeError):
@@ -36,7 +44,13 @@ class DependencyDown(RuntimeError):
 
 
 class BudgetExceeded(RuntimeError):
-    pass
+    def __init__(self, which: str, detail: str):
+        super().__init__(f"{which}: {detail}")
+        self.which = which
+
+
+class SessionLost(RuntimeError):
+    """The verifier no longer has the session (it restarted or evicted it)."""
 
 
 def _timeout(deadline: float | None, floor: float = 0.002) -> float | None:
@@ -45,111 +59,196 @@ def _timeout(deadline: float | None, floor: float = 0.002) -> float | None:
     return max(floor, deadline - time.monotonic() + GRACE_S)
 
 
-def _call(which: str, fn, request, deadline):
+def _raise_for(which: str, e: grpc.RpcError):
+    code = e.code()
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        raise BudgetExceeded(which, e.details() or "deadline exceeded") from None
+    if code == grpc.StatusCode.FAILED_PRECONDITION and "session" in (e.details() or ""):
+        raise SessionLost(e.details()) from None
+    # anything else (down, overloaded, starting, or a call it refused): the request degrades to what is
+    # still available; the caller's own input was validated before any dependency was called
+    raise DependencyDown(which, f"{code.name}: {e.details()}") from None
+
+
+def _call(which: str, fn, request, deadline, metadata=()):
     try:
-        return fn(request, timeout=_timeout(deadline))
+        return fn(request, timeout=_timeout(deadline), metadata=metadata)
     except grpc.RpcError as e:
-        code = e.code()
-        if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-            raise BudgetExceeded(f"{which}: {e.details()}") from None
-        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.UNKNOWN,
-                    grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.INTERNAL):
-            raise DependencyDown(which, f"{code.name}: {e.details()}") from None
-        raise
+        _raise_for(which, e)
 
 
 @dataclass
 class RemoteState:
-    session: str
+    history: torch.Tensor  # [R, H, L]: sent with the first call, and again if the session is lost
+    replica: object = None  # the verifier replica every call of the request goes to (its sessions live there)
+    session: str = ""  # the verifier's id, once it has the session
+    encoding: object = None  # an Encode started early by prepare() (a grpc future)
     width: int = 0
+    rule: SelectRule | None = None
+    tried: set = field(default_factory=set)  # replicas that failed this request
 
 
-def _beams(m: verifier_pb2.Beams) -> Beams:
-    alive = to_torch(m.alive, "alive")
-    nodes = torch.where(alive, torch.zeros_like(alive, dtype=torch.int64), torch.full_like(alive, -1, dtype=torch.int64))
-    return Beams(to_torch(m.codes, "codes"), to_torch(m.scores, "scores"), nodes, to_torch(m.token_logp, "token_logp"))
+def _beams(m: verifier_pb2.Beams, sess: Session) -> Beams:
+    if m.covered.shape:
+        cov, comp = to_torch(m.covered, "covered"), to_torch(m.computed, "computed")
+        sess.coverage.extend(StepCoverage(a.tolist(), b.tolist()) for a, b in zip(cov, comp))
+    return Beams(to_torch(m.codes, "codes"), to_torch(m.scores, "scores"), to_torch(m.token_logp, "token_logp"),
+                 to_torch(m.alive, "alive").bool())
+
+
+def _rule(rule: SelectRule | None) -> verifier_pb2.SelectRule | None:
+    if rule is None or rule.kind == "exact":
+        return None
+    return verifier_pb2.SelectRule(kind=rule.kind, threshold=rule.threshold, top_k=rule.top_k)
 
 
 class RemoteVerifier:
-    """:class:`specrec.verifier.Verifier` over the verifier service.
+    """:class:`specrec.verifier.Verifier` over the verifier service's replicas
+    (:class:`specrec_rpc.replicas.Replicas`): a request's calls all go to the
+    replica picked at ``encode`` (least outstanding of two); when it fails,
+    another one takes over from the history. ``select`` supports the whole
+    batch only (the gateway runs one request per policy call)."""
 
-    Beams come back with a ``nodes`` tensor of 0 (alive) / -1 (dead): the
-    gateway never walks the verifier's trie, it only needs to know which beams
-    are alive. ``select`` supports the whole batch only (the gateway runs one
-    request per policy call)."""
-
-    def __init__(self, stub, snap: Snapshot, deadline: float | None, level_sizes: list[int]):
-        self.stub, self.snap, self.deadline = stub, snap, deadline
+    def __init__(self, replicas, snap: Snapshot, deadline: float | None, level_sizes: list[int], metadata=()):
+        self.replicas, self.snap, self.deadline = replicas, snap, deadline
         self.level_sizes = list(level_sizes)
+        self.metadata = tuple(metadata)  # forwarded with every call (the request id)
 
+    # -- sessions --------------------------------------------------------------------
     def encode(self, hist_sids: torch.Tensor) -> Session:
-        r = _call("verifier", self.stub.Encode,
-                  verifier_pb2.EncodeRequest(history_sids=to_msg(hist_sids), version=self.snap.version), self.deadline)
-        sess = Session(n=r.n, state=RemoteState(r.session))
+        sess = Session(n=hist_sids.shape[0], state=RemoteState(hist_sids))
+        self._use(sess.state, self._pick(set()))
         sess.calls["encode"] += 1
         return sess
+
+    def _pick(self, exclude: set):
+        from specrec_rpc.replicas import NoReplica
+
+        try:
+            return self.replicas.pick(exclude)
+        except NoReplica as e:
+            raise DependencyDown("verifier", str(e)) from None
+
+    @staticmethod
+    def _use(st: RemoteState, replica) -> None:
+        if st.replica is not None:
+            st.replica.__exit__(None, None, None)
+        st.replica = replica.__enter__()
+
+    def prepare(self, sess: Session) -> None:
+        """Start encoding now, in the background (the next call waits for it)."""
+        st: RemoteState = sess.state
+        if not st.session and st.encoding is None:
+            req = verifier_pb2.EncodeRequest(history_sids=to_msg(st.history), version=self.snap.version)
+            st.encoding = st.replica.stub.Encode.future(req, timeout=_timeout(self.deadline), metadata=self.metadata)
 
     def select(self, sess: Session, idx: torch.Tensor) -> Session:
         if len(idx) != sess.n:
             raise NotImplementedError("the remote verifier keeps whole sessions")
         return sess
 
-    def score(self, sess: Session, sids: torch.Tensor, full: bool = False) -> Scores:
+    def release(self, sess: Session) -> None:
+        st: RemoteState | None = sess.state
+        if st is None:
+            return
+        if st.encoding is not None and not st.session:
+            st.encoding.cancel()
+        if st.session:
+            # fire and forget: the answer is not waited for (the session expires on its own anyway)
+            st.replica.stub.Release.future(verifier_pb2.ReleaseRequest(session=st.session), timeout=0.5)
+        if st.replica is not None:
+            st.replica.__exit__(None, None, None)
+        sess.state = None
+
+    def _ref(self, st: RemoteState, keep: bool = True, fresh: bool = False) -> verifier_pb2.SessionRef:
+        if st.encoding is not None and not fresh:
+            try:
+                st.session = st.encoding.result().session
+            except grpc.RpcError as e:
+                st.encoding = None
+                _raise_for("verifier", e)
+            st.encoding = None
+        if st.session and not fresh:
+            return verifier_pb2.SessionRef(session=st.session)
+        return verifier_pb2.SessionRef(history_sids=to_msg(st.history), version=self.snap.version, keep=keep)
+
+    def _session_call(self, sess: Session, method: str, make, keep: bool = True, stateful: bool = False):
+        """Call ``method`` with ``make(ref)`` on the request's replica. A lost session is re-created
+        from the history once; a replica that fails is replaced by another one, once (unless the call
+        needs the lost session's beam state: then the request degrades)."""
+        st: RemoteState = sess.state
+        for attempt in (0, 1):
+            fresh = attempt > 0
+            try:
+                resp = _call("verifier", getattr(st.replica.stub, method), make(self._ref(st, keep, fresh)), self.deadline,
+                             self.metadata)
+            except SessionLost as e:
+                if fresh or stateful:
+                    raise DependencyDown("verifier", f"session lost: {e}") from None
+                st.session = ""
+                continue
+            except DependencyDown:
+                st.tried.add(st.replica.address)
+                if fresh or (stateful and st.session):
+                    raise
+                self._use(st, self._pick(st.tried))  # fail over: another replica, from the history
+                st.session, st.encoding = "", None
+                continue
+            if resp.session:
+                st.session = resp.session
+            return resp
+
+    # -- verification ---------------------------------------------------------------------
+    def score(self, sess: Session, sids: torch.Tensor, full: bool = False, with_frontier: bool = False) -> Scores:
         sess.calls["score"] += 1
-        r = _call("verifier", self.stub.Score,
-                  verifier_pb2.ScoreRequest(session=sess.state.session, sids=to_msg(sids), full=full), self.deadline)
+        r = self._session_call(sess, "Score", lambda ref: verifier_pb2.ScoreRequest(
+            ref=ref, sids=to_msg(sids), full=full, with_frontier=with_frontier), stateful=with_frontier)
         return Scores(to_torch(r.token_logp, "token_logp"), [to_torch(f, "full") for f in r.full] if full else None)
 
     def next_logprobs(self, sess: Session, prefixes: torch.Tensor) -> torch.Tensor:
         sess.calls["expand"] += 1
-        r = _call("verifier", self.stub.Expand,
-                  verifier_pb2.ExpandRequest(session=sess.state.session, prefixes=to_msg(prefixes)), self.deadline)
-        return to_torch(r.logp, "logp")
+        r = self._session_call(sess, "Expand", lambda ref: verifier_pb2.ExpandRequest(ref=ref, prefixes=to_msg(prefixes)))
+        return to_torch(r.logp[0], "logp")
 
-    def beam_start(self, sess: Session, trie, width: int) -> None:
-        sess.state.width = width
+    # -- beam search --------------------------------------------------------------------------
+    def beam_start(self, sess: Session, trie, width: int, rule: SelectRule | None = None) -> None:
+        sess.state.width, sess.state.rule = width, rule
 
     def beam_step(self, sess: Session) -> Beams:
         sess.calls["step"] += 1
-        r = _call("verifier", self.stub.BeamStep,
-                  verifier_pb2.BeamStepRequest(session=sess.state.session, width=sess.state.width), self.deadline)
-        return _beams(r)
+        st: RemoteState = sess.state
+        r = self._session_call(sess, "BeamStep", lambda ref: verifier_pb2.BeamStepRequest(
+            ref=ref, width=st.width, rule=_rule(st.rule)), stateful=bool(st.session))
+        return _beams(r, sess)
 
-    def beam_search(self, sess: Session, trie, width: int) -> Beams:
-        self.beam_start(sess, trie, width)
-        beams = None
-        for _ in self.level_sizes:
-            beams = self.beam_step(sess)
-        return beams
+    def beam_search(self, sess: Session, trie, width: int, rule: SelectRule | None = None) -> Beams:
+        sess.calls["step"] += 1
+        r = self._session_call(sess, "BeamSearch", lambda ref: verifier_pb2.BeamSearchRequest(
+            ref=ref, width=width, rule=_rule(rule)), keep=False)
+        return _beams(r, sess)
 
+    # -- NEZHA draft head ------------------------------------------------------------------------
     def head_logprobs(self, sess: Session, prefixes: torch.Tensor) -> list[torch.Tensor]:
-        r = _call("verifier", self.stub.HeadLogprobs,
-                  verifier_pb2.HeadLogprobsRequest(session=sess.state.session, prefixes=to_msg(prefixes)), self.deadline)
+        r = self._session_call(sess, "Expand", lambda ref: verifier_pb2.ExpandRequest(
+            ref=ref, prefixes=to_msg(prefixes), head=True))
         return [to_torch(x, "logp") for x in r.logp]
 
     def head_beams(self, sess: Session, trie, width: int) -> Beams:
         sess.calls["head"] += 1
-        r = _call("verifier", self.stub.HeadDrafts,
-                  verifier_pb2.HeadDraftsRequest(session=sess.state.session, width=width), self.deadline)
-        return _beams(r)
-
-    def release(self, sess: Session) -> None:
-        if sess.state is None:
-            return
-        try:
-            self.stub.Release(verifier_pb2.ReleaseRequest(session=sess.state.session), timeout=0.05)
-        except grpc.RpcError:
-            pass  # the session expires on its own
-        sess.state = None
+        r = self._session_call(sess, "HeadDrafts", lambda ref: verifier_pb2.HeadDraftsRequest(ref=ref, width=width))
+        return _beams(r, sess)
 
 
 class RemoteDrafter:
-    """:class:`specrec.drafters.base.Drafter` over the drafter service (rows <-> item ids via the snapshot)."""
+    """:class:`specrec.drafters.base.Drafter` over the drafter service's replicas, round-robin
+    (drafting is stateless; a failed replica's call goes to the next one, once). Rows <-> item ids
+    via the snapshot."""
 
     name = "remote"
 
-    def __init__(self, stub, snap: Snapshot, deadline: float | None, mode: str = ""):
-        self.stub, self.snap, self.deadline, self.mode = stub, snap, deadline, mode
+    def __init__(self, replicas, snap: Snapshot, deadline: float | None, mode: str = "", metadata=()):
+        self.replicas, self.snap, self.deadline, self.mode = replicas, snap, deadline, mode
+        self.metadata = tuple(metadata)
 
     def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         ids = self.snap.ids
@@ -160,8 +259,21 @@ class RemoteDrafter:
                 prefixes=[common_pb2.Sid(codes=p.tolist()) for p in (q.prefixes if q.prefixes is not None else [])],
                 exclude=[ids[r] for r in q.exclude],
             ))
-        r = _call("drafter", self.stub.Draft,
-                  drafter_pb2.DraftRequest(queries=queries, version=self.snap.version, mode=self.mode), self.deadline)
+        from specrec_rpc.replicas import NoReplica
+
+        req = drafter_pb2.DraftRequest(queries=queries, version=self.snap.version, mode=self.mode)
+        for attempt in (0, 1):
+            try:
+                replica = self.replicas.next()
+            except NoReplica as e:
+                raise DependencyDown("drafter", str(e)) from None
+            try:
+                with replica:
+                    r = _call("drafter", replica.stub.Draft, req, self.deadline, self.metadata)
+                break
+            except DependencyDown:
+                if attempt:
+                    raise
         out = []
         index, active = self.snap.index, self.snap.itemset.active
         for d in r.drafts:

@@ -41,13 +41,16 @@ async def load_bundle(bundle: str | Path, store: RedisCatalogue | None = None, *
                       progress: bool = False, timeout_s: float = 30.0, chunk: int = 2000) -> str:
     """Load ``bundle``'s catalogue as a new current version; returns the version.
     Uses ``store`` when given, else connects to ``redis_url`` (and closes it)."""
+    from specrec.bundle import sid_space_fingerprint
+
     records, level_sizes = await asyncio.to_thread(bundle_records, bundle)
+    fingerprint = sid_space_fingerprint(bundle)
     own = store is None
     if own:
         store = RedisCatalogue.from_url(redis_url or "redis://127.0.0.1:6379/0", namespace, timeout_s=timeout_s,
                                         keep_versions=keep_versions)
     try:
-        return await store.bulk_load(records, level_sizes, force=force, chunk=chunk, progress=progress)
+        return await store.bulk_load(records, level_sizes, force=force, chunk=chunk, progress=progress, bundle=fingerprint)
     finally:
         if own:
             await store.close()

@@ -3,28 +3,46 @@
 Validation names the bad field (INVALID_ARGUMENT); writes need
 ``authorization: Bearer <write_token>`` (absent: UNAUTHENTICATED, wrong:
 PERMISSION_DENIED); an unknown version is NOT_FOUND; Redis down or slow is
-UNAVAILABLE; any other failure is INTERNAL with a message. No exception
-reaches a client as UNKNOWN, streaming RPC included.
+UNAVAILABLE; any other failure is INTERNAL (details in the log). No exception
+reaches a client as UNKNOWN, streaming RPC included (one error model:
+:mod:`specrec_rpc.errors`).
+
+Catalogue integrity. The service keeps its own copy of the current catalogue
+(the *mirror*: every item of the version it last published or saw). A watch
+loop compares Redis with it every ``watch_s``: when Redis lost the catalogue
+(restarted without persistence, flushed) or went back to an older version of
+the same lineage (restored from an old snapshot), the mirror is published again
+as a new version -- in a new epoch, so the version name is new -- and writes
+wait for that. A write never starts from an empty Redis while the mirror
+holds a catalogue. So nothing is lost and nothing is published smaller than
+what it was based on (see :mod:`.writes`); followers see a new version and
+fetch it. The choice is to restore rather than to refuse writes: restoring
+keeps serving and loses nothing; the restore is logged and counted
+(``specrec_itemset_restores_total``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
+import contextlib
 import hmac
+import re
 import time
+from dataclasses import dataclass
 
 import grpc
-from redis.exceptions import RedisError
+from redis.exceptions import ReadOnlyError
 
 from specrec.ids.semantic import CollisionOverflow
 from specrec_rpc.errors import (FailedPrecondition, InvalidArgument, PermissionDenied, Unauthenticated, Unavailable,
-                                require, status_of)
+                                handle_errors, register, require)
 from specrec_rpc.server import Service
 from specrec_rpc.v1 import common_pb2, itemset_pb2, itemset_pb2_grpc
 
 from .settings import ItemSetSettings
-from .store import REDIS_DOWN, RedisCatalogue, Record, UpsertSpec, VersionNotFound, WriteConflict, sid_str
+from .keys import records_fingerprint, version_counter
+from .metrics import RESTORES
+from .store import REDIS_DOWN, RedisCatalogue, Record, UpsertSpec, VersionNotFound, WriteConflict, WriteResult, sid_str
 from .tokenizer import SidTokenizer
 
 MAX_ENTRIES = 10_000
@@ -51,9 +69,13 @@ def check_text(field: str, s: str) -> None:
     require(len(s) <= MAX_TEXT_CHARS, field, f"{len(s)} characters, at most {MAX_TEXT_CHARS:,}")
 
 
+VERSION_RE = re.compile(r"(?:[0-9a-z]{1,32}\.)?[0-9]{1,19}")  # <epoch>.<counter>; a bare counter is a well-formed name too
+
+
 def check_version(field: str, s: str) -> str:
-    require(s == "" or (s.isascii() and s.isdigit() and len(s) <= 19), field,
-            f"{s[:40]!r} is not a catalogue version (a positive integer, or empty for the current one)")
+    require(s == "" or VERSION_RE.fullmatch(s) is not None, field,
+            f"{s[:40]!r} is not a catalogue version ('<epoch>.<counter>' as Version returns, or empty for the "
+            "current one)")
     return s
 
 
@@ -74,62 +96,20 @@ def to_pb(r: Record) -> common_pb2.Item:
                            unseen=r.unseen, row=r.row)
 
 
-# -- error mapping -----------------------------------------------------------------
-
-
-def grpc_status(exc: BaseException) -> tuple[grpc.StatusCode, str] | None:
-    """The status a known failure maps to (None: unexpected, INTERNAL)."""
-    if isinstance(exc, VersionNotFound):
-        return grpc.StatusCode.NOT_FOUND, str(exc)
-    if isinstance(exc, WriteConflict):
-        return grpc.StatusCode.ABORTED, str(exc)
-    if isinstance(exc, CollisionOverflow):
-        return grpc.StatusCode.FAILED_PRECONDITION, str(exc)
-    code = status_of(exc)
-    if code is not None:
-        return code, str(exc)
-    if isinstance(exc, REDIS_DOWN):
-        return grpc.StatusCode.UNAVAILABLE, f"redis unavailable: {type(exc).__name__}: {exc}"
-    if isinstance(exc, RedisError) and "READONLY" in str(exc):
-        return grpc.StatusCode.UNAVAILABLE, f"redis is read-only: {exc}"
-    return None
-
-
-async def _abort(self, context, exc: Exception, method: str):
-    mapped = grpc_status(exc)
-    if mapped is None:
-        self.log.exception("unhandled error", method=method)
-        mapped = grpc.StatusCode.INTERNAL, f"internal error in {method}: {type(exc).__name__}: {exc}"
-    elif mapped[0] == grpc.StatusCode.UNAVAILABLE:
-        self.log.warning("dependency unavailable", method=method, error=mapped[1])
-    await context.abort(*mapped)
+# -- error mapping: the item set's domain errors join the one table ---------------------------
+register(VersionNotFound, grpc.StatusCode.NOT_FOUND)
+register(WriteConflict, grpc.StatusCode.ABORTED)
+register(CollisionOverflow, grpc.StatusCode.FAILED_PRECONDITION)
+register(REDIS_DOWN, grpc.StatusCode.UNAVAILABLE, "redis unavailable: ")
+register(ReadOnlyError, grpc.StatusCode.UNAVAILABLE, "redis is read-only: ")
 
 
 def unary(fn):
-    @functools.wraps(fn)
-    async def wrapper(self, request, context):
-        try:
-            return await fn(self, request, context)
-        except (grpc.aio.AbortError, asyncio.CancelledError):
-            raise
-        except Exception as exc:  # noqa: BLE001 - every failure gets a status
-            await _abort(self, context, exc, fn.__name__)
-
-    return wrapper
+    return handle_errors(fn)
 
 
 def stream(fn):
-    @functools.wraps(fn)
-    async def wrapper(self, request, context):
-        try:
-            async for msg in fn(self, request, context):
-                yield msg
-        except (grpc.aio.AbortError, asyncio.CancelledError):
-            raise
-        except Exception as exc:  # noqa: BLE001 - the guard interceptor does not see streams
-            await _abort(self, context, exc, fn.__name__)
-
-    return wrapper
+    return handle_errors(fn)
 
 
 # -- servicer ----------------------------------------------------------------------
@@ -175,7 +155,8 @@ class ItemSetServicer(itemset_pb2_grpc.ItemSetServicer):
     async def GetVersion(self, request, context):
         info = await self.store.info()
         return itemset_pb2.CatalogueInfo(version=info.version, n_items=info.n_items, level_sizes=info.level_sizes,
-                                         stored_versions=info.stored_versions)
+                                         stored_versions=info.stored_versions, fingerprint=info.fingerprint,
+                                         bundle=info.bundle)
 
     @unary
     async def Resolve(self, request, context):
@@ -214,12 +195,13 @@ class ItemSetServicer(itemset_pb2_grpc.ItemSetServicer):
         require(request.chunk_size >= 0, "chunk_size", f"{request.chunk_size} is negative")
         require(request.chunk_size <= MAX_CHUNK, "chunk_size", f"{request.chunk_size}, at most {MAX_CHUNK:,}")
         size = request.chunk_size or DEFAULT_CHUNK
-        v, ls, records = await self.store.snapshot(version)
+        v, ls, records, fp = await self.store.snapshot(version)
         for lo in range(0, max(len(records), 1), size):
             chunk = itemset_pb2.SnapshotChunk(version=v, items=[to_pb(r) for r in records[lo: lo + size]])
             if lo == 0:
                 chunk.level_sizes.extend(ls)
                 chunk.n_items = len(records)
+                chunk.fingerprint = fp
             yield chunk
 
     # -- writes -------------------------------------------------------------------
@@ -248,6 +230,7 @@ class ItemSetServicer(itemset_pb2_grpc.ItemSetServicer):
         encode = self.svc.encode if self.svc.tokenizer is not None else None
         t0 = time.perf_counter()
         res = await self.store.upsert(specs, encode)
+        self.svc.mirror_write(res)
         self.log.info("upsert", version=res.version, items=len(res.items), collisions=res.collisions,
                       ms=round((time.perf_counter() - t0) * 1000, 1))
         return itemset_pb2.WriteResponse(version=res.version, items=[to_pb(r) for r in res.items],
@@ -262,8 +245,9 @@ class ItemSetServicer(itemset_pb2_grpc.ItemSetServicer):
         for i, item_id in enumerate(ids):
             check_item_id(f"item_ids[{i}]", item_id)
         res = await self.store.delete(ids)
-        self.log.info("delete", version=res.version, removed=len(res.items), published=res.published)
-        return itemset_pb2.WriteResponse(version=res.version, items=[to_pb(r) for r in res.items])
+        self.svc.mirror_write(res)
+        self.log.info("delete", version=res.version, removed=len(res.removed), published=res.published)
+        return itemset_pb2.WriteResponse(version=res.version, items=[to_pb(r) for r in res.removed])
 
     @unary
     async def Rollback(self, request, context):
@@ -271,6 +255,7 @@ class ItemSetServicer(itemset_pb2_grpc.ItemSetServicer):
         require(request.version != "", "version", "required: one of the stored versions")
         version = check_version("version", request.version)
         res = await self.store.rollback(version)
+        await self.svc.refresh_mirror()
         self.log.info("rollback", to=version, version=res.version, published=res.published)
         return itemset_pb2.WriteResponse(version=res.version)
 
@@ -288,6 +273,8 @@ class ItemSetService(Service):
         self.store: RedisCatalogue | None = None
         self.tokenizer: SidTokenizer | None = None
         self._background: asyncio.Task | None = None
+        self._watch: asyncio.Task | None = None
+        self.mirror: Mirror | None = None
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         itemset_pb2_grpc.add_ItemSetServicer_to_server(ItemSetServicer(self), server)
@@ -318,6 +305,9 @@ class ItemSetService(Service):
                            redis_url=_safe_url(s.redis_url), waited_s=s.startup_wait_s)
             self._background = asyncio.create_task(self._prepare_later(store))
         self.store = store
+        store.guard_empty = self._guard_empty
+        if s.watch_s > 0:
+            self._watch = asyncio.create_task(self._watch_loop())
 
     async def _wait_for_redis(self, store: RedisCatalogue, wait_s: float) -> bool:
         deadline = time.monotonic() + wait_s
@@ -367,8 +357,112 @@ class ItemSetService(Service):
                 await store.unlock("loading", token)
         else:
             self.log.info("catalogue", namespace=s.namespace, version=cur, level_sizes=ls)
+        self.store = store
+        await self.refresh_mirror()
+
+    # -- catalogue integrity ------------------------------------------------------------------
+    async def refresh_mirror(self) -> None:
+        """Copy the current catalogue into the mirror (a full read; after a rollback or another replica's write)."""
+        info = await self.store.info()
+        if not info.version:
+            return
+        v, ls, records, fp = await self.store.snapshot(info.version)
+        self.mirror = Mirror(v, fp, ls, {r.item_id: r for r in records}, info.bundle)
+
+    def mirror_write(self, res: WriteResult) -> None:
+        """Apply a write this replica published to the mirror (its changes only)."""
+        m = self.mirror
+        if m is None or not res.published:
+            return
+        for r in res.removed:
+            m.records.pop(r.item_id, None)
+        for r in res.items:
+            m.records[r.item_id] = r
+        m.version, m.fingerprint = res.version, records_fingerprint(m.records.values())
+
+    async def _guard_empty(self) -> None:
+        """Before a write finds Redis without a catalogue: restore the mirror first (inside the write's lock)."""
+        if self.mirror is not None:
+            await self._restore("a write found no current version", locked=True)
+
+    def _lost(self, cur: str | None) -> bool:
+        """Redis lost the mirror's catalogue (none there) or went back to an older version of its lineage."""
+        m = self.mirror
+        if m is None or cur == m.version:
+            return False
+        if cur is None:
+            return True
+        same_lineage = cur.rsplit(".", 1)[0] == m.version.rsplit(".", 1)[0]
+        return same_lineage and version_counter(cur) < version_counter(m.version)
+
+    async def _restore(self, reason: str, locked: bool = False) -> bool:
+        """Publish the mirror again, in a new epoch (after a loss there is none; after a rollback the old
+        counter would repeat names). One replica restores (a lock in Redis); the others follow it: a
+        write waits for that restore, the watch loop sees the new version on its next look."""
+        m, store = self.mirror, self.store
+        token = await store.try_lock("restoring", 60)
+        if token is None:
+            if locked:
+                await self._wait_restored()
+            return False
+        try:
+            cur, _ = await store.state()
+            if not self._lost(cur):
+                return False  # another replica got there first
+            records = sorted(m.records.values(), key=lambda r: r.row)
+            async with contextlib.nullcontext() if locked else store._lock:  # locked: inside a write already
+                version = await store._bulk_load(records, m.level_sizes, bundle=m.bundle, new_epoch=True)
+        finally:
+            await store.unlock("restoring", token)
+        RESTORES.labels(store.ns).inc()
+        self.log.error("catalogue restored from the item set's copy", reason=reason, lost_version=m.version,
+                       version=version, items=len(records))
+        m.version = version
+        return True
+
+    async def _wait_restored(self, timeout_s: float = 30.0) -> None:
+        t0 = time.monotonic()
+        while (await self.store.state())[0] is None:
+            if time.monotonic() - t0 > timeout_s:
+                raise Unavailable("the catalogue is being restored by another item-set replica: retry")
+            await asyncio.sleep(0.05)
+
+    async def check_integrity(self) -> str:
+        """One look at Redis against the mirror; what was done ("" when nothing)."""
+        store, m = self.store, self.mirror
+        cur, _ = await store.state()
+        if m is None:
+            if cur is not None:
+                await self.refresh_mirror()
+            return ""
+        if cur == m.version:
+            return ""
+        if self._lost(cur):
+            done = await self._restore("Redis holds no catalogue (its data was lost)" if cur is None else
+                                       f"Redis went back to version {cur} (its data was rolled back)")
+            return "restored" if done else ""  # "": another replica restores; the next look follows it
+        await self.refresh_mirror()  # another replica wrote, or an operator loaded: follow it
+        return "followed"
+
+    async def _watch_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.watch_s)
+            try:
+                await self.check_integrity()
+            except asyncio.CancelledError:
+                raise
+            except REDIS_DOWN:
+                pass  # Redis is down: nothing to compare now
+            except Exception:  # noqa: BLE001 - keep watching
+                self.log.exception("integrity check failed")
 
     async def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            try:
+                await self._watch
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001
+                pass
         if self._background is not None:
             self._background.cancel()
             try:
@@ -381,6 +475,17 @@ class ItemSetService(Service):
             except Exception as e:  # noqa: BLE001
                 self.log.warning("closing redis failed", error=repr(e))
             self.store = None
+
+
+@dataclass
+class Mirror:
+    """The item set's own copy of the current catalogue."""
+
+    version: str
+    fingerprint: str
+    level_sizes: list[int]
+    records: dict[str, Record]
+    bundle: str = ""
 
 
 def _safe_url(url: str) -> str:

@@ -37,6 +37,8 @@ class ItemSetSettings(ServiceSettings):
                                    "a slower or absent Redis makes the RPC fail with UNAVAILABLE")
     startup_wait_s: float = Field(30.0, ge=0, description="at start, how long to wait for Redis; after that the "
                                   "service starts anyway (RPCs answer UNAVAILABLE until Redis is back)")
+    watch_s: float = Field(0.5, ge=0, le=3600, description="how often the catalogue in Redis is checked against the "
+                           "item set's own copy (restored when Redis lost or rolled back its data); 0 = never")
     warm_up: bool = Field(True, description="load and run the text embedder once at start (first Upsert is then fast)")
 
     @field_validator("namespace")

@@ -19,10 +19,12 @@ from typing import Awaitable, Callable
 import grpc
 import numpy as np
 import structlog
+from prometheus_client import Gauge
 
 from specrec.itemset import LocalItemSet
 
 from .errors import FailedPrecondition, Unavailable
+from .fingerprint import fingerprint
 from .v1 import itemset_pb2, itemset_pb2_grpc
 
 
@@ -34,13 +36,18 @@ class Snapshot:
     titles: list[str]
     texts: list[str]
     index: dict[str, int] = field(default_factory=dict)  # item id -> row
+    fingerprint: str = ""  # content fingerprint (specrec_rpc.fingerprint), checked against the items
 
     @property
     def level_sizes(self) -> list[int]:
         return self.itemset.level_sizes
 
 
-def build_snapshot(version: str, level_sizes: list[int], items: list) -> Snapshot:
+class CatalogueMismatch(FailedPrecondition):
+    """The catalogue belongs to another bundle, or its content does not match its fingerprint."""
+
+
+def build_snapshot(version: str, level_sizes: list[int], items: list, expect_fingerprint: str = "") -> Snapshot:
     n = max((it.row for it in items), default=-1) + 1
     L = len(level_sizes)
     sids = np.zeros((n, L), dtype=np.int64)
@@ -53,18 +60,37 @@ def build_snapshot(version: str, level_sizes: list[int], items: list) -> Snapsho
         seen[r] = not it.unseen
         active[r] = True
         ids[r], titles[r], texts[r] = it.item_id, it.title, it.text
+    got = fingerprint((it.item_id, it.sid.codes, it.unseen) for it in items)
+    if expect_fingerprint and got != expect_fingerprint:
+        raise CatalogueMismatch(f"catalogue version {version}: content fingerprint {got} differs from the announced "
+                                f"{expect_fingerprint} (items lost or changed in transit)")
     itemset = LocalItemSet(sids, seen, list(level_sizes), version=version, active=active)
     _ = itemset.trie, itemset.order  # build now, not on the first request
-    return Snapshot(version, itemset, ids, titles, texts, {i: r for r, i in enumerate(ids) if i})
+    return Snapshot(version, itemset, ids, titles, texts, {i: r for r, i in enumerate(ids) if i}, got)
 
 
 Listener = Callable[[Snapshot, Snapshot | None], Awaitable[None] | None]
 
+STALENESS = Gauge("specrec_catalogue_staleness_seconds", "Seconds since this service last heard from the item set "
+                  "(a catalogue poll that answered); grows while the item set is unreachable")
+_WATCHERS: list = []
+STALENESS.set_function(lambda: max((time.monotonic() - w.last_ok for w in _WATCHERS if w.last_ok), default=0.0))
+
 
 class CatalogueWatcher:
-    def __init__(self, channel: grpc.aio.Channel, poll_s: float = 0.5, keep: int = 3, timeout_s: float = 30.0):
+    """Follows the item set. With ``expect_bundle`` (the SID-space fingerprint of
+    the bundle this service serves) a catalogue of another bundle is refused:
+    at start the watcher waits for the right one (the service stays
+    NOT_SERVING, e.g. while a Helm upgrade loads the new catalogue), later it
+    keeps serving the versions it has and says why in :attr:`refused`."""
+
+    def __init__(self, channel: grpc.aio.Channel, poll_s: float = 0.5, keep: int = 3, timeout_s: float = 30.0,
+                 expect_bundle: str = ""):
         self.stub = itemset_pb2_grpc.ItemSetStub(channel)
         self.poll_s, self.keep, self.timeout_s = poll_s, keep, timeout_s
+        self.expect_bundle = expect_bundle
+        self.refused = ""
+        _WATCHERS.append(self)
         self.snapshots: dict[str, Snapshot] = {}
         self.current: Snapshot | None = None
         self.listeners: list[Listener] = []
@@ -72,24 +98,30 @@ class CatalogueWatcher:
         self.log = structlog.get_logger("catalogue")
         self.last_ok = 0.0
 
+    def check_bundle(self, bundle: str) -> None:
+        if self.expect_bundle and bundle and bundle != self.expect_bundle:
+            raise CatalogueMismatch(f"the catalogue belongs to bundle {bundle}, this service serves bundle "
+                                    f"{self.expect_bundle}: refused (load this bundle's catalogue, or roll the service)")
+
     async def fetch(self, version: str = "") -> Snapshot:
-        items, level_sizes, got = [], [], version
+        items, level_sizes, got, fp = [], [], version, ""
         try:
             async for chunk in self.stub.Snapshot(itemset_pb2.SnapshotRequest(version=version), timeout=self.timeout_s):
                 got = chunk.version
                 if chunk.level_sizes:
                     level_sizes = list(chunk.level_sizes)
+                fp = fp or chunk.fingerprint
                 items.extend(chunk.items)
         except grpc.aio.AioRpcError as e:
             if e.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION):
                 raise FailedPrecondition(f"catalogue version {version!r} is not available: {e.details()}") from None
             raise Unavailable(f"item set unavailable: {e.code().name}: {e.details()}") from None
-        return await asyncio.to_thread(build_snapshot, got, level_sizes, items)
+        return await asyncio.to_thread(build_snapshot, got, level_sizes, items, fp)
 
     async def _install(self, snap: Snapshot) -> None:
         old = self.current
         self.snapshots[snap.version] = snap
-        for v in sorted(self.snapshots, key=lambda x: int(x) if x.isdigit() else 0)[: -self.keep]:
+        for v in list(self.snapshots)[: -self.keep]:  # oldest first (insertion order)
             if v != snap.version:
                 self.snapshots.pop(v, None)
         self.current = snap
@@ -104,8 +136,15 @@ class CatalogueWatcher:
         t0 = time.monotonic()
         while True:
             try:
+                info = await self.stub.GetVersion(itemset_pb2.GetVersionRequest(), timeout=self.timeout_s)
+                self.check_bundle(info.bundle)
                 await self._install(await self.fetch(""))
                 break
+            except grpc.aio.AioRpcError as e:
+                if time.monotonic() - t0 > wait_s:
+                    raise Unavailable(f"item set unavailable: {e.code().name}: {e.details()}") from None
+                self.log.warning("waiting for the item set", error=e.details())
+                await asyncio.sleep(1.0)
             except (Unavailable, FailedPrecondition) as e:
                 if time.monotonic() - t0 > wait_s:
                     raise
@@ -121,7 +160,17 @@ class CatalogueWatcher:
             try:
                 info = await self.stub.GetVersion(itemset_pb2.GetVersionRequest(), timeout=max(1.0, self.poll_s * 4))
                 self.last_ok = time.monotonic()
-                if self.current is None or info.version != self.current.version:
+                changed = (self.current is None or info.version != self.current.version
+                           or (info.fingerprint and info.fingerprint != self.current.fingerprint))
+                if changed:
+                    try:
+                        self.check_bundle(info.bundle)
+                    except CatalogueMismatch as e:
+                        if self.refused != str(e):
+                            self.log.error("catalogue refused", error=str(e))
+                        self.refused = str(e)
+                        continue
+                    self.refused = ""
                     await self._install(await self.fetch(info.version))
             except asyncio.CancelledError:
                 raise
@@ -138,6 +187,8 @@ class CatalogueWatcher:
         return snap
 
     async def stop(self) -> None:
+        if self in _WATCHERS:
+            _WATCHERS.remove(self)
         if self._task is not None:
             self._task.cancel()
             try:

@@ -14,6 +14,8 @@ import secrets
 import time
 from pathlib import Path
 
+from specrec.bundle import sid_space_fingerprint
+
 from .localstack import ServiceProcs, find_or_start_redis, port_open, stop_pid
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,12 +33,11 @@ def _say(msg: str) -> None:
 def _ensure_bundle(a) -> Path:
     if a.bundle:
         return Path(a.bundle)
-    shared = Path(os.environ.get("SPECREC_SHARED_DATA", ROOT.parent / "shared" / "data"))
-    if (shared / "beauty").exists() and (BEAUTY_BUNDLE / "bundle.json").exists():
+    if (BEAUTY_BUNDLE / "bundle.json").exists():  # the committed real model (demo histories ship with it)
         return BEAUTY_BUNDLE
     if (SYNTH_BUNDLE / "retrieval.safetensors").exists():
         return SYNTH_BUNDLE
-    _say("no ../shared/data here: building a small synthetic bundle (a few minutes, once)")
+    _say("no committed bundle here: building a small synthetic bundle (a few minutes, once)")
     from specrec.models.tiger import TigerConfig
     from specrec.pipeline import build, train_drafters
     from specrec.train.trainer import TrainConfig
@@ -75,7 +76,10 @@ def cmd_up(a) -> int:
         pids[name] = pid
         (STATE / "pids.json").write_text(json.dumps(pids))
 
-    ServiceProcs(bundle, redis_url, a.namespace, STATE / "logs", ports=PORTS, metrics_ports=METRICS,
+    # one namespace per SID space: another bundle's catalogue is never in the way
+    namespace = a.namespace or f"specrec-local-{sid_space_fingerprint(bundle)[:8]}"
+    _say(f"namespace: {namespace}")
+    ServiceProcs(bundle, redis_url, namespace, STATE / "logs", ports=PORTS, metrics_ports=METRICS,
                  token=token).start(a.timeout, say=_say, on_started=started)
     (STATE / "token").write_text(token)
     _say(f"all four services SERVING, {time.time() - t_start:.0f} s after start; write token in runs/stack/token")
@@ -91,7 +95,7 @@ def _demo(bundle: Path, n: int, budget_ms: float) -> None:
     items = [json.loads(l) for l in open(bundle / "items.jsonl")]
     ids = [it["item_id"] for it in items]
     titles = {it["item_id"]: it["title"] for it in items}
-    histories = _sample_histories(meta, ids, n)
+    histories = _sample_histories(meta, ids, n, bundle)
     with Client() as c:
         for i, hist in enumerate(histories):
             for policy in ("specgr", "beam") if i == 0 else ("specgr",):
@@ -101,9 +105,14 @@ def _demo(bundle: Path, n: int, budget_ms: float) -> None:
     print()
 
 
-def _sample_histories(meta: dict, ids: list[str], n: int) -> list[list[str]]:
+def _sample_histories(meta: dict, ids: list[str], n: int, bundle: Path | None = None) -> list[list[str]]:
     import numpy as np
 
+    from specrec.pipeline import DEMO_HISTORIES
+
+    demo = bundle / DEMO_HISTORIES if bundle is not None else None
+    if demo is not None and demo.exists():  # held-out test histories shipped with the bundle
+        return [u["history"] for u in json.loads(demo.read_text())["users"][:n]]
     data = meta.get("data_path")
     if data and Path(data).exists():
         from specrec.data import load_dataset
@@ -159,7 +168,8 @@ def register(sub) -> None:
     st.add_argument("action", choices=["up", "down"])
     st.add_argument("--bundle", help="bundle directory (default: bundles/beauty-loo, else a synthetic one)")
     st.add_argument("--redis-url", default=os.environ.get("REDIS_URL"), help="use this Redis (default: $REDIS_URL)")
-    st.add_argument("--namespace", default="specrec-local", help="Redis key namespace")
+    st.add_argument("--namespace", help="Redis key namespace (default: specrec-local-<the bundle's SID-space "
+                    "fingerprint>, so that two bundles never share one)")
     st.add_argument("--requests", type=int, default=3, help="demo requests to send after start")
     st.add_argument("--budget-ms", type=float, default=150.0,
                     help="latency budget of the demo requests (on a 2-core CPU a full specgr request takes ~75 ms; "

@@ -6,7 +6,9 @@ Exit 0 only when the answer is SERVING; 1 when the service answers anything
 else (NOT_SERVING while a model loads or during shutdown, SERVICE_UNKNOWN);
 2 when it cannot be reached or does not answer in time. One line goes to
 stdout (exit 0) or stderr (otherwise). Used by the Docker/Compose
-healthchecks; Kubernetes uses its native gRPC probes instead.
+healthchecks, and by the chart's exec probes when TLS is on (kubelet's native
+gRPC probes cannot speak TLS): with ``--tls-ca`` (and ``--tls-cert``/``--tls-key``
+for mTLS) it dials with TLS, checking the certificate for ``--server-name``.
 """
 
 from __future__ import annotations
@@ -18,10 +20,20 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 
-def check(target: str, service: str = "", timeout_s: float = 3.0) -> tuple[int, str]:
+def _channel(target: str, ca: str | None, cert: str | None, key: str | None, server_name: str):
+    if not ca:
+        return grpc.insecure_channel(target)
+    read = lambda p: open(p, "rb").read() if p else None  # noqa: E731
+    creds = grpc.ssl_channel_credentials(read(ca), read(key), read(cert))
+    opts = [("grpc.ssl_target_name_override", server_name)] if server_name else []
+    return grpc.secure_channel(target, creds, options=opts)
+
+
+def check(target: str, service: str = "", timeout_s: float = 3.0, ca: str | None = None, cert: str | None = None,
+          key: str | None = None, server_name: str = "") -> tuple[int, str]:
     """(exit code, message) for one health check of ``service`` at ``target``."""
     try:
-        with grpc.insecure_channel(target) as channel:
+        with _channel(target, ca, cert, key, server_name) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             resp = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
     except grpc.RpcError as e:
@@ -40,8 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("target", nargs="?", default="127.0.0.1:50050", help="host:port (default %(default)s)")
     ap.add_argument("--service", default="", help="service name to check ('' = the whole server, the default)")
     ap.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for the answer (default %(default)s)")
+    ap.add_argument("--tls-ca", help="PEM CA bundle: dial with TLS and verify the server with it")
+    ap.add_argument("--tls-cert", help="PEM client certificate (mTLS)")
+    ap.add_argument("--tls-key", help="PEM client key (mTLS)")
+    ap.add_argument("--server-name", default="", help="name expected in the server's certificate")
     a = ap.parse_args(argv)
-    rc, msg = check(a.target, a.service, a.timeout)
+    rc, msg = check(a.target, a.service, a.timeout, a.tls_ca, a.tls_cert, a.tls_key, a.server_name)
     print(msg, file=sys.stdout if rc == 0 else sys.stderr)
     return rc
 

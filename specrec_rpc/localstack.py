@@ -213,11 +213,20 @@ class ServiceProcs:
     token: str = field(default_factory=lambda: secrets.token_urlsafe(16))
     max_history: int | None = None  # the gateway's history window (None: the service's default)
     env: dict[str, str] = field(default_factory=dict)  # extra variables (e.g. SPECREC_VERIFIER_THREADS)
+    replicas: dict[str, int] = field(default_factory=dict)  # more than one process of a service (drafter, verifier)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.ports = dict(self.ports) if self.ports else {n: free_port() for n in ORDER}
         self.metrics_ports = dict(self.metrics_ports) if self.metrics_ports else {n: 0 for n in ORDER}
+        for name, n in self.replicas.items():  # replica i > 1 is keyed name + str(i)
+            for i in range(2, n + 1):
+                self.ports.setdefault(f"{name}{i}", free_port())
+                self.metrics_ports.setdefault(f"{name}{i}", free_port() if self.metrics_ports.get(name) else 0)
+
+    def keys(self, name: str) -> list[str]:
+        """The process keys of a service: name, name2, name3 ..."""
+        return [name] + [f"{name}{i}" for i in range(2, self.replicas.get(name, 1) + 1)]
 
     def addr(self, name: str) -> str:
         return f"127.0.0.1:{self.ports[name]}"
@@ -230,37 +239,50 @@ class ServiceProcs:
         """Start item set -> verifier -> drafter -> gateway, each waited on
         until SERVING (SystemExit with its log tail otherwise; what was
         started keeps running: call :meth:`stop`)."""
+        for name in ORDER:
+            for key in self.keys(name):
+                self.start_one(key, timeout, say, on_started)
+        return self
+
+    def start_one(self, name: str, timeout: float = 300.0, say: Callable[[str], None] = print,
+                  on_started: Callable[[str, int], None] | None = None, append_log: bool = False) -> subprocess.Popen:
+        """Start (or restart, on the same port) one service process (``name``: a service, or a replica
+        key such as ``verifier2``) and wait until it is SERVING."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         env = service_env(self.bundle, self.redis_url, self.namespace, self.token, self.ports, self.metrics_ports,
                           self.max_history)
+        for svc in ("drafter", "verifier"):  # the gateway calls every replica
+            env[f"SPECREC_GATEWAY_{svc.upper()}_ADDR"] = ",".join(self.addr(k) for k in self.keys(svc))
+        service = name.rstrip("0123456789")
+        env[f"SPECREC_{service.upper()}_PORT"] = str(self.ports[name])
+        env[f"SPECREC_{service.upper()}_METRICS_PORT"] = str(self.metrics_ports.get(name, 0))
         env.update(self.env)
-        for name in ORDER:
-            with open(self.log_path(name), "w") as log:
-                p = subprocess.Popen([sys.executable, "-m", MODULES[name]], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                     cwd=ROOT, start_new_session=True)
-            self.procs[name] = p
-            if on_started:
-                on_started(name, p.pid)
-            m = self.metrics_ports.get(name, 0)
-            say(f"started {name} (pid {p.pid}, port {self.ports[name]}" + (f", metrics :{m}" if m else "")
-                + "); waiting for SERVING")
-            t0 = time.time()
-            while True:
-                status = health_status(self.ports[name])
-                if status == "SERVING":
-                    say(f"{name} SERVING after {time.time() - t0:.1f} s")
-                    break
-                if p.poll() is not None or time.time() - t0 > timeout:
-                    tail = self.log_path(name).read_text()[-2000:]
-                    raise SystemExit(f"{name} did not become healthy (status {status}); log tail:\n{tail}")
-                time.sleep(0.5)
-        return self
+        with open(self.log_path(name), "a" if append_log else "w") as log:
+            p = subprocess.Popen([sys.executable, "-m", MODULES[service]], env=env, stdout=log, stderr=subprocess.STDOUT,
+                                 cwd=ROOT, start_new_session=True)
+        self.procs[name] = p
+        if on_started:
+            on_started(name, p.pid)
+        m = self.metrics_ports.get(name, 0)
+        say(f"started {name} (pid {p.pid}, port {self.ports[name]}" + (f", metrics :{m}" if m else "")
+            + "); waiting for SERVING")
+        t0 = time.time()
+        while True:
+            status = health_status(self.ports[name])
+            if status == "SERVING":
+                say(f"{name} SERVING after {time.time() - t0:.1f} s")
+                return p
+            if p.poll() is not None or time.time() - t0 > timeout:
+                tail = self.log_path(name).read_text()[-2000:]
+                raise SystemExit(f"{name} did not become healthy (status {status}); log tail:\n{tail}")
+            time.sleep(0.1)
 
     def stop(self, say: Callable[[str], None] | None = None) -> None:
         for name in reversed(ORDER):
-            p = self.procs.pop(name, None)
-            if p is None or p.poll() is not None:
-                continue
-            stop_process(p)
-            if say:
-                say(f"stopped {name} (pid {p.pid})")
+            for key in self.keys(name):
+                p = self.procs.pop(key, None)
+                if p is None or p.poll() is not None:
+                    continue
+                stop_process(p)
+                if say:
+                    say(f"stopped {key} (pid {p.pid})")

@@ -4,6 +4,9 @@ environment, then from command-line flags (``--port 50053``)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Literal
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict
 
@@ -12,13 +15,30 @@ class ServiceSettings(BaseSettings):
     model_config = SettingsConfigDict(extra="ignore", cli_parse_args=False)
 
     host: str = Field("0.0.0.0", description="address the gRPC server binds")
-    port: int = Field(50050, description="gRPC port")
-    metrics_port: int = Field(9100, description="Prometheus /metrics HTTP port (0 = off)")
-    max_message_mb: int = Field(16, description="largest gRPC message accepted or sent, MiB")
-    keepalive_s: int = Field(30, description="HTTP/2 keepalive ping interval, seconds")
-    grace_s: float = Field(10.0, description="on SIGTERM, seconds to let in-flight requests finish")
-    max_concurrency: int = Field(256, description="concurrent RPCs before new ones are shed (RESOURCE_EXHAUSTED)")
-    log_level: str = Field("INFO", description="DEBUG, INFO, WARNING or ERROR")
+    port: int = Field(50050, ge=0, le=65535, description="gRPC port")
+    metrics_port: int = Field(9100, ge=0, le=65535, description="Prometheus /metrics HTTP port (0 = off)")
+    max_message_mb: int = Field(16, ge=1, le=1024, description="largest gRPC message a caller may send, MiB")
+    keepalive_s: int = Field(30, ge=1, le=3600, description="HTTP/2 keepalive ping interval, seconds (clients send, servers accept)")
+    max_connection_age_s: float = Field(300.0, gt=0, le=86_400, description="a server closes connections older than "
+                                        "this (gracefully), so clients re-resolve and spread over new replicas")
+    max_connection_age_grace_s: float = Field(10.0, ge=0, le=3600, description="time in-flight calls get when a "
+                                              "connection is aged out")
+    grace_s: float = Field(10.0, ge=0, le=3600, description="on SIGTERM, seconds to let in-flight requests finish")
+    max_concurrency: int = Field(256, ge=1, le=1_000_000, description="concurrent RPCs (a batch counts each item) "
+                                 "before new ones are shed (RESOURCE_EXHAUSTED)")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")
+    tls_cert_file: Path | None = Field(None, description="PEM certificate: serve TLS (and, with tls_ca_file and "
+                                       "require_client_auth on the other side, the client certificate for mTLS)")
+    tls_key_file: Path | None = Field(None, description="PEM private key of tls_cert_file")
+    tls_ca_file: Path | None = Field(None, description="PEM CA bundle: clients verify servers with it (TLS to the "
+                                     "other services), servers verify client certificates with it (mTLS)")
+    tls_require_client_auth: bool = Field(False, description="mTLS: a client without a certificate signed by "
+                                          "tls_ca_file is refused")
+    tls_server_name: str = Field("", description="name checked in the servers' certificates (clients dial pod IPs; "
+                                 "e.g. the chart's service name); empty: the address dialled")
+    reflection: bool = Field(True, description="gRPC server reflection (the chart turns it off)")
+    otlp_endpoint: str = Field("", description="OpenTelemetry: export traces (a span per RPC, context carried to the "
+                               "other services) to this OTLP/gRPC endpoint, e.g. http://otel-collector:4317; empty: off")
     log_json: bool = Field(True, description="structured JSON logs (false: human-readable)")
 
     @classmethod

@@ -26,6 +26,10 @@ from pathlib import Path
 import pytest
 
 from specrec_rpc.localstack import delete_keys, free_port, namespace_pattern, redis_ping
+from specrec_rpc.server import configure_logging
+
+# the services in this process log as a deployed one would (plain tracebacks, not rich's), in text
+configure_logging("INFO", json_logs=False)
 
 SESSION_PREFIX = f"test-{uuid.uuid4().hex[:10]}"
 _counter = itertools.count(1)
@@ -113,3 +117,19 @@ def tiny_bundle(tiny_bundle_dir):
     from specrec.bundle import Bundle
 
     return Bundle.load(tiny_bundle_dir)
+
+
+@pytest.fixture(scope="session")
+def serving_bundle_dir(tiny_bundle_dir, tmp_path_factory) -> Path:
+    """The tiny bundle with every drafter (text, retrieval, self-draft, NEZHA head), for the whole stack;
+    services only read it, so one serves every test."""
+    from .stack import build_serving_bundle
+
+    return build_serving_bundle(tiny_bundle_dir, tmp_path_factory.mktemp("serving") / "bundle")
+
+
+@pytest.fixture(scope="session")
+def serving_bundle(serving_bundle_dir):
+    from specrec.bundle import Bundle
+
+    return Bundle.load(serving_bundle_dir)

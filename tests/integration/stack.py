@@ -44,6 +44,7 @@ def build_serving_bundle(src: Path, dst: Path) -> Path:
     b.retrieval = round_to_half(RetrievalModel(RetrievalConfig(max_history=b.cfg.max_history)).eval())
     b.self_draft = round_to_half(SelfDraftHead(b.model).eval())
     b.nezha_head = round_to_half(NezhaHead(b.model).eval())
+    b.meta.setdefault("drafters", {})["text_share"] = 0.3  # text neighbours reach new items
     return b.save(dst)
 
 
@@ -55,28 +56,37 @@ class Stack:
     runners: dict[str, Runner] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
     gateway_overrides: dict = field(default_factory=dict)
+    common_overrides: dict = field(default_factory=dict)  # every service's settings (e.g. TLS)
+    credentials: grpc.ChannelCredentials | None = None  # the test's own channels (None: plaintext)
 
     def addr(self, name: str) -> str:
         return f"127.0.0.1:{self.ports[name]}"
 
     def _settings(self, name: str):
-        common = dict(host="127.0.0.1", port=self.ports.get(name, 0), metrics_port=0, log_json=False, grace_s=1.0)
+        common = dict(host="127.0.0.1", port=self.ports.get(name, 0), metrics_port=0, log_json=False, grace_s=1.0,
+                      **self.common_overrides)
         if name == "itemset":
             return ItemSetSettings(**common, redis_url=self.redis_url, namespace=self.namespace, write_token=TOKEN,
                                    bundle=self.bundle, startup_wait_s=5.0)
         if name == "verifier":
             return VerifierSettings(**common, bundle=self.bundle, itemset_addr=self.addr("itemset"), threads=1,
-                                    warmup_requests=2)
+                                    warmup_k=[10])
         if name == "drafter":
             return DrafterSettings(**common, bundle=self.bundle, itemset_addr=self.addr("itemset"))
-        return GatewaySettings(**common, itemset_addr=self.addr("itemset"), drafter_addr=self.addr("drafter"),
-                               verifier_addr=self.addr("verifier"), max_history=8, workers=8, **self.gateway_overrides)
+        gw = dict(itemset_addr=self.addr("itemset"), drafter_addr=self.addr("drafter"), verifier_addr=self.addr("verifier"),
+                  max_history=8, workers=8)
+        return GatewaySettings(**{**common, **gw, **self.gateway_overrides})
 
-    async def start_one(self, name: str) -> None:
+    async def start_one(self, name: str, replica: str = "") -> None:
+        """Start a service; ``replica`` (e.g. "2") starts another replica of it, keyed ``name + replica``."""
+        key = name + replica
         cls = {"itemset": ItemSetService, "verifier": VerifierService, "drafter": DrafterService, "gateway": GatewayService}[name]
-        runner = Runner(cls(self._settings(name)))
-        self.ports[name] = await runner.start()
-        self.runners[name] = runner
+        settings = self._settings(name)
+        if replica:
+            settings = settings.model_copy(update={"port": self.ports.get(key, 0)})
+        runner = Runner(cls(settings))
+        self.ports[key] = await runner.start()
+        self.runners[key] = runner
 
     async def stop_one(self, name: str) -> None:
         runner = self.runners.pop(name, None)
@@ -91,7 +101,8 @@ class Stack:
 
     def channel(self, name: str) -> grpc.aio.Channel:
         if name not in self.channels:
-            self.channels[name] = grpc.aio.insecure_channel(self.addr(name))
+            self.channels[name] = (grpc.aio.secure_channel(self.addr(name), self.credentials) if self.credentials
+                                   else grpc.aio.insecure_channel(self.addr(name)))
         return self.channels[name]
 
     @property
@@ -113,10 +124,10 @@ class Stack:
     async def stop(self) -> None:
         for ch in getattr(self, "channels", {}).values():
             await ch.close()
-        for name in ("gateway", "drafter", "verifier", "itemset"):
+        for name in ("gateway", *[k for k in self.runners if k not in ("gateway", "itemset")], "itemset"):
             await self.stop_one(name)
 
-    async def recommend(self, history, k=10, policy="", budget_ms=10_000.0, params=None, timeout=30.0):
+    async def recommend(self, history, k=10, policy="", budget_ms=1000.0, params=None, timeout=30.0):
         req = recommender_pb2.RecommendRequest(history=[str(h) for h in history], k=k, policy=policy, budget_ms=budget_ms,
                                                params={a: str(b) for a, b in (params or {}).items()})
         return await self.gateway.Recommend(req, timeout=timeout)

@@ -20,6 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from itemset_svc.service import ItemSetService
 from itemset_svc.settings import ItemSetSettings
+from itemset_svc.keys import version_counter
 from itemset_svc.store import RedisCatalogue, Record
 from specrec.itemset import LocalItemSet
 from specrec_rpc.catalogue import CatalogueWatcher
@@ -119,7 +120,7 @@ async def redis_keys(redis_url: str, namespace: str) -> list[str]:
 
 
 def versions_in_keys(keys: list[str]) -> set[str]:
-    return {m.group(1) for k in keys if (m := re.search(r"\}:v:(\d+):", k))}
+    return {m.group(1) for k in keys if (m := re.search(r"\}:v:([0-9a-f]+\.\d+):", k))}
 
 
 # -- bulk load and reads --------------------------------------------------------------
@@ -191,7 +192,7 @@ async def test_upsert_by_text_makes_new_version(itemset, tiny_bundle, redis_url)
     text = "Zephyr velvet lipstick, long-wear, limited edition 0.5 oz"
     resp = await itemset.upsert(Item(item_id="new-1", text=text, title="Zephyr lipstick"))
     v2 = resp.version
-    assert int(v2) > int(v1) and len(resp.items) == 1
+    assert version_counter(v2) > version_counter(v1) and len(resp.items) == 1
     from prometheus_client import REGISTRY
 
     assert REGISTRY.get_sample_value("specrec_itemset_writes_total", {"op": "upsert", "outcome": "ok"}) >= 1
@@ -286,7 +287,7 @@ async def test_collisions_replacement_and_explicit_sids(itemset, tiny_bundle):
     id0, id1 = b.catalogue.ids[0], b.catalogue.ids[1]
     resp = await itemset.upsert(Item(item_id=id0, sid=Sid(codes=s1), text="x"), Item(item_id=id1, sid=Sid(codes=s0), text="y"))
     look = await stub.Lookup(itemset_pb2.LookupRequest(sids=[Sid(codes=s0), Sid(codes=s1)]))
-    assert list(look.item_ids) == [id1, id0] and int(resp.version) > int(v)
+    assert list(look.item_ids) == [id1, id0] and version_counter(resp.version) > version_counter(v)
 
 
 async def test_collision_overflow_loses_nothing(itemset, tiny_bundle, redis_url):
@@ -322,7 +323,7 @@ async def test_delete(itemset, tiny_bundle):
     ids = [b.catalogue.ids[r] for r in gone]
     resp = await stub.Delete(itemset_pb2.DeleteRequest(item_ids=ids + ["never-existed"]), metadata=AUTH)
     v2 = resp.version
-    assert int(v2) > int(v1) and sorted(i.item_id for i in resp.items) == sorted(ids)
+    assert version_counter(v2) > version_counter(v1) and sorted(i.item_id for i in resp.items) == sorted(ids)
     active = np.ones(N, bool)
     active[gone] = False
     oracle = LocalItemSet(b.sids, b.seen, LEVELS, active=active)
@@ -362,7 +363,7 @@ async def test_rollback_and_retention(itemset, tiny_bundle, redis_url):
 
     resp = await stub.Rollback(itemset_pb2.RollbackRequest(version=va), metadata=AUTH)
     vd = resp.version
-    assert int(vd) > int(vc)
+    assert version_counter(vd) > version_counter(vc)
     info = await stub.GetVersion(itemset_pb2.GetVersionRequest())
     assert info.version == vd and list(info.stored_versions) == [vb, vc, vd] and info.n_items == N + 1
     _, snap_vd = await itemset.snapshot()
@@ -385,7 +386,7 @@ async def test_concurrent_writers_lose_nothing(redis_url, namespace, tiny_bundle
     b = RedisCatalogue.from_url(redis_url, namespace, max_attempts=50)
     try:
         await load_bundle(tiny_bundle_dir, a)
-        taken = {tuple(s) for _, _, recs in [await a.snapshot()] for s in (r.sid for r in recs)}
+        taken = {tuple(s) for _, _, recs, _ in [await a.snapshot()] for s in (r.sid for r in recs)}
         free = [s for s in ((x, y, 15, 63) for x in range(16) for y in range(16)) if s not in taken][:24]
 
         async def write(store, k):
@@ -393,7 +394,7 @@ async def test_concurrent_writers_lose_nothing(redis_url, namespace, tiny_bundle
 
         results = await asyncio.gather(*[write(a if k % 2 else b, k) for k in range(24)])
         assert len({r.version for r in results}) == 24
-        _, _, recs = await a.snapshot()
+        _, _, recs, _ = await a.snapshot()
         ids = {r.item_id for r in recs}
         assert all(f"c-{k}" in ids for k in range(24)) and len(recs) == N + 24
         rows = [r.row for r in recs]
@@ -518,7 +519,7 @@ async def test_load_command_and_row_guard(redis_url, namespace, tiny_bundle_dir,
             await store.bulk_load(recs, [16, 16, 16, 128])
         assert (await store.info()).version == version
         forced = await store.bulk_load(recs, LEVELS, force=True)
-        assert int(forced) > int(version) and (await store.info()).n_items == N
+        assert version_counter(forced) > version_counter(version) and (await store.info()).n_items == N
     finally:
         await store.close()
 
@@ -639,3 +640,153 @@ async def test_redis_down_is_unavailable(namespace, failure):
             for w in conns:
                 w.close()
             server.close()
+
+
+# -- catalogue integrity: a Redis that loses its data ------------------------------------------
+
+
+def _own_redis(tmp: Path):
+    """A private redis-server without persistence (never the machine's own)."""
+    import shutil
+    import subprocess
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("needs redis-server") if not os.environ.get("SPECREC_CI") else pytest.fail("needs redis-server")
+    port = free_port()
+    cmd = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp)]
+
+    def start():
+        p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        from specrec_rpc.localstack import redis_ping
+
+        t0 = time.monotonic()
+        while not redis_ping(f"redis://127.0.0.1:{port}/0"):
+            assert time.monotonic() - t0 < 10, "redis-server did not start"
+            time.sleep(0.05)
+        return p
+
+    return f"redis://127.0.0.1:{port}/0", start
+
+
+async def test_redis_that_lost_its_data_gets_the_catalogue_back(tmp_path, tiny_bundle_dir):
+    """Redis restarts empty: the item set notices and publishes its own copy as a new version (a new
+    name: another epoch), an upsert lands on the full catalogue, and no version name means two
+    catalogues. A follower sees the new version and checks its fingerprint."""
+    url, start = _own_redis(tmp_path)
+    proc = start()
+    h = await start_itemset(settings(url, "lossy", tiny_bundle_dir, watch_s=0.2))
+    watcher = CatalogueWatcher(h.channel, poll_s=0.1)
+    try:
+        before = await h.stub.GetVersion(itemset_pb2.GetVersionRequest())
+        await watcher.start()
+        assert before.n_items == N and watcher.current.fingerprint == before.fingerprint
+        proc.kill()
+        proc.wait()
+        proc = start()  # empty: no persistence
+        t0 = time.monotonic()
+        while True:
+            info = await h.stub.GetVersion(itemset_pb2.GetVersionRequest())
+            if info.version and info.n_items == N:
+                break
+            assert time.monotonic() - t0 < 2.0, f"not restored within 2 s: {info}"
+            await asyncio.sleep(0.05)
+        assert info.version != before.version and info.fingerprint == before.fingerprint
+        assert info.version.rsplit(".", 1)[0] != before.version.rsplit(".", 1)[0]  # a new epoch
+        resp = await h.upsert(Item(item_id="after-loss", sid=Sid(codes=[15, 15, 15, 63])))
+        after = await h.stub.GetVersion(itemset_pb2.GetVersionRequest())
+        assert after.version == resp.version and after.n_items == N + 1  # never a 1-item catalogue
+        t0 = time.monotonic()
+        while watcher.current.version != after.version:
+            assert time.monotonic() - t0 < 2.0
+            await asyncio.sleep(0.05)
+        assert len(watcher.current.itemset) == N + 1 and watcher.current.fingerprint == after.fingerprint
+    finally:
+        await watcher.stop()
+        await h.close()
+        proc.kill()
+
+
+async def test_a_write_on_an_emptied_redis_restores_first(tmp_path, tiny_bundle_dir):
+    """No watch loop this time: the write itself finds Redis empty and restores before writing."""
+    url, start = _own_redis(tmp_path)
+    proc = start()
+    h = await start_itemset(settings(url, "lossy2", tiny_bundle_dir, watch_s=0))
+    try:
+        r = aioredis.from_url(url)
+        await r.flushall()  # the item set's own private server: a loss of everything
+        await r.aclose()
+        resp = await h.upsert(Item(item_id="x1", sid=Sid(codes=[15, 15, 14, 63])))
+        info = await h.stub.GetVersion(itemset_pb2.GetVersionRequest())
+        assert info.version == resp.version and info.n_items == N + 1
+    finally:
+        await h.close()
+        proc.kill()
+
+
+async def test_redis_rolled_back_to_an_old_snapshot_gets_a_new_name(tmp_path, tiny_bundle_dir):
+    """Redis comes back with an older copy of the same lineage (a restored snapshot): the item set
+    publishes its own, newer copy in a new epoch, so no version name can mean two catalogues (the
+    counter of the old copy would hand out names that were already used after the snapshot)."""
+    url, start = _own_redis(tmp_path)
+    proc = start()
+    h = await start_itemset(settings(url, "rolled", tiny_bundle_dir, watch_s=0.2))
+    r = aioredis.from_url(url)
+    try:
+        v1 = (await h.stub.GetVersion(itemset_pb2.GetVersionRequest())).version
+        snapshot = {k: await r.dump(k) for k in await r.keys("*")}  # what an old RDB would hold
+        names = {v1}
+        for i in range(2):
+            names.add((await h.upsert(Item(item_id=f"late-{i}", sid=Sid(codes=[15, 15, 13 - i, 63])))).version)
+        await r.flushall()
+        for k, v in snapshot.items():
+            await r.restore(k, 0, v)
+        t0 = time.monotonic()
+        while True:
+            info = await h.stub.GetVersion(itemset_pb2.GetVersionRequest())
+            if info.n_items == N + 2:
+                break
+            assert time.monotonic() - t0 < 2.0, f"not restored within 2 s: {info}"
+            await asyncio.sleep(0.05)
+        assert info.version not in names
+        assert info.version.rsplit(".", 1)[0] != v1.rsplit(".", 1)[0]  # a new epoch
+        resp = await h.upsert(Item(item_id="after", sid=Sid(codes=[15, 15, 11, 63])))
+        assert resp.version not in names
+    finally:
+        await r.aclose()
+        await h.close()
+        proc.kill()
+
+
+async def test_two_replicas_restore_a_lost_catalogue_once(tmp_path, tiny_bundle_dir):
+    """Both item-set replicas notice the loss at the same moment: one restores (a lock in Redis), the
+    other follows it, so the same content is not published as two versions."""
+    url, start = _own_redis(tmp_path)
+    proc = start()
+    a = await start_itemset(settings(url, "twice", tiny_bundle_dir, watch_s=0))
+    b = await start_itemset(settings(url, "twice", tiny_bundle_dir, watch_s=0))
+    r = aioredis.from_url(url)
+    try:
+        await r.flushall()
+        done = await asyncio.gather(a.service.check_integrity(), b.service.check_integrity())
+        assert sorted(done) == ["", "restored"], done
+        # either replica may win the lock; the other one follows what the winner published
+        restorer, follower = (a, b) if done[0] == "restored" else (b, a)
+        info = await restorer.stub.GetVersion(itemset_pb2.GetVersionRequest())
+        assert info.n_items == N and list(info.stored_versions) == [info.version]  # one version, not two
+        assert await follower.service.check_integrity() == "followed"
+        assert follower.service.mirror.version == info.version
+        resp = await follower.upsert(Item(item_id="via-follower", sid=Sid(codes=[15, 15, 15, 63])))
+        after = await restorer.stub.GetVersion(itemset_pb2.GetVersionRequest())
+        assert after.version == resp.version and after.n_items == N + 1
+    finally:
+        await r.aclose()
+        await a.close()
+        await b.close()
+        proc.kill()
+
+
+async def test_followers_refuse_another_bundles_catalogue(itemset, tiny_bundle_dir):
+    watcher = CatalogueWatcher(itemset.channel, poll_s=0.1, expect_bundle="0123456789abcdef")
+    with pytest.raises(Exception, match="another|belongs to bundle"):
+        await watcher.start(wait_s=0.5)

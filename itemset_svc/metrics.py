@@ -1,0 +1,16 @@
+"""The item set's Prometheus metrics (one place: reads, writes and the service share them)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from specrec_rpc.server import LATENCY_BUCKETS
+
+REDIS_SECONDS = Histogram("specrec_itemset_redis_seconds", "Redis round trips of the item set, by operation",
+                          ["op"], buckets=LATENCY_BUCKETS)
+WRITES = Counter("specrec_itemset_writes", "catalogue writes by operation and outcome", ["op", "outcome"])
+ITEMS_WRITTEN = Counter("specrec_itemset_items_written", "items added, replaced or removed by writes", ["op"])
+COLLISIONS = Counter("specrec_itemset_collisions", "upserted items whose computed RQ codes were already used")
+CATALOGUE_ITEMS = Gauge("specrec_itemset_catalogue_items", "items in the version published last", ["namespace"])
+RESTORES = Counter("specrec_itemset_restores", "catalogues restored from the item set's own copy after Redis lost "
+                   "or rolled back its data", ["namespace"])

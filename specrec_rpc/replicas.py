@@ -1,0 +1,171 @@
+"""Client-side load balancing over the replicas of a service.
+
+A target names where the replicas are:
+
+- ``host:port[,host:port...]``: a static list (the local stack, compose);
+- ``dns:host:port``: every address the name resolves to, re-resolved every
+  ``refresh_s`` (a Kubernetes headless Service);
+- ``k8s:namespace/service:port``: the ready endpoints of the Service's
+  EndpointSlices, kept current by a watch on the Kubernetes API (in-cluster
+  credentials; see :mod:`.endpoints`).
+
+:meth:`Replicas.pick` chooses a replica for a request by the power of two
+choices on outstanding requests (two at random, the less busy one); the
+caller keeps every call of that request on it (verifier sessions live in one
+replica's memory) and asks :meth:`Replicas.pick` again, excluding it, when it
+fails. :meth:`Replicas.next` round-robins, for stateless calls.
+
+Channels are made once per address and closed when the address goes away;
+servers age connections out (``max_connection_age``), so long-lived clients
+also notice changes that DNS alone would hide.
+"""
+
+from __future__ import annotations
+
+import random
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import grpc
+import structlog
+
+
+@dataclass(eq=False)
+class Replica:
+    address: str
+    channel: grpc.Channel
+    stub: object
+    outstanding: int = 0
+    calls: int = 0  # requests picked onto it (for the scale-out benchmark)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __enter__(self) -> "Replica":
+        with self.lock:
+            self.outstanding += 1
+            self.calls += 1
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with self.lock:
+            self.outstanding -= 1
+
+
+class NoReplica(RuntimeError):
+    """No replica is known (none resolved, or all excluded)."""
+
+
+def parse_target(target: str) -> tuple[str, str]:
+    """-> (kind, rest): 'static', 'dns' or 'k8s'."""
+    for kind in ("dns:", "k8s:"):
+        if target.startswith(kind):
+            return kind[:-1], target[len(kind):].lstrip("/")
+    return "static", target
+
+
+def resolve_dns(hostport: str) -> list[str]:
+    host, _, port = hostport.rpartition(":")
+    infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
+    out = []
+    for family, _, _, _, addr in infos:
+        a = f"[{addr[0]}]:{addr[1]}" if family == socket.AF_INET6 else f"{addr[0]}:{addr[1]}"
+        if a not in out:
+            out.append(a)
+    return out
+
+
+class Replicas:
+    """The replicas of one service, as blocking stubs (the gateway's policy threads use them)."""
+
+    def __init__(self, target: str, make_stub: Callable[[grpc.Channel], object],
+                 make_channel: Callable[[str], grpc.Channel], refresh_s: float = 5.0):
+        self.target, self.make_stub, self.make_channel = target, make_stub, make_channel
+        self.kind, self.rest = parse_target(target)
+        self.refresh_s = refresh_s
+        self.replicas: dict[str, Replica] = {}
+        self._lock = threading.Lock()
+        self._rr = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._watcher = None
+        self.log = structlog.get_logger("replicas").bind(target=target)
+        if self.kind == "static":
+            self.update([a.strip() for a in self.rest.split(",") if a.strip()])
+        elif self.kind == "dns":
+            self._refresh_dns()
+            self._thread = threading.Thread(target=self._dns_loop, name=f"dns {self.rest}", daemon=True)
+            self._thread.start()
+        else:
+            from .endpoints import EndpointSliceWatcher
+
+            self._watcher = EndpointSliceWatcher.from_target(self.rest, on_change=self.update)
+            self._watcher.start()
+
+    # -- membership -------------------------------------------------------------------
+    def update(self, addresses: list[str]) -> None:
+        """Make the replica set exactly ``addresses`` (channels of the others are closed)."""
+        with self._lock:
+            gone = [a for a in self.replicas if a not in addresses]
+            added = [a for a in addresses if a not in self.replicas]
+            for a in added:
+                ch = self.make_channel(a)
+                self.replicas[a] = Replica(a, ch, self.make_stub(ch))
+            for a in gone:
+                self.replicas.pop(a).channel.close()
+        if gone or added:
+            self.log.info("replicas", addresses=sorted(self.replicas), added=added, gone=gone)
+
+    def _refresh_dns(self) -> None:
+        try:
+            self.update(resolve_dns(self.rest))
+        except OSError as e:
+            self.log.warning("resolving failed; keeping the replicas known", error=str(e))
+
+    def _dns_loop(self) -> None:
+        while not self._stop.wait(self.refresh_s):
+            self._refresh_dns()
+
+    # -- choosing -----------------------------------------------------------------------
+    def pick(self, exclude: set[str] = frozenset()) -> Replica:
+        """Power of two choices on outstanding requests."""
+        with self._lock:
+            options = [r for a, r in self.replicas.items() if a not in exclude]
+        if not options:
+            raise NoReplica(f"no replica of {self.target} to call" + (f" (excluded {sorted(exclude)})" if exclude else ""))
+        if len(options) == 1:
+            return options[0]
+        a, b = random.sample(options, 2)
+        return a if a.outstanding <= b.outstanding else b
+
+    def next(self) -> Replica:
+        """Round robin (stateless calls)."""
+        with self._lock:
+            options = list(self.replicas.values())
+            self._rr += 1
+        if not options:
+            raise NoReplica(f"no replica of {self.target} to call")
+        return options[self._rr % len(options)]
+
+    def shares(self) -> dict[str, int]:
+        return {a: r.calls for a, r in self.replicas.items()}
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.stop()
+        with self._lock:
+            for r in self.replicas.values():
+                r.channel.close()
+            self.replicas.clear()
+
+
+def wait_ready(replicas: Replicas, timeout_s: float) -> None:
+    """Until every replica's channel connects (or the time is up); for start-up."""
+    t0 = time.monotonic()
+    for r in list(replicas.replicas.values()):
+        try:
+            grpc.channel_ready_future(r.channel).result(timeout=max(0.1, timeout_s - (time.monotonic() - t0)))
+        except grpc.FutureTimeoutError:
+            pass
