@@ -9,7 +9,13 @@
   uses (:data:`SERVICE_MONITOR_SCHEMA`, strict as well); any other kind without
   a schema fails the test;
 - the promises the chart makes (gRPC probes, non-root, resources, GPU on/off,
-  NetworkPolicy exposure, env vars that the services' settings really read);
+  NetworkPolicy exposure, env vars that the services' settings really read)
+  and its production defaults (Prometheus and item-set writers admitted by the
+  NetworkPolicies, the kept Secret whose generated token/password ``lookup``
+  reuses -- checked against a fake API server, :mod:`.fake_apiserver` --,
+  require_gpu, GPU rolls without a spare GPU, CPU limit = request and thread
+  variables, Redis maxmemory/noeviction and auth, reflection off, custom-metric
+  HPAs, the ``helm test`` Pod);
 - ``docker-compose config`` (v1) on docker-compose.yml, and with the GPU
   override, plus the healthcheck / depends_on structure;
 - static checks of the Dockerfiles, the entrypoint and .dockerignore.
@@ -27,6 +33,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import grpc
 import pytest
 import yaml
 
@@ -244,6 +251,9 @@ def test_strict_validation_catches_unknown_fields(helm):
 @pytest.mark.parametrize("values", CI_VALUES, ids=CI_IDS)
 def test_deployments_probes_security_resources(helm, values):
     docs = render(helm, values)
+    given = yaml.safe_load(Path(values).read_text()) or {}
+    tls = given.get("tls", {}).get("secretName")
+    k8s = given.get("discovery") == "kubernetes"
     for dep in of_kind(docs, "Deployment"):
         comp = dep["metadata"]["labels"]["app.kubernetes.io/component"]
         port = COMPONENTS[comp][0]
@@ -252,7 +262,11 @@ def test_deployments_probes_security_resources(helm, values):
         ports = {p["name"]: p["containerPort"] for p in c["ports"]}
         assert ports["grpc"] == port and ports["metrics"] == COMPONENTS[comp][1], (comp, ports)
         for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
-            assert c[probe]["grpc"]["port"] == port, f"{comp}: {probe} is not a gRPC probe on {port}"
+            if tls:  # kubelet gRPC probes cannot speak TLS: the image's health check over TLS instead
+                cmd = c[probe]["exec"]["command"]
+                assert cmd[:3] == ["python", "-m", "specrec_rpc.healthcheck"] and cmd[3] == f"127.0.0.1:{port}", cmd
+            else:
+                assert c[probe]["grpc"]["port"] == port, f"{comp}: {probe} is not a gRPC probe on {port}"
         # the startup probe leaves time for model loading
         sp = c["startupProbe"]
         budget = sp.get("periodSeconds", 10) * sp.get("failureThreshold", 3)
@@ -263,7 +277,8 @@ def test_deployments_probes_security_resources(helm, values):
         assert psc["seccompProfile"]["type"] == "RuntimeDefault"
         assert sc["runAsNonRoot"] is True and sc["allowPrivilegeEscalation"] is False
         assert sc["readOnlyRootFilesystem"] is True and sc["capabilities"]["drop"] == ["ALL"]
-        assert pod["automountServiceAccountToken"] is False
+        # no API token, except the gateway's when it watches EndpointSlices (discovery: kubernetes)
+        assert pod["automountServiceAccountToken"] is (comp == "gateway" and k8s), comp
         mounts = {m["mountPath"] for m in c["volumeMounts"]}
         assert {"/tmp", "/home/specrec/.cache"} <= mounts, f"{comp}: writable dirs missing: {mounts}"
         vols = {v["name"]: v for v in pod["volumes"]}
@@ -310,7 +325,16 @@ def test_gpu_values_add_gpu_cpu_values_do_not(helm):
         assert "-gpu" in c["image"], c["image"]
         pod = dep["spec"]["template"]["spec"]
         assert any(t.get("key") == "nvidia.com/gpu" for t in pod.get("tolerations", [])), name
-        assert pod.get("nodeSelector"), f"{name}: no GPU node selector"
+        # a roll never needs a spare GPU: the old pod goes first
+        assert dep["spec"]["strategy"] == {"type": "RollingUpdate",
+                                           "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}, name
+        # the verifier refuses to serve on the CPU when it was given a GPU
+        assert env_of(c)["SPECREC_VERIFIER_REQUIRE_GPU"] == "true", name
+    # GPU node selector: given in gpu-verifier; the default ({}) adds none (the GPU limit places the pod)
+    pod = verifier(ci("gpu-verifier"))[0]["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    pod = verifier(ci("all-features"))[0]["spec"]["template"]["spec"]
+    assert "nodeSelector" not in pod, pod.get("nodeSelector")
     for name in ("default", "cpu-only", "external-redis", "minimal"):
         docs = render(helm, ci(name))
         text = yaml.safe_dump_all(docs)
@@ -318,13 +342,19 @@ def test_gpu_values_add_gpu_cpu_values_do_not(helm):
         dep, c = verifier(ci(name))
         assert "-gpu" not in c["image"]
         assert "runtimeClassName" not in dep["spec"]["template"]["spec"]
+        assert env_of(c)["SPECREC_VERIFIER_REQUIRE_GPU"] == "false", name
+        # a CPU verifier surges as the other components do
+        assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}, name
     # only the verifier ever gets a GPU
     for dep in of_kind(render(helm, ci("gpu-verifier")), "Deployment"):
         if dep["metadata"]["labels"]["app.kubernetes.io/component"] != "verifier":
             assert "nvidia.com/gpu" not in yaml.safe_dump(dep)
-    # cpu-only really is CPU with the onnx backend, default is torch
+    # the CPU-only values and the defaults both serve on ONNX Runtime (the fast path); eager is opt-in
     assert env_of(verifier(ci("cpu-only"))[1])["SPECREC_VERIFIER_BACKEND"] == "onnx"
-    assert env_of(verifier(ci("default"))[1])["SPECREC_VERIFIER_BACKEND"] == "torch"
+    assert env_of(verifier(ci("default"))[1])["SPECREC_VERIFIER_BACKEND"] == "onnx"
+
+
+
 
 
 def _release_only(peers: list[dict]) -> bool:
@@ -334,11 +364,31 @@ def _release_only(peers: list[dict]) -> bool:
         for p in peers)
 
 
+#: networkPolicy defaults (values.yaml)
+PROMETHEUS_NS_LABELS = {"kubernetes.io/metadata.name": "monitoring"}
+
+
+def _prometheus_peers(np_vals: dict) -> list[dict]:
+    """The peers the metrics rule must admit beyond the release's pods."""
+    m = np_vals.get("metrics") or {}
+    ns = m.get("prometheusNamespaceLabels", PROMETHEUS_NS_LABELS)
+    peers = []
+    if ns:
+        peer = {"namespaceSelector": {"matchLabels": ns}}
+        if m.get("prometheusPodLabels"):
+            peer["podSelector"] = {"matchLabels": m["prometheusPodLabels"]}
+        peers.append(peer)
+    return peers + (m.get("from") or [])
+
+
 @pytest.mark.parametrize("values", [v for v in CI_VALUES if "minimal" not in v.name],
                          ids=[i for i in CI_IDS if i != "minimal"])
 def test_network_policy_exposes_only_the_gateway(helm, values):
     vals = yaml.safe_load(values.read_text()) or {}
-    metrics_from = ((vals.get("networkPolicy") or {}).get("metrics") or {}).get("from") or []
+    np_vals = vals.get("networkPolicy") or {}
+    metrics_peers = _prometheus_peers(np_vals)
+    writers = (np_vals.get("itemset") or {}).get("from") or []
+    gateway_from = (np_vals.get("gateway") or {}).get("from") or []
     docs = render(helm, values)
     pols = of_kind(docs, "NetworkPolicy")
     covered = set()
@@ -353,14 +403,23 @@ def test_network_policy_exposes_only_the_gateway(helm, values):
             assert rule.get("ports"), f"{comp}: a rule without ports opens everything"
             peers = rule.get("from", [])
             if comp == "gateway" and ports == {"grpc"}:
-                continue  # the one entry point: anyone, or networkPolicy.gateway.from
+                # the one entry point: anyone, or the release's pods and networkPolicy.gateway.from
+                if gateway_from:
+                    assert _release_only(peers[:1]) and peers[1:] == gateway_from, peers
+                else:
+                    assert not peers, peers
+                continue
             if comp == "redis":
                 sel = [p["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for p in peers]
                 assert sorted(sel) == ["catalogue-loader", "itemset"], f"redis reachable from {sel}"
                 continue
             if ports == {"metrics"}:
                 release, extra = peers[:1], peers[1:]
-                assert _release_only(release) and extra == metrics_from, f"{comp}: metrics open to {peers}"
+                assert _release_only(release) and extra == metrics_peers, f"{comp}: metrics open to {peers}"
+                continue
+            if comp == "itemset" and ports == {"grpc"}:
+                # the item set's writers (networkPolicy.itemset.from) besides the release's pods
+                assert _release_only(peers[:1]) and peers[1:] == writers, f"itemset: grpc open to {peers}"
                 continue
             assert _release_only(peers), f"{comp}: port(s) {ports} reachable from outside the release: {peers}"
     assert set(COMPONENTS) <= covered, f"components without a NetworkPolicy: {set(COMPONENTS) - covered}"
@@ -547,14 +606,24 @@ def test_servicemonitor_needs_metrics(helm):
 
 
 def test_chart_readme_documents_every_value():
+    """Every value has a row in README.md's Values table (a map may have one
+    row for all of it), and each row's Default is the value in values.yaml."""
+    import json
+
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     readme = (CHART / "README.md").read_text()
-    missing = []
+    table = readme[readme.index("\n## Values\n"):]
+    rows = dict(re.findall(r"^\| `([^`]+)` \| `(.*?)` \|", table, re.M))
+    assert rows, "no Values table in helm/specrec/README.md"
+    missing, wrong, documented = [], [], set()
 
     def walk(node, path):
         for k, v in node.items():
             p = f"{path}.{k}" if path else k
-            if f"`{p}`" in readme:
+            if p in rows:
+                documented.add(p)
+                if rows[p] != json.dumps(v):
+                    wrong.append(f"{p}: README {rows[p]}, values.yaml {json.dumps(v)}")
                 continue
             if isinstance(v, dict) and v:
                 walk(v, p)
@@ -563,6 +632,431 @@ def test_chart_readme_documents_every_value():
 
     walk(values, "")
     assert not missing, f"values not in helm/specrec/README.md's table: {missing}"
+    assert not wrong, "README defaults differ from values.yaml:\n" + "\n".join(wrong)
+    assert not set(rows) - documented, f"README rows of no value: {sorted(set(rows) - documented)}"
+
+
+# ------------------------------------------------------ production defaults
+
+def _cpu(q) -> float:
+    """A Kubernetes CPU quantity in cores ("500m", "2", 2)."""
+    q = str(q)
+    return float(q[:-1]) / 1000 if q.endswith("m") else float(q)
+
+
+def _pods(docs) -> list[tuple[str, dict]]:
+    """(component, pod spec) of every workload: Deployments, the StatefulSet, the Job, the test Pod."""
+    out = []
+    for d in docs:
+        if d["kind"] in ("Deployment", "StatefulSet", "Job"):
+            out.append((d["metadata"]["labels"]["app.kubernetes.io/component"], d["spec"]["template"]["spec"]))
+        elif d["kind"] == "Pod":
+            out.append((d["metadata"]["labels"]["app.kubernetes.io/component"], d["spec"]))
+    return out
+
+
+def test_pdb_zero_values_are_kept(helm):
+    """minAvailable/maxUnavailable are tested with hasKey: 0 is a value, not 'unset'."""
+    def pdb(docs, comp):
+        return named(docs, "PodDisruptionBudget", comp)["spec"]
+
+    docs = render(helm, None, "gateway.pdb.minAvailable=0", "drafter.pdb.maxUnavailable=0")
+    assert pdb(docs, "gateway").get("minAvailable") == 0 and "maxUnavailable" not in pdb(docs, "gateway")
+    assert pdb(docs, "drafter").get("maxUnavailable") == 0 and "minAvailable" not in pdb(docs, "drafter")
+    assert pdb(docs, "verifier") == {"maxUnavailable": 1, "selector": pdb(docs, "verifier")["selector"]}
+    docs = render(helm, ci("all-features"))
+    assert pdb(docs, "gateway").get("minAvailable") == 1 and "maxUnavailable" not in pdb(docs, "gateway")
+    assert pdb(docs, "verifier")["maxUnavailable"] == "50%"
+
+
+def test_network_policy_admits_prometheus_and_writers(helm):
+    """The defaults do not block the scrape the prometheus.io annotations
+    advertise; the Prometheus peer and the item set's writers are configurable."""
+    def ingress(docs, comp, port):
+        pol = named(docs, "NetworkPolicy", comp)
+        (rule,) = [r for r in pol["spec"]["ingress"] if {p["port"] for p in r["ports"]} == {port}]
+        return rule["from"]
+
+    monitoring = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    docs = render(helm, ci("default"))
+    for comp in COMPONENTS:
+        assert monitoring in ingress(docs, comp, "metrics"), f"{comp}: Prometheus (namespace monitoring) blocked"
+        ann = named(docs, "Deployment", comp)["spec"]["template"]["metadata"]["annotations"]
+        assert ann["prometheus.io/scrape"] == "true"
+    assert len(ingress(docs, "itemset", "grpc")) == 1  # the release's pods only
+    # configured: another namespace, narrowed to the Prometheus pods, plus further peers
+    docs = render(helm, ci("all-features"))
+    want = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "observability"}},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+    for comp in COMPONENTS:
+        peers = ingress(docs, comp, "metrics")
+        assert want in peers and {"ipBlock": {"cidr": "10.20.0.0/16"}} in peers and monitoring not in peers
+    writer = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "catalogue"}},
+              "podSelector": {"matchLabels": {"app": "catalogue-sync"}}}
+    assert writer in ingress(docs, "itemset", "grpc")
+    for comp in ("drafter", "verifier"):
+        assert writer not in ingress(docs, comp, "grpc"), f"{comp}: open to the item set's writers"
+    # the Prometheus rule can be cleared
+    docs = render(helm, None, "networkPolicy.metrics.prometheusNamespaceLabels=null")
+    for comp in COMPONENTS:
+        assert not [p for p in ingress(docs, comp, "metrics") if "namespaceSelector" in p]
+
+
+def test_write_token_secret_kept_across_renders(helm):
+    """The chart's Secret survives helm uninstall/upgrades (resource-policy keep)
+    and a generated token is taken over from the live Secret (lookup)."""
+    for name in ("default", "external-redis", "cpu-only"):
+        (sec,) = of_kind(render(helm, ci(name)), "Secret")
+        assert sec["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep", name
+    # (reuse through lookup: test_generated_secrets_reused_from_the_live_secret)
+    # without a cluster (helm template) lookup finds nothing: a new token per render,
+    # which is why GitOps users are told to use writeToken.existingSecret
+    tokens = set()
+    for _ in range(2):
+        p = run([helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "-s", "templates/secret.yaml"])
+        assert p.returncode == 0, p.stderr
+        tokens.add(yaml.safe_load(p.stdout)["data"]["write-token"])
+    assert len(tokens) == 2
+    readme = (CHART / "README.md").read_text()
+    assert "helm.sh/resource-policy: keep" in readme and "`lookup`" in readme
+    assert re.search(r"helm template.{0,400}writeToken\.existingSecret", readme, re.S)
+
+
+def _render_against(helm: str, api_url: str, values: Path, tmp_path: Path) -> list[dict]:
+    """helm template with a (fake) cluster: lookup answers from it."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text("")
+    p = run([helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "-f", str(values),
+             "--dry-run=server", "--disable-openapi-validation", "--kube-apiserver", api_url,
+             "--kubeconfig", str(kubeconfig)])
+    assert p.returncode == 0, p.stderr
+    return [d for d in yaml.safe_load_all(p.stdout) if d]
+
+
+def test_generated_secrets_reused_from_the_live_secret(helm, tmp_path):
+    """Against a cluster, a generated write token and Redis password are taken
+    over from the Secret an earlier install left (lookup), so upgrades and
+    reinstalls (the Secret is kept) neither change them nor roll the pods."""
+    import base64
+
+    from .fake_apiserver import FakeApiServer
+
+    name = f"{RELEASE}-specrec"
+    b64 = lambda s: base64.b64encode(s.encode()).decode()  # noqa: E731
+    live = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": name, "namespace": NAMESPACE,
+                         # what an earlier release of the same name left (kept on uninstall)
+                         "labels": {"app.kubernetes.io/managed-by": "Helm"},
+                         "annotations": {"meta.helm.sh/release-name": RELEASE,
+                                         "meta.helm.sh/release-namespace": NAMESPACE}},
+            "data": {"write-token": b64("live-token-0123456789-0123456789-0123"),
+                     "redis-password": b64("live-password-0123456789-0123456789")}}
+    path = f"/api/v1/namespaces/{NAMESPACE}/secrets/{name}"
+    values = ci("cpu-only")  # bundled Redis with a generated password
+
+    def checksums(docs):
+        item = named(docs, "Deployment", "itemset")["spec"]["template"]["metadata"]["annotations"]
+        redis = of_kind(docs, "StatefulSet")[0]["spec"]["template"]["metadata"]["annotations"]
+        return item["checksum/secret"], redis["checksum/redis-password"]
+
+    with FakeApiServer({path: live}) as url:
+        docs = _render_against(helm, url, values, tmp_path)
+        again = _render_against(helm, url, values, tmp_path)
+    (sec,) = of_kind(docs, "Secret")
+    assert sec["data"] == live["data"], "the live Secret's token/password were not reused"
+    assert checksums(docs) == checksums(again), "pods would roll on every upgrade"
+    import hashlib
+
+    assert checksums(docs)[1] == hashlib.sha256(live["data"]["redis-password"].encode()).hexdigest()
+    # no Secret yet (first install): generated
+    with FakeApiServer() as url:
+        (sec,) = of_kind(_render_against(helm, url, values, tmp_path), "Secret")
+    assert sec["data"]["write-token"] != live["data"]["write-token"]
+    assert len(base64.b64decode(sec["data"]["redis-password"])) >= 32
+
+
+def test_verifier_require_gpu_follows_gpu_values(helm):
+    def require(*sets):
+        return env_of(container(named(render(helm, None, *sets), "Deployment", "verifier")))[
+            "SPECREC_VERIFIER_REQUIRE_GPU"]
+
+    assert require() == "false"
+    assert require("verifier.gpu.enabled=true") == "true"  # required defaults to true
+    assert require("verifier.gpu.enabled=true", "verifier.gpu.required=false") == "false"
+    assert require("verifier.gpu.enabled=false", "verifier.gpu.required=true") == "false"
+
+
+@pytest.mark.parametrize("values", CI_VALUES, ids=CI_IDS)
+def test_cpu_limits_equal_requests_and_threads_follow(helm, values):
+    docs = render(helm, values)
+    for comp, pod in _pods(docs):
+        for c in pod["containers"]:
+            res = c["resources"]
+            req, lim = res["requests"].get("cpu"), res.get("limits", {}).get("cpu")
+            assert req is not None, f"{comp}/{c['name']}: no CPU request"
+            assert lim is None or _cpu(lim) == _cpu(req), f"{comp}/{c['name']}: CPU limit {lim} != request {req}"
+    vals = yaml.safe_load(values.read_text()) or {}
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    for comp in (*COMPONENTS, "catalogue-loader"):
+        key = "catalogueLoader" if comp == "catalogue-loader" else comp
+        threads = (vals.get(key) or {}).get("threads", defaults[key]["threads"])
+        found = [d for d in docs if d["kind"] in ("Deployment", "Job")
+                 and d["metadata"]["labels"]["app.kubernetes.io/component"] == comp]
+        for d in found:
+            c = container(d)
+            env = env_of(c)
+            assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == str(threads), f"{comp}: {env}"
+            if comp in ("drafter", "verifier"):
+                assert env[f"SPECREC_{comp.upper()}_THREADS"] == str(threads)
+            cpu = _cpu(c["resources"]["requests"]["cpu"])
+            assert threads <= max(1.0, cpu), f"{comp}: {threads} threads on {cpu} CPUs"
+
+
+def test_defaults_cpu_limits_are_the_requests(helm):
+    """The chart's own defaults (not only the ci files) keep CPU limit = request."""
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    for key in (*COMPONENTS, "redis", "catalogueLoader", "tests"):
+        res = defaults[key]["resources"]
+        assert _cpu(res["limits"]["cpu"]) == _cpu(res["requests"]["cpu"]), f"{key}: {res}"
+    assert defaults["verifier"]["threads"] <= _cpu(defaults["verifier"]["resources"]["requests"]["cpu"])
+    assert defaults["drafter"]["threads"] <= _cpu(defaults["drafter"]["resources"]["requests"]["cpu"])
+
+
+@pytest.mark.parametrize("values", CI_VALUES, ids=CI_IDS)
+def test_env_names_unique(helm, values):
+    """One entry per env name (server-side apply and strategic merge reject duplicates)."""
+    for comp, pod in _pods(render(helm, values)):
+        for c in pod["containers"]:
+            names = [e["name"] for e in c.get("env", [])]
+            assert len(names) == len(set(names)), f"{comp}/{c['name']}: duplicate env {names}"
+
+
+def test_extra_env_replaces_the_charts_entry_in_place(helm):
+    docs = render(helm, ci("all-features"))
+    env = [e["name"] for e in container(named(docs, "Deployment", "drafter"))["env"]]
+    assert env_of(container(named(docs, "Deployment", "drafter")))["SPECREC_DRAFTER_MAX_N"] == "500"
+    assert env.index("SPECREC_DRAFTER_MAX_N") < env.index("SPECREC_DRAFTER_MAX_QUERIES")  # in place
+    assert env[-1] == "MALLOC_ARENA_MAX"  # common.extraEnv, appended
+    it = env_of(container(named(docs, "Deployment", "itemset")))
+    assert it["SPECREC_ITEMSET_REDIS_CLUSTER"] == "false"
+
+
+def test_redis_maxmemory_and_auth(helm):
+    def sts_args(docs):
+        (sts,) = of_kind(docs, "StatefulSet")
+        return sts, container(sts), container(sts)["args"]
+
+    docs = render(helm, ci("default"))
+    sts, c, args = sts_args(docs)
+    assert args[args.index("--maxmemory") + 1] == "1gb"
+    assert args[args.index("--maxmemory-policy") + 1] == "noeviction"
+    assert "--requirepass" not in args and "env" not in c
+    url = env_of(container(named(docs, "Deployment", "itemset")))["SPECREC_ITEMSET_REDIS_URL"]
+    assert "@" not in url
+    assert "redis-password" not in of_kind(docs, "Secret")[0]["data"]
+    args = sts_args(render(helm, ci("minimal")))[2]
+    assert args[args.index("--maxmemory") + 1] == "0"
+    # auth with a generated password (cpu-only) and with an existing Secret (gpu-verifier)
+    import base64
+    from urllib.parse import urlsplit
+
+    for name, ref in (("cpu-only", {"name": f"{RELEASE}-specrec", "key": "redis-password"}),
+                      ("gpu-verifier", {"name": "specrec-redis-auth", "key": "password"})):
+        docs = render(helm, ci(name))
+        sts, c, args = sts_args(docs)
+        assert args[args.index("--requirepass") + 1] == "$(REDIS_PASSWORD)", name
+        assert args[args.index("--maxmemory-policy") + 1] == "noeviction"
+        env = env_of(c)
+        assert env["REDIS_PASSWORD"] == {"secretKeyRef": ref}, name
+        assert env["REDISCLI_AUTH"] == "$(REDIS_PASSWORD)"  # the readiness probe's redis-cli
+        for d in (named(docs, "Deployment", "itemset"), *of_kind(docs, "Job")):
+            names = [e["name"] for e in container(d)["env"]]
+            env = env_of(container(d))
+            assert env["REDIS_PASSWORD"] == {"secretKeyRef": ref}
+            # defined before the URL that refers to it (Kubernetes expands only earlier variables)
+            assert names.index("REDIS_PASSWORD") < names.index("SPECREC_ITEMSET_REDIS_URL")
+            expanded = env["SPECREC_ITEMSET_REDIS_URL"].replace("$(REDIS_PASSWORD)", "pw0123")
+            u = urlsplit(expanded)
+            assert u.scheme == "redis" and u.password == "pw0123" and u.port == 6379, expanded
+            assert u.hostname == named(docs, "Service", "redis")["metadata"]["name"] + f".{NAMESPACE}.svc.cluster.local"
+        (sec,) = of_kind(docs, "Secret")
+        ann = sts["spec"]["template"]["metadata"].get("annotations", {})
+        if name == "cpu-only":
+            assert len(base64.b64decode(sec["data"]["redis-password"])) >= 32
+            assert "checksum/redis-password" in ann, "a regenerated password must restart Redis too"
+        else:
+            assert "redis-password" not in sec["data"] and not ann
+    # an external Redis ignores redis.auth (its URL carries any password)
+    docs = render(helm, ci("external-redis"), "redis.auth.enabled=true")
+    assert "REDIS_PASSWORD" not in env_of(container(named(docs, "Deployment", "itemset")))
+    assert "redis-password" not in of_kind(docs, "Secret")[0]["data"]
+
+
+def test_reflection_off_in_the_chart(helm, monkeypatch):
+    classes = _settings_classes()
+    for name, want in (("default", "false"), ("minimal", "false"), ("all-features", "true")):
+        docs = render(helm, ci(name))
+        for comp, cls in classes.items():
+            env = env_of(container(named(docs, "Deployment", comp)))
+            assert env[f"SPECREC_{comp.upper()}_REFLECTION"] == want, (name, comp)
+            for n in list(os.environ):
+                if n.startswith("SPECREC_"):
+                    monkeypatch.delenv(n)
+            monkeypatch.setenv(f"SPECREC_{comp.upper()}_REFLECTION", want)
+            assert cls().reflection is (want == "true")
+
+
+
+def test_kubernetes_discovery_adds_least_privilege_rbac(helm):
+    """discovery=kubernetes: the gateway gets k8s: targets that parse, the only pods with an API token are
+    the gateway's, and the Role allows list/watch on endpointslices and nothing else; dns (the default)
+    renders no RBAC and mounts no token anywhere."""
+    from specrec_rpc.replicas import parse_target
+
+    default = render(helm, ci("default"))
+    assert not of_kind(default, "Role") and not of_kind(default, "RoleBinding")
+    assert not any(spec.get("automountServiceAccountToken") for _, spec in _pods(default))
+
+    docs = render(helm, ci("default"), "discovery=kubernetes")
+    gw = env_of(container(named(docs, "Deployment", "gateway")))
+    svcs = {d["metadata"]["name"] for d in of_kind(docs, "Service")}
+    for comp in ("drafter", "verifier"):
+        kind, rest = parse_target(gw[f"SPECREC_GATEWAY_{comp.upper()}_ADDR"])
+        ns, _, svc_port = rest.partition("/")
+        svc, _, port = svc_port.rpartition(":")
+        assert (kind, ns, port) == ("k8s", NAMESPACE, "grpc") and svc in svcs, rest
+        svc_doc = [d for d in of_kind(docs, "Service") if d["metadata"]["name"] == svc][0]
+        assert "grpc" in [p["name"] for p in svc_doc["spec"]["ports"]]  # the EndpointSlice port the watcher reads
+    assert gw["SPECREC_GATEWAY_ITEMSET_ADDR"].startswith("dns:///")
+    tokens = {comp: spec.get("automountServiceAccountToken") for comp, spec in _pods(docs)}
+    assert tokens.pop("gateway") is True and not any(tokens.values()), tokens
+    (role,) = of_kind(docs, "Role")
+    assert role["rules"] == [{"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+                              "verbs": ["list", "watch"]}]
+    (binding,) = of_kind(docs, "RoleBinding")
+    sa = named(docs, "Deployment", "gateway")["spec"]["template"]["spec"]["serviceAccountName"]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}]
+    with pytest.raises(Exception):
+        render(helm, ci("default"), "discovery=consul")  # the schema knows two ways only
+
+
+def test_tls_from_a_secret(helm, tmp_path):
+    """tls.secretName: every service gets TLS settings that parse and point into the mounted Secret, and
+    the rendered exec probe really checks health over TLS: run against a TLS health server made here with
+    the chart's server name, it answers 0, and the plaintext/no-client-certificate variants are refused."""
+    import subprocess
+    import sys
+    from concurrent import futures
+
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+    from ..certs import make_certs
+
+    classes = _settings_classes()
+    docs = render(helm, ci("tls"))
+    for comp, cls in classes.items():
+        dep = named(docs, "Deployment", comp)
+        pod, c = dep["spec"]["template"]["spec"], container(dep)
+        assert {"name": "tls", "secret": {"secretName": "specrec-tls"}} in pod["volumes"]
+        assert {"name": "tls", "mountPath": "/etc/specrec/tls", "readOnly": True} in c["volumeMounts"]
+        env = {k: v for k, v in env_of(c).items() if k.startswith(f"SPECREC_{comp.upper()}_TLS_")}
+        st = cls(**{k.removeprefix(f"SPECREC_{comp.upper()}_").lower(): v for k, v in env.items()})
+        assert str(st.tls_cert_file) == "/etc/specrec/tls/tls.crt" and str(st.tls_ca_file) == "/etc/specrec/tls/ca.crt"
+        assert str(st.tls_key_file) == "/etc/specrec/tls/tls.key"
+        assert st.tls_require_client_auth is True and st.tls_server_name == "specrec.internal"
+    plain = render(helm, ci("default"))
+    assert not any(k for k in env_of(container(named(plain, "Deployment", "gateway"))) if "_TLS_" in k)
+
+    # run the rendered probe against a TLS health server (mTLS, the certificate names the chart's serverName)
+    certs = make_certs(tmp_path, names=("specrec.internal",))
+    mounted = tmp_path / "mounted"
+    mounted.mkdir()
+    for src, dst in (("server.crt", "tls.crt"), ("server.key", "tls.key"), ("ca.crt", "ca.crt")):
+        (mounted / dst).write_bytes(certs[src].read_bytes())
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    servicer = health.HealthServicer()
+    servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    creds = grpc.ssl_server_credentials([(certs["server.key"].read_bytes(), certs["server.crt"].read_bytes())],
+                                        root_certificates=certs["ca.crt"].read_bytes(), require_client_auth=True)
+    port = server.add_secure_port("127.0.0.1:0", creds)
+    server.start()
+
+    def probe(docs) -> int:
+        cmd = container(named(docs, "Deployment", "gateway"))["readinessProbe"]["exec"]["command"]
+        cmd = [a.replace("/etc/specrec/tls", str(mounted)).replace("127.0.0.1:50050", f"127.0.0.1:{port}") for a in cmd]
+        return subprocess.run([sys.executable, *cmd[1:]], capture_output=True, timeout=60).returncode
+
+    try:
+        assert probe(docs) == 0
+        assert probe(render(helm, ci("tls"), "tls.requireClientAuth=false")) == 2  # no client certificate: refused
+        assert probe(render(helm, ci("tls"), "tls.serverName=other.name")) == 2  # a name the certificate lacks
+    finally:
+        server.stop(0)
+
+def test_hpa_custom_metrics(helm):
+    docs = render(helm, ci("all-features"))
+
+    def metrics(comp):
+        h = named(docs, "HorizontalPodAutoscaler", comp)
+        return h["spec"].get("metrics")
+
+    pods = [m for m in metrics("verifier") if m["type"] == "Pods"]
+    assert [m["type"] for m in metrics("verifier")] == ["Pods", "Pods"]  # CPU target 0: custom metrics only
+    assert pods[0]["pods"] == {"metric": {"name": "specrec_rpc_inflight"},
+                               "target": {"type": "AverageValue", "averageValue": "8"}}
+    assert pods[1]["pods"]["metric"] == {"name": "specrec_verifier_queue_wait_seconds_p90",
+                                         "selector": {"matchLabels": {"batcher": "score"}}}
+    assert pods[1]["pods"]["target"] == {"type": "AverageValue", "averageValue": "20m"}
+    assert [m["type"] for m in metrics("gateway")] == ["Resource", "Resource", "Pods"]
+    assert [m["type"] for m in metrics("drafter")] == ["Resource"]
+    # no target at all: no empty metrics list (Kubernetes' default applies)
+    docs = render(helm, None, "drafter.autoscaling.enabled=true",
+                  "drafter.autoscaling.targetCPUUtilizationPercentage=0")
+    assert "metrics" not in named(docs, "HorizontalPodAutoscaler", "drafter")["spec"]
+    # a malformed custom metric is a values error
+    p = run([helm, "lint", "--strict", str(CHART), "--set", "verifier.autoscaling.customMetrics[0].name=x"])
+    assert p.returncode != 0, "customMetrics without averageValue passed lint"
+
+
+def test_helm_test_pod_checks_every_component(helm, monkeypatch):
+    docs = render(helm, ci("default"))
+    (pod,) = of_kind(docs, "Pod")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    spec = pod["spec"]
+    assert spec["restartPolicy"] == "Never" and spec["automountServiceAccountToken"] is False
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    # it carries the release's labels: the NetworkPolicies' release-pods rule admits it
+    labels = pod["metadata"]["labels"]
+    release_sel = named(docs, "NetworkPolicy", "verifier")["spec"]["ingress"][0]["from"][0]["podSelector"]
+    assert all(labels.get(k) == v for k, v in release_sel["matchLabels"].items())
+    # ... but no workload's selector (no Service or PDB picks it up)
+    for d in of_kind(docs, "Service"):
+        assert not all(labels.get(k) == v for k, v in d["spec"]["selector"].items()), d["metadata"]["name"]
+    from specrec_rpc import healthcheck
+
+    calls = []
+    monkeypatch.setattr(healthcheck, "check", lambda *a: calls.append(a) or (0, "SERVING"))
+    svcs = {d["metadata"]["labels"]["app.kubernetes.io/component"]: d for d in of_kind(docs, "Service")}
+    checked = {}
+    for c in spec["containers"]:
+        cmd = c["command"]
+        assert cmd[:3] == ["python", "-m", "specrec_rpc.healthcheck"], cmd
+        assert c["image"] == container(named(docs, "Deployment", "itemset"))["image"]
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True
+        assert healthcheck.main(cmd[3:]) == 0  # the flags are the module's real ones
+        target, timeout = calls[-1][0], calls[-1][2]
+        host, port = target.rsplit(":", 1)
+        checked[c["name"]] = (host, int(port))
+        assert timeout == 5.0
+    assert set(checked) == set(COMPONENTS)
+    for comp, (host, port) in checked.items():
+        assert host == f"{svcs[comp]['metadata']['name']}.{NAMESPACE}.svc.cluster.local"
+        assert port == COMPONENTS[comp][0]
+    (pod,) = of_kind(render(helm, ci("all-features")), "Pod")
+    assert all(c["command"][c["command"].index("--timeout") + 1] == "10" for c in pod["spec"]["containers"])
+    assert not of_kind(render(helm, ci("minimal")), "Pod")
 
 
 # ------------------------------------------------------------------ compose

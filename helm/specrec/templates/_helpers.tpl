@@ -89,17 +89,60 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- printf "dns:///%s.%s.svc.%s:%d" (include "specrec.componentName" (list $root $comp)) $root.Release.Namespace $root.Values.clusterDomain $port -}}
 {{- end -}}
 
+{{/* Replica target of a component the gateway balances over (drafter, verifier); args: (list $ "drafter").
+     discovery=kubernetes: k8s:<namespace>/<service>:grpc (EndpointSlices, by port name); else the dns address. */}}
+{{- define "specrec.replicasAddr" -}}
+{{- $root := index . 0 -}}
+{{- $comp := index . 1 -}}
+{{- if eq $root.Values.discovery "kubernetes" -}}
+{{- printf "k8s:%s/%s:grpc" $root.Release.Namespace (include "specrec.componentName" (list $root $comp)) -}}
+{{- else -}}
+{{- include "specrec.addr" . -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "specrec.redis.bundled" -}}
 {{- if and (not .Values.redis.external.url) (not .Values.redis.external.existingSecret) -}}true{{- end -}}
 {{- end -}}
 
-{{- define "specrec.redis.url" -}}
-{{- printf "redis://%s.%s.svc.%s:6379/0" (include "specrec.componentName" (list . "redis")) .Release.Namespace .Values.clusterDomain -}}
+{{/* The bundled Redis requires a password (redis.auth.enabled; ignored with an external Redis). */}}
+{{- define "specrec.redis.auth" -}}
+{{- if and (include "specrec.redis.bundled" .) .Values.redis.auth.enabled -}}true{{- end -}}
 {{- end -}}
 
-{{/* The chart's own Secret is needed for a generated/given write token or an external Redis URL. */}}
+{{/* (name, key) of the Secret holding the bundled Redis's password, as a dict */}}
+{{- define "specrec.redis.passwordRef" -}}
+{{- if .Values.redis.auth.existingSecret -}}
+{{- dict "name" .Values.redis.auth.existingSecret "key" .Values.redis.auth.existingSecretKey | toJson -}}
+{{- else -}}
+{{- dict "name" (include "specrec.fullname" .) "key" "redis-password" | toJson -}}
+{{- end -}}
+{{- end -}}
+
+{{/* REDIS_PASSWORD from its Secret (before any variable that refers to it as $(REDIS_PASSWORD)) */}}
+{{- define "specrec.env.redisPassword" -}}
+{{- $ref := include "specrec.redis.passwordRef" . | fromJson -}}
+- name: REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ $ref.name }}
+      key: {{ $ref.key }}
+{{- end -}}
+
+{{/* URL of the bundled Redis; with auth, the password comes from $(REDIS_PASSWORD)
+     (Kubernetes expands it from the variable defined just before). */}}
+{{- define "specrec.redis.url" -}}
+{{- $auth := ternary ":$(REDIS_PASSWORD)@" "" (eq (include "specrec.redis.auth" .) "true") -}}
+{{- printf "redis://%s%s.%s.svc.%s:6379/0" $auth (include "specrec.componentName" (list . "redis")) .Release.Namespace .Values.clusterDomain -}}
+{{- end -}}
+
+{{/* The chart's own Secret is needed for a generated/given write token, an
+     external Redis URL or a generated Redis password. */}}
 {{- define "specrec.secret.needed" -}}
-{{- if or (not .Values.writeToken.existingSecret) (and .Values.redis.external.url (not .Values.redis.external.existingSecret)) -}}true{{- end -}}
+{{- $token := not .Values.writeToken.existingSecret -}}
+{{- $url := and .Values.redis.external.url (not .Values.redis.external.existingSecret) -}}
+{{- $pw := and (include "specrec.redis.auth" .) (not .Values.redis.auth.existingSecret) -}}
+{{- if or $token $url $pw -}}true{{- end -}}
 {{- end -}}
 
 {{/* Redis URL env var of the item set and the loader */}}
@@ -117,6 +160,9 @@ app.kubernetes.io/component: {{ index . 1 }}
       name: {{ include "specrec.fullname" . }}
       key: redis-url
 {{- else }}
+{{- if include "specrec.redis.auth" . }}
+{{ include "specrec.env.redisPassword" . }}
+{{- end }}
 - name: SPECREC_ITEMSET_REDIS_URL
   value: {{ include "specrec.redis.url" . | quote }}
 {{- end }}
@@ -155,6 +201,73 @@ app.kubernetes.io/component: {{ index . 1 }}
   value: {{ $c.logLevel | quote }}
 - name: {{ $p }}LOG_JSON
   value: {{ $c.logJson | toString | quote }}
+- name: {{ $p }}REFLECTION
+  value: {{ $c.reflection | toString | quote }}
+{{- end -}}
+
+{{/* TLS settings when tls.secretName is set (the Secret mounted at /etc/specrec/tls); args: (list $ "drafter") */}}
+{{- define "specrec.env.tls" -}}
+{{- $root := index . 0 -}}
+{{- $t := $root.Values.tls -}}
+{{- if $t.secretName -}}
+{{- $p := printf "SPECREC_%s_" (upper (index . 1)) -}}
+- name: {{ $p }}TLS_CERT_FILE
+  value: "/etc/specrec/tls/tls.crt"
+- name: {{ $p }}TLS_KEY_FILE
+  value: "/etc/specrec/tls/tls.key"
+- name: {{ $p }}TLS_CA_FILE
+  value: "/etc/specrec/tls/ca.crt"
+- name: {{ $p }}TLS_REQUIRE_CLIENT_AUTH
+  value: {{ $t.requireClientAuth | toString | quote }}
+- name: {{ $p }}TLS_SERVER_NAME
+  value: {{ $t.serverName | quote }}
+{{- end -}}
+{{- end -}}
+
+{{/* A probe's handler: the gRPC health service of the component's port; with TLS (which kubelet
+     gRPC probes cannot speak) the image's health check over TLS, run in the container. args: (list $ port) */}}
+{{- define "specrec.probeHandler" -}}
+{{- $root := index . 0 -}}
+{{- $port := int (index . 1) -}}
+{{- $t := $root.Values.tls -}}
+{{- if $t.secretName -}}
+exec:
+  command:
+    - python
+    - -m
+    - specrec_rpc.healthcheck
+    - {{ printf "127.0.0.1:%d" $port | quote }}
+    {{- include "specrec.healthcheckTlsArgs" $root | nindent 4 }}
+{{- else -}}
+grpc:
+  port: {{ $port }}
+{{- end -}}
+{{- end -}}
+
+{{/* healthcheck arguments for TLS (the mounted Secret; mTLS: the client certificate too) */}}
+{{- define "specrec.healthcheckTlsArgs" -}}
+{{- $t := .Values.tls -}}
+{{- if $t.secretName -}}
+- --tls-ca
+- /etc/specrec/tls/ca.crt
+{{- if $t.requireClientAuth }}
+- --tls-cert
+- /etc/specrec/tls/tls.crt
+- --tls-key
+- /etc/specrec/tls/tls.key
+{{- end }}
+- --server-name
+- {{ $t.serverName | quote }}
+{{- end -}}
+{{- end -}}
+
+{{/* Math-library threads following <component>.threads; args: (list $ "drafter") */}}
+{{- define "specrec.env.threads" -}}
+{{- $v := index (index . 0).Values (index . 1) -}}
+- name: OMP_NUM_THREADS
+  value: {{ int $v.threads | quote }}
+- name: MKL_NUM_THREADS
+  value: {{ int $v.threads | quote }}
 {{- end -}}
 
 {{/* <component>.config: {SETTING: value} -> SPECREC_<COMPONENT>_SETTING; args: (list $ "itemset") */}}
@@ -222,8 +335,6 @@ app.kubernetes.io/component: {{ index . 1 }}
   value: {{ int $v.threads | quote }}
 - name: SPECREC_VERIFIER_MAX_BATCH
   value: {{ int $v.maxBatch | quote }}
-- name: SPECREC_VERIFIER_MAX_WAIT_MS
-  value: {{ $v.maxWaitMs | toString | quote }}
 - name: SPECREC_VERIFIER_SESSION_TTL_S
   value: {{ $v.sessionTtlS | toString | quote }}
 - name: SPECREC_VERIFIER_MAX_SESSIONS
@@ -232,8 +343,10 @@ app.kubernetes.io/component: {{ index . 1 }}
   value: {{ int $v.maxWidth | quote }}
 - name: SPECREC_VERIFIER_MAX_CANDIDATES
   value: {{ int $v.maxCandidates | quote }}
-- name: SPECREC_VERIFIER_WARMUP_REQUESTS
-  value: {{ int $v.warmupRequests | quote }}
+- name: SPECREC_VERIFIER_WARMUP_K
+  value: {{ $v.warmupK | toJson | quote }}
+- name: SPECREC_VERIFIER_REQUIRE_GPU
+  value: {{ and $v.gpu.enabled $v.gpu.required | toString | quote }}
 {{- end -}}
 
 {{- define "specrec.env.gateway" -}}
@@ -241,9 +354,9 @@ app.kubernetes.io/component: {{ index . 1 }}
 - name: SPECREC_GATEWAY_ITEMSET_ADDR
   value: {{ include "specrec.addr" (list . "itemset") | quote }}
 - name: SPECREC_GATEWAY_DRAFTER_ADDR
-  value: {{ include "specrec.addr" (list . "drafter") | quote }}
+  value: {{ include "specrec.replicasAddr" (list . "drafter") | quote }}
 - name: SPECREC_GATEWAY_VERIFIER_ADDR
-  value: {{ include "specrec.addr" (list . "verifier") | quote }}
+  value: {{ include "specrec.replicasAddr" (list . "verifier") | quote }}
 - name: SPECREC_GATEWAY_DEFAULT_POLICY
   value: {{ $v.defaultPolicy | quote }}
 - name: SPECREC_GATEWAY_DEFAULT_BUDGET_MS
