@@ -1,0 +1,508 @@
+"""Serving at a budget: quality and latency through the gateway.
+
+    python bench/serving.py --bundle bundles/beauty-loo --policies auto,beam,strict,nezha,specgr \\
+        --rates 10,20,30,40,60,80 --duration 15 --requests 500
+
+Starts its own stack on this machine (Redis: ``--redis-url`` / ``$REDIS_URL``,
+else 127.0.0.1:6379, else a private ``redis-server``; the item set, verifier,
+drafter and gateway as subprocesses on free ports, a private namespace) and
+stops all of it at the end, Ctrl-C and SIGTERM included.
+
+Requests are a seeded random sample of leave-one-out *test* users of the
+bundle's dataset: history = the last ``max_history`` items before the test
+target; the target is kept to score the answers.
+
+Phases:
+
+1. ``offline``: beam search in this process on the same users (K = 10, width
+   K): the reference Recall@10 of every pass rule;
+2. ``overhead``: per policy, closed loop, one request at a time, in-process and
+   through the gateway interleaved, with a generous budget (so budgets never
+   act): gateway p50 minus in-process p50;
+3. ``closed``: per policy, closed loop at the budget (``--budget-ms``):
+   Recall/NDCG@10 of the answers, the share of answers holding catalogue fill
+   and made only of fill, budget exits, the policy that served, p50/p95/p99;
+4. ``open``: per policy, open loop (Poisson arrivals, grpc.aio) at rising
+   offered rates: the same figures and the achieved rate. Latency runs from
+   the *scheduled* send time, so queueing in the client counts.
+
+A rate **passes** when p99 <= the budget, at least 99% of answers hold no
+fill, at most 1% of requests got no answer (refused with RESOURCE_EXHAUSTED
+or failed), and Recall@10 of the answers >= 0.95 x the offline beam's on the
+same requests. The figure per policy is the highest tested rate such that it
+and every lower tested rate pass.
+
+Writes ``serving.{json,md}`` and ``serving.png`` (R@10 and p99 against the
+offered rate, per policy) into ``--out``, the summary keys
+``gateway.<policy>.overhead_p50_ms``, ``gateway.<policy>.max_rps_p99_<B>ms``,
+``gateway.auto.recall_ratio_at_<B>ms`` and ``gateway.auto.all_fill_share_at_<B>ms``,
+and this benchmark's section of README.md there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import platform
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from specrec.eval.results import RESULTS_DIR, markdown_table, readme_section, update_summary, write_json  # noqa: E402
+from specrec_rpc.localstack import ServiceProcs, delete_namespace, find_or_start_redis, stop_process  # noqa: E402
+
+RETIRED_KEYS = ("gateway.specgr.max_rps_p99_30ms", "gateway.specgr.p99_ms_at_20rps", "gateway.beam.p99_ms_at_20rps",
+                "gateway.beam.grpc_overhead_p50_ms", "gateway.specgr.grpc_overhead_p50_ms")
+
+
+def say(msg: str) -> None:
+    from tqdm.auto import tqdm
+
+    tqdm.write(f"[serving] {msg}")
+
+
+@dataclass
+class Users:
+    """The sampled test users: histories (item ids, for the gateway; rows, in-process) and targets."""
+
+    ids: list[list[str]]
+    rows: list[np.ndarray]
+    targets: list[str]
+    source: str
+
+
+def sample_users(bundle, n: int, seed: int) -> Users:
+    from specrec.data.splits import sample_examples
+    from specrec.pipeline import open_dataset
+    from specrec.data.splits import make_split
+
+    data = bundle.meta.get("data_path")
+    ds = open_dataset(data)
+    if ds.catalogue.ids != bundle.catalogue.ids:
+        raise SystemExit(f"the bundle's dataset ({data}) has another catalogue")
+    test = sample_examples(make_split(ds, "loo", bundle.cfg.max_history).test, n, seed)
+    ids = bundle.catalogue.ids
+    rows = test.histories()
+    return Users([[ids[r] for r in h] for h in rows], rows, [ids[t] for t in test.target],
+                 f"{len(rows)} leave-one-out test users of {data}, a random sample (seed {seed})")
+
+
+def hit_and_ndcg(items: list[str], target: str, k: int = 10) -> tuple[float, float]:
+    for i, it in enumerate(items[:k]):
+        if it == target:
+            return 1.0, 1.0 / math.log2(i + 2)
+    return 0.0, 0.0
+
+
+def pct(x, q: float) -> float:
+    return float(np.percentile(x, q)) if len(x) else float("nan")
+
+
+def summarise(answers: list[dict], offline_hits: np.ndarray, n_sent: int) -> dict:
+    """Figures of a set of answers (each: index, items, sources, latency_ms, served_by, exit, error)."""
+    ok = [a for a in answers if a["error"] is None]
+    lat = np.asarray([a["latency_ms"] for a in ok])
+    hits = np.asarray([a["hit"] for a in ok]) if ok else np.zeros(0)
+    ref = offline_hits[[a["index"] for a in ok]] if ok else np.zeros(0)
+    holds_fill = [any(s == "fill" for s in a["sources"]) for a in ok]
+    all_fill = [bool(a["sources"]) and all(s == "fill" for s in a["sources"]) for a in ok]
+    errors = Counter(a["error"] for a in answers if a["error"] is not None)
+    return {
+        "sent": n_sent, "answered": len(ok), "errors": sum(errors.values()), "error_codes": dict(errors),
+        "no_answer_share": 1 - len(ok) / n_sent if n_sent else float("nan"),
+        "recall@10": float(hits.mean()) if ok else float("nan"),
+        "ndcg@10": float(np.mean([a["ndcg"] for a in ok])) if ok else float("nan"),
+        "offline_beam_recall@10": float(ref.mean()) if ok else float("nan"),
+        "fill_share": float(np.mean(holds_fill)) if ok else float("nan"),
+        "all_fill_share": float(np.mean(all_fill)) if ok else float("nan"),
+        "budget_exit_share": float(np.mean([a["exit"] == "budget" for a in ok])) if ok else float("nan"),
+        "served_by": dict(Counter(a["served_by"] for a in ok)),
+        "p50_ms": pct(lat, 50), "p95_ms": pct(lat, 95), "p99_ms": pct(lat, 99),
+        "max_ms": float(lat.max()) if len(lat) else float("nan"),
+    }
+
+
+def passes(row: dict, budget_ms: float) -> bool:
+    ref = row["offline_beam_recall@10"]
+    return (row["answered"] > 0 and row["p99_ms"] <= budget_ms and row["fill_share"] <= 0.01
+            and row["no_answer_share"] <= 0.01 and row["recall@10"] >= 0.95 * ref)
+
+
+# -- phase 1: the offline reference -----------------------------------------------------------
+def offline_beam(bundle, users: Users, k: int) -> np.ndarray:
+    from specrec.policies import RecRequest, make_policy
+
+    eng = bundle.engine(drafter=None)
+    pol = make_policy("beam", eng)
+    ids = bundle.catalogue.ids
+    hits = []
+    for rows, target in zip(users.rows, users.targets):
+        res = pol.run([RecRequest(rows, k)])[0]
+        hits.append(hit_and_ndcg([ids[r] for r in res.items], target, k)[0])
+    return np.asarray(hits)
+
+
+# -- phase 2: overhead -------------------------------------------------------------------------
+def overhead(bundle, target: str, users: Users, policy: str, k: int, n: int, warmup: int = 5) -> dict:
+    from tqdm.auto import tqdm
+
+    from specrec.policies import RecRequest, make_policy
+    from specrec_rpc.client import Client
+
+    eng = bundle.engine(drafter="retrieval")
+    budget_ms = 1000.0
+
+    def local(rows):
+        t0 = time.perf_counter()
+        make_policy(policy, eng).run([RecRequest(rows, k, eng.clock() + budget_ms / 1000.0)])
+        return (time.perf_counter() - t0) * 1000.0
+
+    loc, gw, srv = [], [], []
+    with Client(target, timeout_s=10.0) as c:
+        for i in range(warmup):
+            local(users.rows[i])
+            c.recommend(users.ids[i], k=k, policy=policy, budget_ms=budget_ms)
+        for i in tqdm(range(min(n, len(users.ids))), desc=f"overhead {policy}", unit="req", leave=False):
+            loc.append(local(users.rows[i]))
+            t0 = time.perf_counter()
+            resp = c.recommend(users.ids[i], k=k, policy=policy, budget_ms=budget_ms)
+            gw.append((time.perf_counter() - t0) * 1000.0)
+            srv.append(resp.stats.total_ms)
+    return {"policy": policy, "n": len(loc), "inprocess_p50_ms": pct(loc, 50), "gateway_p50_ms": pct(gw, 50),
+            "gateway_server_p50_ms": pct(srv, 50), "overhead_p50_ms": pct(gw, 50) - pct(loc, 50),
+            "inprocess_p99_ms": pct(loc, 99), "gateway_p99_ms": pct(gw, 99)}
+
+
+# -- phases 3 and 4: through the gateway ---------------------------------------------------------
+def request(users: Users, i: int, policy: str, k: int, budget_ms: float):
+    from specrec_rpc.v1 import recommender_pb2
+
+    return recommender_pb2.RecommendRequest(history=users.ids[i], k=k, policy=policy, budget_ms=budget_ms,
+                                            user_id=f"bench-{i}")
+
+
+def answer(i: int, resp, latency_ms: float, users: Users, error: str | None = None) -> dict:
+    if error is not None:
+        return {"index": i, "error": error, "latency_ms": latency_ms}
+    items = [it.item_id for it in resp.items]
+    hit, ndcg = hit_and_ndcg(items, users.targets[i])
+    return {"index": i, "error": None, "latency_ms": latency_ms, "items": items, "hit": hit, "ndcg": ndcg,
+            "sources": [it.source for it in resp.items], "served_by": resp.stats.served_by or resp.stats.policy,
+            "exit": resp.stats.exit_reason}
+
+
+async def closed_loop(target: str, users: Users, policy: str, k: int, budget_ms: float, n: int) -> list[dict]:
+    import grpc
+
+    from specrec_rpc.v1 import recommender_pb2_grpc
+
+    out = []
+    async with grpc.aio.insecure_channel(target) as ch:
+        stub = recommender_pb2_grpc.RecommenderStub(ch)
+        for i in range(min(5, n)):  # warm-up, not measured
+            await stub.Recommend(request(users, i, policy, k, budget_ms), timeout=5.0)
+        for i in range(n):
+            t0 = time.perf_counter()
+            try:
+                resp = await stub.Recommend(request(users, i, policy, k, budget_ms), timeout=5.0)
+                out.append(answer(i, resp, (time.perf_counter() - t0) * 1000.0, users))
+            except grpc.aio.AioRpcError as e:
+                out.append(answer(i, None, (time.perf_counter() - t0) * 1000.0, users, e.code().name))
+    return out
+
+
+async def open_loop(target: str, users: Users, policy: str, k: int, budget_ms: float, rate: float, duration: float,
+                    warmup: float, seed: int) -> tuple[list[dict], int, float]:
+    """Poisson arrivals at ``rate`` for warmup + duration seconds; answers of the measured part,
+    requests sent in it, and the achieved rate of answers."""
+    import grpc
+    from tqdm.auto import tqdm
+
+    from specrec_rpc.v1 import recommender_pb2_grpc
+
+    rng = np.random.default_rng(seed)
+    offsets, t = [], 0.0
+    while True:
+        t += rng.exponential(1.0 / rate)
+        if t >= warmup + duration:
+            break
+        offsets.append(t)
+    results: list[dict | None] = [None] * len(offsets)
+    loop = asyncio.get_running_loop()
+    n_users = len(users.ids)
+    async with grpc.aio.insecure_channel(target) as ch:
+        stub = recommender_pb2_grpc.RecommenderStub(ch)
+        await ch.channel_ready()
+        bar = tqdm(total=len(offsets), desc=f"{policy} @ {rate:g} rps", unit="req", leave=False)
+
+        async def one(j: int, sched: float) -> None:
+            i = j % n_users
+            try:
+                resp = await stub.Recommend(request(users, i, policy, k, budget_ms), timeout=2.0)
+                results[j] = {**answer(i, resp, (loop.time() - sched) * 1000.0, users), "sched": sched, "done": loop.time()}
+            except grpc.aio.AioRpcError as e:
+                results[j] = {**answer(i, None, (loop.time() - sched) * 1000.0, users, e.code().name), "sched": sched,
+                              "done": loop.time()}
+            bar.update()
+
+        start = loop.time() + 0.1
+        tasks = []
+        for j, off in enumerate(offsets):
+            d = start + off - loop.time()
+            if d > 0:
+                await asyncio.sleep(d)
+            tasks.append(asyncio.ensure_future(one(j, start + off)))
+        await asyncio.gather(*tasks)
+        bar.close()
+    t_measure = start + warmup
+    measured = [r for r in results if r["sched"] >= t_measure]
+    done = [r["done"] for r in measured if r["error"] is None]
+    span = (max(done) - t_measure) if done else float("nan")
+    return measured, len(measured), len(done) / span if done and span > 0 else float("nan")
+
+
+# -- outputs ------------------------------------------------------------------------------------
+def plot(rows: list[dict], policies: list[str], budget_ms: float, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.4))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for c, pol in zip(colours, policies):
+        rr = sorted((r for r in rows if r["policy"] == pol and r["answered"]), key=lambda r: r["offered_rps"])
+        if not rr:
+            continue
+        x = [r["offered_rps"] for r in rr]
+        a1.plot(x, [r["recall@10"] for r in rr], "-o", color=c, label=pol)
+        a2.plot(x, [r["p99_ms"] for r in rr], "-o", color=c, label=f"{pol} p99")
+        fails = [r for r in rr if not r["pass"]]
+        a2.scatter([r["offered_rps"] for r in fails], [r["p99_ms"] for r in fails], marker="x", color="k", zorder=5)
+    ref = [r["offline_beam_recall@10"] for r in rows if r["answered"]]
+    if ref:
+        a1.axhline(0.95 * float(np.mean(ref)), color="red", linewidth=1, label="0.95 x offline beam")
+    a2.axhline(budget_ms, color="red", linewidth=1, label=f"budget {budget_ms:g} ms")
+    a2.scatter([], [], marker="x", color="k", label="rate fails")
+    a2.set_yscale("log")
+    for ax, ylab in ((a1, "Recall@10 of the answers"), (a2, "p99 latency from scheduled send (ms)")):
+        ax.set_xlabel("offered rate (requests/s, Poisson)")
+        ax.set_ylabel(ylab)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def no_nan(o):
+    if isinstance(o, float) and math.isnan(o):
+        return None
+    if isinstance(o, dict):
+        return {k: no_nan(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [no_nan(v) for v in o]
+    return o
+
+
+def fmt(v, spec: str = ".1f") -> str:
+    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
+
+
+def machine_line() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return (f"{os.cpu_count()} CPUs ({cpu}); everything co-located on this machine: Redis, the four services "
+            f"and the load generator")
+
+
+def write_results(out: Path, res: dict, policies: list[str], budget_ms: float) -> dict:
+    b = f"{budget_ms:g}"
+    summary: dict = {}
+    for p, o in res["overhead"].items():
+        summary[f"gateway.{p}.overhead_p50_ms"] = o["overhead_p50_ms"]
+    for p in policies:
+        if p in res["max_rps"]:
+            summary[f"gateway.{p}.max_rps_p99_{b}ms"] = res["max_rps"][p]
+    auto = res["closed"].get("auto")
+    if auto:
+        ref = auto["offline_beam_recall@10"]
+        summary[f"gateway.auto.recall_ratio_at_{b}ms"] = auto["recall@10"] / ref if ref else None
+        summary[f"gateway.auto.all_fill_share_at_{b}ms"] = auto["all_fill_share"]
+    write_json("serving", no_nan(res), out)
+    cols = ["policy", "answered", "recall@10", "ndcg@10", "offline_beam_recall@10", "fill_share", "all_fill_share",
+            "budget_exit_share", "no_answer_share", "p50_ms", "p95_ms", "p99_ms", "served_by"]
+    closed = [{"policy": p, **r, "served_by": ", ".join(f"{k} {v}" for k, v in r["served_by"].items())}
+              for p, r in res["closed"].items()]
+    open_rows = [{**r, "pass": "yes" if r["pass"] else "**no**",
+                  "served_by": ", ".join(f"{k} {v}" for k, v in r["served_by"].items())} for r in res["open"]]
+    lines = ["# Serving at a budget, through the gateway\n", f"Command: `{res['command']}`\n",
+             f"{res['users']}. K = {res['k']}, budget {b} ms. {res['machine']}.\n",
+             f"Pass rule of a rate: {res['criterion']}.\n",
+             "## Overhead of the gRPC path (closed loop, one request at a time, 1 s budget)\n",
+             markdown_table([{"policy": p, **o} for p, o in res["overhead"].items()],
+                            ["policy", "n", "inprocess_p50_ms", "gateway_p50_ms", "gateway_server_p50_ms",
+                             "overhead_p50_ms"], "{:.2f}"),
+             f"## Closed loop at the {b} ms budget\n", markdown_table(closed, cols, "{:.4f}"),
+             "## Open loop at rising rates\n",
+             markdown_table(open_rows, ["policy", "offered_rps", "achieved_rps", *cols[1:], "pass"], "{:.3f}"),
+             "| policy | highest passing rate (rps) |\n|---|---|",
+             *[f"| {p} | {fmt(res['max_rps'].get(p), 'g') if res['max_rps'].get(p) is not None else 'below the lowest tested'} |"
+               for p in res["max_rps"]],
+             "", "![R@10 and p99 against the offered rate](serving.png)", ""]
+    (out / "serving.md").write_text("\n".join(lines))
+    update_summary(summary, out / "summary.json", retire=RETIRED_KEYS)
+    body = ["## Serving at a budget (`bench/serving.py`)\n", f"Produced by:\n\n```bash\n{res['command']}\n```\n",
+            f"{res['machine']}. Tables: [`serving.md`](serving.md), rows in [`serving.json`](serving.json).\n",
+            "| key | value |", "|---|---|", *[f"| `{k}` | {fmt(v, '.4g') if isinstance(v, float) else v} |"
+                                             for k, v in summary.items() if v is not None],
+            "\n![R@10 and p99 against the offered rate](serving.png)\n"]
+    readme_section(out / "README.md", "bench/serving.py", "\n".join(body), retire=("bench/load.py",))
+    return summary
+
+
+def best_rate(rows: list[dict]) -> float | None:
+    """The highest offered rate passing before the first that fails (rows in rising order); None: none passes."""
+    best = None
+    for r in rows:
+        if not r["pass"]:
+            break
+        best = r["offered_rps"]
+    return best
+
+
+def add_common_args(ap: argparse.ArgumentParser, redis_url: bool = True) -> None:
+    """Options every benchmark of the stack takes (serving, chaos, scaleout)."""
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1, help="verifier intra-op threads (each verifier process)")
+    if redis_url:
+        ap.add_argument("--redis-url", default=os.environ.get("REDIS_URL"))
+    ap.add_argument("--out", default=str(RESULTS_DIR))
+    ap.add_argument("--startup-timeout", type=float, default=600.0)
+
+
+def command_line(script: str, argv) -> str:
+    """The command that produced the results, as a reader would type it."""
+    return "python " + " ".join([script, *(argv if argv is not None else sys.argv[1:])])
+
+
+# -- main ---------------------------------------------------------------------------------------
+def parse(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--bundle", required=True, help="bundle directory (with drafters)")
+    ap.add_argument("--policies", default="auto,beam,strict,nezha,specgr")
+    ap.add_argument("--open-policies", default="auto,beam,strict", help="policies of the open-loop sweep")
+    ap.add_argument("--rates", default="10,20,30,40,60,80", help="offered rates, requests/s")
+    ap.add_argument("--duration", type=float, default=15.0, help="measured seconds per rate")
+    ap.add_argument("--warmup", type=float, default=3.0, help="seconds per rate sent first and not measured")
+    ap.add_argument("--k", type=int, default=10)
+    ap.add_argument("--budget-ms", type=float, default=30.0)
+    ap.add_argument("--requests", type=int, default=500, help="test users sampled")
+    ap.add_argument("--overhead-requests", type=int, default=200)
+    add_common_args(ap)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    a = parse(argv)
+    command = command_line("bench/serving.py", argv)
+
+    def _interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGHUP, _interrupt)
+
+    import torch
+
+    from specrec.bundle import Bundle
+
+    torch.set_num_threads(a.threads)
+    policies = [p.strip() for p in a.policies.split(",") if p.strip()]
+    open_policies = [p.strip() for p in a.open_policies.split(",") if p.strip()]
+    rates = sorted({float(x) for x in a.rates.split(",") if x.strip()})
+    bundle_dir = Path(a.bundle).resolve()
+    bundle = Bundle.load(bundle_dir)
+    users = sample_users(bundle, a.requests, a.seed)
+    say(users.source)
+    say("phase 1: offline beam on the same users")
+    offline_hits = offline_beam(bundle, users, a.k)
+    say(f"offline beam R@10 {offline_hits.mean():.4f}")
+
+    tmp = Path(tempfile.mkdtemp(prefix="specrec-serving-"))
+    namespace = f"bench-serving-{uuid.uuid4().hex[:10]}"
+    redis_url, redis_proc = find_or_start_redis(a.redis_url, workdir=tmp / "redis", log_path=tmp / "redis.log")
+    procs = ServiceProcs(bundle_dir, redis_url, namespace, tmp / "logs", max_history=bundle.cfg.max_history,
+                         env={"SPECREC_VERIFIER_THREADS": str(a.threads)})
+    res = {"command": command, "users": users.source, "k": a.k, "budget_ms": a.budget_ms, "machine": machine_line(),
+           "criterion": f"p99 <= {a.budget_ms:g} ms, >= 99% of answers hold no fill, <= 1% of requests unanswered, "
+                        "R@10 >= 0.95 x the offline beam's on the same requests",
+           "offline_beam_recall@10": float(offline_hits.mean()), "overhead": {}, "closed": {}, "open": [], "max_rps": {}}
+    try:
+        procs.start(a.startup_timeout, say=say)
+        target = procs.addr("gateway")
+        say("phase 2: overhead of the gRPC path")
+        for p in [p for p in policies if p != "auto"]:
+            o = overhead(bundle, target, users, p, a.k, a.overhead_requests)
+            res["overhead"][p] = o
+            say(f"{p}: in-process {o['inprocess_p50_ms']:.2f} ms, gateway {o['gateway_p50_ms']:.2f} ms, "
+                f"overhead {o['overhead_p50_ms']:.2f} ms")
+        say(f"phase 3: closed loop at {a.budget_ms:g} ms")
+        for p in policies:
+            row = summarise(asyncio.run(closed_loop(target, users, p, a.k, a.budget_ms, len(users.ids))), offline_hits,
+                            len(users.ids))
+            res["closed"][p] = row
+            say(f"{p}: R@10 {row['recall@10']:.4f} (offline beam {row['offline_beam_recall@10']:.4f}), fill "
+                f"{row['fill_share']:.1%}, all-fill {row['all_fill_share']:.1%}, p99 {row['p99_ms']:.1f} ms, "
+                f"served by {row['served_by']}")
+        say("phase 4: open loop")
+        for p in open_policies:
+            for rate in rates:
+                measured, sent, achieved = asyncio.run(open_loop(target, users, p, a.k, a.budget_ms, rate, a.duration,
+                                                                 a.warmup, a.seed + int(rate)))
+                row = {"policy": p, "offered_rps": rate, "achieved_rps": achieved, **summarise(measured, offline_hits, sent)}
+                row["pass"] = passes(row, a.budget_ms)
+                res["open"].append(row)
+                say(f"{p} @ {rate:g}: achieved {fmt(row['achieved_rps'])}, R@10 {fmt(row['recall@10'], '.4f')}, "
+                    f"p99 {fmt(row['p99_ms'])} ms, fill {fmt(row['fill_share'], '.1%')}, unanswered "
+                    f"{fmt(row['no_answer_share'], '.1%')} -> {'pass' if row['pass'] else 'FAIL'}")
+                time.sleep(1.0)
+            res["max_rps"][p] = best_rate([r for r in res["open"] if r["policy"] == p])
+    except KeyboardInterrupt:
+        say("interrupted: stopping the stack; nothing written")
+        return 130
+    finally:
+        procs.stop(say=say)
+        try:
+            delete_namespace(redis_url, namespace)
+        except Exception as e:  # noqa: BLE001
+            say(f"could not delete Redis namespace {namespace}: {e}")
+        stop_process(redis_proc)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    plot(res["open"], open_policies, a.budget_ms, out / "serving.png",
+         f"{bundle.name}: K={a.k}, budget {a.budget_ms:g} ms, {os.cpu_count()} CPUs, everything co-located")
+    summary = write_results(out, res, open_policies, a.budget_ms)
+    print(json.dumps(no_nan(summary), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
