@@ -38,9 +38,13 @@ GRACE_S = 0.002
 
 
 class DependencyDown(RuntimeError):
-    def __init__(self, which: str, detail: str):
+    """A dependency gave no usable answer. ``unreachable``: it is down (no replica, or UNAVAILABLE),
+    as opposed to one that answered but refused the call (e.g. a drafter one catalogue version behind)."""
+
+    def __init__(self, which: str, detail: str, unreachable: bool = True):
         super().__init__(f"{which} unavailable: {detail}")
         self.which = which
+        self.unreachable = unreachable
 
 
 class BudgetExceeded(RuntimeError):
@@ -67,7 +71,7 @@ def _raise_for(which: str, e: grpc.RpcError):
         raise SessionLost(e.details()) from None
     # anything else (down, overloaded, starting, or a call it refused): the request degrades to what is
     # still available; the caller's own input was validated before any dependency was called
-    raise DependencyDown(which, f"{code.name}: {e.details()}") from None
+    raise DependencyDown(which, f"{code.name}: {e.details()}", unreachable=code == grpc.StatusCode.UNAVAILABLE) from None
 
 
 def _call(which: str, fn, request, deadline, metadata=()):

@@ -292,7 +292,8 @@ class GatewayService(Service):
                 self.breaker.result(False)
             else:
                 self.breaker.settle()
-                self.drafter_failed()
+                if e.unreachable:
+                    self.drafter_failed()
             return self._fallback(eng, req, e.which, str(e))
         except BudgetExceeded as e:
             # a budget too small is not a fault of the service: the breaker is left as it is
@@ -334,7 +335,7 @@ class GatewayService(Service):
                 res.degraded = f"{down} unavailable: {name} answered ({why})"
                 return res
             except (DependencyDown, BudgetExceeded) as e:
-                if isinstance(e, DependencyDown) and e.which == "drafter":
+                if isinstance(e, DependencyDown) and e.which == "drafter" and e.unreachable:
                     self.drafter_failed()
                 reasons.append(str(e))
         return self._catalogue_only(eng, req, "; ".join(reasons))

@@ -427,7 +427,7 @@ async def test_catalogue_watcher_sees_upsert(itemset):
         t0 = time.monotonic()
         resp = await itemset.upsert(Item(item_id="watched", text="Lumi waterproof mascara, black, curl"))
         while "watched" not in watcher.current.index:
-            assert time.monotonic() - t0 < 2.0, "the watcher did not see the new item within 2 s"
+            assert time.monotonic() - t0 < 10.0, "the watcher did not see the new item within 10 s"
             await asyncio.sleep(0.02)
         cur = watcher.current
         row = cur.index["watched"]
@@ -689,7 +689,7 @@ async def test_redis_that_lost_its_data_gets_the_catalogue_back(tmp_path, tiny_b
             info = await h.stub.GetVersion(itemset_pb2.GetVersionRequest())
             if info.version and info.n_items == N:
                 break
-            assert time.monotonic() - t0 < 2.0, f"not restored within 2 s: {info}"
+            assert time.monotonic() - t0 < 10.0, f"not restored within 10 s: {info}"
             await asyncio.sleep(0.05)
         assert info.version != before.version and info.fingerprint == before.fingerprint
         assert info.version.rsplit(".", 1)[0] != before.version.rsplit(".", 1)[0]  # a new epoch
@@ -698,7 +698,7 @@ async def test_redis_that_lost_its_data_gets_the_catalogue_back(tmp_path, tiny_b
         assert after.version == resp.version and after.n_items == N + 1  # never a 1-item catalogue
         t0 = time.monotonic()
         while watcher.current.version != after.version:
-            assert time.monotonic() - t0 < 2.0
+            assert time.monotonic() - t0 < 10.0, "the follower did not see the new version within 10 s"
             await asyncio.sleep(0.05)
         assert len(watcher.current.itemset) == N + 1 and watcher.current.fingerprint == after.fingerprint
     finally:
@@ -738,15 +738,17 @@ async def test_redis_rolled_back_to_an_old_snapshot_gets_a_new_name(tmp_path, ti
         names = {v1}
         for i in range(2):
             names.add((await h.upsert(Item(item_id=f"late-{i}", sid=Sid(codes=[15, 15, 13 - i, 63])))).version)
-        await r.flushall()
-        for k, v in snapshot.items():
-            await r.restore(k, 0, v)
+        async with r.pipeline(transaction=True) as pipe:  # at once, as Redis loading an old RDB file
+            pipe.flushall()
+            for k, v in snapshot.items():
+                pipe.restore(k, 0, v)
+            await pipe.execute()
         t0 = time.monotonic()
         while True:
             info = await h.stub.GetVersion(itemset_pb2.GetVersionRequest())
             if info.n_items == N + 2:
                 break
-            assert time.monotonic() - t0 < 2.0, f"not restored within 2 s: {info}"
+            assert time.monotonic() - t0 < 10.0, f"not restored within 10 s: {info}"
             await asyncio.sleep(0.05)
         assert info.version not in names
         assert info.version.rsplit(".", 1)[0] != v1.rsplit(".", 1)[0]  # a new epoch

@@ -14,6 +14,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from itemset_svc.service import ItemSetService
 from itemset_svc.settings import ItemSetSettings
 from specrec_rpc.server import Runner
+from specrec_rpc.v1 import recommender_pb2
 
 from ..certs import make_certs
 
@@ -135,17 +136,26 @@ async def test_a_request_is_traced_across_the_services(redis_url, serving_bundle
         h = histories(serving_bundle, 1, seed=5)[0]
         exporter.clear()
         resp = await st.gateway.Recommend(
-            __import__("specrec_rpc.v1.recommender_pb2", fromlist=["x"]).RecommendRequest(
-                history=h, k=5, policy="specgr", budget_ms=1000, params={"delta": "10"}), metadata=(("x-request-id", "trace-me-1"),), timeout=10)
+            recommender_pb2.RecommendRequest(history=h, k=5, policy="specgr", budget_ms=1000, params={"delta": "10"}),
+            metadata=(("x-request-id", "trace-me-1"),), timeout=10)
         assert resp.stats.request_id == "trace-me-1"
-        await asyncio.sleep(0.2)
-        spans = exporter.get_finished_spans()
-        recommend = [sp for sp in spans if sp.name.endswith("Recommend") and sp.kind.name == "SERVER"]
-        assert recommend, [sp.name for sp in spans]
-        trace_id = recommend[-1].context.trace_id
-        names = {sp.name for sp in spans if sp.context.trace_id == trace_id and sp.kind.name == "SERVER"}
-        assert any(n.endswith("Verifier/Score") or n.endswith("Verifier/BeamStep") for n in names), names
-        assert any(n.endswith("Drafter/Draft") for n in names), names
+
+        def traced() -> tuple[set, list]:
+            spans = exporter.get_finished_spans()
+            recommend = [sp for sp in spans if sp.name.endswith("Recommend") and sp.kind.name == "SERVER"]
+            if not recommend:
+                return set(), [sp.name for sp in spans]
+            trace_id = recommend[-1].context.trace_id
+            return {sp.name for sp in spans if sp.context.trace_id == trace_id and sp.kind.name == "SERVER"}, []
+
+        t0 = time.monotonic()
+        while True:  # spans end (and are exported) as each server finishes its call: poll for them
+            names, seen = traced()
+            if (any(n.endswith("Verifier/Score") or n.endswith("Verifier/BeamStep") for n in names)
+                    and any(n.endswith("Drafter/Draft") for n in names)):
+                break
+            assert time.monotonic() - t0 < 5.0, (names, seen)
+            await asyncio.sleep(0.05)
     finally:
         from specrec_rpc.localstack import delete_keys, namespace_pattern
 

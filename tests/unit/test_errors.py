@@ -72,3 +72,27 @@ def test_a_call_whose_caller_has_gone_is_not_answered_nor_logged_as_a_fault(exc)
     lines, aborted = call(exc, done=True)
     assert aborted is None  # aborting a finished call raises inside grpc (it was logged as "unhandled")
     assert not [x for x in lines if x[0] in ("error", "warning")]
+
+
+class RpcError(grpc.RpcError):
+    def __init__(self, code, details=""):
+        self._code, self._details = code, details
+
+    def code(self):
+        return self._code
+
+    def details(self):
+        return self._details
+
+
+@pytest.mark.parametrize("code,unreachable", [
+    (grpc.StatusCode.UNAVAILABLE, True),  # down: the gateway stops keeping time back for it
+    (grpc.StatusCode.INVALID_ARGUMENT, False),  # answered, but refused (e.g. one catalogue version behind)
+    (grpc.StatusCode.RESOURCE_EXHAUSTED, False),
+])
+def test_a_dependency_that_refused_is_not_counted_as_down(code, unreachable):
+    from gateway.remote import DependencyDown, _raise_for
+
+    with pytest.raises(DependencyDown) as e:
+        _raise_for("drafter", RpcError(code, "no item of the history is in the catalogue"))
+    assert e.value.which == "drafter" and e.value.unreachable is unreachable
