@@ -158,7 +158,8 @@ class Load:
             sources = [it.source for it in resp.items]
             fill_only = bool(sources) and all(s == "fill" for s in sources)
             rec.update(code="OK", served_by=resp.stats.served_by or resp.stats.policy, degraded=bool(resp.stats.degraded),
-                       model=not fill_only and (resp.stats.served_by or "") != "fill" and len(sources) > 0)
+                       model=not fill_only and (resp.stats.served_by or "") != "fill" and len(sources) > 0,
+                       server_ms=resp.stats.total_ms)  # the gateway's own time (latency_ms: the caller's)
             if resp.stats.degraded:
                 rec["detail"] = resp.stats.degraded_reason[:200]
         except grpc.aio.AioRpcError as e:

@@ -86,6 +86,8 @@ class GatewaySettings(ServiceSettings):
     reserve_ms: float = Field(6.0, ge=0.0, le=1000.0, description="verifier calls end this long before the deadline "
                               "(or twice the drafter's running cost when more, at most 80% of the budget), so "
                               "the drafter can still answer when the verifier does not")
+    reply_margin_ms: float = Field(5.0, ge=0.0, le=1000.0, description="when the caller's gRPC deadline comes before "
+                                   "the budget, the answer is planned to leave this long before that deadline")
     breaker_failures: int = Field(3, ge=1, le=1000, description="verifier failures in a row that open the breaker")
     breaker_open_s: float = Field(1.0, gt=0, le=600, description="how long an open breaker sends requests to the drafter")
     policy_defaults: dict[str, dict] = Field(default_factory=dict,
@@ -311,7 +313,8 @@ class GatewayService(Service):
 
     def reserve_s(self, left_s: float) -> float:
         """Time kept back from the verifier's calls for the drafter's answer: reserve_ms, or twice the
-        drafter's running cost when that is more (it is slower under load), at most 80% of what is left;
+        drafter's running cost (fallback calls included: they are the ones made under pressure) when that
+        is more, at most 80% of what is left;
         none while the drafter is down (for ``breaker_open_s`` after it failed): the verifier gets it all."""
         if self.drafter_down():
             return 0.0
@@ -331,7 +334,10 @@ class GatewayService(Service):
             try:
                 if name != "drafter":
                     eng.verifier.deadline = req.deadline
+                t0 = time.monotonic()
                 res = make_policy(name, eng).run([req])[0]
+                if name == "drafter":  # the drafter's own time: what the next requests keep back for it
+                    self.cost_s["drafter"] = 0.9 * self.cost_s["drafter"] + 0.1 * (time.monotonic() - t0)
                 res.degraded = f"{down} unavailable: {name} answered ({why})"
                 return res
             except (DependencyDown, BudgetExceeded) as e:
@@ -406,10 +412,20 @@ class Servicer(recommender_pb2_grpc.RecommenderServicer):
             total_ms=(time.monotonic() - t0) * 1000.0)
         return recommender_pb2.RecommendResponse(items=items, stats=stats)
 
-    async def _recommend(self, r, prefix: str = "", rid: str = "") -> recommender_pb2.RecommendResponse:
+    def caller_deadline(self, context) -> float | None:
+        """The caller's gRPC deadline (time.monotonic()), less the reply margin; None when it set none."""
+        left = context.time_remaining()
+        return None if left is None else time.monotonic() + left - self.svc.s.reply_margin_ms / 1000.0
+
+    async def _recommend(self, r, prefix: str = "", rid: str = "",
+                         caller_deadline: float | None = None) -> recommender_pb2.RecommendResponse:
         t0 = time.monotonic()
         policy, params, rows, k, budget_ms, snap = self._validate(r, prefix)
+        # the budget, or the caller's own deadline when that comes first (the time the request waited in
+        # the server before this handler ran is then spent already, and an answer after it is never read)
         deadline = t0 + budget_ms / 1000.0
+        if caller_deadline is not None:
+            deadline = min(deadline, caller_deadline)
         try:
             run = self.svc.admit(policy, rows, k, deadline, snap)
         except Overloaded as e:
@@ -425,16 +441,17 @@ class Servicer(recommender_pb2_grpc.RecommenderServicer):
 
     @handle_errors
     async def Recommend(self, request, context):
-        return await self._recommend(request, rid=tracing.request_id_of(context))
+        return await self._recommend(request, rid=tracing.request_id_of(context), caller_deadline=self.caller_deadline(context))
 
     @handle_errors
     async def RecommendBatch(self, request, context):
-        rid = tracing.request_id_of(context)
+        rid, caller_deadline = tracing.request_id_of(context), self.caller_deadline(context)
         require(1 <= len(request.requests) <= self.svc.s.max_batch, "requests", f"1..{self.svc.s.max_batch} requests")
 
         async def one(i, r):
             try:
-                return recommender_pb2.RecommendResult(response=await self._recommend(r, f"requests[{i}].", f"{rid}-{i}"))
+                return recommender_pb2.RecommendResult(response=await self._recommend(r, f"requests[{i}].", f"{rid}-{i}",
+                                                                                      caller_deadline))
             except InvalidArgument as e:
                 return recommender_pb2.RecommendResult(error_code=grpc.StatusCode.INVALID_ARGUMENT.value[0], error_message=str(e))
             except ResourceExhausted as e:

@@ -82,6 +82,26 @@ async def test_auto_answers_with_a_cheaper_model_when_the_verifier_is_slow(stack
         undo()
 
 
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_callers_deadline_shorter_than_the_budget_is_planned_for(stack, serving_bundle):
+    """The caller's gRPC deadline (300 ms) comes before the budget (1 s) and the verifier takes 400 ms a
+    batch: the gateway plans for the deadline and answers from the drafter (flagged), not DEADLINE_EXCEEDED."""
+    h = histories(serving_bundle, 1, seed=24)[0]
+    await stack.recommend(h, k=10, policy="beam")  # warm
+    undo = slow_verifier(stack, 0.400)
+    gw = stack.runners["gateway"].service
+    s = gw.s
+    gw.s = s.model_copy(update={"reply_margin_ms": 50.0})  # room for 2 shared cores (the default is 5 ms)
+    try:
+        r = await stack.recommend(h, k=10, policy="beam", budget_ms=1000, timeout=0.3)  # late: DEADLINE_EXCEEDED
+        assert r.stats.total_ms < 300 - 50 + GRACE_MS, r.stats  # planned for the caller's deadline less the margin
+        assert r.stats.degraded and r.stats.served_by in ("drafter", "fill") and len(r.items) == 10, r.stats
+    finally:
+        gw.s = s
+        undo()
+    await asyncio.sleep(0.5)  # let the slowed batch finish before the next test
+
+
 @pytest.mark.xfail(reason="known gap (issue 'Serving at budget', left open): with a verifier slowed to 10 ms a "
                    "batch and 120 requests at once on 2 shared cores, answers come back 5-15 ms past a 30 ms budget "
                    "and some refusals come late; bench/results/serving.md has the open-loop figures", strict=False)
