@@ -270,7 +270,7 @@ class GatewayService(Service):
         total = time.monotonic() - t0
         res.stats.stage_ms["total"] = total * 1000.0
         if res.served_by == name and not res.degraded:
-            self.cost_s[resource] = 0.9 * self.cost_s[resource] + 0.1 * total
+            self.learn_cost(resource, total)
         for stage, ms in res.stats.stage_ms.items():
             STAGE.labels(asked or name, stage).observe(ms / 1000.0)
         return res
@@ -303,6 +303,10 @@ class GatewayService(Service):
             if e.which == "drafter":  # the budget is spent: no time for a verifier answer either
                 return self._catalogue_only(eng, req, f"drafter did not answer in time ({e})")
             return self._fallback(eng, req, "verifier", f"verifier did not answer in time ({e})")
+
+    def learn_cost(self, resource: str, seconds: float) -> None:
+        """One answer's time into ``resource``'s running mean cost per request (admission, auto, reserve)."""
+        self.cost_s[resource] = 0.9 * self.cost_s[resource] + 0.1 * seconds
 
     def drafter_failed(self) -> None:
         """A drafter call failed as unavailable: the drafter counts as down for ``breaker_open_s``."""
@@ -337,7 +341,7 @@ class GatewayService(Service):
                 t0 = time.monotonic()
                 res = make_policy(name, eng).run([req])[0]
                 if name == "drafter":  # the drafter's own time: what the next requests keep back for it
-                    self.cost_s["drafter"] = 0.9 * self.cost_s["drafter"] + 0.1 * (time.monotonic() - t0)
+                    self.learn_cost("drafter", time.monotonic() - t0)
                 res.degraded = f"{down} unavailable: {name} answered ({why})"
                 return res
             except (DependencyDown, BudgetExceeded) as e:

@@ -134,6 +134,15 @@ def train_retrieval(
 
 
 # -- self-draft head ---------------------------------------------------------------
+def _frozen_with_head(gr: Tiger, sids: np.ndarray, tcfg: DrafterTrainConfig, make_head):
+    """The GR model frozen (eval, no gradients), a draft head made after seeding, and the SIDs as a tensor."""
+    torch.manual_seed(tcfg.seed)
+    gr.eval()
+    for p in gr.parameters():
+        p.requires_grad_(False)
+    return make_head(gr), torch.from_numpy(np.ascontiguousarray(sids, dtype=np.int64))
+
+
 def train_self_draft(
     gr: Tiger, split: Split, sids: np.ndarray, tcfg: DrafterTrainConfig | None = None,
     log: Callable[[str], None] = print, progress: bool = True, align: AlignConfig | None = None, cache=None,
@@ -143,12 +152,7 @@ def train_self_draft(
     tcfg = tcfg or DrafterTrainConfig(epochs=10, batch_size=256, lr=2e-3)
     if align is not None and align.mode != "none":
         return _train_self_draft_aligned(gr, split, sids, tcfg, align, log, progress, cache)
-    torch.manual_seed(tcfg.seed)
-    gr.eval()
-    for p in gr.parameters():
-        p.requires_grad_(False)
-    head = SelfDraftHead(gr)
-    sids_t = torch.from_numpy(np.ascontiguousarray(sids, dtype=np.int64))
+    head, sids_t = _frozen_with_head(gr, sids, tcfg, SelfDraftHead)
     seen_rows = torch.from_numpy(np.nonzero(split.seen)[0])
     remap = torch.full((len(sids),), -1, dtype=torch.int64)
     remap[seen_rows] = torch.arange(len(seen_rows))
@@ -191,12 +195,7 @@ def train_nezha(
     tcfg = tcfg or DrafterTrainConfig(epochs=6, batch_size=256, lr=2e-3, patience=2)
     if align is not None and align.mode != "none":
         return _train_nezha_aligned(gr, split, sids, tcfg, align, log, progress, cache)
-    torch.manual_seed(tcfg.seed)
-    gr.eval()
-    for p in gr.parameters():
-        p.requires_grad_(False)
-    head = NezhaHead(gr)
-    sids_t = torch.from_numpy(np.ascontiguousarray(sids, dtype=np.int64))
+    head, sids_t = _frozen_with_head(gr, sids, tcfg, NezhaHead)
     trie = SidTrie(sids, gr.cfg.level_sizes)
     tr: Examples = split.train
     lengths = (tr.history != PAD).sum(1)
@@ -242,12 +241,7 @@ def _aligned_setup(gr, split, sids, tcfg, align: AlignConfig, cache, progress, m
     validation histories: (head, sids as a tensor, trie, train beams, valid beams)."""
     from ..ids.trie import SidTrie
 
-    torch.manual_seed(tcfg.seed)
-    gr.eval()
-    for p in gr.parameters():
-        p.requires_grad_(False)
-    head = make_head(gr)
-    sids_t = torch.from_numpy(np.ascontiguousarray(sids, dtype=np.int64))
+    head, sids_t = _frozen_with_head(gr, sids, tcfg, make_head)
     trie = SidTrie(sids, gr.cfg.level_sizes)
     tb, vb = _aligned_beams(gr, split, sids_t, trie, align, tcfg.seed, cache, progress)
     return head, sids_t, trie, tb, vb
