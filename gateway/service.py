@@ -53,6 +53,7 @@ from specrec_rpc import tracing
 from specrec_rpc.replicas import Replicas
 
 from .remote import GRACE_S, BudgetExceeded, DependencyDown, RemoteDrafter, RemoteVerifier
+from .requestlog import RequestLog
 
 RECS = Counter("specrec_gateway_recommendations", "Recommend answers by policy asked, policy that served, exit reason "
                "and degradation", ["policy", "served_by", "exit_reason", "degraded"])
@@ -92,6 +93,8 @@ class GatewaySettings(ServiceSettings):
     breaker_open_s: float = Field(1.0, gt=0, le=600, description="how long an open breaker sends requests to the drafter")
     policy_defaults: dict[str, dict] = Field(default_factory=dict,
                                              description='per-policy default parameters, e.g. {"specgr": {"gamma": -1.0}}')
+    log_sample_rate: float = Field(0.0, ge=0.0, le=1.0, description="share of answers that went as asked logged "
+                                   "as one line each (event `request`); degraded, shed and failed requests always are")
 
 
 class SpecCollector:
@@ -179,6 +182,7 @@ class GatewayService(Service):
         self._pending_lock = threading.Lock()
         self.cost_s = {"verifier": 0.004, "drafter": 0.002}  # running mean time of a request, by service
         self.drafter_down_until = 0.0  # after the drafter failed: no time is kept back for it until then
+        self.requests_log = RequestLog(self.log, settings.log_sample_rate)
 
     async def start(self) -> None:
         s = self.s
@@ -393,11 +397,12 @@ class Servicer(recommender_pb2_grpc.RecommenderServicer):
             loc = ".".join(str(x) for x in err["loc"]) or "?"
             raise InvalidArgument(f("params." + loc), err["msg"]) from None
         snap = svc.catalogue.current
-        rows = [snap.index[i] for i in r.history if i in snap.index]
-        rows = np.asarray([x for x in rows if snap.itemset.active[x]], dtype=np.int64)
+        known = [(i, snap.index.get(i)) for i in r.history]
+        ignored = [i for i, x in known if x is None or not snap.itemset.active[x]]
+        rows = np.asarray([x for _, x in known if x is not None and snap.itemset.active[x]], dtype=np.int64)
         require(len(rows) > 0, f("history"), f"none of the {len(r.history)} item ids is in catalogue version {snap.version}")
         budget = r.budget_ms or s.default_budget_ms
-        return policy, params, rows, min(k, len(snap.itemset)), budget, snap
+        return policy, params, rows, min(k, len(snap.itemset)), budget, snap, ignored
 
     def _response(self, policy: str, res: RecResult, snap: Snapshot, t0: float) -> recommender_pb2.RecommendResponse:
         it = snap.itemset
@@ -423,8 +428,20 @@ class Servicer(recommender_pb2_grpc.RecommenderServicer):
 
     async def _recommend(self, r, prefix: str = "", rid: str = "",
                          caller_deadline: float | None = None) -> recommender_pb2.RecommendResponse:
+        """One request, and its log line when it was degraded, shed or failed (requestlog.py)."""
         t0 = time.monotonic()
-        policy, params, rows, k, budget_ms, snap = self._validate(r, prefix)
+        method = "RecommendBatch" if prefix else "Recommend"
+        try:
+            resp = await self._serve(r, t0, prefix, rid, caller_deadline)
+        except BaseException as e:
+            self.svc.requests_log.refused(r, rid, e, t0, method)
+            raise
+        self.svc.requests_log.answered(r, resp, rid, method)
+        return resp
+
+    async def _serve(self, r, t0: float, prefix: str, rid: str,
+                     caller_deadline: float | None) -> recommender_pb2.RecommendResponse:
+        policy, params, rows, k, budget_ms, snap, ignored = self._validate(r, prefix)
         # the budget, or the caller's own deadline when that comes first (the time the request waited in
         # the server before this handler ran is then spent already, and an answer after it is never read)
         deadline = t0 + budget_ms / 1000.0
@@ -441,6 +458,7 @@ class Servicer(recommender_pb2_grpc.RecommenderServicer):
             rid, policy)
         resp = self._response(policy, res, snap, t0)
         resp.stats.request_id = rid
+        resp.stats.ignored_history.extend(ignored)
         return resp
 
     @handle_errors
@@ -468,8 +486,11 @@ class Servicer(recommender_pb2_grpc.RecommenderServicer):
 
         extra = len(request.requests) - 1  # the RPC holds one slot; every further item counts too
         if not self.svc.admission.try_take(extra):
-            raise ResourceExhausted(f"overloaded: {self.svc.admission.inflight} requests in flight, "
-                                    f"{len(request.requests)} more asked")
+            e = ResourceExhausted(f"overloaded: {self.svc.admission.inflight} requests in flight, "
+                                  f"{len(request.requests)} more asked")
+            self.svc.log.warning("request", outcome="shed", request_id=rid, method="RecommendBatch",
+                                 code="RESOURCE_EXHAUSTED", reason=str(e), requests=len(request.requests))
+            raise e
         try:
             results = await asyncio.gather(*(one(i, r) for i, r in enumerate(request.requests)))
         finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import sys
 import time
 from pathlib import Path
 
@@ -149,8 +150,17 @@ def cmd_recommend(a) -> int:
     for it in a.param or []:
         k, _, v = it.partition("=")
         params[k] = v
-    with Client(a.target, timeout_s=a.timeout) as c:
-        resp, ms = timed_recommend(c, a.history.split(","), k=a.k, policy=a.policy, budget_ms=a.budget_ms, params=params)
+    import grpc
+
+    try:
+        with Client(a.target, timeout_s=a.timeout) as c:
+            resp, ms = timed_recommend(c, a.history.split(","), k=a.k, policy=a.policy, budget_ms=a.budget_ms,
+                                       params=params)
+    except grpc.RpcError as e:  # the gateway's status, as `STATUS: message` (no traceback)
+        code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
+        details = e.details() if hasattr(e, "details") else str(e)
+        print(f"{code.name}: {details}", file=sys.stderr)
+        return 1
     if a.json:
         from google.protobuf.json_format import MessageToJson
 

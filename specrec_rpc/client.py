@@ -51,6 +51,8 @@ def format_response(resp: recommender_pb2.RecommendResponse, latency_ms: float |
     lines.append(head)
     if st.degraded:
         lines.append(f"DEGRADED: {st.degraded_reason}")
+    if st.ignored_history:
+        lines.append(f"ignored history ids (not in catalogue v{st.catalogue_version}): {', '.join(st.ignored_history)}")
     for i, it in enumerate(resp.items, 1):
         flag = " [new]" if it.unseen else ""
         lines.append(f"{i:>3}. {it.score:8.3f}  {it.source:<6} {it.item_id:>8}  {it.title[:70]}{flag}")

@@ -190,11 +190,15 @@ class GuardInterceptor(grpc.aio.ServerInterceptor):
             tracing.bind_request_id(tracing.request_id_of(context))
             if not exempt and not self.ready():
                 m.requests.labels(m.service, method, "UNAVAILABLE").inc()
+                self.log.warning("request", outcome="failed", method=method, code="UNAVAILABLE",
+                                 reason="starting: not serving yet")
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "starting: not serving yet")
             if not exempt and not self.admission.try_take():
                 m.requests.labels(m.service, method, "RESOURCE_EXHAUSTED").inc()
-                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                    f"overloaded: {self.admission.inflight} requests in flight")
+                why = f"overloaded: {self.admission.inflight} requests in flight"
+                # one line per shed call (event "request", as the gateway's per-request lines); the id is bound
+                self.log.warning("request", outcome="shed", method=method, code="RESOURCE_EXHAUSTED", reason=why)
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
             if exempt:
                 self.admission.inflight += 1
             m.inflight.labels(m.service).inc()

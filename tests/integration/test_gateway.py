@@ -247,3 +247,57 @@ async def test_degrades_when_verifier_or_drafter_stops(stack, serving_bundle):
             break
         assert time.monotonic() - t0 < 5.0, r.stats.degraded_reason
         await asyncio.sleep(0.2)
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_ignored_history_ids_are_listed_in_the_stats(stack, serving_bundle):
+    ids = serving_bundle.catalogue.ids
+    r = await stack.recommend(["no-such-item", ids[3], "another-unknown", ids[5]], k=5, policy="beam")
+    assert list(r.stats.ignored_history) == ["no-such-item", "another-unknown"] and len(r.items) == 5
+    r = await stack.recommend([ids[3], ids[5]], k=5, policy="beam")
+    assert list(r.stats.ignored_history) == []
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_degraded_failed_and_sampled_requests_are_logged_as_one_json_line(stack, serving_bundle):
+    """Every degraded (or failed) request: one line, event ``request``, with its request id and reason;
+    answers that went as asked only at ``log_sample_rate`` (0 by default)."""
+    import json
+
+    import structlog
+    from structlog.testing import capture_logs
+
+    svc = stack.runners["gateway"].service
+    hist = histories(serving_bundle, 1, seed=11)[0]
+    md = (("x-request-id", "req-degraded-1"),)
+    req = recommender_pb2.RecommendRequest(history=hist, k=10, policy="beam", budget_ms=500, user_id="u-42")
+    with capture_logs() as logs:
+        ok = await stack.gateway.Recommend(req, timeout=30)  # as asked, sample rate 0: no line
+        for _ in range(svc.breaker.failures):  # opens the breaker: the drafter answers
+            svc.breaker.result(False)
+        try:
+            deg = await stack.gateway.Recommend(req, metadata=md, timeout=30)
+        finally:
+            svc.breaker.result(True)
+        with pytest.raises(grpc.aio.AioRpcError):
+            await stack.gateway.Recommend(recommender_pb2.RecommendRequest(history=["nope"], k=10), timeout=30,
+                                          metadata=(("x-request-id", "req-bad-2"),))
+    assert not ok.stats.degraded and deg.stats.degraded and deg.stats.request_id == "req-degraded-1"
+    lines = [e for e in logs if e["event"] == "request"]
+    assert [e["outcome"] for e in lines] == ["degraded", "failed"], lines
+    d, f = lines
+    assert d["request_id"] == "req-degraded-1" and d["reason"] == deg.stats.degraded_reason and "breaker" in d["reason"]
+    assert d["served_by"] == "drafter" and d["policy"] == "beam" and d["user_id"] == "u-42" and d["log_level"] == "warning"
+    assert f["request_id"] == "req-bad-2" and f["code"] == "INVALID_ARGUMENT" and f["reason"].startswith("history:")
+    # rendered as the services render (log_json): one line of JSON
+    text = structlog.processors.JSONRenderer()(None, "warning", dict(d))
+    assert "\n" not in text and json.loads(text)["request_id"] == "req-degraded-1"
+
+    svc.requests_log.sample_rate = 1.0
+    try:
+        with capture_logs() as logs:
+            await stack.gateway.Recommend(req, metadata=(("x-request-id", "req-ok-3"),), timeout=30)
+    finally:
+        svc.requests_log.sample_rate = 0.0
+    sampled = [e for e in logs if e["event"] == "request"]
+    assert [(e["outcome"], e["request_id"], e["code"]) for e in sampled] == [("ok", "req-ok-3", "OK")]
