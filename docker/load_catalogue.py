@@ -43,7 +43,7 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--namespace", default=defaults.namespace)
     ap.add_argument("--timeout", type=float, default=30.0)
     a, rest = ap.parse_known_args(argv)
-    a.cluster = defaults.redis_cluster
+    a.settings = defaults  # passwords, cluster, durability: SPECREC_ITEMSET_* as the item set reads them
     # itemset_svc.load gets the connection flags too
     rest = [*rest, "--redis-url", a.redis_url, "--namespace", a.namespace, "--timeout", str(a.timeout)]
     return a, rest
@@ -52,7 +52,7 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 async def _store(a):
     from itemset_svc.store import REDIS_DOWN, RedisCatalogue
 
-    store = RedisCatalogue.from_url(a.redis_url, a.namespace, timeout_s=a.timeout, cluster=a.cluster)
+    store = RedisCatalogue.from_settings(a.settings, a.namespace, url=a.redis_url, timeout_s=a.timeout)
     deadline = time.monotonic() + a.wait_redis
     while True:
         try:
@@ -103,13 +103,14 @@ async def _unlock(a, token: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from itemset_svc import load
+    from specrec_rpc.redis_url import safe_url
 
     a, rest = _parse(list(sys.argv[1:] if argv is None else argv))
     if not a.if_empty:
         try:
             asyncio.run(_wait(a))
         except Exception as e:  # noqa: BLE001 - a CLI: one clear line
-            print(f"error: Redis at {a.redis_url} unreachable: {type(e).__name__}: {e}", file=sys.stderr)
+            print(f"error: Redis at {safe_url(a.redis_url)} unreachable: {type(e).__name__}: {e}", file=sys.stderr)
             return 1
         return load.main(rest)
     try:

@@ -38,17 +38,21 @@ def bundle_records(path: str | Path) -> tuple[list[Record], list[int]]:
 
 async def load_bundle(bundle: str | Path, store: RedisCatalogue | None = None, *, redis_url: str | None = None,
                       namespace: str = "specrec", keep_versions: int = 3, force: bool = False,
-                      progress: bool = False, timeout_s: float = 30.0, chunk: int = 2000) -> str:
+                      progress: bool = False, timeout_s: float = 30.0, chunk: int = 2000, settings=None) -> str:
     """Load ``bundle``'s catalogue as a new current version; returns the version.
-    Uses ``store`` when given, else connects to ``redis_url`` (and closes it)."""
+    Uses ``store`` when given, else connects to ``redis_url`` (and closes it), with the passwords and
+    durability of ``settings`` (:class:`~.settings.ItemSetSettings`, default: from the environment)."""
     from specrec.bundle import sid_space_fingerprint
 
     records, level_sizes = await asyncio.to_thread(bundle_records, bundle)
     fingerprint = sid_space_fingerprint(bundle)
     own = store is None
     if own:
-        store = RedisCatalogue.from_url(redis_url or "redis://127.0.0.1:6379/0", namespace, timeout_s=timeout_s,
-                                        keep_versions=keep_versions)
+        from .settings import ItemSetSettings
+
+        s = settings if settings is not None else ItemSetSettings()
+        store = RedisCatalogue.from_settings(s, namespace, url=redis_url or s.redis_url, timeout_s=timeout_s,
+                                             keep_versions=keep_versions)
     try:
         return await store.bulk_load(records, level_sizes, force=force, chunk=chunk, progress=progress, bundle=fingerprint)
     finally:
@@ -73,7 +77,7 @@ def main(argv=None) -> int:
     try:
         version = asyncio.run(load_bundle(a.bundle, redis_url=a.redis_url, namespace=a.namespace,
                                           keep_versions=a.keep_versions, force=a.force, progress=not a.no_progress,
-                                          timeout_s=a.timeout, chunk=a.chunk))
+                                          timeout_s=a.timeout, chunk=a.chunk, settings=defaults))
     except (ValueError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -14,3 +14,7 @@ COLLISIONS = Counter("specrec_itemset_collisions", "upserted items whose compute
 CATALOGUE_ITEMS = Gauge("specrec_itemset_catalogue_items", "items in the version published last", ["namespace"])
 RESTORES = Counter("specrec_itemset_restores", "catalogues restored from the item set's own copy after Redis lost "
                    "or rolled back its data", ["namespace"])
+MIRROR_READS = Counter("specrec_itemset_mirror_reads", "reads answered from the item set's own copy because Redis "
+                       "could not answer (a failover or a restart)", ["method"])
+WRITE_RETRIES = Counter("specrec_itemset_write_retries", "write attempts repeated because Redis was unreachable, "
+                        "read-only or short of replicas (a failover)", ["op"])

@@ -47,6 +47,11 @@ class CatalogueReads:
     async def level_sizes(self) -> list[int] | None:
         return (await self.state())[1] or self.default_level_sizes
 
+    async def fingerprint(self, version: str) -> str:
+        """The content fingerprint a version's meta records."""
+        fp = await self._t("fingerprint", self.r.hget(self.keys.vkey(version, "meta"), "fingerprint"))
+        return fp or EMPTY_FINGERPRINT
+
     async def stored_versions(self) -> list[str]:
         return list(await self._t("versions", self.r.zrange(self.keys.key("versions"), 0, -1)))
 

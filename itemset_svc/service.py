@@ -19,6 +19,16 @@ what it was based on (see :mod:`.writes`); followers see a new version and
 fetch it. The choice is to restore rather than to refuse writes: restoring
 keeps serving and loses nothing; the restore is logged and counted
 (``specrec_itemset_restores_total``).
+
+Replicated Redis (Sentinel, or a primary with replicas). A write is
+acknowledged only once ``WAIT`` says a replica holds it (:mod:`.writes`), so
+an acknowledged write survives the loss of the primary. After a failover the
+promoted replica may lack writes that were never acknowledged: there, an
+older version than the mirror's is what a failover leaves, not a loss, and
+the mirror follows it (restoring would bring back versions whose names the
+new primary may hand out again). While no primary answers, reads of the
+mirror's version come from the mirror (:mod:`.mirror`), and writes retry
+(``write_retry_s``, within the caller's deadline), then answer UNAVAILABLE.
 """
 
 from __future__ import annotations
@@ -28,7 +38,6 @@ import contextlib
 import hmac
 import re
 import time
-from dataclasses import dataclass
 
 import grpc
 from redis.exceptions import ReadOnlyError
@@ -39,10 +48,14 @@ from specrec_rpc.errors import (FailedPrecondition, InvalidArgument, PermissionD
 from specrec_rpc.server import Service
 from specrec_rpc.v1 import common_pb2, itemset_pb2, itemset_pb2_grpc
 
+from specrec_rpc.redis_url import safe_url
+
+from .keys import version_counter
+from .metrics import MIRROR_READS, RESTORES, WRITE_RETRIES
+from .mirror import Mirror
 from .settings import ItemSetSettings
-from .keys import records_fingerprint, version_counter
-from .metrics import RESTORES
-from .store import REDIS_DOWN, RedisCatalogue, Record, UpsertSpec, VersionNotFound, WriteConflict, WriteResult, sid_str
+from .store import (REDIS_DOWN, NotAcknowledged, RedisCatalogue, Record, UpsertSpec, VersionNotFound, WriteConflict,
+                    WriteRejected, WriteResult, sid_str)
 from .tokenizer import SidTokenizer
 
 MAX_ENTRIES = 10_000
@@ -103,6 +116,10 @@ register(CollisionOverflow, grpc.StatusCode.FAILED_PRECONDITION)
 register(REDIS_DOWN, grpc.StatusCode.UNAVAILABLE, "redis unavailable: ")
 register(ReadOnlyError, grpc.StatusCode.UNAVAILABLE, "redis is read-only: ")
 
+# a write that failed on one of these is tried again from the start (a failover in progress): each
+# attempt stages a fresh version, and publishing the same change twice gives the same content
+RETRYABLE = (*REDIS_DOWN, ReadOnlyError, Unavailable, WriteRejected)
+
 
 def unary(fn):
     return handle_errors(fn)
@@ -143,17 +160,59 @@ class ItemSetServicer(itemset_pb2_grpc.ItemSetServicer):
             raise PermissionDenied("invalid write token")
 
     async def level_sizes(self) -> list[int]:
-        ls = await self.store.level_sizes()
+        try:
+            ls = await self.store.level_sizes()
+        except REDIS_DOWN:
+            if self.svc.mirror is None:
+                raise
+            ls = self.svc.mirror.level_sizes
         if ls is None and self.svc.tokenizer is not None:
             ls = self.svc.tokenizer.level_sizes
         if ls is None:
             raise FailedPrecondition(f"namespace {self.store.ns!r} has no catalogue yet (bulk-load a bundle)")
         return ls
 
+    async def read(self, method: str, version: str, from_redis, from_mirror):
+        """``from_redis()``; while Redis cannot answer, ``from_mirror(mirror)`` for the mirror's version."""
+        store = self.store
+        try:
+            return await from_redis(store)
+        except REDIS_DOWN:
+            m = self.svc.mirror
+            if m is None or (version and version != m.version):
+                raise
+            MIRROR_READS.labels(method).inc()
+            return from_mirror(m)
+
+    async def write(self, context, op: str, attempt):
+        """``attempt()`` again while it fails as a failover makes writes fail, for ``write_retry_s`` at most
+        and within the caller's deadline; then its error (UNAVAILABLE)."""
+        budget = self.svc.settings.write_retry_s
+        left = context.time_remaining() if context is not None else None
+        if left is not None:
+            budget = min(budget, left - 0.1)  # keep time to answer before the caller gives up
+        deadline = time.monotonic() + budget
+        delay, tries = 0.05, 0
+        while True:
+            tries += 1
+            try:
+                res = await attempt()
+                if tries > 1:
+                    self.log.info("write went through after retries", op=op, attempts=tries)
+                return res
+            except RETRYABLE as e:
+                wait = min(delay, deadline - time.monotonic())
+                if wait <= 0:
+                    raise
+                WRITE_RETRIES.labels(op).inc()
+                self.log.warning("write failed, retrying", op=op, attempt=tries, error=f"{type(e).__name__}: {e}")
+                await asyncio.sleep(wait)
+                delay = min(2 * delay, 0.5)
+
     # -- reads --------------------------------------------------------------------
     @unary
     async def GetVersion(self, request, context):
-        info = await self.store.info()
+        info = await self.read("GetVersion", "", lambda st: st.info(), lambda m: m.info())
         return itemset_pb2.CatalogueInfo(version=info.version, n_items=info.n_items, level_sizes=info.level_sizes,
                                          stored_versions=info.stored_versions, fingerprint=info.fingerprint,
                                          bundle=info.bundle)
@@ -165,7 +224,8 @@ class ItemSetServicer(itemset_pb2_grpc.ItemSetServicer):
         check_count("item_ids", len(ids))
         for i, item_id in enumerate(ids):
             check_item_id(f"item_ids[{i}]", item_id)
-        v, recs = await self.store.resolve(ids, version)
+        v, recs = await self.read("Resolve", version, lambda st: st.resolve(ids, version),
+                                  lambda m: (m.version, m.resolve(ids)))
         return itemset_pb2.ResolveResponse(items=[to_pb(r) for r in recs if r is not None],
                                            missing=[i for i, r in zip(ids, recs) if r is None], version=v)
 
@@ -175,7 +235,8 @@ class ItemSetServicer(itemset_pb2_grpc.ItemSetServicer):
         check_count("sids", len(request.sids))
         ls = await self.level_sizes()
         keys = [sid_str(check_sid(f"sids[{i}].codes", s.codes, ls)) for i, s in enumerate(request.sids)]
-        v, owners = await self.store.lookup(keys, version)
+        v, owners = await self.read("Lookup", version, lambda st: st.lookup(keys, version),
+                                    lambda m: (m.version, m.lookup(keys)))
         return itemset_pb2.LookupResponse(valid=[o is not None for o in owners], item_ids=[o or "" for o in owners],
                                           version=v)
 
@@ -186,7 +247,8 @@ class ItemSetServicer(itemset_pb2_grpc.ItemSetServicer):
         ls = await self.level_sizes()
         keys = [sid_str(check_sid(f"prefixes[{i}].codes", p.codes, ls, prefix=True))
                 for i, p in enumerate(request.prefixes)]
-        v, allowed = await self.store.allowed(keys, version)
+        v, allowed = await self.read("AllowedCodes", version, lambda st: st.allowed(keys, version),
+                                     lambda m: (m.version, m.allowed(keys)))
         return itemset_pb2.AllowedCodesResponse(allowed=[common_pb2.Sid(codes=a) for a in allowed], version=v)
 
     @stream
@@ -195,7 +257,8 @@ class ItemSetServicer(itemset_pb2_grpc.ItemSetServicer):
         require(request.chunk_size >= 0, "chunk_size", f"{request.chunk_size} is negative")
         require(request.chunk_size <= MAX_CHUNK, "chunk_size", f"{request.chunk_size}, at most {MAX_CHUNK:,}")
         size = request.chunk_size or DEFAULT_CHUNK
-        v, ls, records, fp = await self.store.snapshot(version)
+        v, ls, records, fp = await self.read("Snapshot", version, lambda st: st.snapshot(version),
+                                             lambda m: m.snapshot())
         for lo in range(0, max(len(records), 1), size):
             chunk = itemset_pb2.SnapshotChunk(version=v, items=[to_pb(r) for r in records[lo: lo + size]])
             if lo == 0:
@@ -229,7 +292,7 @@ class ItemSetServicer(itemset_pb2_grpc.ItemSetServicer):
             specs.append(UpsertSpec(it.item_id, it.text, it.title, sid, it.seen, f))
         encode = self.svc.encode if self.svc.tokenizer is not None else None
         t0 = time.perf_counter()
-        res = await self.store.upsert(specs, encode)
+        res = await self.write(context, "upsert", lambda: self.store.upsert(specs, encode))
         self.svc.mirror_write(res)
         self.log.info("upsert", version=res.version, items=len(res.items), collisions=res.collisions,
                       ms=round((time.perf_counter() - t0) * 1000, 1))
@@ -244,7 +307,7 @@ class ItemSetServicer(itemset_pb2_grpc.ItemSetServicer):
         check_count("item_ids", len(ids))
         for i, item_id in enumerate(ids):
             check_item_id(f"item_ids[{i}]", item_id)
-        res = await self.store.delete(ids)
+        res = await self.write(context, "delete", lambda: self.store.delete(ids))
         self.svc.mirror_write(res)
         self.log.info("delete", version=res.version, removed=len(res.removed), published=res.published)
         return itemset_pb2.WriteResponse(version=res.version, items=[to_pb(r) for r in res.removed])
@@ -254,8 +317,11 @@ class ItemSetServicer(itemset_pb2_grpc.ItemSetServicer):
         self.authorize(context)
         require(request.version != "", "version", "required: one of the stored versions")
         version = check_version("version", request.version)
-        res = await self.store.rollback(version)
-        await self.svc.refresh_mirror()
+        res = await self.write(context, "rollback", lambda: self.store.rollback(version))
+        try:
+            await self.svc.refresh_mirror()
+        except REDIS_DOWN:
+            pass  # acknowledged; the watch loop follows it when Redis answers again
         self.log.info("rollback", to=version, version=res.version, published=res.published)
         return itemset_pb2.WriteResponse(version=res.version)
 
@@ -291,9 +357,8 @@ class ItemSetService(Service):
                 await asyncio.to_thread(self.tokenizer.warm_up)
                 self.log.info("tokenizer ready", bundle=str(s.bundle), level_sizes=self.tokenizer.level_sizes,
                               warmup_s=round(time.perf_counter() - t0, 2))
-        store = RedisCatalogue.from_url(s.redis_url, s.namespace, timeout_s=s.redis_timeout_s, cluster=s.redis_cluster,
-                                        keep_versions=s.keep_versions,
-                                        default_level_sizes=self.tokenizer.level_sizes if self.tokenizer else None)
+        store = RedisCatalogue.from_settings(s, keep_versions=s.keep_versions,
+                                             default_level_sizes=self.tokenizer.level_sizes if self.tokenizer else None)
         if await self._wait_for_redis(store, s.startup_wait_s):
             try:
                 await self._prepare(store)
@@ -302,7 +367,7 @@ class ItemSetService(Service):
                 raise
         else:
             self.log.error("redis unreachable; serving anyway (RPCs answer UNAVAILABLE until it is back)",
-                           redis_url=_safe_url(s.redis_url), waited_s=s.startup_wait_s)
+                           redis_url=safe_url(s.redis_url), waited_s=s.startup_wait_s)
             self._background = asyncio.create_task(self._prepare_later(store))
         self.store = store
         store.guard_empty = self._guard_empty
@@ -350,7 +415,11 @@ class ItemSetService(Service):
                     from .load import load_bundle
 
                     t0 = time.perf_counter()
-                    version = await load_bundle(s.bundle, store)
+                    try:
+                        version = await load_bundle(s.bundle, store)
+                    except NotAcknowledged as e:  # published; the bundle can load it again if it is lost
+                        self.log.warning("bulk load not acknowledged by the replicas", error=str(e))
+                        version = (await store.state())[0]
                     self.log.info("bulk-loaded bundle into empty namespace", version=version,
                                   seconds=round(time.perf_counter() - t0, 2))
             finally:
@@ -371,14 +440,8 @@ class ItemSetService(Service):
 
     def mirror_write(self, res: WriteResult) -> None:
         """Apply a write this replica published to the mirror (its changes only)."""
-        m = self.mirror
-        if m is None or not res.published:
-            return
-        for r in res.removed:
-            m.records.pop(r.item_id, None)
-        for r in res.items:
-            m.records[r.item_id] = r
-        m.version, m.fingerprint = res.version, records_fingerprint(m.records.values())
+        if self.mirror is not None:
+            self.mirror.apply(res)
 
     async def _guard_empty(self) -> None:
         """Before a write finds Redis without a catalogue: restore the mirror first (inside the write's lock)."""
@@ -386,12 +449,16 @@ class ItemSetService(Service):
             await self._restore("a write found no current version", locked=True)
 
     def _lost(self, cur: str | None) -> bool:
-        """Redis lost the mirror's catalogue (none there) or went back to an older version of its lineage."""
+        """Redis lost the mirror's catalogue (none there) or, a lone Redis, went back to an older version of
+        its lineage. With replicas an older version is what a failover leaves: only writes that were never
+        acknowledged are missing, so the mirror follows it instead."""
         m = self.mirror
         if m is None or cur == m.version:
             return False
         if cur is None:
             return True
+        if self.store is not None and self.store.replicated:
+            return False
         same_lineage = cur.rsplit(".", 1)[0] == m.version.rsplit(".", 1)[0]
         return same_lineage and version_counter(cur) < version_counter(m.version)
 
@@ -406,11 +473,13 @@ class ItemSetService(Service):
                 await self._wait_restored()
             return False
         try:
-            cur, _ = await store.state()
-            if not self._lost(cur):
-                return False  # another replica got there first
-            records = sorted(m.records.values(), key=lambda r: r.row)
-            async with contextlib.nullcontext() if locked else store._lock:  # locked: inside a write already
+            # under the write lock (locked: inside a write already), so no write of this process lands
+            # between the look at Redis and the restore, and the records are the mirror's latest
+            async with contextlib.nullcontext() if locked else store._lock:
+                cur, _ = await store.state()
+                if not self._lost(cur):
+                    return False  # another replica got there first
+                records = sorted(m.records.values(), key=lambda r: r.row)
                 version = await store._bulk_load(records, m.level_sizes, bundle=m.bundle, new_epoch=True)
         finally:
             await store.unlock("restoring", token)
@@ -436,6 +505,10 @@ class ItemSetService(Service):
                 await self.refresh_mirror()
             return ""
         if cur == m.version:
+            if store.replicated and cur is not None and await store.fingerprint(cur) != m.fingerprint:
+                # after a failover the new primary can give a name the old one had used to other content
+                await self.refresh_mirror()
+                return "followed"
             return ""
         if self._lost(cur):
             done = await self._restore("Redis holds no catalogue (its data was lost)" if cur is None else
@@ -453,6 +526,8 @@ class ItemSetService(Service):
                 raise
             except REDIS_DOWN:
                 pass  # Redis is down: nothing to compare now
+            except Unavailable as e:  # e.g. a restore that no replica acknowledged: the next look follows it
+                self.log.warning("integrity check incomplete", error=str(e))
             except Exception:  # noqa: BLE001 - keep watching
                 self.log.exception("integrity check failed")
 
@@ -475,22 +550,3 @@ class ItemSetService(Service):
             except Exception as e:  # noqa: BLE001
                 self.log.warning("closing redis failed", error=repr(e))
             self.store = None
-
-
-@dataclass
-class Mirror:
-    """The item set's own copy of the current catalogue."""
-
-    version: str
-    fingerprint: str
-    level_sizes: list[int]
-    records: dict[str, Record]
-    bundle: str = ""
-
-
-def _safe_url(url: str) -> str:
-    """The URL without a password."""
-    if "@" in url:
-        scheme, _, rest = url.partition("://")
-        return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
-    return url

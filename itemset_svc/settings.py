@@ -22,7 +22,21 @@ class ItemSetSettings(ServiceSettings):
     port: int = Field(50051, description="gRPC port")
     metrics_port: int = Field(9101, description="Prometheus /metrics HTTP port (0 = off)")
     redis_url: str = Field("redis://127.0.0.1:6379/0",
-                           description="Redis URL (redis://, rediss://, unix://); a standalone server unless redis_cluster")
+                           description="Redis URL: redis://, rediss://, unix:// (a standalone server unless "
+                           "redis_cluster), or redis+sentinel://[:password@]host:26379[,host:26379...]/<master>[/db] "
+                           "(rediss+sentinel:// for TLS): the primary is asked of the sentinels, again after a failover")
+    redis_password: SecretStr = Field(SecretStr(""), description="Redis password (AUTH) when redis_url carries none "
+                                      "(e.g. from a Secret); the URL's wins")
+    redis_sentinel_password: SecretStr = Field(SecretStr(""), description="the sentinels' own password, when they "
+                                               "require one (redis+sentinel:// only)")
+    write_replicas: int = Field(-1, ge=-1, description="replicas that must hold a write (Redis WAIT) before it is "
+                                "acknowledged; fewer within write_wait_s: UNAVAILABLE (retrying is safe). -1 = auto: "
+                                "1 when the primary reports a connected replica, else 0 (a lone Redis)")
+    write_wait_s: float = Field(1.0, gt=0, description="how long a write waits for write_replicas replicas "
+                                "(WAIT timeout; kept below redis_timeout_s)")
+    write_retry_s: float = Field(10.0, ge=0, description="how long a write retries while Redis is unreachable, "
+                                 "read-only or short of replicas (a failover), within the caller's gRPC deadline; "
+                                 "then UNAVAILABLE")
     redis_cluster: bool = Field(False, description="treat redis_url as a Redis Cluster entry node (every key of a "
                                 "namespace shares one hash slot, so transactions and scripts work there)")
     namespace: str = Field("specrec", description="key namespace; every key is prefixed with the hash tag {namespace}")

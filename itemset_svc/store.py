@@ -12,43 +12,60 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
-import redis.asyncio as aioredis
 import structlog
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import BusyLoadingError, ConnectionError as RedisConnectionError, TimeoutError as RedisTimeoutError
 
+from specrec_rpc.redis_url import async_client, close_async
+
 from .keys import Keys, Record, build_masks, parse_sid, prefix_steps, records_fingerprint, sid_str  # noqa: F401 (re-exported)
 from .metrics import REDIS_SECONDS
 from .reads import CatalogueEmpty, CatalogueInfo, CatalogueReads, VersionNotFound  # noqa: F401 (re-exported)
 from .settings import check_namespace
-from .writes import _COMMIT, _UNLOCK, CatalogueWrites, UpsertSpec, WriteConflict, WriteRejected, WriteResult  # noqa: F401
+from .writes import (_COMMIT, _DROP, _UNLOCK, CatalogueWrites, NotAcknowledged, UpsertSpec, WriteConflict,  # noqa: F401
+                     WriteRejected, WriteResult)
 
+# Redis down, slow, restarting, or (a Sentinel client) no primary known: UNAVAILABLE, and a write may retry
+# (MasterNotFoundError and "the previous master is now a slave" are ConnectionErrors)
 REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, BusyLoadingError, OSError, asyncio.TimeoutError)
 
 
-def make_client(url: str, timeout_s: float = 2.0, cluster: bool = False):
-    """A ``redis.asyncio`` client with bounded timeouts: one quick retry on a
-    connection error (a pooled connection may be stale after a Redis restart),
-    none on a timeout, so a hung Redis costs one ``timeout_s``, not several."""
-    kw = dict(decode_responses=True, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
+def make_client(url: str, timeout_s: float = 2.0, cluster: bool = False, password: str | None = None,
+                sentinel_password: str | None = None):
+    """A ``redis.asyncio`` client for any URL of :mod:`specrec_rpc.redis_url`, with bounded timeouts: one
+    quick retry on a connection error (a pooled connection may be stale after a Redis restart or a
+    failover), none on a timeout, so a hung Redis costs one ``timeout_s``, not several. Sentinels are
+    asked with at most a 1 s timeout each, so a dead one costs little before the next is asked."""
+    kw: dict[str, Any] = dict(decode_responses=True, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
               retry=Retry(ExponentialBackoff(cap=0.2, base=0.02), 1, supported_errors=(RedisConnectionError,)),
               health_check_interval=30)
-    if cluster:
-        return aioredis.RedisCluster.from_url(url, **kw)
-    return aioredis.from_url(url, **kw)
+    return async_client(url, cluster=cluster, password=password, sentinel_password=sentinel_password,
+                        sentinel_timeout_s=min(timeout_s, 1.0), **kw)
 
 
 class RedisCatalogue(CatalogueReads, CatalogueWrites):
     """Every read and write of one namespace's catalogue (see :mod:`.keys` for the schema)."""
 
     def __init__(self, client, namespace: str = "specrec", keep_versions: int = 3,
-                 default_level_sizes: Sequence[int] | None = None, max_attempts: int = 3):
+                 default_level_sizes: Sequence[int] | None = None, max_attempts: int = 3, *,
+                 write_replicas: int = -1, write_wait_s: float = 1.0, timeout_s: float = 2.0,
+                 cluster: bool = False, sentinel: bool = False):
         if keep_versions < 1:
             raise ValueError("keep_versions must be >= 1")
+        if cluster and write_replicas > 0:
+            raise ValueError("write_replicas > 0 needs a standalone or Sentinel-managed Redis, not redis_cluster")
         self.r = client
+        # durability: WAIT for this many replicas after each publish (-1: 1 when the primary has one, else 0)
+        self.write_replicas = int(write_replicas)
+        self.wait_ms = max(1, int(min(write_wait_s, 0.8 * timeout_s) * 1000))
+        self.cluster = cluster
+        # replicated: a version older than one this process saw is a failover that dropped writes that were
+        # never acknowledged, not a loss (see ItemSetService._lost); learned from the URL, the setting, or
+        # a primary seen with replicas
+        self.replicated = sentinel or self.write_replicas > 0
         self.ns = check_namespace(namespace)
         self.keys = Keys(namespace)
         self.keep = int(keep_versions)
@@ -57,11 +74,27 @@ class RedisCatalogue(CatalogueReads, CatalogueWrites):
         self._lock = asyncio.Lock()
         self._commit = self.r.register_script(_COMMIT)
         self._unlock = self.r.register_script(_UNLOCK)
+        self._drop_staged = self.r.register_script(_DROP)
         self.log = structlog.get_logger("itemset.store").bind(namespace=namespace)
 
     @classmethod
-    def from_url(cls, url: str, namespace: str = "specrec", timeout_s: float = 2.0, cluster: bool = False, **kw):
-        return cls(make_client(url, timeout_s, cluster), namespace, **kw)
+    def from_url(cls, url: str, namespace: str = "specrec", timeout_s: float = 2.0, cluster: bool = False, *,
+                 password: str | None = None, sentinel_password: str | None = None, **kw):
+        from specrec_rpc.redis_url import parse_redis_url
+
+        sentinel = parse_redis_url(url).is_sentinel
+        return cls(make_client(url, timeout_s, cluster, password, sentinel_password), namespace, timeout_s=timeout_s,
+                   cluster=cluster, sentinel=sentinel, **kw)
+
+    @classmethod
+    def from_settings(cls, s, namespace: str | None = None, url: str | None = None, timeout_s: float | None = None,
+                      **kw):
+        """The store of :class:`~.settings.ItemSetSettings` ``s`` (URL, passwords, durability), with overrides."""
+        return cls.from_url(url or s.redis_url, namespace or s.namespace,
+                            timeout_s=s.redis_timeout_s if timeout_s is None else timeout_s, cluster=s.redis_cluster,
+                            password=s.redis_password.get_secret_value() or None,
+                            sentinel_password=s.redis_sentinel_password.get_secret_value() or None,
+                            write_replicas=s.write_replicas, write_wait_s=s.write_wait_s, **kw)
 
     # -- keys (kept for callers outside the store) ---------------------------------------
     @property
@@ -96,4 +129,4 @@ class RedisCatalogue(CatalogueReads, CatalogueWrites):
         return bool(await self._t("ping", self.r.ping()))
 
     async def close(self) -> None:
-        await self.r.aclose()
+        await close_async(self.r)

@@ -14,6 +14,16 @@ beyond ``keep_versions`` are deleted (the current one is always the newest).
 Before publishing, a write checks that it holds as many items as its base
 plus what it added minus what it removed: a copy that lost data (Redis
 restarted in the middle) never becomes a smaller catalogue.
+
+Durability. The publish script and a ``WAIT <n> <ms>`` go down one
+connection (WAIT counts the replicas holding that connection's last write,
+which comes after every key the write staged, so they hold the whole
+version). A write is acknowledged only when ``n`` replicas hold it: with
+fewer, :class:`NotAcknowledged` (UNAVAILABLE) says it is published on the
+primary but may be lost in a failover. Retrying is safe: an upsert of the same
+items publishes the same content again, a delete of removed ids changes
+nothing. ``n`` is ``write_replicas``, or (auto) 1 when the primary reports a
+connected replica, 0 for a lone Redis.
 """
 
 from __future__ import annotations
@@ -42,6 +52,11 @@ class WriteConflict(RuntimeError):
 
 class WriteRejected(FailedPrecondition):
     """The staged version would not hold what its base held (data lost underneath): nothing is published."""
+
+
+class NotAcknowledged(Unavailable):
+    """Published on the primary, but fewer replicas than required hold it: not acknowledged (UNAVAILABLE).
+    A failover may lose it; retrying the same write is safe."""
 
 
 @dataclass
@@ -99,6 +114,15 @@ redis.call('PUBLISH', ARGV[3], ARGV[4])
 return {1, ARGV[2]}
 """
 
+# KEYS: current, versions, then the staged version's keys; ARGV: the staged version. Deletes its keys
+# unless it was published after all (a publish whose answer was lost, e.g. the connection dropped
+# right after the script ran): a published version is never dropped.
+_DROP = """
+if redis.call('GET', KEYS[1]) == ARGV[1] or redis.call('ZSCORE', KEYS[2], ARGV[1]) then return 0 end
+for i = 3, #KEYS do redis.call('UNLINK', KEYS[i]) end
+return 1
+"""
+
 # KEYS: the lock; ARGV: token. Deletes the lock only if we still hold it.
 _UNLOCK = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -136,22 +160,51 @@ class CatalogueWrites:
         await self._t("stage", p.execute())
 
     async def _drop(self, version: str) -> None:
-        """Delete a staged (unpublished) version; never raises."""
+        """Delete a staged version unless it was published after all; never raises."""
+        k = self.keys
         try:
-            await asyncio.shield(self.r.unlink(*self.keys.version_keys(version)))
+            await asyncio.shield(self._drop_staged(keys=[k.key("current"), k.key("versions"), *k.version_keys(version)],
+                                                   args=[version]))
         except BaseException as e:  # noqa: BLE001 - best effort: the staged keys expire anyway
             self.log.warning("could not drop staged version", version=version, error=repr(e))
 
+    async def replicas_needed(self) -> int:
+        """Replicas a write must reach before it is acknowledged (``write_replicas``, or auto)."""
+        if self.write_replicas >= 0:
+            return self.write_replicas
+        if self.cluster:
+            return 0
+        info = await self._t("replicas", self.r.info("replication"))
+        n = int(info.get("connected_slaves", 0) or 0)
+        if n:
+            self.replicated = True
+        return min(1, n)
+
     async def _publish(self, new: str, expected: str, op: str, base: str | None,
-                       level_sizes: str = "", min_next_row: str = "") -> bool:
+                       level_sizes: str = "", min_next_row: str = "") -> tuple[bool, int, int]:
+        """(published, replicas required, replicas that hold it) -- the script and its WAIT on one connection."""
         k = self.keys
+        need = await self.replicas_needed()
         msg = json.dumps({"namespace": self.ns, "version": new, "op": op, "base": base or ""})
         keys = [k.key("current"), k.key("versions"), k.key("level_sizes"), k.key("next_row"), *k.version_keys(new)]
-        ok, _cur = await self._t("publish", self._commit(keys=keys, args=[expected, new, k.channel, msg, level_sizes,
-                                                                          min_next_row, version_counter(new)]))
+        args = [expected, new, k.channel, msg, level_sizes, min_next_row, version_counter(new)]
+        if need:
+            p = self.r.pipeline(transaction=False)
+            await self._commit(keys=keys, args=args, client=p)
+            p.wait(need, self.wait_ms)
+            (ok, _cur), acked = await self._t("publish", p.execute())
+        else:
+            (ok, _cur), acked = await self._t("publish", self._commit(keys=keys, args=args)), 0
         if int(ok) == -1:
             raise Unavailable(f"staged version {new} expired before it was published")
-        return int(ok) == 1
+        return int(ok) == 1, need, int(acked)
+
+    def _unacknowledged(self, op: str, version: str, need: int, acked: int) -> NotAcknowledged:
+        WRITES.labels(op, "unacknowledged").inc()
+        self.log.warning("write not acknowledged", op=op, version=version, replicas=acked, required=need,
+                         wait_ms=self.wait_ms)
+        return NotAcknowledged(f"{op}: version {version} reached {acked} of {need} required replica(s) within "
+                               f"{self.wait_ms} ms: not acknowledged (a failover may lose it; retrying is safe)")
 
     async def _prune(self) -> list[str]:
         from .store import REDIS_DOWN
@@ -222,19 +275,22 @@ class CatalogueWrites:
                     if op != "rollback":
                         await self._check_counts(st, result)
                         await self._set_fingerprint(st, result)
-                    ok = await self._publish(st.version, base or "", op, base, "" if ls else ",".join(map(str, level_sizes)))
+                    ok, need, acked = await self._publish(st.version, base or "", op, base,
+                                                          "" if ls else ",".join(map(str, level_sizes)))
                 except BaseException:
                     await self._drop(st.version)
                     WRITES.labels(op, "failed").inc()
                     raise
                 if ok:
-                    WRITES.labels(op, "ok").inc()
-                    ITEMS_WRITTEN.labels(op).inc(len(result.items))
                     result.version = st.version
                     await self._prune()
                     await self._count(st.version)
+                    if acked < need:
+                        raise self._unacknowledged(op, st.version, need, acked)
+                    WRITES.labels(op, "ok").inc()
+                    ITEMS_WRITTEN.labels(op).inc(len(result.items))
                     self.log.info("published", version=st.version, op=op, base=base, items=len(result.items),
-                                  collisions=result.collisions)
+                                  collisions=result.collisions, replicas=acked)
                     return result
                 await self._drop(st.version)
                 self.log.warning("write conflict, retrying", op=op, base=base, attempt=attempt + 1)
@@ -473,7 +529,7 @@ class CatalogueWrites:
             next_row = max((r.row for r in records), default=-1) + 1
             if bundle:
                 await self._t("load_chunk", self.r.set(self.keys.key("bundle"), bundle))
-            await self._publish(new, "*", "load", cur, ",".join(map(str, level_sizes)), str(next_row))
+            _, need, acked = await self._publish(new, "*", "load", cur, ",".join(map(str, level_sizes)), str(next_row))
         except BaseException:
             await self._drop(new)
             WRITES.labels("load", "failed").inc()
@@ -481,6 +537,9 @@ class CatalogueWrites:
         finally:
             if bar is not None:
                 bar.close()
+        if acked < need:
+            await self._prune()
+            raise self._unacknowledged("load", new, need, acked)
         WRITES.labels("load", "ok").inc()
         ITEMS_WRITTEN.labels("load").inc(len(records))
         CATALOGUE_ITEMS.labels(self.ns).set(len(records))

@@ -56,14 +56,14 @@ def port_open(host: str, port: int) -> bool:
 
 
 def redis_ping(url: str, timeout: float = 0.5) -> bool:
-    import redis
+    from .redis_url import close_sync, sync_client
 
     try:
-        r = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        r = sync_client(url, socket_timeout=timeout, socket_connect_timeout=timeout)
         try:
             return bool(r.ping())
         finally:
-            r.close()
+            close_sync(r)
     except Exception:  # noqa: BLE001 - "does it answer" is all we ask
         return False
 
@@ -103,9 +103,9 @@ def namespace_pattern(namespace: str) -> str:
 
 def delete_keys(url: str, pattern: str) -> int:
     """Delete the keys matching ``pattern`` (SCAN + UNLINK, in batches)."""
-    import redis
+    from .redis_url import close_sync, sync_client
 
-    r = redis.Redis.from_url(url, socket_timeout=5)
+    r = sync_client(url, socket_timeout=5)
     try:
         n, batch = 0, []
         for k in r.scan_iter(match=pattern, count=1000):
@@ -117,7 +117,7 @@ def delete_keys(url: str, pattern: str) -> int:
             n += r.unlink(*batch)
         return n
     finally:
-        r.close()
+        close_sync(r)
 
 
 def delete_namespace(url: str, namespace: str) -> int:

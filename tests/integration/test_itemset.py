@@ -617,7 +617,7 @@ async def test_redis_down_is_unavailable(namespace, failure):
     else:
         server, conns = await _silent_server()
         url = f"redis://127.0.0.1:{server.sockets[0].getsockname()[1]}/0"
-    h = await start_itemset(settings(url, namespace, None, startup_wait_s=0.1, redis_timeout_s=0.3))
+    h = await start_itemset(settings(url, namespace, None, startup_wait_s=0.1, redis_timeout_s=0.3, write_retry_s=0))
     try:
         UN = grpc.StatusCode.UNAVAILABLE
         stub = h.stub

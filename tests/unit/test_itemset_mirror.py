@@ -1,0 +1,35 @@
+"""The item set's mirror (itemset_svc/mirror.py) answers reads as Redis would for its version."""
+
+from __future__ import annotations
+
+from itemset_svc.keys import Record, records_fingerprint
+from itemset_svc.mirror import Mirror
+from itemset_svc.writes import WriteResult
+
+
+def _mirror() -> Mirror:
+    recs = [Record("a", 0, (1, 2, 0)), Record("b", 1, (1, 3, 0)), Record("c", 2, (4, 0, 1), unseen=True)]
+    return Mirror("e1.5", records_fingerprint(recs), [8, 8, 4], {r.item_id: r for r in recs}, "bundle-fp")
+
+
+def test_reads_of_the_mirror():
+    m = _mirror()
+    info = m.info()
+    assert (info.version, info.n_items, info.stored_versions, info.bundle) == ("e1.5", 3, ["e1.5"], "bundle-fp")
+    assert [r.item_id if r else None for r in m.resolve(["b", "zz", "a"])] == ["b", None, "a"]
+    assert m.lookup(["1.3.0", "1.3.1", "4.0.1"]) == ["b", None, "c"]
+    assert m.allowed(["", "1", "1.2", "4.0", "9"]) == [[1, 4], [2, 3], [0], [1], []]
+    v, ls, records, fp = m.snapshot()
+    assert v == "e1.5" and ls == [8, 8, 4] and [r.row for r in records] == [0, 1, 2] and fp == m.fingerprint
+
+
+def test_a_write_updates_the_mirror_and_its_indexes():
+    m = _mirror()
+    assert m.lookup(["1.2.0"]) == ["a"] and m.allowed(["1"]) == [[2, 3]]  # indexes built
+    new = Record("d", 3, (1, 5, 0))
+    m.apply(WriteResult("e1.6", items=[new], removed=[m.records["a"]]))
+    assert m.version == "e1.6" and set(m.records) == {"b", "c", "d"}
+    assert m.fingerprint == records_fingerprint(m.records.values())
+    assert m.lookup(["1.2.0", "1.5.0"]) == [None, "d"] and m.allowed(["1"]) == [[3, 5]]
+    m.apply(WriteResult("e1.6", published=False))  # nothing changed: no new version
+    assert m.version == "e1.6"
