@@ -57,6 +57,7 @@ class Stack:
     ports: dict[str, int] = field(default_factory=dict)
     gateway_overrides: dict = field(default_factory=dict)
     common_overrides: dict = field(default_factory=dict)  # every service's settings (e.g. TLS)
+    itemset_overrides: dict = field(default_factory=dict)
     credentials: grpc.ChannelCredentials | None = None  # the test's own channels (None: plaintext)
 
     def addr(self, name: str) -> str:
@@ -66,8 +67,9 @@ class Stack:
         common = dict(host="127.0.0.1", port=self.ports.get(name, 0), metrics_port=0, log_json=False, grace_s=1.0,
                       **self.common_overrides)
         if name == "itemset":
-            return ItemSetSettings(**common, redis_url=self.redis_url, namespace=self.namespace, write_token=TOKEN,
-                                   bundle=self.bundle, startup_wait_s=5.0)
+            return ItemSetSettings(**{**common, **dict(redis_url=self.redis_url, namespace=self.namespace,
+                                                       write_token=TOKEN, bundle=self.bundle, startup_wait_s=5.0),
+                                      **self.itemset_overrides})
         if name == "verifier":
             return VerifierSettings(**common, bundle=self.bundle, itemset_addr=self.addr("itemset"), threads=1,
                                     warmup_k=[10])
