@@ -533,6 +533,53 @@ def test_redis_bundled_or_external(helm):
     assert set(sec["data"]) == {"write-token", "redis-url"}
 
 
+def test_redis_with_sentinel(helm, monkeypatch):
+    """An external Sentinel-managed Redis: no bundled Redis, a redis+sentinel:// URL the item set parses
+    (default sentinel port filled in), both passwords from existing Secrets, the same for the loader."""
+    from itemset_svc.settings import ItemSetSettings
+    from specrec_rpc.redis_url import parse_redis_url
+
+    docs = render(helm, ci("sentinel-redis"))
+    assert not of_kind(docs, "StatefulSet") and not of_kind(docs, "Secret")
+    assert not [d for d in of_kind(docs, "NetworkPolicy") if d["metadata"]["name"].endswith("-redis")]
+    (job,) = of_kind(docs, "Job")
+    for c in (container(named(docs, "Deployment", "itemset")), container(job)):
+        env = env_of(c)
+        t = parse_redis_url(env["SPECREC_ITEMSET_REDIS_URL"])
+        assert t.is_sentinel and t.master == "mymaster" and t.db == 2 and t.password is None
+        assert [p for _, p in t.sentinels] == [26379, 26379, 26379]
+        assert t.sentinels[0][0] == "redis-node-0.redis-headless.data.svc.cluster.local"
+        assert env["SPECREC_ITEMSET_REDIS_PASSWORD"]["secretKeyRef"] == {"name": "redis-auth", "key": "redis-password"}
+        assert env["SPECREC_ITEMSET_REDIS_SENTINEL_PASSWORD"]["secretKeyRef"] == {
+            "name": "redis-auth", "key": "sentinel-password"}
+        assert env["SPECREC_ITEMSET_WRITE_REPLICAS"] == "1"
+    # the item set reads these settings as rendered (the Secrets' values stand in for Kubernetes)
+    env = env_of(container(named(docs, "Deployment", "itemset")))
+    for n in list(os.environ):
+        if n.startswith("SPECREC_"):
+            monkeypatch.delenv(n)
+    for n, v in env.items():
+        monkeypatch.setenv(n, v if isinstance(v, str) else "from-a-secret")
+    s = ItemSetSettings()
+    assert s.redis_url.startswith("redis+sentinel://") and s.write_replicas == 1 and s.write_retry_s == 10
+    assert s.redis_password.get_secret_value() == s.redis_sentinel_password.get_secret_value() == "from-a-secret"
+    # TLS, no passwords: rediss+sentinel://, no password variables
+    env = env_of(container(named(render(helm, None, "redis.sentinel.hosts={s1:1,s2}", "redis.sentinel.tls=true"),
+                                 "Deployment", "itemset")))
+    assert env["SPECREC_ITEMSET_REDIS_URL"] == "rediss+sentinel://s1:1,s2:26379/mymaster/0"
+    assert "SPECREC_ITEMSET_REDIS_PASSWORD" not in env and "SPECREC_ITEMSET_REDIS_SENTINEL_PASSWORD" not in env
+    # the development default stays the bundled single Redis, with auto durability
+    env = env_of(container(named(render(helm, ci("default")), "Deployment", "itemset")))
+    assert parse_redis_url(env["SPECREC_ITEMSET_REDIS_URL"]).is_sentinel is False
+    assert env["SPECREC_ITEMSET_WRITE_REPLICAS"] == "-1"
+    # two external Redis at once, or Sentinel with Cluster, is refused
+    for bad in ("redis.external.url=redis://x:6379/0", "redis.external.cluster=true"):
+        p = run([helm, "template", RELEASE, str(CHART), "-f", str(ci("sentinel-redis")), "--set", bad])
+        assert p.returncode != 0 and "redis.sentinel.hosts" in p.stderr, bad
+    p = run([helm, "lint", "--strict", str(CHART), "--set", "redis.sentinel.hosts={bad/host}"])
+    assert p.returncode != 0, "a sentinel address with a path passed lint"
+
+
 def test_write_token_secret(helm):
     import base64
 

@@ -102,7 +102,23 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 
 {{- define "specrec.redis.bundled" -}}
-{{- if and (not .Values.redis.external.url) (not .Values.redis.external.existingSecret) -}}true{{- end -}}
+{{- if and (not .Values.redis.external.url) (not .Values.redis.external.existingSecret) (not .Values.redis.sentinel.hosts) -}}true{{- end -}}
+{{- end -}}
+
+{{/* redis+sentinel:// URL of an external Sentinel-managed Redis (its passwords come from Secrets, apart) */}}
+{{- define "specrec.redis.sentinelUrl" -}}
+{{- $s := .Values.redis.sentinel -}}
+{{- if or .Values.redis.external.url .Values.redis.external.existingSecret -}}
+{{- fail "redis.sentinel.hosts and redis.external are two external Redis: set one" -}}
+{{- end -}}
+{{- if .Values.redis.external.cluster -}}
+{{- fail "redis.sentinel.hosts cannot be combined with redis.external.cluster" -}}
+{{- end -}}
+{{- $hosts := list -}}
+{{- range $s.hosts -}}
+{{- $hosts = append $hosts (ternary . (printf "%s:26379" .) (contains ":" .)) -}}
+{{- end -}}
+{{- printf "%s://%s/%s/%d" (ternary "rediss+sentinel" "redis+sentinel" $s.tls) (join "," $hosts) $s.masterName (int $s.db) -}}
 {{- end -}}
 
 {{/* The bundled Redis requires a password (redis.auth.enabled; ignored with an external Redis). */}}
@@ -147,7 +163,24 @@ app.kubernetes.io/component: {{ index . 1 }}
 
 {{/* Redis URL env var of the item set and the loader */}}
 {{- define "specrec.env.redis" -}}
-{{- if .Values.redis.external.existingSecret }}
+{{- if .Values.redis.sentinel.hosts }}
+- name: SPECREC_ITEMSET_REDIS_URL
+  value: {{ include "specrec.redis.sentinelUrl" . | quote }}
+{{- with .Values.redis.sentinel.existingSecret }}
+- name: SPECREC_ITEMSET_REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: {{ $.Values.redis.sentinel.existingSecretKey }}
+{{- end }}
+{{- with .Values.redis.sentinel.sentinelExistingSecret }}
+- name: SPECREC_ITEMSET_REDIS_SENTINEL_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: {{ $.Values.redis.sentinel.sentinelExistingSecretKey }}
+{{- end }}
+{{- else if .Values.redis.external.existingSecret }}
 - name: SPECREC_ITEMSET_REDIS_URL
   valueFrom:
     secretKeyRef:
@@ -172,6 +205,8 @@ app.kubernetes.io/component: {{ index . 1 }}
   value: {{ .Values.itemset.namespace | quote }}
 - name: SPECREC_ITEMSET_KEEP_VERSIONS
   value: {{ int .Values.itemset.keepVersions | quote }}
+- name: SPECREC_ITEMSET_WRITE_REPLICAS
+  value: {{ int .Values.itemset.writeReplicas | quote }}
 {{- end -}}
 
 {{/* ------------------------------------------------ environment (env) */}}
@@ -294,6 +329,8 @@ grpc:
   value: {{ $v.redisTimeoutS | toString | quote }}
 - name: SPECREC_ITEMSET_STARTUP_WAIT_S
   value: {{ $v.startupWaitS | toString | quote }}
+- name: SPECREC_ITEMSET_WRITE_RETRY_S
+  value: {{ $v.writeRetryS | toString | quote }}
 - name: SPECREC_ITEMSET_WRITE_TOKEN
   valueFrom:
     secretKeyRef:
