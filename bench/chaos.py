@@ -16,7 +16,18 @@ sample of leave-one-out test users is sent as Poisson arrivals at ``--rate``
   set restores the catalogue from its copy);
 - ``overload``: the offered rate is raised to ``--flood-x`` times the
   capacity measured at the start (closed loop, one request at a time) for
-  ``--fault-s`` seconds.
+  ``--fault-s`` seconds;
+- ``kill-redis-primary``: run last, on a stack of its own over a
+  Sentinel-managed Redis (a ``redis-server`` primary, one replica, three
+  ``redis-sentinel`` processes, all private: ``specrec_rpc/localsentinel.py``).
+  While the load runs, a writer upserts one item at a time through the item
+  set; the primary is SIGKILLed and the sentinels promote the replica. It
+  reports the acknowledged writes missing from the catalogue afterwards
+  (``chaos.redis_failover_acked_writes_lost``), INTERNAL answers of writer and
+  readers (``chaos.redis_failover_internal_errors``), and the recovery time
+  from the kill (``chaos.redis_failover_recovery_s``: until writes are
+  acknowledged again and ``--streak`` answers in a row are undegraded model
+  answers, whichever comes later).
 
 Before the faults a few items are upserted; after each scenario the current
 catalogue must still hold every item (``catalogue_items_lost``).
@@ -60,7 +71,8 @@ from specrec.eval.results import markdown_table, readme_section, update_summary,
 from specrec_rpc.localstack import ServiceProcs, free_port, redis_ping  # noqa: E402
 
 SCENARIOS = ("pause-verifier", "kill-verifier", "pause-drafter", "kill-drafter", "pause-itemset", "kill-itemset",
-             "redis-loss", "overload")
+             "redis-loss", "overload", "kill-redis-primary")
+SENTINEL_SCENARIOS = {"kill-redis-primary"}  # run on a stack of their own, over a Sentinel-managed Redis
 MODEL_FAULTS = {"pause-verifier", "kill-verifier", "pause-drafter", "kill-drafter"}  # one of the two models is away
 
 
@@ -212,6 +224,53 @@ def catalogue_check(addr: str, expected_n: int, upserted: list[str], timeout_s: 
                 time.sleep(0.5)
 
 
+class Writer:
+    """Upserts one item at a time through the item set, in its own thread; every answer recorded."""
+
+    def __init__(self, addr: str, token: str, pause_s: float = 0.05):
+        self.addr, self.token, self.pause_s = addr, token, pause_s
+        self.acked: dict[str, float] = {}  # item id -> when its write was sent (acknowledged ones only)
+        self.records: list[dict] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="writer", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        import grpc
+
+        from specrec_rpc.v1 import itemset_pb2
+
+        ch, Stub = itemset_stub(self.addr)
+        words = ("lipstick matte red velvet serum hydrating night cream shampoo argan oil mascara volume black "
+                 "eyeliner waterproof blush peach powder foundation liquid beige nail polish coral perfume floral "
+                 "musk sunscreen mineral toner rose clay mask charcoal brush comb bamboo lotion shea vanilla").split()
+        rng = np.random.default_rng(7)
+        with ch:
+            stub = Stub(ch)
+            k = 0
+            while not self._stop.is_set():
+                item_id = f"failover-{uuid.uuid4().hex[:8]}"
+                text = " ".join(rng.choice(words, size=5, replace=False))
+                t = time.monotonic()
+                try:
+                    stub.Upsert(itemset_pb2.UpsertRequest(items=[itemset_pb2.UpsertItem(
+                        item_id=item_id, title=f"failover item {k}", text=text)]),
+                        metadata=(("authorization", f"Bearer {self.token}"),), timeout=5)
+                    self.acked[item_id] = t
+                    code = "OK"
+                except grpc.RpcError as e:
+                    code = e.code().name
+                self.records.append({"t": t, "done": time.monotonic(), "code": code})
+                k += 1
+                self._stop.wait(self.pause_s)
+
+
 # -- scenarios ------------------------------------------------------------------------------------
 def measure_capacity(target: str, users, budget_ms: float, seconds: float = 4.0) -> float:
     """Answers/s of a closed loop, one request at a time (requests served one after another)."""
@@ -340,6 +399,7 @@ def write_results(out: Path, res: dict) -> dict:
     during = sum(r["requests_during"] for r in faults)
     model = sum(r["model_share_during"] * r["requests_during"] for r in faults if r["requests_during"])
     over = [r for r in rows if r["scenario"] == "overload"]
+    fo = [r for r in rows if r["scenario"] == "kill-redis-primary"]
     summary = {
         "chaos.catalogue_items_lost": int(max([r["catalogue_items_lost"] for r in rows], default=0)),
         "chaos.internal_errors": int(sum(r["internal_errors"] for r in rows)),
@@ -347,6 +407,10 @@ def write_results(out: Path, res: dict) -> dict:
         "chaos.recovery_s_max": float(np.nanmax([r["recovery_s"] for r in rows])) if rows else float("nan"),
         "chaos.overload_p99_over_budget_ms": (over[0]["p99_ms_during"] - res["budget_ms"]) if over else float("nan"),
     }
+    if fo:
+        summary.update({"chaos.redis_failover_acked_writes_lost": int(fo[0]["acked_writes_lost"]),
+                        "chaos.redis_failover_internal_errors": int(fo[0]["internal_errors"]),
+                        "chaos.redis_failover_recovery_s": float(fo[0]["recovery_s"])})
     if any(np.isnan(r["recovery_s"]) for r in rows):
         summary["chaos.recovery_s_max"] = float("inf")  # a scenario never recovered within the run
     res["summary"] = summary
@@ -368,10 +432,66 @@ def write_results(out: Path, res: dict) -> dict:
             "Model share: answers ranked by the GR model or the drafter (not catalogue fill; errors count as not), "
             "among the requests sent while the fault lasted. Recovery: from the end of the fault (SIGCONT, or the "
             f"restarted process SERVING) to the first of {res['streak']} answers in a row served by the GR model "
-            "through the verifier again (not the drafter, not fill, not degraded).\n")
+            "through the verifier again (not the drafter, not fill, not degraded). kill-redis-primary runs on a "
+            "stack of its own over a Sentinel-managed Redis (a primary, one replica, three sentinels) with a writer "
+            "upserting one item at a time through the item set: its fault lasts from the SIGKILL to the promotion, "
+            "its recovery from the SIGKILL until a write sent after it is acknowledged and the answers have "
+            "recovered as above, whichever is later (so it includes one write's duration); items lost counts "
+            "acknowledged writes missing from the catalogue afterwards.\n")
     readme_section(out / "README.md", "bench/chaos.py", body)
     update_summary(no_nan(summary), out / "summary.json")
     return summary
+
+
+def run_failover_phase(a, bundle_dir: Path, bundle, users, tmp: Path, name: str = "kill-redis-primary") -> dict:
+    """The ``kill-redis-primary`` scenario on a stack of its own over a Sentinel-managed Redis."""
+    from specrec_rpc.localsentinel import LocalSentinel
+
+    rs = LocalSentinel(tmp / "sentinel").start()
+    say(f"{name}: Sentinel-managed Redis up ({rs.url}); starting the stack on it")
+    namespace = f"bench-chaos-fo-{uuid.uuid4().hex[:10]}"
+    procs = ServiceProcs(bundle_dir, rs.url, namespace, tmp / "logs-failover", max_history=bundle.cfg.max_history,
+                         env={"SPECREC_VERIFIER_THREADS": str(a.threads), "SPECREC_ITEMSET_REDIS_TIMEOUT_S": "1.0"})
+    load = writer = None
+    try:
+        procs.start(a.startup_timeout, say=say)
+        load = Load(procs.addr("gateway"), users, a.budget_ms, a.rate, seed=a.seed + 1)
+        writer = Writer(procs.addr("itemset"), procs.token)
+        load.start()
+        writer.start()
+        time.sleep(a.settle_s)
+        old = rs.kill_primary()
+        t0 = time.monotonic()
+        new, promoted_s = rs.wait_promoted(old, 60.0)
+        t1 = time.monotonic()
+        say(f"{name}: primary {old} killed, {new} promoted after {promoted_s:.2f} s")
+        time.sleep(a.settle_s)
+        writer.stop()
+        load.stop()
+        t_next = time.monotonic()
+        acked = dict(writer.acked)
+        check = catalogue_check(procs.addr("itemset"), 0, list(acked))
+        recs = list(load.records)
+        row = scenario_row(name, recs, t0, t1, t_next, a, check["lost"])
+        # recovery from the kill: writes acknowledged again, and the readers' answers undegraded model answers
+        w_after = sorted(r["done"] for r in writer.records if r["t"] >= t0 and r["code"] == "OK")
+        write_recovery = (w_after[0] - t0) if w_after else float("inf")
+        read_recovery = recovery_s([r for r in recs if r["t"] >= t0], t0, a.streak)
+        w_codes = Counter(r["code"] for r in writer.records)
+        row.update(recovery_s=max(write_recovery, read_recovery if not np.isnan(read_recovery) else float("inf")),
+                   write_recovery_s=write_recovery, read_recovery_s=read_recovery, promoted_s=promoted_s,
+                   acked_writes=len(acked), acked_writes_lost=check["lost"], write_codes=dict(w_codes),
+                   internal_errors=row["internal_errors"] + w_codes.get("INTERNAL", 0))
+        say(f"{name}: {len(acked)} writes acknowledged, {check['lost']} of them lost; writes {dict(w_codes)}; "
+            f"recovery {row['recovery_s']:.2f} s (writes {write_recovery:.2f} s, reads {read_recovery:.2f} s)")
+        return {"row": row, "records": recs, "window": (name, t0, t1)}
+    finally:
+        if writer is not None:
+            writer.stop()
+        if load is not None:
+            load.stop()
+        procs.stop(say=say)
+        rs.stop()
 
 
 def parse(argv):
@@ -417,40 +537,53 @@ def main(argv=None) -> int:
                          env={"SPECREC_VERIFIER_THREADS": str(a.threads)})
     res = {"command": command, "users": users.source, "machine": machine_line(), "budget_ms": a.budget_ms,
            "rate": a.rate, "flood_x": a.flood_x, "streak": a.streak, "scenarios": []}
+    res["capacity_rps"] = float("nan")  # measured by the first phase (when it runs)
+    single = [s for s in scenarios if s not in SENTINEL_SCENARIOS]
+    failover = [s for s in scenarios if s in SENTINEL_SCENARIOS]
     load = None
     windows: list[tuple[str, float, float]] = []
+    recs: list[dict] = []
+    t_base = time.monotonic()
     try:
-        procs.start(a.startup_timeout, say=say)
-        target = procs.addr("gateway")
-        capacity = measure_capacity(target, users, a.budget_ms)
-        res["capacity_rps"] = capacity
-        say(f"capacity (closed loop, one at a time): {capacity:.1f} answers/s")
-        base = catalogue_check(procs.addr("itemset"), 0, [])
-        upserted = upsert_items(procs.addr("itemset"), procs.token, a.upserts)
-        expected = base["n_items"] + len(upserted)
-        say(f"catalogue: {base['n_items']} items, {len(upserted)} upserted -> {expected} expected")
-        load = Load(target, users, a.budget_ms, a.rate, seed=a.seed)
-        load.start()
-        t_base = time.monotonic()
-        time.sleep(a.settle_s)
-        marks = []
-        for name in scenarios:
-            say(f"scenario {name}")
-            t0, t1 = run_scenario(name, procs, redis, load, a, capacity)
-            windows.append((name, t0, t1))
+        if single:
+            procs.start(a.startup_timeout, say=say)
+            target = procs.addr("gateway")
+            capacity = measure_capacity(target, users, a.budget_ms)
+            res["capacity_rps"] = capacity
+            say(f"capacity (closed loop, one at a time): {capacity:.1f} answers/s")
+            base = catalogue_check(procs.addr("itemset"), 0, [])
+            upserted = upsert_items(procs.addr("itemset"), procs.token, a.upserts)
+            expected = base["n_items"] + len(upserted)
+            say(f"catalogue: {base['n_items']} items, {len(upserted)} upserted -> {expected} expected")
+            load = Load(target, users, a.budget_ms, a.rate, seed=a.seed)
+            load.start()
+            t_base = time.monotonic()
             time.sleep(a.settle_s)
-            check = catalogue_check(procs.addr("itemset"), expected, upserted)
-            marks.append((name, t0, t1, time.monotonic(), check))
-            say(f"{name}: fault {t1 - t0:.1f} s; catalogue {check['n_items']} items (version {check['version']}), "
-                f"lost {check['lost']}")
-        load.stop()
-        recs = list(load.records)
+            marks = []
+            for name in single:
+                say(f"scenario {name}")
+                t0, t1 = run_scenario(name, procs, redis, load, a, capacity)
+                windows.append((name, t0, t1))
+                time.sleep(a.settle_s)
+                check = catalogue_check(procs.addr("itemset"), expected, upserted)
+                marks.append((name, t0, t1, time.monotonic(), check))
+                say(f"{name}: fault {t1 - t0:.1f} s; catalogue {check['n_items']} items (version {check['version']}), "
+                    f"lost {check['lost']}")
+            load.stop()
+            recs.extend(load.records)
+            for name, t0, t1, t_next, check in marks:
+                row = scenario_row(name, recs, t0, t1, t_next, a, check["lost"])
+                res["scenarios"].append(row)
+                say(f"{name}: model share {fmt(row['model_share_during'], '.1%')}, p99 {fmt(row['p99_ms_during'], '.1f')} ms, "
+                    f"errors {row['errors'] or 'none'}, recovery {fmt(row['recovery_s'], '.2f')} s")
+            procs.stop(say=say)  # the next phase runs a stack of its own on the same cores
+            redis.kill()
+        if failover:
+            ph = run_failover_phase(a, bundle_dir, bundle, users, tmp)
+            res["scenarios"].append(ph["row"])
+            recs.extend(ph["records"])
+            windows.append(ph["window"])
         res["records"] = recs
-        for name, t0, t1, t_next, check in marks:
-            row = scenario_row(name, recs, t0, t1, t_next, a, check["lost"])
-            res["scenarios"].append(row)
-            say(f"{name}: model share {fmt(row['model_share_during'], '.1%')}, p99 {fmt(row['p99_ms_during'], '.1f')} ms, "
-                f"errors {row['errors'] or 'none'}, recovery {fmt(row['recovery_s'], '.2f')} s")
     except KeyboardInterrupt:
         say("interrupted: stopping the stack; nothing written")
         return 130
