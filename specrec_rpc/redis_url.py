@@ -16,7 +16,9 @@ new primary (a connection still open to a demoted primary is dropped on its
 first READONLY answer). The URL's password is the data servers' (``AUTH``);
 the sentinels' own password, when they have one, is given apart
 (``sentinel_password``). Passwords may also come from settings instead of the
-URL (``password``): the URL's wins.
+URL (``password``): the URL's wins. When several sentinels are listed, one
+that sees no other sentinel is not asked (it may be cut off and name a primary
+the others have replaced).
 """
 
 from __future__ import annotations
@@ -139,6 +141,12 @@ def _sentinel_kwargs(target: RedisTarget, kw: dict, sentinel_password: str | Non
     return skw
 
 
+def _peers(target: RedisTarget) -> int:
+    """Peers a sentinel must see for its answer to count: with several listed, a sentinel cut off from the
+    others (which may still name a primary the majority has already replaced) is not believed."""
+    return 1 if len(target.sentinels) > 1 else 0
+
+
 def async_client(url: str, *, cluster: bool = False, password: str | None = None, username: str | None = None,
                  sentinel_password: str | None = None, sentinel_timeout_s: float | None = None, **kw):
     """A ``redis.asyncio`` client for ``url`` (a Sentinel URL: the master's client, ``master_for``)."""
@@ -152,7 +160,7 @@ def async_client(url: str, *, cluster: bool = False, password: str | None = None
         from redis.asyncio.sentinel import Sentinel
 
         skw = _sentinel_kwargs(target, kw, sentinel_password, sentinel_timeout_s)
-        sentinel = Sentinel(list(target.sentinels), sentinel_kwargs=skw, **kw)
+        sentinel = Sentinel(list(target.sentinels), min_other_sentinels=_peers(target), sentinel_kwargs=skw, **kw)
         if target.ssl:
             return sentinel.master_for(target.master, db=target.db, ssl=True)
         return sentinel.master_for(target.master, db=target.db)
@@ -172,7 +180,7 @@ def sync_client(url: str, *, password: str | None = None, username: str | None =
         from redis.sentinel import Sentinel
 
         skw = _sentinel_kwargs(target, kw, sentinel_password, None)
-        sentinel = Sentinel(list(target.sentinels), sentinel_kwargs=skw, **kw)
+        sentinel = Sentinel(list(target.sentinels), min_other_sentinels=_peers(target), sentinel_kwargs=skw, **kw)
         if target.ssl:
             return sentinel.master_for(target.master, db=target.db, ssl=True)
         return sentinel.master_for(target.master, db=target.db)

@@ -66,6 +66,7 @@ def test_clients_for_a_sentinel_url_ask_the_sentinels_with_their_own_password():
     manager = pool.sentinel_manager
     assert [(s.connection_pool.connection_kwargs["host"], s.connection_pool.connection_kwargs["port"])
             for s in manager.sentinels] == [("h1", 1), ("h2", 2)]
+    assert manager.min_other_sentinels == 1  # a sentinel cut off from the others is not believed
     skw = manager.sentinels[0].connection_pool.connection_kwargs
     assert skw["password"] == "sent-pw" and skw["socket_timeout"] == 0.5
     s = sync_client("redis+sentinel://:url-pw@h1/m", password="ignored")
