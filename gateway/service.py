@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import numpy as np
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, REGISTRY
 from pydantic import Field, ValidationError
 from pydantic_settings import SettingsConfigDict
@@ -59,6 +59,12 @@ RECS = Counter("specrec_gateway_recommendations", "Recommend answers by policy a
                "and degradation", ["policy", "served_by", "exit_reason", "degraded"])
 STAGE = Histogram("specrec_gateway_stage_seconds", "Time per policy stage", ["policy", "stage"],
                   buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.025, 0.03, 0.035, 0.04, 0.05, 0.1))
+BUDGET_MISSES = Counter("specrec_gateway_budget_misses", "Answers that took longer than their budget (server side), "
+                        "by policy asked", ["policy"])
+DEFAULT_BUDGET = Gauge("specrec_gateway_default_budget_seconds", "The budget of a request that gives none")
+DEPENDENCY_UP = Gauge("specrec_gateway_dependency_up", "The gateway's view of a dependency: 0 while the verifier's "
+                      "breaker is open, the drafter counts as down after a failure, or the item set has not answered "
+                      "a catalogue poll for 5 s", ["dependency"])
 NEEDS_DRAFTER = {"specgr", "drafter"}
 
 
@@ -183,6 +189,7 @@ class GatewayService(Service):
         self.cost_s = {"verifier": 0.004, "drafter": 0.002}  # running mean time of a request, by service
         self.drafter_down_until = 0.0  # after the drafter failed: no time is kept back for it until then
         self.requests_log = RequestLog(self.log, settings.log_sample_rate)
+        DEFAULT_BUDGET.set(settings.default_budget_ms / 1000.0)
 
     async def start(self) -> None:
         s = self.s
@@ -196,6 +203,10 @@ class GatewayService(Service):
             REGISTRY.register(self._collector)
         except ValueError:
             pass  # already registered in this process
+        DEPENDENCY_UP.labels("verifier").set_function(lambda: 0.0 if self.breaker.is_open() else 1.0)
+        DEPENDENCY_UP.labels("drafter").set_function(lambda: 0.0 if self.drafter_down() else 1.0)
+        DEPENDENCY_UP.labels("itemset").set_function(
+            lambda: 1.0 if time.monotonic() - self.catalogue.last_ok < 5.0 else 0.0)
         await self._warmup()
 
     async def _warmup(self) -> None:
@@ -459,6 +470,8 @@ class Servicer(recommender_pb2_grpc.RecommenderServicer):
         resp = self._response(policy, res, snap, t0)
         resp.stats.request_id = rid
         resp.stats.ignored_history.extend(ignored)
+        if resp.stats.total_ms > budget_ms:
+            BUDGET_MISSES.labels(policy).inc()
         return resp
 
     @handle_errors

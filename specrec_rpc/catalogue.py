@@ -77,6 +77,18 @@ _WATCHERS: list = []
 STALENESS.set_function(lambda: max((time.monotonic() - w.last_ok for w in _WATCHERS if w.last_ok), default=0.0))
 
 
+def version_number(version: str) -> int:
+    """The counter at the end of a catalogue version name ("<epoch>.<n>" -> n; 0 when it has none)."""
+    tail = version.rsplit(".", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
+
+
+CATALOGUE_VERSION = Gauge("specrec_catalogue_version", "The catalogue version this service serves: the counter at "
+                          "the end of its name (<epoch>.<n>), 0 before the first")
+CATALOGUE_VERSION.set_function(lambda: max((version_number(w.current.version) for w in _WATCHERS if w.current),
+                                           default=0))
+
+
 class CatalogueWatcher:
     """Follows the item set. With ``expect_bundle`` (the SID-space fingerprint of
     the bundle this service serves) a catalogue of another bundle is refused:

@@ -56,6 +56,8 @@ class Batcher(Generic[J, R]):
         self.queue: asyncio.Queue[Pending[J]] = asyncio.Queue()
         self.busy = 0  # batches computing now
         self._tasks: list[asyncio.Task] = []
+        # every series exists from the start (at 0): a rate is data, not "no data", before the first event
+        BATCH_SIZE.labels(name), QUEUE_WAIT.labels(name), EXPIRED.labels(name)
 
     def start(self) -> None:
         self._tasks = [asyncio.create_task(self._loop()) for _ in range(self.concurrency)]

@@ -203,6 +203,44 @@ SERVICE_MONITOR_SCHEMA = {
 }
 
 
+#: The part of the prometheus-operator PrometheusRule CRD (monitoring.coreos.com/v1) that the chart uses.
+PROMETHEUS_RULE_SCHEMA = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "PrometheusRule"},
+        "metadata": SERVICE_MONITOR_SCHEMA["properties"]["metadata"],  # type: ignore[index]
+        "spec": {
+            "type": "object", "additionalProperties": False,
+            "properties": {"groups": {"type": "array", "items": {
+                "type": "object", "required": ["name", "rules"], "additionalProperties": False,
+                "properties": {
+                    "name": {"type": "string", "minLength": 1},
+                    "interval": {"type": "string", "pattern": DURATION},
+                    "partial_response_strategy": {"type": "string"},
+                    "rules": {"type": "array", "items": {
+                        "type": "object", "required": ["expr"], "additionalProperties": False,
+                        "oneOf": [{"required": ["alert"]}, {"required": ["record"]}],
+                        "properties": {
+                            "alert": {"type": "string"}, "record": {"type": "string"},
+                            "expr": {"type": ["string", "integer"]},
+                            "for": {"type": "string", "pattern": DURATION},
+                            "keep_firing_for": {"type": "string", "pattern": DURATION},
+                            "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                            "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+                        },
+                    }},
+                },
+            }}},
+        },
+    },
+}
+
+CRD_SCHEMAS = {"ServiceMonitor": SERVICE_MONITOR_SCHEMA, "PrometheusRule": PROMETHEUS_RULE_SCHEMA}
+
+
 def validate_manifest(doc: dict, versions: tuple[str, ...]) -> list[str]:
     """Errors of one manifest (empty: valid)."""
     import jsonschema
@@ -210,8 +248,8 @@ def validate_manifest(doc: dict, versions: tuple[str, ...]) -> list[str]:
     from kubernetes_validate.utils import SchemaNotFoundError
 
     name = f"{doc['kind']}/{doc['metadata']['name']}"
-    if doc["apiVersion"] == "monitoring.coreos.com/v1" and doc["kind"] == "ServiceMonitor":
-        errs = sorted(jsonschema.Draft202012Validator(SERVICE_MONITOR_SCHEMA).iter_errors(doc), key=str)
+    if doc["apiVersion"] == "monitoring.coreos.com/v1" and doc["kind"] in CRD_SCHEMAS:
+        errs = sorted(jsonschema.Draft202012Validator(CRD_SCHEMAS[doc["kind"]]).iter_errors(doc), key=str)
         return [f"{name}: {'.'.join(map(str, e.path))}: {e.message}" for e in errs]
     errors = []
     for v in versions:
@@ -244,6 +282,9 @@ def test_strict_validation_catches_unknown_fields(helm):
     sm = copy.deepcopy(of_kind(docs, "ServiceMonitor")[0])
     sm["spec"]["endpoints"][0]["intervall"] = "30s"
     assert validate_manifest(sm, (K8S_MIN,))
+    pr = copy.deepcopy(of_kind(render(helm, ci("monitoring")), "PrometheusRule")[0])
+    pr["spec"]["groups"][0]["rules"][0]["fore"] = "5m"
+    assert validate_manifest(pr, (K8S_MIN,))
 
 
 # --------------------------------------------------------- chart promises
@@ -253,7 +294,7 @@ def test_deployments_probes_security_resources(helm, values):
     docs = render(helm, values)
     given = yaml.safe_load(Path(values).read_text()) or {}
     tls = given.get("tls", {}).get("secretName")
-    k8s = given.get("discovery") == "kubernetes"
+    k8s = given.get("discovery") in ("kubernetes", "k8s")
     for dep in of_kind(docs, "Deployment"):
         comp = dep["metadata"]["labels"]["app.kubernetes.io/component"]
         port = COMPONENTS[comp][0]
@@ -954,8 +995,9 @@ def test_reflection_off_in_the_chart(helm, monkeypatch):
 
 
 
-def test_kubernetes_discovery_adds_least_privilege_rbac(helm):
-    """discovery=kubernetes: the gateway gets k8s: targets that parse, the only pods with an API token are
+@pytest.mark.parametrize("discovery", ["kubernetes", "k8s"])
+def test_kubernetes_discovery_adds_least_privilege_rbac(helm, discovery):
+    """discovery=kubernetes (or k8s): the gateway gets k8s: targets that parse, the only pods with an API token are
     the gateway's, and the Role allows list/watch on endpointslices and nothing else; dns (the default)
     renders no RBAC and mounts no token anywhere."""
     from specrec_rpc.replicas import parse_target
@@ -964,7 +1006,7 @@ def test_kubernetes_discovery_adds_least_privilege_rbac(helm):
     assert not of_kind(default, "Role") and not of_kind(default, "RoleBinding")
     assert not any(spec.get("automountServiceAccountToken") for _, spec in _pods(default))
 
-    docs = render(helm, ci("default"), "discovery=kubernetes")
+    docs = render(helm, ci("default"), f"discovery={discovery}")
     gw = env_of(container(named(docs, "Deployment", "gateway")))
     svcs = {d["metadata"]["name"] for d in of_kind(docs, "Service")}
     for comp in ("drafter", "verifier"):
@@ -984,8 +1026,45 @@ def test_kubernetes_discovery_adds_least_privilege_rbac(helm):
     sa = named(docs, "Deployment", "gateway")["spec"]["template"]["spec"]["serviceAccountName"]
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa, "namespace": NAMESPACE}]
+    assert sa in {d["metadata"]["name"] for d in of_kind(docs, "ServiceAccount")}  # the chart makes it
     with pytest.raises(Exception):
         render(helm, ci("default"), "discovery=consul")  # the schema knows two ways only
+
+
+def test_k8s_discovery_values_render_rbac_for_their_service_account(helm):
+    docs = render(helm, ci("k8s-discovery"))
+    (sa,) = of_kind(docs, "ServiceAccount")
+    assert sa["metadata"]["name"] == "specrec-gateway"
+    (binding,) = of_kind(docs, "RoleBinding")
+    assert binding["subjects"][0]["name"] == "specrec-gateway"
+    gw = named(docs, "Deployment", "gateway")["spec"]["template"]["spec"]
+    assert gw["serviceAccountName"] == "specrec-gateway" and gw["automountServiceAccountToken"] is True
+    assert env_of(container(named(docs, "Deployment", "gateway")))["SPECREC_GATEWAY_VERIFIER_ADDR"].startswith("k8s:")
+
+
+def test_grafana_dashboard_and_prometheus_rule(helm):
+    """Off by default; on, the dashboard is a ConfigMap with the sidecar's label holding files/grafana-dashboard.json
+    (docs/grafana/ has the same file), and the PrometheusRule holds files/prometheus-rules.yaml's groups
+    (docs/prometheus/ has the same file)."""
+    import json
+
+    assert not [d for d in render(helm, ci("default")) if d["kind"] in ("PrometheusRule", "ConfigMap")]
+    docs = render(helm, ci("monitoring"))
+    (cm,) = of_kind(docs, "ConfigMap")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert cm["metadata"]["annotations"]["grafana_folder"] == "SpecRec"
+    chart_json = (CHART / "files" / "grafana-dashboard.json").read_text()
+    assert json.loads(cm["data"]["specrec-dashboard.json"]) == json.loads(chart_json)
+    assert (ROOT / "docs" / "grafana" / "specrec-dashboard.json").read_text() == chart_json
+    (pr,) = of_kind(docs, "PrometheusRule")
+    assert pr["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    chart_rules = (CHART / "files" / "prometheus-rules.yaml").read_text()
+    assert pr["spec"]["groups"] == yaml.safe_load(chart_rules)["groups"]
+    assert (ROOT / "docs" / "prometheus" / "specrec.rules.yaml").read_text() == chart_rules
+    other = render(helm, ci("monitoring"), "metrics.grafanaDashboard.namespace=monitoring",
+                   "metrics.grafanaDashboard.label=my_dashboards", "metrics.grafanaDashboard.labelValue=yes")
+    (cm,) = of_kind(other, "ConfigMap")
+    assert cm["metadata"]["namespace"] == "monitoring" and cm["metadata"]["labels"]["my_dashboards"] == "yes"
 
 
 def test_tls_from_a_secret(helm, tmp_path):

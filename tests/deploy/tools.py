@@ -12,6 +12,9 @@ and returns its path; a ``helm`` on PATH is used when the wheel is absent.
 docker-compose: the v1 command (Debian package ``docker-compose``) on PATH, or
 ``$SPECREC_DOCKER_COMPOSE``.
 
+prometheus, promtool: Debian's ``prometheus`` package, on PATH, or
+``$SPECREC_PROMETHEUS`` / ``$SPECREC_PROMTOOL``.
+
 Each finder returns None when the tool cannot be had; the tests then skip
 with a message saying what to install -- except under ``SPECREC_CI=1`` (set by
 ``.ci/run``, which installs every tool), where a missing tool fails the test.
@@ -129,3 +132,19 @@ def docker_compose() -> list[str] | None:
     except (OSError, subprocess.SubprocessError):
         ok = False
     return cmd if ok else None
+
+
+PROMETHEUS_HINT = "apt-get install prometheus (Debian's package: prometheus and promtool)"
+
+
+@lru_cache(maxsize=None)
+def prometheus_tool(name: str) -> str | None:
+    """``prometheus`` or ``promtool`` (``$SPECREC_PROMETHEUS`` / ``$SPECREC_PROMTOOL``, else on PATH), or None."""
+    binary = os.environ.get(f"SPECREC_{name.upper()}") or shutil.which(name)
+    if binary is None:
+        return None
+    try:
+        ok = subprocess.run([binary, "--version"], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        ok = False
+    return binary if ok else None

@@ -89,12 +89,17 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- printf "dns:///%s.%s.svc.%s:%d" (include "specrec.componentName" (list $root $comp)) $root.Release.Namespace $root.Values.clusterDomain $port -}}
 {{- end -}}
 
+{{/* "true" when the gateway watches EndpointSlices: discovery "kubernetes", or its short name "k8s". */}}
+{{- define "specrec.k8sDiscovery" -}}
+{{- if has .Values.discovery (list "kubernetes" "k8s") -}}true{{- end -}}
+{{- end -}}
+
 {{/* Replica target of a component the gateway balances over (drafter, verifier); args: (list $ "drafter").
      discovery=kubernetes: k8s:<namespace>/<service>:grpc (EndpointSlices, by port name); else the dns address. */}}
 {{- define "specrec.replicasAddr" -}}
 {{- $root := index . 0 -}}
 {{- $comp := index . 1 -}}
-{{- if eq $root.Values.discovery "kubernetes" -}}
+{{- if include "specrec.k8sDiscovery" $root -}}
 {{- printf "k8s:%s/%s:grpc" $root.Release.Namespace (include "specrec.componentName" (list $root $comp)) -}}
 {{- else -}}
 {{- include "specrec.addr" . -}}
