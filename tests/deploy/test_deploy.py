@@ -1280,6 +1280,84 @@ def test_compose_gpu_override(compose):
         assert "deploy" not in s[other] and s[other]["build"]["dockerfile"] == "docker/Dockerfile"
 
 
+
+def test_compose_tls_override(compose):
+    """docker-compose.tls.yml: a one-shot certs service runs first; every gRPC service serves TLS with the
+    certificate it made (read-only volume), verifies the others with its CA, and is health-checked over TLS;
+    mTLS by a variable. Redis, the loader and the published port stay as they are."""
+    base = compose_config(compose, "docker-compose.yml")["services"]
+    s = compose_config(compose, "docker-compose.yml", "docker-compose.tls.yml")["services"]
+    assert set(s) == set(base) | {"certs"}
+    certs = s["certs"]
+    assert certs["restart"] == "no" and certs["volumes"] == ["specrec-tls:/tls:rw"]
+    for comp, (port, _) in COMPONENTS.items():
+        svc, env = s[comp], s[comp]["environment"]
+        p = f"SPECREC_{comp.upper()}_TLS_"
+        assert (env[p + "CERT_FILE"], env[p + "KEY_FILE"], env[p + "CA_FILE"], env[p + "SERVER_NAME"]) == \
+            ("/tls/tls.crt", "/tls/tls.key", "/tls/ca.crt", "specrec"), comp
+        assert env[p + "REQUIRE_CLIENT_AUTH"] == "false"
+        assert "specrec-tls:/tls:ro" in svc["volumes"]
+        assert svc["depends_on"]["certs"] == {"condition": "service_completed_successfully"}
+        # the base file's order still holds (itemset -> drafter, verifier -> gateway)
+        assert {k: v for k, v in svc["depends_on"].items() if k != "certs"} == base[comp].get("depends_on", {})
+        test = svc["healthcheck"]["test"]
+        assert test[4] == f"127.0.0.1:{port}" and test[test.index("--tls-ca") + 1] == "/tls/ca.crt", test
+        assert {k: v for k, v in env.items() if "_TLS_" not in k} == base[comp]["environment"]
+        # every setting the override sets is a real setting of the service
+        from specrec_rpc.settings import ServiceSettings
+
+        assert {k.removeprefix(p).lower() for k in env if k.startswith(p)} <= {
+            f.removeprefix("tls_") for f in ServiceSettings.model_fields if f.startswith("tls_")}
+    assert s["gateway"]["ports"] == base["gateway"]["ports"]
+    for other in ("redis", "catalogue-loader"):
+        assert s[other] == base[other], other
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPECREC_", "COMPOSE_"))}
+    p = run([*compose, "-f", str(ROOT / "docker-compose.yml"), "-f", str(ROOT / "docker-compose.tls.yml"), "config"],
+            cwd=ROOT, env={**env, "SPECREC_TLS_REQUIRE_CLIENT_AUTH": "true"})
+    assert yaml.safe_load(p.stdout)["services"]["gateway"]["environment"]["SPECREC_GATEWAY_TLS_REQUIRE_CLIENT_AUTH"] == "true"
+
+
+def test_compose_tls_certificates_work(compose, tmp_path):
+    """The certs service's script, run here (openssl on PATH): its certificate serves mTLS that the services'
+    TLS healthcheck (as the override runs it) accepts, for the name every service checks; run again, it keeps
+    the certificates it made."""
+    import shutil
+    import sys
+    from concurrent import futures
+
+    from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl here to run the certs service's script")
+    s = compose_config(compose, "docker-compose.yml", "docker-compose.tls.yml")["services"]
+    script = s["certs"]["command"][2]
+    assert script.startswith("cd /tls\n")
+    script = script.replace("cd /tls\n", f"cd {tmp_path}\n", 1)
+    p = subprocess.run(["sh", "-ec", script], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "made a CA" in p.stdout, p.stdout + p.stderr
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["ca.crt", "tls.crt", "tls.key"]  # the CA key is gone
+    first = (tmp_path / "tls.crt").read_bytes()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    servicer = health.HealthServicer()
+    servicer.set("", health_pb2.HealthCheckResponse.SERVING)
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    creds = grpc.ssl_server_credentials([((tmp_path / "tls.key").read_bytes(), first)],
+                                        root_certificates=(tmp_path / "ca.crt").read_bytes(), require_client_auth=True)
+    port = server.add_secure_port("127.0.0.1:0", creds)
+    server.start()
+    try:
+        test = [a.replace("/tls/", f"{tmp_path}/").replace("127.0.0.1:50050", f"127.0.0.1:{port}")
+                for a in s["gateway"]["healthcheck"]["test"][1:]]
+        ok = subprocess.run([sys.executable, *test[1:]], capture_output=True, text=True, timeout=60)
+        assert ok.returncode == 0, ok.stderr
+        wrong = [*test[1:-1], "not-specrec"]  # a name the certificate does not hold: refused
+        assert subprocess.run([sys.executable, *wrong], capture_output=True, timeout=60).returncode == 2
+    finally:
+        server.stop(0)
+    again = subprocess.run(["sh", "-ec", script], capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0 and "kept" in again.stdout and (tmp_path / "tls.crt").read_bytes() == first
+
+
 # -------------------------------------------------------------- Dockerfiles
 
 def _stages(dockerfile: Path) -> tuple[dict[str, str], list[str]]:
