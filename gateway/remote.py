@@ -27,7 +27,7 @@ import torch
 from specrec.decoding.beam import Beams
 from specrec.decoding.scoring import Scores
 from specrec.drafters.base import Draft, DraftRequest
-from specrec.verifier import SelectRule, Session, StepCoverage
+from specrec.verifier import Drafted, SelectRule, Session, StepCoverage
 from specrec_rpc.catalogue import Snapshot
 from specrec_rpc.tensors import to_msg, to_torch
 from specrec_rpc.v1 import common_pb2, drafter_pb2, verifier_pb2
@@ -41,10 +41,11 @@ class DependencyDown(RuntimeError):
     """A dependency gave no usable answer. ``unreachable``: it is down (no replica, or UNAVAILABLE),
     as opposed to one that answered but refused the call (e.g. a drafter one catalogue version behind)."""
 
-    def __init__(self, which: str, detail: str, unreachable: bool = True):
+    def __init__(self, which: str, detail: str, unreachable: bool = True, code: grpc.StatusCode | None = None):
         super().__init__(f"{which} unavailable: {detail}")
         self.which = which
         self.unreachable = unreachable
+        self.code = code
 
 
 class BudgetExceeded(RuntimeError):
@@ -71,7 +72,8 @@ def _raise_for(which: str, e: grpc.RpcError):
         raise SessionLost(e.details()) from None
     # anything else (down, overloaded, starting, or a call it refused): the request degrades to what is
     # still available; the caller's own input was validated before any dependency was called
-    raise DependencyDown(which, f"{code.name}: {e.details()}", unreachable=code == grpc.StatusCode.UNAVAILABLE) from None
+    raise DependencyDown(which, f"{code.name}: {e.details()}", unreachable=code == grpc.StatusCode.UNAVAILABLE,
+                         code=code) from None
 
 
 def _call(which: str, fn, request, deadline, metadata=()):
@@ -241,6 +243,35 @@ class RemoteVerifier:
         sess.calls["head"] += 1
         r = self._session_call(sess, "HeadDrafts", lambda ref: verifier_pb2.HeadDraftsRequest(ref=ref, width=width))
         return _beams(r, sess)
+
+    # -- the distilled drafter --------------------------------------------------------------------
+    def _distilled(self, sess: Session, method: str, make):
+        """A call the verifier offers only with a distilled drafter: None (and not asked again) where it has none."""
+        if not getattr(self.replicas, "distilled", True):
+            return None
+        try:
+            return self._session_call(sess, method, make)
+        except DependencyDown as e:
+            if e.code != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            self.replicas.distilled = False
+            return None
+
+    def draft_beams(self, sess: Session, trie, width: int) -> Beams | None:
+        r = self._distilled(sess, "HeadDrafts", lambda ref: verifier_pb2.HeadDraftsRequest(ref=ref, width=width,
+                                                                                            distilled=True))
+        if r is None:
+            return None
+        sess.calls["draft"] += 1
+        return _beams(r, sess)
+
+    def draft_verify(self, sess: Session, trie, width: int, n: int) -> Drafted | None:
+        r = self._distilled(sess, "DraftVerify", lambda ref: verifier_pb2.DraftVerifyRequest(ref=ref, width=width, n=n))
+        if r is None:
+            return None
+        sess.calls["draft_verify"] += 1
+        return Drafted(_beams(r.beams, sess), to_torch(r.covered, "covered").numpy().astype(bool),
+                       to_torch(r.frontier, "frontier").numpy())
 
 
 class RemoteDrafter:

@@ -11,6 +11,8 @@ and, once drafters are trained (``specrec train-drafters``):
 
 - ``text_emb.npy``       item text embeddings (float16), for the retrieval drafter;
 - ``retrieval.safetensors``, ``self_draft.safetensors``, ``nezha_head.safetensors``;
+- ``sid_mlp.safetensors`` the drafter distilled from the GR model (``specrec distill``), which
+  ``strict``, ``nezha`` and ``specgr`` draft with when present;
 
 and, once the baseline is trained (``specrec train-baseline``):
 
@@ -40,6 +42,7 @@ from .models.nezha_head import NezhaConfig, NezhaHead
 from .models.retrieval import RetrievalConfig, RetrievalModel
 from .models.sasrec import SASRec, SASRecConfig
 from .models.self_draft import SelfDraftConfig, SelfDraftHead
+from .models.sid_mlp import SidMlpConfig, SidMlpDrafter
 from .models.tiger import Tiger, TigerConfig
 
 FORMAT_VERSION = 1
@@ -112,6 +115,7 @@ class Bundle:
     retrieval: RetrievalModel | None = None
     self_draft: SelfDraftHead | None = None
     nezha_head: NezhaHead | None = None
+    sid_mlp: SidMlpDrafter | None = None
     sasrec: SASRec | None = None
 
     def __post_init__(self) -> None:
@@ -168,6 +172,7 @@ class Bundle:
         """The GR model's hot path on a backend (:mod:`specrec.backends`; default: the fastest, ONNX Runtime)."""
         from .backends import DEFAULT_BACKEND, make_backend
 
+        kw.setdefault("drafter", self.sid_mlp)
         return make_backend(name or DEFAULT_BACKEND, self.model, self.nezha_head, **kw)
 
     def engine(self, drafter: str | None = "retrieval", backend=None):
@@ -202,6 +207,9 @@ class Bundle:
         if self.nezha_head is not None:
             meta["nezha_head"] = self.nezha_head.cfg.model_dump()
             save_weights(self.nezha_head, path / "nezha_head.safetensors")
+        if self.sid_mlp is not None:
+            meta["sid_mlp"] = self.sid_mlp.cfg.model_dump()
+            save_weights(self.sid_mlp, path / "sid_mlp.safetensors")
         if self.sasrec is not None:
             meta["sasrec"] = self.sasrec.cfg.model_dump()
             save_weights(self.sasrec, path / "sasrec.safetensors")
@@ -239,6 +247,9 @@ class Bundle:
             b.self_draft = load_weights(SelfDraftHead(model, SelfDraftConfig(**meta["self_draft"])), path / "self_draft.safetensors")
         if "nezha_head" in meta:
             b.nezha_head = load_weights(NezhaHead(model, NezhaConfig(**meta["nezha_head"])), path / "nezha_head.safetensors")
+        if "sid_mlp" in meta:
+            b.sid_mlp = load_weights(SidMlpDrafter(model.cfg.level_sizes, model.cfg.d_model, SidMlpConfig(**meta["sid_mlp"])),
+                                     path / "sid_mlp.safetensors")
         if "sasrec" in meta:
             b.sasrec = load_weights(SASRec(SASRecConfig(**meta["sasrec"])), path / "sasrec.safetensors")
         return b

@@ -99,7 +99,26 @@ class Verifier(Protocol):
 
     def head_beams(self, sess: Session, trie: SidTrie, width: int) -> Beams: ...
 
+    def draft_verify(self, sess: Session, trie: SidTrie, width: int, n: int) -> Drafted | None:
+        """``strict`` in one call: the distilled drafter's ``n`` beams per level (level 0 exact), one tree
+        pass over them and the target's beam search of ``width`` read from it; None without a distilled
+        drafter."""
+
+    def draft_beams(self, sess: Session, trie: SidTrie, width: int) -> Beams | None:
+        """The distilled drafter's own constrained beams (level 0 exact); None without one."""
+
     def release(self, sess: Session) -> None: ...
+
+
+@dataclass
+class Drafted:
+    """What :meth:`Verifier.draft_verify` returns: the target's beams (equal to its beam search in every row
+    where ``covered``), ``covered`` [R] bool, and per level 0..L-2 the target's kept prefixes and how many of
+    them the drafter held (``frontier`` [R, L-1, 2])."""
+
+    beams: Beams
+    covered: np.ndarray
+    frontier: np.ndarray
 
 
 @dataclass
@@ -260,6 +279,24 @@ class LocalVerifier:
         return self.head.beam_search(self.head_model, self._head_h(sess), trie, width)
 
 
+    # -- the distilled drafter ----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def draft_verify(self, sess: Session, trie: SidTrie, width: int, n: int) -> Drafted | None:
+        out = self.backend.draft_verify(sess.state.enc, trie, width, n)
+        if out is None:
+            return None
+        beams, covered, frontier = out
+        sess.calls["draft_verify"] += 1
+        return Drafted(beams, np.asarray(covered, dtype=bool), np.asarray(frontier))
+
+    @torch.inference_mode()
+    def draft_beams(self, sess: Session, trie: SidTrie, width: int) -> Beams | None:
+        beams = self.backend.draft_search(sess.state.enc, trie, width)
+        if beams is not None:
+            sess.calls["draft"] += 1
+        return beams
+
+
 # -- batches of jobs from several callers (the verifier service's batcher) ---------------------------
 @dataclass(eq=False)
 class EncodeJob:
@@ -295,6 +332,15 @@ class HeadJob:
     session: Session | EncodeJob
     trie: SidTrie
     width: int
+    distilled: bool = False  # the distilled drafter's beams instead of the NEZHA head's
+
+
+@dataclass(eq=False)
+class DraftVerifyJob:
+    session: Session | EncodeJob
+    trie: SidTrie
+    width: int
+    n: int
 
 
 @dataclass(eq=False)
@@ -304,7 +350,7 @@ class ExpandJob:
     head: bool = False  # the NEZHA head's distributions instead of the target's
 
 
-Job = EncodeJob | ScoreJob | SearchJob | StepJob | HeadJob | ExpandJob
+Job = EncodeJob | ScoreJob | SearchJob | StepJob | HeadJob | DraftVerifyJob | ExpandJob
 
 
 def run_jobs(verifier: LocalVerifier, jobs: list[Job]) -> list[Any]:
@@ -338,7 +384,9 @@ def run_jobs(verifier: LocalVerifier, jobs: list[Job]) -> list[Any]:
         elif isinstance(job, SearchJob) and not job.session.state.verified and (job.rule is None or job.rule.kind == "exact"):
             key = ("search", id(job.trie), job.width)
         elif isinstance(job, HeadJob):
-            key = ("head", id(job.trie), job.width)
+            key = ("head", id(job.trie), job.width, job.distilled)
+        elif isinstance(job, DraftVerifyJob):
+            key = ("draft_verify", id(job.trie), job.width, job.n)
         else:
             key = ("single", n)
         groups.setdefault(key, []).append(n)
@@ -378,6 +426,19 @@ def _run_group(ver: LocalVerifier, kind: str, jobs: list) -> list[Any]:
             mm = j.sids.shape[1]
             res.append(Scores(token[a:b, :mm], [f[a:b, :mm] for f in full] if j.full else None))
         return res
+    if kind == "draft_verify":
+        enc = EncoderState.cat([j.session.state.enc for j in jobs])
+        first = jobs[0]
+        out = ver.backend.draft_verify(enc, first.trie, first.width, first.n)
+        if out is None:
+            raise SessionStateError("this verifier has no distilled drafter")
+        beams, covered, frontier = out
+        res = []
+        for j, (a, b) in zip(jobs, _split([j.session.n for j in jobs])):
+            j.session.calls["draft_verify"] += 1
+            res.append(Drafted(beams.select(torch.arange(a, b)), np.asarray(covered[a:b], dtype=bool),
+                               np.asarray(frontier[a:b])))
+        return res
     if kind in ("search", "head"):
         enc = EncoderState.cat([j.session.state.enc for j in jobs])
         first = jobs[0]
@@ -385,6 +446,10 @@ def _run_group(ver: LocalVerifier, kind: str, jobs: list) -> list[Any]:
             beams = ver.backend.search(enc, first.trie, first.width)
             if beams is None:
                 return [ver.beam_search(j.session, j.trie, j.width, j.rule) for j in jobs]
+        elif first.distilled:
+            beams = ver.backend.draft_search(enc, first.trie, first.width)
+            if beams is None:
+                raise SessionStateError("this verifier has no distilled drafter")
         else:
             beams = ver.backend.head_search(enc, first.trie, first.width)
             if beams is None:

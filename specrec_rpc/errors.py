@@ -45,6 +45,10 @@ class PermissionDenied(RuntimeError):
     pass
 
 
+class Unimplemented(RuntimeError):
+    """This server does not offer the operation (e.g. its bundle has no distilled drafter)."""
+
+
 class Unauthenticated(RuntimeError):
     pass
 
@@ -55,6 +59,7 @@ _CODES: list[tuple[type[BaseException] | tuple, grpc.StatusCode, str | None]] = 
     (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION, None),
     (ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED, None),
     (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED, None),
+    (Unimplemented, grpc.StatusCode.UNIMPLEMENTED, None),
     (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED, None),
 ]
 

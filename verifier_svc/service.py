@@ -28,10 +28,10 @@ from pydantic_settings import SettingsConfigDict
 
 from specrec.bundle import Bundle, sid_space_fingerprint
 from specrec.verifier import (
-    EncodeJob, ExpandJob, HeadJob, LocalVerifier, ScoreJob, SearchJob, SelectRule, SessionStateError, StepJob, run_jobs,
+    DraftVerifyJob, EncodeJob, ExpandJob, HeadJob, LocalVerifier, ScoreJob, SearchJob, SelectRule, SessionStateError, StepJob, run_jobs,
 )
 from specrec_rpc.catalogue import CatalogueWatcher, Snapshot
-from specrec_rpc.errors import FailedPrecondition, InvalidArgument, handle_errors, register, require
+from specrec_rpc.errors import FailedPrecondition, InvalidArgument, Unimplemented, handle_errors, register, require
 from specrec_rpc.server import Service, make_channel
 from specrec_rpc.settings import ServiceSettings
 from specrec_rpc.tensors import TensorError, from_msg, to_msg
@@ -127,6 +127,9 @@ class VerifierService(Service):
                 await self.batcher.submit(SearchJob(EncodeJob(h), snap.itemset.trie, width), None)
                 if self.local.head is not None:
                     await self.batcher.submit(HeadJob(EncodeJob(h), snap.itemset.trie, width), None)
+                if self.local.backend.drafter is not None:
+                    await self.batcher.submit(HeadJob(EncodeJob(h), snap.itemset.trie, width, True), None)
+                    await self.batcher.submit(DraftVerifyJob(EncodeJob(h), snap.itemset.trie, width, 2 * width), None)
             sids = torch.from_numpy(snap.itemset.sids[rows[: 2 + 4 * n]])[None]
             await self.batcher.submit(ScoreJob(EncodeJob(h), sids), None)
             await self.batcher.submit(StepJob(EncodeJob(h), snap.itemset.trie, 10), None)
@@ -283,12 +286,26 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
 
     @handle_errors
     async def HeadDrafts(self, request, context):
-        if self.svc.local.head is None:
+        if request.distilled and self.svc.local.backend.drafter is None:
+            raise Unimplemented("this verifier's bundle has no distilled drafter")
+        if not request.distilled and self.svc.local.head is None:
             raise FailedPrecondition("this verifier's bundle has no NEZHA draft head")
         target, snap, _ = await self._ref(request.ref)
-        job = HeadJob(target, snap.itemset.trie, self._width(request.width))
+        job = HeadJob(target, snap.itemset.trie, self._width(request.width), request.distilled)
         beams = await self.svc.run(job, context)
         return beams_msg(beams, self._session_id(job, request.ref, snap))
+
+    @handle_errors
+    async def DraftVerify(self, request, context):
+        if self.svc.local.backend.drafter is None:
+            raise Unimplemented("this verifier's bundle has no distilled drafter")
+        target, snap, _ = await self._ref(request.ref)
+        require(1 <= request.n <= self.svc.s.max_width, "n", f"must be 1..{self.svc.s.max_width}")
+        job = DraftVerifyJob(target, snap.itemset.trie, self._width(request.width), int(request.n))
+        d = await self.svc.run(job, context)
+        return verifier_pb2.DraftVerifyResponse(beams=beams_msg(d.beams), covered=to_msg(torch.from_numpy(d.covered)),
+                                                frontier=to_msg(torch.from_numpy(d.frontier.astype(np.int32))),
+                                                session=self._session_id(job, request.ref, snap))
 
     @handle_errors
     async def Release(self, request, context):

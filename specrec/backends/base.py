@@ -18,14 +18,16 @@ pads nothing.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
+from ..decoding.beam import Beams
 from ..decoding.tree import PrefixTree
-from ..models.hotpath import HotPath
+from ..models.hotpath import FusedHotPath, HotPath, child_tables
 from ..models.tiger import EncoderState, Tiger
 
 
@@ -38,6 +40,13 @@ class StepCache:
     v: torch.Tensor
     row_width: int
     beams: int
+
+
+DRAFT_FACTORS = (1, 1.5, 2, 3, 4, 6)  # draft counts are m * K for m here (see policies.base.DraftSizer)
+
+
+def draft_count(factor: float, k: int) -> int:
+    return int(-(-factor * k // 1))
 
 
 def history_bucket(n: int, window: int) -> int:
@@ -68,15 +77,20 @@ class Backend:
 
     name: ClassVar[str] = "eager"
 
-    def __init__(self, model: Tiger, head=None, device: str = "cpu"):
+    def __init__(self, model: Tiger, head=None, device: str = "cpu", drafter=None):
         """``device``: where the eager backend computes ("cuda" for a GPU; the
-        decoding around it stays on the CPU, tensors cross at the four calls)."""
+        decoding around it stays on the CPU, tensors cross at the four calls).
+        ``drafter``: the distilled drafter (:class:`~specrec.models.sid_mlp.SidMlpDrafter`), for
+        :meth:`draft_verify` and :meth:`draft_search`."""
         self.device = torch.device(device)
         self.model = model.eval()
         self.cfg = model.cfg
         self.hot = HotPath(model).eval().to(self.device)
         self.head = head
+        self.drafter = drafter
         self.placeholders = None if head is None else head.placeholders.detach().to(self.device)
+        self._fused: FusedHotPath | None = None
+        self._torch_tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def describe(self) -> dict:
         return {"backend": self.name, "device": str(self.device)}
@@ -115,7 +129,49 @@ class Backend:
         """The NEZHA head's whole beam search in one call, where the backend has one; None otherwise."""
         return None
 
-    def warmup(self, trie, ks=(10,)) -> None:
+    def draft_verify(self, enc: EncoderState, trie, width: int, n: int):
+        """``strict``'s draft and verification in one call (:meth:`FusedHotPath.draft_verify`): the target's
+        beams (exact where ``covered``), ``covered`` [R] and ``frontier`` [R, L-1, 2] (kept, drafted) per level;
+        None without a distilled drafter or dense tables."""
+        out = self._drafted("verify", enc, trie, width, n)
+        if out is None:
+            return None
+        codes, scores, tlp, alive, covered, frontier = out
+        return Beams(codes, scores, tlp, alive.bool(), None), covered.bool(), frontier
+
+    def draft_search(self, enc: EncoderState, trie, width: int):
+        """The distilled drafter's own beams (level 0 exact), one call; None without a distilled drafter."""
+        out = self._drafted("search", enc, trie, width, None)
+        if out is None:
+            return None
+        codes, scores, tlp, alive = out
+        return Beams(codes, scores, tlp, alive.bool(), None)
+
+    def _drafted(self, kind: str, enc: EncoderState, trie, width: int, n: int | None):
+        """Eager: the fused functions themselves, in torch (what the graph backends export)."""
+        if self.drafter is None:
+            return None
+        if self._fused is None:
+            self._fused = FusedHotPath(self.model, None, self.drafter).eval().to(self.device)
+        if trie not in self._torch_tables:
+            t = child_tables(trie, max(self.cfg.level_sizes))
+            self._torch_tables[trie] = None if t is None else [x.to(self.device) for x in t]
+        tables = self._torch_tables[trie]
+        if tables is None:
+            return None
+        args = self._to(*self._fused_encoder(enc))
+        with torch.inference_mode():
+            if kind == "verify":
+                out = self._fused.draft_verify(*args, tables, width, n)
+            else:
+                out = self._fused.draft_search(*args, tables, width)
+        return [self._back(x) for x in out]
+
+    def _fused_encoder(self, enc: EncoderState):
+        """The encoder state in the fused functions' layout (mask [R, S], keys transposed)."""
+        return enc.keep.reshape(enc.n, -1), enc.cross_k.transpose(-1, -2), enc.cross_v
+
+    def warmup(self, trie, ks=(10,), drafts=DRAFT_FACTORS) -> None:
         """Prepare what serving list lengths ``ks`` will use (nothing to prepare eagerly)."""
 
     def padded(self, kind: str, n: int) -> int:

@@ -32,7 +32,7 @@ from torch import nn
 from ..decoding.beam import Beams
 from ..models.hotpath import FusedHotPath, child_tables
 from ..models.tiger import Tiger
-from .base import Backend
+from .base import DRAFT_FACTORS, Backend, draft_count
 
 OPSET = 18
 ENC = ["enc_mask", "cross_k", "cross_v"]
@@ -49,14 +49,27 @@ class _Fn(nn.Module):
 
 
 class _Search(nn.Module):
-    """A whole search with its tables as separate inputs and the width baked in."""
+    """A whole search with its tables as separate inputs and the widths baked in."""
 
-    def __init__(self, fn, n_tables: int, width: int):
+    def __init__(self, fn, n_tables: int, *widths: int):
         super().__init__()
-        self.fn, self.n, self.width = fn, n_tables, width
+        self.fn, self.n, self.widths = fn, n_tables, widths
 
     def forward(self, enc_mask, cross_k, cross_v, *tables):
-        return self.fn(enc_mask, cross_k, cross_v, list(tables), self.width)
+        return self.fn(enc_mask, cross_k, cross_v, list(tables), *self.widths)
+
+
+# whole-search graphs: kind -> (FusedHotPath method, outputs)
+SEARCHES = {
+    "beam": ("beam_search", ["codes", "scores", "token_logp", "alive"]),
+    "head": ("head_beam_search", ["codes", "scores", "token_logp", "alive"]),
+    "draft": ("draft_search", ["codes", "scores", "token_logp", "alive"]),
+    "strict": ("draft_verify", ["codes", "scores", "token_logp", "alive", "covered", "frontier"]),
+}
+
+
+def search_name(kind: str, width: int, n: int | None = None) -> str:
+    return f"{kind}_w{width}" + (f"_n{n}" if n is not None else "")
 
 
 def _export(module: nn.Module, args, inputs, outputs, axes, path: Path) -> None:
@@ -74,7 +87,7 @@ def _example_encoder(fused: FusedHotPath, r: int = 2, s: int = 3):
         return hist, fused.encode(hist)
 
 
-def export_onnx(model: Tiger, out_dir: str | Path, head=None) -> Path:
+def export_onnx(model: Tiger, out_dir: str | Path, head=None, drafter=None) -> Path:
     """Write the hot path's graphs (no whole searches yet) and config.json to ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -99,7 +112,7 @@ def export_onnx(model: Tiger, out_dir: str | Path, head=None) -> Path:
     if head is not None:
         _export(_Fn(fused.head_hidden), (keep, ck, cv), ENC, ["hidden"], {**ENC_AXES, "hidden": {0: "R"}},
                 out / "head.onnx")
-    meta = {"model": cfg.model_dump(), "fingerprint": weights_fingerprint(model, head)}
+    meta = {"model": cfg.model_dump(), "fingerprint": weights_fingerprint(model, head, drafter)}
     (out / "config.json").write_text(json.dumps(meta, indent=2) + "\n")
     return out
 
@@ -121,21 +134,24 @@ def weights_fingerprint(*modules) -> str:
     return h.hexdigest()[:16]
 
 
-def export_search(model: Tiger, out_dir: str | Path, kind: str, width: int, head=None) -> Path:
-    """Write ``beam_w{width}.onnx`` (kind 'beam') or ``head_w{width}.onnx`` (kind 'head')."""
+def export_search(model: Tiger, out_dir: str | Path, kind: str, width: int, head=None, drafter=None,
+                  n: int | None = None) -> Path:
+    """Write the whole-search graph ``kind`` (see :data:`SEARCHES`) of ``width`` (and ``n`` drafts per level,
+    for 'strict') as ``search_name(kind, width, n).onnx``."""
     out = Path(out_dir)
-    fused = FusedHotPath(model, head).eval()
+    fused = FusedHotPath(model, head, drafter).eval()
     hist, enc = _example_encoder(fused, 2)
     sids = torch.stack([torch.randint(0, v, (16,)) for v in model.cfg.level_sizes], 1)
     from ..ids.trie import SidTrie
 
     tables = child_tables(SidTrie(sids.numpy(), model.cfg.level_sizes), fused.vmax)
     names = [f"table{j}" for j in range(len(tables))]
-    fn = fused.beam_search if kind == "beam" else fused.head_beam_search
-    path = out / f"{kind}_w{width}.onnx"
-    _export(_Search(fn, len(tables), width), (*enc, *tables), [*ENC, *names], ["codes", "scores", "token_logp", "alive"],
-            {**ENC_AXES, **{n: {0: f"nodes{j}"} for j, n in enumerate(names)},
-             "codes": {0: "R"}, "scores": {0: "R"}, "token_logp": {0: "R"}, "alive": {0: "R"}}, path)
+    method, outputs = SEARCHES[kind]
+    widths = (width,) if n is None else (width, n)
+    path = out / f"{search_name(kind, width, n)}.onnx"
+    _export(_Search(getattr(fused, method), len(tables), *widths), (*enc, *tables), [*ENC, *names], outputs,
+            {**ENC_AXES, **{nm: {0: f"nodes{j}"} for j, nm in enumerate(names)}, **{o: {0: "R"} for o in outputs}},
+            path)
     return path
 
 
@@ -150,18 +166,18 @@ class OrtBackend(Backend):
     name = "onnx"
 
     def __init__(self, model, head=None, onnx_dir: str | Path | None = None, threads: int | None = None,
-                 providers: list[str] | None = None):
-        super().__init__(model, head)
+                 providers: list[str] | None = None, drafter=None):
+        super().__init__(model, head, drafter=drafter)
         import onnxruntime as ort
 
         self._ort = ort
         if onnx_dir is None:  # shared by every process serving these weights
             from ..ids.embed import cache_dir
 
-            onnx_dir = cache_dir() / "onnx" / weights_fingerprint(model, head)
+            onnx_dir = cache_dir() / "onnx" / weights_fingerprint(model, head, drafter)
         d = Path(onnx_dir)
-        if not _current(d, model, head):
-            export_onnx(model, d, head)
+        if not _current(d, model, head, drafter):
+            export_onnx(model, d, head, drafter)
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if threads:
@@ -221,46 +237,57 @@ class OrtBackend(Backend):
             self._tables[trie] = None if t is None else [x.numpy() for x in t]
         return self._tables[trie]
 
-    def _whole(self, kind: str, enc, trie, width: int):
+    def _whole(self, kind: str, enc, trie, width: int, n: int | None = None):
+        """Run whole-search graph ``kind`` (exported on first use): its outputs, or None where it cannot run."""
         tables = self._tables_of(trie)
-        if tables is None or (kind == "head" and self.head is None):
+        if tables is None or (kind == "head" and self.head is None) or (kind in ("draft", "strict") and self.drafter is None):
             return None
-        name = f"{kind}_w{width}"
+        name = search_name(kind, width, n)
         if name not in self.sessions and not (self.onnx_dir / f"{name}.onnx").exists():
             with self._lock:
                 if not (self.onnx_dir / f"{name}.onnx").exists():
-                    export_search(self.model, self.onnx_dir, kind, width, self.head)
+                    export_search(self.model, self.onnx_dir, kind, width, self.head, self.drafter, n)
         names = [f"table{j}" for j in range(len(tables))]
-        codes, scores, tlp, alive = self._run(name, [*ENC, *names], [enc.keep, enc.cross_k, enc.cross_v, *tables])
-        return Beams(codes, scores, tlp, alive.bool(), None)
+        return self._run(name, [*ENC, *names], [enc.keep, enc.cross_k, enc.cross_v, *tables])
 
     def search(self, enc, trie, width: int):
-        return self._whole("beam", enc, trie, width)
+        out = self._whole("beam", enc, trie, width)
+        return None if out is None else Beams(out[0], out[1], out[2], out[3].bool(), None)
 
     def head_search(self, enc, trie, width: int):
-        return self._whole("head", enc, trie, width)
+        out = self._whole("head", enc, trie, width)
+        return None if out is None else Beams(out[0], out[1], out[2], out[3].bool(), None)
 
-    def warmup(self, trie, ks=(10,)) -> None:
-        """Export and load, before serving, the whole-search graphs a list length K uses: the
-        beam search of width K, and the head's searches of every draft count the policies use."""
-        from ..policies.base import DraftSizer
+    def _fused_encoder(self, enc):
+        return enc.keep, enc.cross_k, enc.cross_v
 
+    def _drafted(self, kind: str, enc, trie, width: int, n: int | None):
+        return self._whole("strict" if kind == "verify" else "draft", enc, trie, width, n)
+
+    def warmup(self, trie, ks=(10,), drafts=DRAFT_FACTORS) -> None:
+        """Export and load, before serving, the whole-search graphs a list length K uses: the beam search
+        of width K, and, for every draft count ``m * K`` (m in ``drafts``) the policies use, the head's
+        searches and ``strict``'s draft-and-verify graphs; the distilled drafter's search of width K."""
         enc = self.encode(torch.zeros(1, 4, self.cfg.sid_len, dtype=torch.int64))
         for k in ks:
             self.search(enc, trie, k)
-            if self.head is not None:
-                for m in DraftSizer.LADDER:
-                    self.head_search(enc, trie, m * k)
+            if self.drafter is not None:
+                self.draft_search(enc, trie, k)
+            for m in drafts:
+                if self.head is not None:
+                    self.head_search(enc, trie, draft_count(m, k))
+                if self.drafter is not None:
+                    self.draft_verify(enc, trie, k, draft_count(m, k))
 
 
-def _current(d: Path, model, head) -> bool:
+def _current(d: Path, model, head, drafter=None) -> bool:
     """The exported graphs in ``d`` belong to exactly these weights (model and head)."""
     if not (d / "config.json").exists() or not (d / "tree.onnx").exists():
         return False
     if head is not None and not (d / "head.onnx").exists():
         return False
     meta = json.loads((d / "config.json").read_text())
-    if meta.get("fingerprint") == weights_fingerprint(model, head):
+    if meta.get("fingerprint") == weights_fingerprint(model, head, drafter):
         return True
     for old in d.glob("*_w*.onnx"):  # whole-search graphs of other weights
         old.unlink()

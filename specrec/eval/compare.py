@@ -66,7 +66,8 @@ def comparison_table(runs: dict[str, Run], ex: Examples, split: Split, ks, metri
         if eager is not None:
             x["speedup_vs_eager"] = float(eager.secs.mean()) / float(run.secs.mean())
         x["stage_ms"] = run.stage_ms
-        for key in ("item_acceptance", "token_acceptance", "no_fallback_share", "exit_reasons",
+        for key in ("item_acceptance", "token_acceptance", "no_fallback_share", "exit_reasons", "frontier_coverage",
+                    "frontier_coverage_by_level",
                     "accepted_tokens_by_position", "draft_tokens_by_position"):
             if key in snap:
                 x[key] = snap[key]
@@ -105,6 +106,8 @@ def summary_keys(table: dict, dataset: str, protocol: str, k: int) -> dict:
             if n == "strict":
                 keys[f"{pre}.equal_to_beam"] = x["equal_to_beam"]
                 keys[f"{pre}.no_fallback_share"] = x.get("no_fallback_share")
+                if "frontier_coverage" in x:
+                    keys[f"{pre}.frontier_coverage"] = x["frontier_coverage"]
             if n == "specgr":
                 keys[f"{pre}.item_acceptance"] = x.get("item_acceptance")
             if n == "drafter":  # the degraded-mode answer: its recall at this K, under one name per K

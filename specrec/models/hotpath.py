@@ -170,7 +170,7 @@ class _Layer(nn.Module):
 class FusedHotPath(nn.Module):
     """The same functions with fused weights, for graph backends."""
 
-    def __init__(self, model: Tiger, head=None):
+    def __init__(self, model: Tiger, head=None, drafter=None):
         super().__init__()
         model = model.eval()
         cfg = self.cfg = model.cfg
@@ -205,6 +205,7 @@ class FusedHotPath(nn.Module):
         self.head_b = nn.Parameter(b, requires_grad=False)
         self.register_buffer("offsets", torch.tensor(cfg.offsets(), dtype=torch.int64), persistent=False)
         self.head = _FusedHead(head, model) if head is not None else None
+        self.drafter = drafter.eval().requires_grad_(False) if drafter is not None else None
 
     # -- pieces -----------------------------------------------------------------------------
     def _attend(self, q, k_t, v, bias):
@@ -272,6 +273,11 @@ class FusedHotPath(nn.Module):
     # -- a KV-cached step --------------------------------------------------------------------------
     def step(self, tokens, start, parent, enc_mask, cross_k, cross_v, cache_k, cache_v):
         """Caches here: keys [n_layers, N, h, dk, L] (transposed), values [n_layers, N, h, L, dk]."""
+        hidden, new_k, new_v = self.step_hidden(tokens, start, parent, enc_mask, cross_k, cross_v, cache_k, cache_v)
+        return self._level_logprobs(hidden, start), new_k, new_v
+
+    def step_hidden(self, tokens, start, parent, enc_mask, cross_k, cross_v, cache_k, cache_v):
+        """:meth:`step` up to the final norm: the decoder states [N, d] and the new cache."""
         r, b = tokens.shape
         n = r * b
         x = (self.tok[tokens] + self.dec_pos[start]).view(n, 1, self.d)
@@ -293,7 +299,7 @@ class FusedHotPath(nn.Module):
             x = x + layer.ff(layer.ln[2](x))
             new_k.append(k)
             new_v.append(v)
-        return self._level_logprobs(self.dec_ln(x)[:, 0], start), torch.stack(new_k), torch.stack(new_v)
+        return self.dec_ln(x)[:, 0], torch.stack(new_k), torch.stack(new_v)
 
     def empty_cache(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         n = len(self.dec_layers)
@@ -321,7 +327,7 @@ class FusedHotPath(nn.Module):
         tokens = torch.full((r, 1), BOS_TOKEN, dtype=torch.int64)
         cache_k, cache_v = self.empty_cache(r)
         parent = torch.arange(r)
-        state = _SearchState.root(r)
+        state = SearchState.root(r)
         for level in range(self.L):
             b = tokens.shape[1]
             logp, cache_k, cache_v = self.step(tokens, torch.tensor(level), parent, enc_mask, cross_k, cross_v,
@@ -351,7 +357,7 @@ class FusedHotPath(nn.Module):
         hid = self.head_hidden(enc_mask, cross_k, cross_v)  # [R, L, d]
         r = hid.shape[0]
         s = torch.zeros(r, 1, self.d)
-        state = _SearchState.root(r)
+        state = SearchState.root(r)
         for level in range(self.L):
             logq = hd.level_logprobs(hid[:, level], s, level)  # [R, B, Vmax]
             state, par = state.advance(logq, tables[level], width)
@@ -361,15 +367,136 @@ class FusedHotPath(nn.Module):
         return state.codes, state.scores, state.token_logp, state.nodes >= 0
 
 
-class _SearchState:
+    # -- the distilled drafter and one tree pass over its beams (``strict`` and ``nezha``) ----------------
+    def root(self, enc_mask, cross_k, cross_v):
+        """The decoder at BOS alone: h0 [R, d] and each layer's key/value there ([R, h, dk] each). One
+        position attends only to itself, so its self-attention is its own value."""
+        r = enc_mask.shape[0]
+        x = (self.tok[BOS_TOKEN] + self.dec_pos[0]).view(1, 1, self.d).expand(r, 1, self.d)
+        cbias = self._bias(enc_mask)[:, None, None, :]
+        kv = []
+        for i, layer in enumerate(self.dec_layers):
+            qkv = (layer.ln[0](x) @ layer.qkv).view(r, 3, self.h, self.dk)
+            kv.append((qkv[:, 1], qkv[:, 2]))
+            x = x + qkv[:, 2].reshape(r, 1, self.inner) @ layer.o
+            x = self._cross_block(layer, x, cross_k[i], cross_v[i], cbias, r)
+            x = x + layer.ff(layer.ln[2](x))
+        return self.dec_ln(x)[:, 0], kv
+
+    def _drafter_logprobs(self, h0, codes):
+        """The drafter's next level after prefixes codes [R, B, j] -> [R, B, Vmax] (-inf padding)."""
+        lq = self.drafter.level_logprobs(h0, codes.clamp(min=0))
+        v = lq.shape[-1]
+        return lq if v == self.vmax else F.pad(lq, (0, self.vmax - v), value=NEG_INF)
+
+    def _draft(self, enc_mask, cross_k, cross_v, tables, widths: list[int]):
+        """Root pass, level 0 exact (the target's), then the drafter's levels; ``widths[j]`` beams kept after
+        level j. Returns (h0, root kv, the kept states per level, their parent beams per level)."""
+        r = enc_mask.shape[0]
+        h0, kv = self.root(enc_mask, cross_k, cross_v)
+        logp = self._level_logprobs(h0, 0).view(r, 1, self.vmax)
+        states, parents = [], []
+        state = SearchState.root(r)
+        for level, w in enumerate(widths):
+            if level > 0:
+                logp = self._drafter_logprobs(h0, state.codes)
+            state, par = state.advance(logp, tables[level], w)
+            states.append(state)
+            parents.append(par)
+        return h0, kv, states, parents
+
+    def draft_search(self, enc_mask, cross_k, cross_v, tables: list[torch.Tensor], width: int):
+        """The distilled drafter's constrained beam search (level 0 exact) in one graph -> codes [R, W, L],
+        scores [R, W] (level 0's target log-prob plus the drafter's), token_logp [R, W, L], alive [R, W]."""
+        _, _, states, _ = self._draft(enc_mask, cross_k, cross_v, tables, [width] * self.L)
+        s = states[-1]
+        return s.codes, s.scores, s.token_logp, s.nodes >= 0
+
+    def draft_verify(self, enc_mask, cross_k, cross_v, tables: list[torch.Tensor], width: int, n: int):
+        """``strict`` in one graph: the drafter's beams (the target's exact top-``width`` at level 0, then ``n``
+        drafted prefixes per level), one tree pass over all of them, and the target's own beam search of
+        ``width`` read from that pass.
+
+        Tree nodes are the kept prefixes of lengths 1..L-1; each attends to its ancestors only (the root,
+        whose keys/values come from the root pass, and at most L-1 more), and only its own level's output
+        layer is computed. Returns the target's beams (codes, scores, token_logp, alive: exactly ``beam``'s
+        where ``covered``), ``covered`` [R] (every beam the target kept at every level was in the tree), and
+        ``frontier`` [R, L-1, 2]: per level, the target's kept prefixes and how many of them were drafted."""
+        r = enc_mask.shape[0]
+        L = self.L
+        h0, root_kv, states, parents = self._draft(enc_mask, cross_k, cross_v, tables, [width] + [n] * (L - 2))
+        # nodes: depth j+1 = states[j] (j = 0..L-2), laid out depth after depth
+        sizes = [s.codes.shape[1] for s in states]
+        starts = [sum(sizes[:j]) for j in range(L - 1)]
+        t = sum(sizes)
+        anc, tok = [], []
+        chain = None  # per depth: each node's ancestor columns (1-based: column 0 is the root)
+        for j, s in enumerate(states):
+            own = torch.arange(sizes[j]).view(1, -1).expand(r, -1) + (1 + starts[j])
+            if chain is None:
+                chain = own.unsqueeze(-1)
+            else:
+                chain = torch.cat([chain.gather(1, parents[j].unsqueeze(-1).expand(-1, -1, chain.shape[-1])),
+                                   own.unsqueeze(-1)], -1)
+            anc.append(F.pad(torch.cat([torch.zeros_like(own).unsqueeze(-1), chain], -1), (0, L - 2 - j)))
+            tok.append(self.tok[s.codes[:, :, -1].clamp(min=0) + self.offsets[j]] + self.dec_pos[j + 1])
+        anc = torch.cat(anc, 1)  # [R, T, L]: ancestor columns (root, depth 1.., self), then padding
+        depth = torch.cat([torch.full((sizes[j],), j + 1, dtype=torch.int64) for j in range(L - 1)])
+        slot_ok = torch.arange(L).view(1, L) <= depth.view(-1, 1)  # [T, L]
+        abias = self._bias(slot_ok).view(1, t, L, 1)
+        flat = (anc + torch.arange(r).view(r, 1, 1) * (t + 1)).reshape(-1)
+        x = torch.cat(tok, 1)  # [R, T, d]
+        cbias = self._bias(enc_mask)[:, None, None, :]
+        for i, layer in enumerate(self.dec_layers):
+            qkv = (layer.ln[0](x) @ layer.qkv).view(r, t, 3, self.h, self.dk)
+            keys = torch.cat([root_kv[i][0].unsqueeze(1), qkv[:, :, 1]], 1).reshape(r * (t + 1), self.inner)
+            vals = torch.cat([root_kv[i][1].unsqueeze(1), qkv[:, :, 2]], 1).reshape(r * (t + 1), self.inner)
+            kg = keys.index_select(0, flat).view(r, t, L, self.h, self.dk)
+            vg = vals.index_select(0, flat).view(r, t, L, self.h, self.dk)
+            a = torch.softmax((qkv[:, :, 0].unsqueeze(2) * kg).sum(-1) + abias, dim=2)  # [R, T, L, h]
+            x = x + (a.unsqueeze(-1) * vg).sum(2).reshape(r, t, self.inner) @ layer.o
+            x = self._cross_block(layer, x, cross_k[i], cross_v[i], cbias, r)
+            x = x + layer.ff(layer.ln[2](x))
+        hid = self.dec_ln(x)
+        node_logp = [torch.log_softmax(hid[:, starts[j] : starts[j] + sizes[j]] @ self.head_w[j + 1] + self.head_b[j + 1],
+                                       dim=-1) for j in range(L - 1)]
+        # the target's own beam search over the pass: level 0 is exact (states[0]), later levels read the
+        # node of each kept prefix (found by key among the drafted prefixes of that length)
+        target = states[0]
+        covered = torch.ones(r, dtype=torch.bool)
+        frontier = [torch.stack([target.nodes.ge(0).sum(1), target.nodes.ge(0).sum(1)], -1)]
+        for j in range(1, L):
+            if j == 1:
+                logp = node_logp[0]
+            else:
+                d = states[j - 1]
+                match = (self._keys(target.codes).unsqueeze(2) == self._keys(d.codes).unsqueeze(1))  # [R, W, n]
+                found = match.any(-1)
+                alive = target.nodes >= 0
+                covered = covered & (found | ~alive).all(1)
+                frontier.append(torch.stack([alive.sum(1), (found & alive).sum(1)], -1))
+                col = match.float().argmax(-1)
+                logp = node_logp[j - 1].gather(1, col.unsqueeze(-1).expand(-1, -1, self.vmax))
+            target, _ = target.advance(logp, tables[j], width)
+        return target.codes, target.scores, target.token_logp, target.nodes >= 0, covered, torch.stack(frontier, 1)
+
+    def _keys(self, codes):
+        """Mixed-radix key of each prefix codes [R, B, j] (codes of dead beams may be anything)."""
+        key = torch.zeros(codes.shape[:-1], dtype=torch.int64)
+        for j in range(codes.shape[-1]):
+            key = key * self.sizes[j] + codes[..., j].clamp(min=0)
+        return key
+
+
+class SearchState:
     """Beams inside a graph: codes [R, B, l], scores, token log-probs, trie nodes."""
 
     def __init__(self, codes, scores, token_logp, nodes):
         self.codes, self.scores, self.token_logp, self.nodes = codes, scores, token_logp, nodes
 
     @staticmethod
-    def root(r: int) -> "_SearchState":
-        return _SearchState(torch.zeros(r, 1, 0, dtype=torch.int64), torch.zeros(r, 1), torch.zeros(r, 1, 0),
+    def root(r: int) -> "SearchState":
+        return SearchState(torch.zeros(r, 1, 0, dtype=torch.int64), torch.zeros(r, 1), torch.zeros(r, 1, 0),
                             torch.zeros(r, 1, dtype=torch.int64))
 
     def advance(self, logp, table, width: int):
@@ -388,7 +515,7 @@ class _SearchState:
         g = par.unsqueeze(-1).expand(-1, -1, l)
         codes = torch.cat([self.codes.gather(1, g), code.unsqueeze(-1)], dim=2)
         tlp = torch.cat([self.token_logp.gather(1, g), logp.reshape(r, b * v).gather(1, idx).unsqueeze(-1)], dim=2)
-        return _SearchState(codes, top, tlp, nodes), par
+        return SearchState(codes, top, tlp, nodes), par
 
 
 class _FusedHead(nn.Module):

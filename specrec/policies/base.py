@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from ..backends.base import DRAFT_FACTORS, draft_count
 from ..decoding.beam import Beams
 from ..drafters.base import Drafter
 from ..itemset import LocalItemSet
@@ -122,7 +123,7 @@ class DraftSizer:
     K (:data:`LADDER`), so a backend that keeps one graph per width (the NEZHA
     head's search) sees only a few widths, all warmed up before serving."""
 
-    LADDER = (1, 2, 3, 4, 6)
+    LADDER = DRAFT_FACTORS
 
     def __init__(self, start_factor: float = 1.5, min_factor: float = 1.0, max_factor: float = 6.0, step: float = 0.2):
         self.start, self.min, self.max, self.step = start_factor, min_factor, max_factor, step
@@ -132,7 +133,7 @@ class DraftSizer:
     def size(self, k: int) -> int:
         with self._lock:
             n = self._n.setdefault(k, self.start * k)
-        return next((m * k for m in self.LADDER if m * k >= n), self.LADDER[-1] * k)
+        return next((draft_count(m, k) for m in self.LADDER if draft_count(m, k) >= n), draft_count(self.LADDER[-1], k))
 
     def observe(self, k: int, short: bool) -> None:
         with self._lock:

@@ -61,7 +61,7 @@ class LevelwisePolicy(Policy):
     def _draft(self, batch: LiveBatch, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Draft SIDs [R, N, L] and a validity mask [R, N]."""
         eng, cfg = self.engine, self.config
-        if cfg.drafter == "head":
+        if cfg.drafter != "drafter":  # "head" (or strict's "auto" without a distilled drafter)
             with Stage(eng.clock, batch.stats, "draft"):
                 b = eng.verifier.head_beams(batch.session, eng.itemset.trie, n)
             charge(batch.stats)

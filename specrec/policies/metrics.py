@@ -38,6 +38,8 @@ class RequestStats:
     verifier_calls: int = 0
     encoder_calls: int = 0
     fallback_steps: int = 0  # levelwise: beam steps that computed beams the drafts did not cover
+    frontier_kept_by_level: list[int] = field(default_factory=list)  # strict: prefixes the target kept per level
+    frontier_held_by_level: list[int] = field(default_factory=list)  # ... and how many of them were drafted
     exit_reason: str = ""
     stage_ms: dict[str, float] = field(default_factory=lambda: defaultdict(float))
 
@@ -54,6 +56,14 @@ class RequestStats:
             self.accepted_tokens_by_position.append(0)
         self.draft_tokens_by_position[position] += int(drafted)
         self.accepted_tokens_by_position[position] += int(accepted)
+
+    def observe_frontier(self, level: int, kept: int, held: int) -> None:
+        """The target kept ``kept`` prefixes after ``level``; the drafts held ``held`` of them."""
+        while len(self.frontier_kept_by_level) <= level:
+            self.frontier_kept_by_level.append(0)
+            self.frontier_held_by_level.append(0)
+        self.frontier_kept_by_level[level] += int(kept)
+        self.frontier_held_by_level[level] += int(held)
 
     @property
     def draft_tokens(self) -> int:
@@ -87,6 +97,8 @@ class SpecMetrics:
         self.fallback_steps: Counter = Counter()
         self.no_fallback_requests: Counter = Counter()
         self.exit_reasons: Counter = Counter()  # (policy, reason)
+        self.frontier_kept: dict[str, Counter] = defaultdict(Counter)  # policy -> level -> n
+        self.frontier_held: dict[str, Counter] = defaultdict(Counter)
 
     def record(self, policy: str, st: RequestStats) -> None:
         with self._lock:
@@ -105,6 +117,10 @@ class SpecMetrics:
             self.fallback_steps[policy] += st.fallback_steps
             self.no_fallback_requests[policy] += int(st.fallback_steps == 0)
             self.exit_reasons[(policy, st.exit_reason)] += 1
+            for j, n in enumerate(st.frontier_kept_by_level):
+                self.frontier_kept[policy][j] += n
+            for j, n in enumerate(st.frontier_held_by_level):
+                self.frontier_held[policy][j] += n
 
     def snapshot(self) -> dict:
         """Plain counters per policy, plus the rates derived from them (for tables)."""
@@ -131,4 +147,9 @@ class SpecMetrics:
                     "no_fallback_share": self.no_fallback_requests[p] / self.requests[p],
                     "exit_reasons": {r: n for (q, r), n in self.exit_reasons.items() if q == p},
                 }
+                kept = self.frontier_kept[p]
+                if kept:
+                    per = {j: self.frontier_held[p][j] / n for j, n in sorted(kept.items()) if n}
+                    out[p]["frontier_coverage_by_level"] = per
+                    out[p]["frontier_coverage"] = sum(per.values()) / len(per) if per else float("nan")
             return out

@@ -1,10 +1,15 @@
-"""``nezha``: one GR forward (encoder + a decoder pass over placeholders) and
-the NEZHA draft head's beams; no verifier loop at all. Invalid SIDs are
+"""``nezha``: one GR forward and a draft head's beams; no verifier loop at all.
+The head is the bundle's distilled drafter where there is one (``drafter``
+"auto"/"distilled": the decoder at BOS gives level 0 exactly, the drafter the
+later levels, all in one call), else the NEZHA head (a decoder pass over
+placeholders and its level transitions). Invalid SIDs are
 removed by exact set membership before every top-k, so the beams refill with
 valid ones and every returned item is in the item set. Scores are the head's
 summed log-probabilities."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import Field
 
@@ -13,6 +18,8 @@ from .base import LiveBatch, Policy, PolicyConfig, Stage, charge, register
 
 class NezhaPolicyConfig(PolicyConfig):
     width: int | None = Field(None, ge=1, le=1000, description="head beam width (default: K)")
+    drafter: Literal["auto", "distilled", "head"] = Field(
+        "auto", description="the distilled drafter or the NEZHA head (auto: the distilled drafter where there is one)")
 
 
 @register
@@ -23,8 +30,14 @@ class NezhaPolicy(Policy):
     def _run(self, batch: LiveBatch) -> None:
         eng = self.engine
         width = self.config.width or max(r.k for r in batch.requests)
+        beams = None
         with Stage(eng.clock, batch.stats, "head"):
-            beams = eng.verifier.head_beams(batch.session, eng.itemset.trie, width)
+            if self.config.drafter != "head":
+                beams = eng.verifier.draft_beams(batch.session, eng.itemset.trie, width)
+                if beams is None and self.config.drafter == "distilled":
+                    raise ValueError("nezha with drafter='distilled' needs a distilled drafter (`specrec distill`)")
+            if beams is None:
+                beams = eng.verifier.head_beams(batch.session, eng.itemset.trie, width)
         charge(batch.stats)
         items = beams.items(eng.itemset.trie)
         for j, _, req, st in batch.rows():

@@ -1,16 +1,103 @@
 """``strict``: lossless speculative beam search (AtSpeed-S style).
 
-Drafts are verified level by level against the target's exact top-K; a miss
-falls back to computing the missing beams only (see :mod:`.levelwise`). The
-output equals ``beam`` exactly: same items, same order, scores equal up to
-float rounding, for every history."""
+With a distilled drafter (the bundle's ``sid_mlp``; ``drafter`` "auto" or
+"distilled") a request is one encode and one verifier call: the drafter's
+beams (the target's exact top-K at level 0, then N drafted prefixes per
+level), one tree pass over all of them, and the target's own beam search read
+from that pass (:meth:`~specrec.verifier.Verifier.draft_verify`). A request
+whose drafts missed a prefix the target kept (``covered`` False) falls back to
+the target's whole beam search, one more call. Without a distilled drafter
+it verifies the NEZHA head's or the engine drafter's SIDs level by level
+(:mod:`.levelwise`).
+
+Either way the output equals ``beam`` exactly: same items, same order, scores
+equal up to float rounding, for every history. N adapts per K
+(:class:`~.base.DraftSizer`) to the coverage observed."""
 
 from __future__ import annotations
 
-from .base import register
+from typing import Literal
+
+import torch
+from pydantic import Field
+
+from ..decoding.beam import Beams
+from .base import LiveBatch, PolicyConfig, Stage, charge, register
 from .levelwise import LevelwisePolicy
+
+
+class StrictConfig(PolicyConfig):
+    width: int | None = Field(default=None, ge=1, le=1000, description="beam width (default: K)")
+    n_drafts: int | None = Field(default=None, ge=1, le=4096,
+                                 description="drafted prefixes per level (default: adaptive, see base.DraftSizer)")
+    drafter: Literal["auto", "distilled", "head", "drafter"] = Field(
+        default="auto", description="draft with the distilled drafter (one call), the NEZHA head or the engine's drafter; "
+        "auto: the distilled drafter where the verifier has one, else the head")
 
 
 @register
 class StrictPolicy(LevelwisePolicy):
     name = "strict"
+    Config = StrictConfig  # type: ignore[assignment]  # strict adds the distilled drafter to levelwise's options
+    config: StrictConfig
+
+    def _run(self, batch: LiveBatch) -> None:
+        cfg = self.config
+        if cfg.drafter in ("auto", "distilled") and self._run_distilled(batch):
+            return
+        if cfg.drafter == "distilled":
+            raise ValueError("strict with drafter='distilled' needs a distilled drafter (`specrec distill`)")
+        super()._run(batch)  # levelwise: "auto" drafts with the head
+
+    def _run_distilled(self, batch: LiveBatch) -> bool:
+        eng, cfg = self.engine, self.config
+        trie = eng.itemset.trie
+        k = max(r.k for r in batch.requests)
+        width = cfg.width or k
+        n = cfg.n_drafts or self.online.drafts.size(k)
+        sess = batch.session
+        assert sess is not None
+        with Stage(eng.clock, batch.stats, "draft_verify"):
+            drafted = eng.verifier.draft_verify(sess, trie, width, n)
+        if drafted is None:
+            return False
+        charge(batch.stats)
+        beams = drafted.beams
+        miss = [j for j in range(len(batch)) if not drafted.covered[j]]
+        if miss:
+            stats = [batch.active_stats[j] for j in miss]
+            with Stage(eng.clock, stats, "fallback"):
+                sub = sess if len(miss) == len(batch) else eng.verifier.select(sess, torch.tensor(miss))
+                fb = eng.verifier.beam_search(sub, trie, width)
+            charge(stats)
+            beams = _replace_rows(beams, miss, fb)
+        items = beams.items(trie)
+        for j, _, req, st in batch.rows():
+            fr = drafted.frontier[j]
+            for lvl in range(len(fr)):
+                kept, held = int(fr[lvl][0]), int(fr[lvl][1])
+                st.observe_frontier(lvl, kept, held)
+                st.observe_tokens(lvl, width if lvl == 0 else n, held)  # drafted prefixes that became target beams
+            st.rounds = 1
+            st.fallback_steps = int((fr[:, 1] < fr[:, 0]).sum())
+            self.online.drafts.observe(req.k, j in miss)
+            st.exit_reason = "complete"
+            a = beams.alive[j]
+            src = "beam" if j in miss else "draft"
+            batch.finish(j, self._result(req.k, items[j][a].tolist(), beams.scores[j][a].tolist(),
+                                         [src] * int(a.sum()), st))
+        return True
+
+
+def _replace_rows(beams: Beams, rows: list[int], other: Beams) -> Beams:
+    """``beams`` with rows ``rows`` taken from ``other`` (same width; ``other`` has one row per entry of rows)."""
+    idx = torch.tensor(rows)
+    w = beams.codes.shape[1]
+    codes, scores, tlp, alive = beams.codes.clone(), beams.scores.clone(), beams.token_logp.clone(), beams.alive.clone()
+    m = min(w, other.codes.shape[1])
+    scores[idx] = float("-inf")
+    alive[idx] = False
+    codes[idx, :m], scores[idx, :m] = other.codes[:, :m], other.scores[:, :m]
+    tlp[idx, :m], alive[idx, :m] = other.token_logp[:, :m], other.alive[:, :m]
+    return Beams(codes, scores, tlp, alive, None)
+

@@ -11,7 +11,8 @@ from specrec.itemset import LocalItemSet
 from specrec.models.nezha_head import NezhaHead
 from specrec.models.tiger import Tiger
 from specrec.policies import Engine
-from specrec.backends import Backend
+from specrec.backends import Backend, make_backend
+from specrec.models.sid_mlp import SidMlpConfig, SidMlpDrafter
 from specrec.verifier import LocalVerifier
 
 from ..conftest import random_sids, sharpen, tiny_config
@@ -40,7 +41,10 @@ class HashDrafter(VectorDrafter):
         return super().draft(requests)
 
 
-def make_engine(seed=0, n_items=60, unseen_frac=0.0, sharp=30.0, level_sizes=(6, 5, 4, 3), with_head=True):
+def make_engine(seed=0, n_items=60, unseen_frac=0.0, sharp=30.0, level_sizes=(6, 5, 4, 3), with_head=True,
+                distilled=False, backend=None):
+    """``distilled``: give the backend a (random) distilled drafter, so ``strict``/``nezha`` use it;
+    ``backend``: a backend name (default: the eager reference)."""
     torch.manual_seed(seed)
     cfg = tiny_config(level_sizes=list(level_sizes))
     model = Tiger(cfg).eval()
@@ -51,7 +55,10 @@ def make_engine(seed=0, n_items=60, unseen_frac=0.0, sharp=30.0, level_sizes=(6,
     itemset = LocalItemSet(sids, seen, cfg.level_sizes)
     vectors = rng.normal(size=(n_items, 16)).astype(np.float32)
     head = NezhaHead(model).eval() if with_head else None
-    verifier = LocalVerifier(Backend(model, head), head, model)
+    drafter = SidMlpDrafter(cfg.level_sizes, cfg.d_model, SidMlpConfig(hidden=16, ff=32)).eval() if distilled else None
+    be = Backend(model, head, drafter=drafter) if backend in (None, "eager") else make_backend(backend, model, head,
+                                                                                                   drafter=drafter)
+    verifier = LocalVerifier(be, head, model)
     return Engine(verifier, itemset, cfg.max_history, HashDrafter(vectors, itemset, seed))
 
 

@@ -1,0 +1,380 @@
+"""Distilling the SID-MLP drafter (:mod:`specrec.models.sid_mlp`) from the target.
+
+What verification needs is that the drafter's beams hold the target's
+*frontier*: the prefixes the target's own beam search keeps after every level.
+So the training data is the target's beam search itself, computed once per
+model and cached (:func:`teacher_frontier`): for each training history, the
+BOS state ``h0`` and, at every level j >= 1, the width-W beams the target kept
+after level j-1 with the target's full next-level distribution there. The
+drafter learns KL(p || q) at those prefixes (:func:`distill_loss`), optionally
+plus the same at the prefixes the drafter itself keeps (:func:`own_prefixes`:
+a second teacher pass over the drafter's beams, so that it also learns where
+it goes wrong).
+
+Model selection is by frontier coverage on a fixed random sample of
+validation histories (:func:`frontier_coverage`): per level, the share of the
+target's width-K frontier that the drafter's N beams contain, and the share of
+requests where every level is covered (no fallback).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from pydantic import BaseModel, Field
+from tqdm.auto import tqdm
+
+from ..data.splits import Examples, Split, sample_examples
+from ..ids.trie import SidTrie
+from ..models.hotpath import FusedHotPath, SearchState, child_tables
+from ..models.sid_mlp import SidMlpConfig, SidMlpDrafter
+from ..models.tiger import BOS_TOKEN, Tiger
+from .trainer import history_batch
+
+
+class DistillConfig(BaseModel):
+    examples: int = Field(default=60_000, ge=100, description="training histories whose target frontier is cached")
+    valid_examples: int = Field(default=2000, ge=100, description="validation histories for model selection")
+    width: int = Field(default=32, ge=1, le=256, description="target beam width whose frontier is distilled")
+    epochs: int = Field(default=12, ge=1, le=1000)
+    batch_size: int = Field(default=256, ge=1)
+    lr: float = Field(default=2e-3, gt=0)
+    weight_decay: float = Field(default=0.01, ge=0)
+    own_weight: float = Field(default=0.5, ge=0, description="weight of the KL at the drafter's own prefixes (0: off)")
+    own_every: int = Field(default=4, ge=1, description="refresh the drafter's own prefixes every this many epochs")
+    select_k: int = Field(default=10, ge=1, description="frontier width K used for model selection")
+    select_n: int = Field(default=20, ge=1, description="drafter beams N per level used for model selection")
+    seed: int = 0
+
+
+@dataclass
+class Frontier:
+    """The target's beams of some histories: ``h0`` [N, d]; ``root`` [N, V_0] level 0's log-probs; per level
+    j = 1..L-1 the prefixes it kept ``codes[j-1]`` [N, W, j], ``alive[j-1]`` [N, W] and its next-level
+    log-probs there ``logp[j-1]`` [N, W, V_j]."""
+
+    h0: np.ndarray
+    root: np.ndarray
+    codes: list[np.ndarray]
+    alive: list[np.ndarray]
+    logp: list[np.ndarray]
+
+    def __len__(self) -> int:
+        return len(self.h0)
+
+    def take(self, idx) -> "Frontier":
+        return Frontier(self.h0[idx], self.root[idx], [c[idx] for c in self.codes], [a[idx] for a in self.alive],
+                        [p[idx] for p in self.logp])
+
+    def save(self, path: Path) -> None:
+        arrays = {"h0": self.h0, "root": self.root}
+        for j in range(len(self.codes)):
+            arrays.update({f"codes{j}": self.codes[j], f"alive{j}": self.alive[j], f"logp{j}": self.logp[j]})
+        tmp = path.with_suffix(".tmp.npz")
+        np.savez(tmp, **arrays)  # type: ignore[arg-type]
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> "Frontier":
+        z = np.load(path)
+        n = sum(1 for k in z.files if k.startswith("codes"))
+        return cls(z["h0"], z["root"], [z[f"codes{j}"] for j in range(n)], [z[f"alive{j}"] for j in range(n)],
+                   [z[f"logp{j}"] for j in range(n)])
+
+
+def _grow_step(fused: FusedHotPath, x: torch.Tensor, r: int, past: list, cbias, cross_k, cross_v):
+    """One decoder position for N = r * B sequences, x [N, d] (token + position embedded), with the keys and
+    values of earlier positions ``past`` (per layer (k [N, h, t, dk], v), already in beam order; grown in place).
+    A growing cache: at training batch sizes the static cache of the serving step is mostly copying."""
+    n = x.shape[0]
+    x = x.view(n, 1, fused.d)
+    layers: list[Any] = list(fused.dec_layers)
+    for i, layer in enumerate(layers):
+        qkv = (layer.ln[0](x) @ layer.qkv).view(n, 3, fused.h, 1, fused.dk)
+        k, v = qkv[:, 1], qkv[:, 2]
+        if past[i] is not None:
+            k, v = torch.cat([past[i][0], k], 2), torch.cat([past[i][1], v], 2)
+        past[i] = (k, v)
+        a = torch.softmax(qkv[:, 0] @ k.transpose(-1, -2), dim=-1) @ v  # [N, h, 1, dk]
+        x = x + a.transpose(1, 2).reshape(n, 1, fused.inner) @ layer.o
+        x = fused._cross_block(layer, x, cross_k[i], cross_v[i], cbias, r)
+        x = x + layer.ff(layer.ln[2](x))
+    return fused.dec_ln(x)[:, 0]
+
+
+@torch.inference_mode()
+def run_frontier(fused: FusedHotPath, tables: list[torch.Tensor], hist_sids: torch.Tensor, width: int,
+                 keep_logp: bool = True):
+    """The target's constrained beam search on [R, H, L] histories, keeping what distillation reads:
+    (h0 [R, d], root log-probs [R, V0], per level j >= 1 (prefixes [R, W, j], alive [R, W], log-probs [R, W, V_j]),
+    the final state). The same search as the serving graph's (same top-k), with a growing cache."""
+    keep, ck, cv = fused.encode(hist_sids)
+    r = keep.shape[0]
+    sizes = fused.cfg.level_sizes
+    cbias = fused._bias(keep)[:, None, None, :]
+    tokens = torch.full((r, 1), BOS_TOKEN, dtype=torch.int64)
+    past: list = [None] * len(fused.dec_layers)
+    state = SearchState.root(r)
+    h0 = root = None
+    levels = []
+    for level in range(fused.L):
+        b = tokens.shape[1]
+        hid = _grow_step(fused, (fused.tok[tokens] + fused.dec_pos[level]).reshape(r * b, fused.d), r, past, cbias,
+                         ck, cv)
+        logp = fused._level_logprobs(hid, level).view(r, b, fused.vmax)
+        if level == 0:
+            h0, root = hid, logp[:, 0, : sizes[0]]
+        else:
+            levels.append((state.codes, state.nodes >= 0, logp[..., : sizes[level]] if keep_logp else None))
+        state, par = state.advance(logp, tables[level], width)
+        if level + 1 < fused.L:
+            flat = (par + torch.arange(r).view(r, 1) * b).reshape(-1)
+            past = [(k.index_select(0, flat), v.index_select(0, flat)) for k, v in past]
+        tokens = state.codes[:, :, -1].clamp(min=0) + fused.offsets[level]  # type: ignore[index]
+    return h0, root, levels, state
+
+
+def _key(gr: Tiger, ex: Examples, sids: np.ndarray, width: int) -> str:
+    h = hashlib.sha256()
+    for t in (ex.history, np.asarray(sids)):
+        h.update(np.ascontiguousarray(t).tobytes())
+    for v in gr.state_dict().values():
+        h.update(v.detach().float().numpy().tobytes())
+    h.update(str(width).encode())
+    return h.hexdigest()[:16]
+
+
+def teacher_frontier(gr: Tiger, ex: Examples, sids: np.ndarray, trie: SidTrie, width: int, cache: Path | None = None,
+                     batch_size: int = 256, progress: bool = True) -> Frontier:
+    """:func:`run_frontier` over every example, in batches, cached on disk by content."""
+    path = None if cache is None else cache / f"frontier_w{width}_{_key(gr, ex, sids, width)}.npz"
+    if path is not None and path.exists():
+        return Frontier.load(path)
+    fused = FusedHotPath(gr).eval()
+    tables = child_tables(trie, fused.vmax)
+    if tables is None:
+        raise ValueError("distillation needs dense child tables (a catalogue small enough per level)")
+    sids_t = torch.from_numpy(np.ascontiguousarray(sids, dtype=np.int64))
+    parts: list = []
+    for s in tqdm(range(0, len(ex), batch_size), desc=f"target frontier (width {width})", disable=not progress,
+                  leave=False):
+        h0, root, levels, _ = run_frontier(fused, tables, history_batch(sids_t, ex.history[s : s + batch_size]), width)
+        parts.append((h0.numpy().astype(np.float16), root.numpy().astype(np.float16),
+                      [(c.numpy().astype(np.uint8 if max(trie.level_sizes) <= 256 else np.int32), a.numpy(),
+                        p.numpy().astype(np.float16)) for c, a, p in levels]))
+    n_lv = len(parts[0][2])
+    out = Frontier(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+                   [_cat_padded([p[2][j][0] for p in parts]) for j in range(n_lv)],
+                   [_cat_padded([p[2][j][1] for p in parts]) for j in range(n_lv)],
+                   [_cat_padded([p[2][j][2] for p in parts], fill=-np.inf) for j in range(n_lv)])
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        out.save(path)
+    return out
+
+
+def _cat_padded(xs: list[np.ndarray], fill=0) -> np.ndarray:
+    """Concatenate along axis 0, padding axis 1 (beams: a batch of short catalogues may keep fewer) to the widest."""
+    w = max(x.shape[1] for x in xs)
+    out = []
+    for x in xs:
+        if x.shape[1] < w:
+            pad = np.full((x.shape[0], w - x.shape[1], *x.shape[2:]), fill, dtype=x.dtype)
+            x = np.concatenate([x, pad], 1)
+        out.append(x)
+    return np.concatenate(out)
+
+
+def distill_loss(drafter: SidMlpDrafter, h0: torch.Tensor, codes: list[torch.Tensor], alive: list[torch.Tensor],
+                 logp: list[torch.Tensor]) -> torch.Tensor:
+    """KL(p || q) at every kept prefix of every level, mean over alive prefixes, summed over levels."""
+    total = h0.new_zeros(())
+    for c, a, lp in zip(codes, alive, logp):
+        lq = drafter.level_logprobs(h0, c.long())
+        p = lp.float().exp()
+        kl = (p * (lp.float().clamp(min=-1e4) - lq)).sum(-1)
+        w = a.float()
+        total = total + (kl * w).sum() / w.sum().clamp(min=1)
+    return total
+
+
+@torch.no_grad()
+def drafter_beams(drafter: SidMlpDrafter, h0: torch.Tensor, root: torch.Tensor, tables: list[torch.Tensor],
+                  widths: list[int]) -> list[torch.Tensor]:
+    """The drafter's constrained beams: level 0 exact (the target's ``root`` log-probs), then the drafter's
+    levels; ``widths[j]`` beams kept after level j. Returns each level's kept prefixes [R, widths[j], j+1]
+    (dead beams -1)."""
+    r = h0.shape[0]
+    state = SearchState.root(r)
+    vmax = max(drafter.level_sizes)
+    out = []
+    for level, w in enumerate(widths):
+        if level == 0:
+            logp = torch.nn.functional.pad(root.float(), (0, vmax - root.shape[-1]), value=float("-inf")).unsqueeze(1)
+        else:
+            lq = drafter.level_logprobs(h0.float(), state.codes.clamp(min=0))
+            logp = torch.nn.functional.pad(lq, (0, vmax - lq.shape[-1]), value=float("-inf"))
+        state, _ = state.advance(logp, tables[level], w)
+        out.append(torch.where((state.nodes >= 0).unsqueeze(-1), state.codes, -1))
+    return out
+
+
+def _keys(codes: np.ndarray, sizes: list[int]) -> np.ndarray:
+    k = np.zeros(codes.shape[:-1], dtype=np.int64)
+    for j in range(codes.shape[-1]):
+        k = k * sizes[j] + codes[..., j]
+    return np.where((codes < 0).any(-1), -1, k)
+
+
+def frontier_coverage(drafted: list[np.ndarray], target: list[np.ndarray], target_alive: list[np.ndarray],
+                      sizes: list[int]) -> dict:
+    """Per level (prefix lengths 1..len(target)): mean share of the target's kept prefixes among the drafted ones,
+    and the share of requests whose every level is covered."""
+    per_level: list[float] = []
+    whole = np.ones(len(drafted[0]), dtype=bool)
+    for d, t, a in zip(drafted, target, target_alive):
+        dk, tk = _keys(np.asarray(d), sizes), _keys(np.asarray(t), sizes)
+        hit = (tk[:, :, None] == dk[:, None, :]).any(-1) | ~a
+        n = np.maximum(a.sum(1), 1)
+        per_level.append(float(((hit & a).sum(1) / n).mean()))
+        ok = hit.all(1)
+        whole &= ok
+    return {"levels": per_level, "mean": float(np.mean(per_level)), "whole": float(np.mean(whole))}
+
+
+def coverage_report(drafter: SidMlpDrafter, fused: FusedHotPath, tables, sids_t: torch.Tensor, ex: Examples,
+                    k: int, ns: list[int], batch_size: int = 256) -> dict:
+    """Frontier coverage of the target's width-``k`` beams by the drafter's ``n`` beams, for each n in ``ns``
+    (level 1 exact: the target's top-k), on examples ``ex``."""
+    sizes = fused.cfg.level_sizes
+    L = len(sizes)
+    res: dict = {}
+    drafted: dict = {n: [[] for _ in range(L - 1)] for n in ns}
+    target: list = [[] for _ in range(L - 1)]
+    alive: list = [[] for _ in range(L - 1)]
+    for s in range(0, len(ex), batch_size):
+        h0, root, levels, _ = run_frontier(fused, tables, history_batch(sids_t, ex.history[s : s + batch_size]), k,
+                                           keep_logp=False)
+        for j, (c, a, _) in enumerate(levels):  # the target's kept prefixes after levels 0..L-2 (lengths 1..L-1)
+            target[j].append(c.numpy())
+            alive[j].append(a.numpy())
+        for n in ns:
+            beams = drafter_beams(drafter, h0, root, tables, [k] + [n] * (L - 2))
+            for j in range(L - 1):
+                drafted[n][j].append(beams[j].numpy())
+    for n in ns:
+        res[n] = frontier_coverage([_cat_padded(d, fill=-1) for d in drafted[n]], [_cat_padded(t) for t in target],
+                                   [_cat_padded(a, fill=False) for a in alive], sizes)
+    return res
+
+
+def own_prefixes(drafter: SidMlpDrafter, fused: FusedHotPath, tables, sids_t: torch.Tensor, ex: Examples,
+                 fr: Frontier, n: int, batch_size: int = 256, progress: bool = True) -> Frontier:
+    """The drafter's own kept prefixes (width ``n``, level 0 exact) on ``ex``, with the target's next-level
+    distributions there (one tree pass per batch): a second frontier to learn from."""
+    from ..decoding.tree import build_tree, read_level
+
+    sizes = fused.cfg.level_sizes
+    L = len(sizes)
+    codes_l: list = [[] for _ in range(L - 1)]
+    alive_l: list = [[] for _ in range(L - 1)]
+    logp_l: list = [[] for _ in range(L - 1)]
+    for s in tqdm(range(0, len(ex), batch_size), desc="drafter's own prefixes", disable=not progress, leave=False):
+        sl = slice(s, s + batch_size)
+        h0 = torch.from_numpy(fr.h0[sl]).float()
+        root = torch.from_numpy(fr.root[sl]).float()
+        beams = drafter_beams(drafter, h0, root, tables, [n] * (L - 1))
+        hist = history_batch(sids_t, ex.history[sl])
+        with torch.inference_mode():
+            keep, ck, cv = fused.encode(hist)
+            full = beams[-1].numpy()
+            tree = build_tree([(full, np.asarray((full >= 0).all(-1)))], sizes, len(h0))
+            out = fused.tree(tree.tokens, tree.positions, tree.mask, keep, ck, cv)
+        for j in range(L - 1):
+            c = beams[j].numpy()
+            a = (c >= 0).all(-1)
+            lp = read_level(out, tree.lookup(np.maximum(c, 0)), j + 1, sizes)
+            codes_l[j].append(np.maximum(c, 0).astype(fr.codes[j].dtype))
+            alive_l[j].append(a)
+            logp_l[j].append(lp.numpy().astype(np.float16))
+    return Frontier(fr.h0, fr.root, [np.concatenate(c) for c in codes_l], [np.concatenate(a) for a in alive_l],
+                    [np.concatenate(p) for p in logp_l])
+
+
+def train_sid_mlp(gr: Tiger, split: Split, sids: np.ndarray, cfg: DistillConfig | None = None,
+                  mcfg: SidMlpConfig | None = None, cache: Path | None = None, log: Callable[[str], None] = print,
+                  progress: bool = True, minutes: float | None = None) -> tuple[SidMlpDrafter, dict]:
+    """Distil a :class:`SidMlpDrafter` from the frozen target ``gr``; keep the epoch with the best whole-frontier
+    coverage on a fixed random sample of validation histories. ``minutes`` caps the training time."""
+    cfg = cfg or DistillConfig()
+    torch.manual_seed(cfg.seed)
+    gr.eval()
+    t_start = time.time()
+    trie = SidTrie(sids, gr.cfg.level_sizes)
+    fused = FusedHotPath(gr).eval()
+    tables = child_tables(trie, fused.vmax)
+    sids_t = torch.from_numpy(np.ascontiguousarray(sids, dtype=np.int64))
+    train_ex = sample_examples(split.train, cfg.examples, cfg.seed)
+    valid_ex = sample_examples(split.valid, cfg.valid_examples, cfg.seed + 1)
+    if tables is None:
+        raise ValueError("distillation needs dense child tables (a catalogue small enough per level)")
+    fr = teacher_frontier(gr, train_ex, sids, trie, cfg.width, cache, progress=progress)
+    log(f"target frontier of {len(fr)} training histories (width {cfg.width}) in {time.time() - t_start:.0f} s")
+    drafter = SidMlpDrafter(gr.cfg.level_sizes, gr.cfg.d_model, mcfg)
+    opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    steps_per_epoch = -(-len(fr) // cfg.batch_size)
+    total = steps_per_epoch * cfg.epochs
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=cfg.lr, total_steps=total, pct_start=0.05)
+
+    def select() -> dict:
+        drafter.eval()
+        rep = coverage_report(drafter, fused, tables, sids_t, valid_ex, cfg.select_k, [cfg.select_n])[cfg.select_n]
+        drafter.train()
+        return rep
+
+    best, history, own = -1.0, [], None
+    best_state = {k: v.clone() for k, v in drafter.state_dict().items()}
+    for epoch in range(cfg.epochs):
+        t0 = time.time()
+        if cfg.own_weight > 0 and epoch > 0 and (epoch % cfg.own_every == 0 or own is None):
+            drafter.eval()
+            own = own_prefixes(drafter, fused, tables, sids_t, train_ex, fr, cfg.select_n * 2, progress=progress)
+            drafter.train()
+        rng = np.random.default_rng(cfg.seed * 7919 + epoch)
+        order = rng.permutation(len(fr))
+        tot = 0.0
+        for s in tqdm(range(0, len(order), cfg.batch_size), desc=f"distil {epoch + 1}/{cfg.epochs}",
+                      disable=not progress, leave=False):
+            idx = np.sort(order[s : s + cfg.batch_size])
+            h0 = torch.from_numpy(fr.h0[idx]).float()
+            loss = distill_loss(drafter, h0, [torch.from_numpy(c[idx]) for c in fr.codes],
+                                [torch.from_numpy(a[idx]) for a in fr.alive], [torch.from_numpy(p[idx]) for p in fr.logp])
+            if own is not None:
+                loss = loss + cfg.own_weight * distill_loss(
+                    drafter, h0, [torch.from_numpy(c[idx]) for c in own.codes],
+                    [torch.from_numpy(a[idx]) for a in own.alive], [torch.from_numpy(p[idx]) for p in own.logp])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            tot += float(loss.detach()) * len(idx)
+        rep = select()
+        history.append({"epoch": epoch + 1, "loss": tot / len(fr), "valid_coverage": rep,
+                        "seconds": round(time.time() - t0, 1)})
+        log(f"distil epoch {epoch + 1}: loss {tot / len(fr):.4f}  valid coverage per level "
+            f"{[round(x, 3) for x in rep['levels']]}  whole frontier {rep['whole']:.3f}")
+        if rep["whole"] > best:
+            best, best_state = rep["whole"], {k: v.clone() for k, v in drafter.state_dict().items()}
+        if minutes is not None and time.time() - t_start > minutes * 60:
+            log(f"stopping after {epoch + 1} epochs: the {minutes} minute cap")
+            break
+    drafter.load_state_dict(best_state)
+    return drafter.eval(), {"config": cfg.model_dump(), "model": drafter.cfg.model_dump(), "params": drafter.n_params(),
+                            "best_valid_whole_frontier": best, "select": {"k": cfg.select_k, "n": cfg.select_n},
+                            "epochs": history, "minutes": round((time.time() - t_start) / 60, 1)}

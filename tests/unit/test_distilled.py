@@ -1,0 +1,120 @@
+"""The distilled drafter: one draft-and-verify call equals the target's beam search wherever it says it
+covered the frontier, on both backends; ``strict`` on it equals ``beam`` (falling back where it misses);
+and distillation teaches the drafter the target's frontier."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from specrec.data.splits import Examples
+from specrec.ids.trie import SidTrie
+from specrec.models.hotpath import FusedHotPath, child_tables
+from specrec.models.sid_mlp import SidMlpConfig, SidMlpDrafter
+from specrec.policies import RecRequest, make_policy
+from specrec.train.distill import (
+    distill_loss, drafter_beams, frontier_coverage, run_frontier, teacher_frontier,
+)
+
+from .policy_fixtures import histories, make_engine
+
+
+def run(eng, name, hists, k, **params):
+    pol = make_policy(name, eng, **params)
+    return [pol.run([RecRequest(np.asarray(h), k)])[0] for h in hists]
+
+
+@pytest.mark.parametrize("backend", ["eager", "onnx"])
+def test_draft_verify_equals_beam_search_where_covered(backend, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECREC_CACHE", str(tmp_path))
+    eng = make_engine(3, n_items=70, distilled=True, backend=backend)
+    ver, trie = eng.verifier, eng.itemset.trie
+    hists = histories(eng, 6, 3)
+    sess = ver.encode(eng.history_sids(hists))
+    for k in (1, 4, 7):
+        beam = ver.beam_search(ver.encode(eng.history_sids(hists)), trie, k)
+        seen_cover = set()
+        for n in (1, 3, 6 * 5 * 4):  # 120 drafts: every prefix of the catalogue, so every row is covered
+            d = ver.draft_verify(sess, trie, k, n)
+            assert d.covered.shape == (len(hists),) and d.frontier.shape == (len(hists), 3, 2)
+            assert (d.frontier[:, 0, 0] == d.frontier[:, 0, 1]).all()  # level 0 is the target's own
+            assert ((d.frontier[:, :, 1] == d.frontier[:, :, 0]).all(1) == d.covered).all()
+            for j in np.nonzero(d.covered)[0]:
+                a = beam.alive[j]
+                assert torch.equal(d.beams.codes[j][a], beam.codes[j][a])
+                assert torch.allclose(d.beams.scores[j][a], beam.scores[j][a], atol=1e-5)
+            seen_cover.add(bool(d.covered.all()))
+            if n == 120:
+                assert d.covered.all()
+        assert True in seen_cover
+
+
+@pytest.mark.parametrize("backend", ["eager", "onnx"])
+def test_strict_on_the_distilled_drafter_equals_beam(backend, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECREC_CACHE", str(tmp_path))
+    eng = make_engine(4, n_items=60, distilled=True, backend=backend)
+    hists = histories(eng, 8, 4)
+    for k, n in ((5, 1), (5, 120), (3, 4)):
+        beam = run(eng, "beam", hists, k)
+        strict = run(eng, "strict", hists, k, n_drafts=n)
+        for a, b in zip(beam, strict):
+            assert a.items.tolist() == b.items.tolist()
+            assert np.allclose(a.scores, b.scores, atol=1e-5)
+            assert "draft_verify" in b.stats.stage_ms
+            if n == 120:
+                assert b.stats.fallback_steps == 0 and "fallback" not in b.stats.stage_ms
+            if n == 1:  # one draft per level cannot hold a frontier of 5: the target's beam search answers
+                assert b.stats.fallback_steps >= 1 and set(b.sources) <= {"beam", "fill"}
+    snap = eng.metrics.snapshot()["strict"]
+    assert 0 < snap["frontier_coverage"] < 1 and snap["frontier_coverage_by_level"][0] == 1.0
+
+
+def test_nezha_on_the_distilled_drafter_returns_valid_items():
+    eng = make_engine(5, n_items=50, distilled=True)
+    for res in run(eng, "nezha", histories(eng, 5, 5), 6):
+        assert len(set(res.items.tolist())) == 6
+        assert eng.itemset.contains(eng.itemset.sids_of(res.items)).all()
+        assert eng.verifier.backend.drafter is not None
+
+
+def test_distillation_teaches_the_target_frontier():
+    eng = make_engine(6, n_items=80, distilled=True)
+    model = eng.verifier.backend.model
+    sids = eng.itemset.sids
+    trie = SidTrie(sids, model.cfg.level_sizes)
+    rng = np.random.default_rng(6)
+    hist = np.full((300, model.cfg.max_history), -1, dtype=np.int64)
+    for i in range(len(hist)):
+        n = int(rng.integers(1, model.cfg.max_history + 1))
+        hist[i, -n:] = rng.integers(0, len(sids), n)
+    ex = Examples(hist, np.zeros(len(hist), dtype=np.int64), np.arange(len(hist)), np.ones(len(hist), dtype=np.int64))
+    fr = teacher_frontier(model, ex, sids, trie, width=4, progress=False)
+    assert fr.logp[0].shape == (300, 4, model.cfg.level_sizes[1])
+    drafter = SidMlpDrafter(model.cfg.level_sizes, model.cfg.d_model, SidMlpConfig(hidden=32, ff=64))
+    fused = FusedHotPath(model).eval()
+    tables = child_tables(trie, fused.vmax)
+
+    def coverage():
+        with torch.no_grad():
+            from specrec.train.trainer import history_batch
+
+            h0, root, levels, _ = run_frontier(fused, tables, history_batch(torch.from_numpy(sids), hist), 4, False)
+            beams = drafter_beams(drafter, h0, root, tables, [4, 4, 4])
+        return frontier_coverage([b.numpy() for b in beams], [c.numpy() for c, _, _ in levels],
+                                 [a.numpy() for _, a, _ in levels], model.cfg.level_sizes)
+
+    def loss():
+        return distill_loss(drafter, torch.from_numpy(fr.h0).float(), [torch.from_numpy(c) for c in fr.codes],
+                            [torch.from_numpy(a) for a in fr.alive], [torch.from_numpy(p) for p in fr.logp])
+
+    before, loss0 = coverage(), float(loss())
+    opt = torch.optim.Adam(drafter.parameters(), lr=3e-3)
+    for _ in range(150):
+        opt.zero_grad()
+        loss().backward()
+        opt.step()
+    after = coverage()
+    assert float(loss()) < 0.5 * loss0
+    assert after["levels"][0] == 1.0  # the first level is the target's own
+    assert after["mean"] > before["mean"] and after["whole"] >= before["whole"]
