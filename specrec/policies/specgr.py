@@ -82,18 +82,22 @@ class SpecGRPolicy(Policy):
             self._exit_late(batch, "round", lambda j: self._final(batch, pools, j, complete=False))
             if not batch.active:
                 return
+            t0 = eng.clock()
             for st in batch.active_stats:
                 st.rounds += 1
             delta = self._delta(rnd, k, explore)
-            if delta:
-                drafted = self._draft_and_verify(batch, pools, delta)
-                if drafted:
-                    self._observe_exits(batch, pools, rnd, k)
-                    if not batch.active:
-                        return
-            if batch.beams is not None and batch.beams.level >= L:
-                break
-            self._advance_beams(batch, drafted=bool(delta))
+            try:
+                if delta:
+                    drafted = self._draft_and_verify(batch, pools, delta)
+                    if drafted:
+                        self._observe_exits(batch, pools, rnd, k)
+                        if not batch.active:
+                            return
+                if batch.beams is not None and batch.beams.level >= L:
+                    break
+                self._advance_beams(batch, drafted=bool(delta))
+            finally:  # what a round costs, learned from every round run (the budget hook reads it)
+                self.budget.observe("round", eng.clock() - t0)
         complete = batch.beams is not None and batch.beams.level >= L
         for j, _, _, st in batch.rows():
             st.exit_reason = "beams_complete" if complete else "max_rounds"

@@ -196,6 +196,32 @@ def test_specgr_budget_exit_returns_best_list_so_far():
         assert eng.itemset.contains(eng.itemset.sids_of(r.items)).all()
 
 
+def test_specgr_stops_before_a_round_it_cannot_finish_with_costs_learned_by_running():
+    """No cost is set by hand: a fake clock advances 10 ms per verifier call, specgr learns what a round
+    costs from requests without a deadline, then stops before a round that would end past its deadline."""
+    eng = make_engine(7)
+    hists = histories(eng, 4, 7)
+    t = [0.0]
+    eng.clock = lambda: t[0]
+    ver = eng.verifier
+    for name in ("score", "beam_step"):
+        fn = getattr(ver, name)
+
+        def slow(*a, _fn=fn, **kw):
+            t[0] += 0.01
+            return _fn(*a, **kw)
+
+        setattr(ver, name, slow)
+    pol = make_policy("specgr", eng, delta=5, gamma=0.0)  # nothing is accepted: every round runs
+    for h in hists[:3]:
+        assert pol.run([RecRequest(h, 10)])[0].stats.rounds == 4
+    assert 0.015 < pol.budget.estimate["round"] < 0.025
+    deadline = t[0] + 0.03  # one 20 ms round fits, a second would end at +40 ms
+    res = pol.run([RecRequest(hists[3], 10, deadline=deadline)])[0]
+    assert res.stats.exit_reason == "budget" and res.stats.rounds == 1
+    assert t[0] <= deadline and len(set(res.items.tolist())) == 10
+
+
 def test_beam_budget_exit():
     eng = make_engine(8)
     t = [0.0]
