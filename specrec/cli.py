@@ -255,7 +255,10 @@ def cmd_train_drafters(a: argparse.Namespace) -> int:
 
     epochs = {"retrieval": a.retrieval_epochs, "self": a.self_epochs, "nezha": a.nezha_epochs}
     align = AlignConfig(mode=a.align, alpha=a.align_alpha, top_k=a.align_top_k, examples=a.align_examples)
-    train_drafters(bundle, a.out or a.bundle, which, a.data, epochs, align=align)
+    from .train.distill import DistillConfig
+
+    distill = DistillConfig(examples=a.distill_examples, epochs=a.distill_epochs, width=a.distill_width)
+    train_drafters(bundle, a.out or a.bundle, which, a.data, epochs, align=align, distill=distill)
     return 0
 
 
@@ -387,7 +390,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--bundle", required=True)
     d.add_argument("--out", help="write the bundle here instead of in place")
     d.add_argument("--data", help="dataset directory (default: the one the bundle was trained on)")
-    d.add_argument("--which", default="retrieval,self,nezha")
+    d.add_argument("--which", default="retrieval,self,nezha",
+                   help="comma-separated: retrieval, self, nezha, distill (the SID-MLP drafter distilled from the GR "
+                   "model, which strict, nezha and specgr draft with)")
     d.add_argument("--retrieval-epochs", type=int, default=30)
     d.add_argument("--self-epochs", type=int, default=8)
     d.add_argument("--nezha-epochs", type=int, default=5)
@@ -397,6 +402,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--align-top-k", type=int, default=10, help="target beams distilled per history")
     d.add_argument("--align-examples", type=int, default=30_000,
                    help="training histories whose target beams are computed once (cached under $SPECREC_CACHE/beams)")
+    d.add_argument("--distill-examples", type=int, default=60_000,
+                   help="training histories whose target frontier is computed once (cached under $SPECREC_CACHE/frontier)")
+    d.add_argument("--distill-epochs", type=int, default=12)
+    d.add_argument("--distill-width", type=int, default=32, help="target beam width whose frontier is distilled")
     d.set_defaults(func=cmd_train_drafters)
 
     tb = sub.add_parser("train-baseline", help="train the SASRec baseline on a bundle's split (same histories and metrics)",

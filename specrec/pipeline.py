@@ -117,11 +117,13 @@ def build(
 def train_drafters(
     bundle: Bundle, out: str | Path, which: tuple[str, ...] = ("retrieval", "self", "nezha"),
     data: str | Path | None = None, epochs: dict | None = None, progress: bool = True, log: Callable[[str], None] = print,
-    align=None,
+    align=None, distill=None,
 ) -> Bundle:
     """Train the drafters of a bundle on its own split and save the bundle to
     ``out``; ``align`` (:class:`~specrec.train.align.AlignConfig`) aligns the
-    NEZHA head and the self-drafter to the GR model (AtSpeed)."""
+    NEZHA head and the self-drafter to the GR model (AtSpeed); ``which`` may name
+    "distill": the SID-MLP drafter distilled from the GR model (``distill``:
+    its :class:`~specrec.train.distill.DistillConfig`)."""
     from .data.splits import temporal
     from .ids.embed import cache_dir
     from .train.drafters import DrafterTrainConfig, train_nezha, train_retrieval, train_self_draft
@@ -158,6 +160,13 @@ def train_drafters(
                                 log=log, progress=progress, align=align, cache=cache_dir() / "beams")
         bundle.nezha_head = round_to_half(head)
         info["nezha_head"] = {**rep, "minutes": round((time.time() - t0) / 60, 1)}
+    if "distill" in which:
+        from .train.distill import DistillConfig, train_sid_mlp
+
+        drafter, rep = train_sid_mlp(bundle.model, split, bundle.sids, distill or DistillConfig(), log=log,
+                                     progress=progress, cache=cache_dir() / "frontier")
+        bundle.sid_mlp = round_to_half(drafter)
+        info["sid_mlp"] = rep
     bundle.save(out)
     log(f"bundle with drafters written to {out}")
     return bundle

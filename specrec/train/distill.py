@@ -47,7 +47,8 @@ class DistillConfig(BaseModel):
     lr: float = Field(default=2e-3, gt=0)
     weight_decay: float = Field(default=0.01, ge=0)
     own_weight: float = Field(default=0.5, ge=0, description="weight of the KL at the drafter's own prefixes (0: off)")
-    own_every: int = Field(default=4, ge=1, description="refresh the drafter's own prefixes every this many epochs")
+    own_from: int = Field(default=2, ge=1, description="epochs on the target's prefixes before the drafter's own join")
+    own_examples: int = Field(default=12_000, ge=1, description="training histories whose drafter prefixes are verified")
     select_k: int = Field(default=10, ge=1, description="frontier width K used for model selection")
     select_n: int = Field(default=20, ge=1, description="drafter beams N per level used for model selection")
     seed: int = 0
@@ -338,32 +339,39 @@ def train_sid_mlp(gr: Tiger, split: Split, sids: np.ndarray, cfg: DistillConfig 
         drafter.train()
         return rep
 
-    best, history, own = -1.0, [], None
+    best, history = -1.0, []
     best_state = {k: v.clone() for k, v in drafter.state_dict().items()}
+    own: Frontier | None = None
+    own_rows = np.sort(np.random.default_rng(cfg.seed + 2).choice(len(fr), min(cfg.own_examples, len(fr)), replace=False))
+
+    def batch_loss(f: Frontier, idx: np.ndarray) -> torch.Tensor:
+        return distill_loss(drafter, torch.from_numpy(f.h0[idx]).float(), [torch.from_numpy(c[idx]) for c in f.codes],
+                            [torch.from_numpy(a[idx]) for a in f.alive], [torch.from_numpy(p[idx]) for p in f.logp])
+
     for epoch in range(cfg.epochs):
         t0 = time.time()
-        if cfg.own_weight > 0 and epoch > 0 and (epoch % cfg.own_every == 0 or own is None):
+        if cfg.own_weight > 0 and epoch == cfg.own_from:  # once: where the drafter's own beams go, verified
             drafter.eval()
-            own = own_prefixes(drafter, fused, tables, sids_t, train_ex, fr, cfg.select_n * 2, progress=progress)
+            own = own_prefixes(drafter, fused, tables, sids_t, train_ex.take(own_rows), fr.take(own_rows),
+                               cfg.select_n * 2, progress=progress)
             drafter.train()
+            log(f"verified the drafter's own prefixes on {len(own_rows)} histories in {time.time() - t0:.0f} s")
         rng = np.random.default_rng(cfg.seed * 7919 + epoch)
         order = rng.permutation(len(fr))
         tot = 0.0
-        for s in tqdm(range(0, len(order), cfg.batch_size), desc=f"distil {epoch + 1}/{cfg.epochs}",
-                      disable=not progress, leave=False):
+        for step, s in enumerate(tqdm(range(0, len(order), cfg.batch_size), desc=f"distil {epoch + 1}/{cfg.epochs}",
+                                      disable=not progress, leave=False)):
             idx = np.sort(order[s : s + cfg.batch_size])
-            h0 = torch.from_numpy(fr.h0[idx]).float()
-            loss = distill_loss(drafter, h0, [torch.from_numpy(c[idx]) for c in fr.codes],
-                                [torch.from_numpy(a[idx]) for a in fr.alive], [torch.from_numpy(p[idx]) for p in fr.logp])
+            loss = batch_loss(fr, idx)
             if own is not None:
-                loss = loss + cfg.own_weight * distill_loss(
-                    drafter, h0, [torch.from_numpy(c[idx]) for c in own.codes],
-                    [torch.from_numpy(a[idx]) for a in own.alive], [torch.from_numpy(p[idx]) for p in own.logp])
+                loss = loss + cfg.own_weight * batch_loss(own, np.sort(rng.choice(len(own), len(idx) // 2)))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             sched.step()
             tot += float(loss.detach()) * len(idx)
+            if not progress and step % 50 == 49:
+                log(f"  epoch {epoch + 1} step {step + 1}/{steps_per_epoch}: loss {tot / (s + len(idx)):.4f}")
         rep = select()
         history.append({"epoch": epoch + 1, "loss": tot / len(fr), "valid_coverage": rep,
                         "seconds": round(time.time() - t0, 1)})
