@@ -31,6 +31,7 @@ delta = 0 this is beam search (items ordered by V).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 import torch
@@ -51,6 +52,10 @@ class SpecGRConfig(PolicyConfig):
     unseen_rule: bool = Field(True, description="score unseen items over the first L-1 levels")
     max_rounds: int | None = Field(None, ge=1, le=16, description="draft rounds at most (default: L, one per beam level)")
     adaptive: bool = Field(True, description="skip drafting in a round where the online estimate says it does not pay")
+    first_drafter: Literal["auto", "distilled", "engine"] = Field(
+        "auto", description="who drafts round 0: the distilled drafter on the verifier (its beams of delta SIDs, one "
+        "call), or the engine's drafter; auto: the distilled one where the verifier has it. Later rounds, guided by "
+        "the beam prefixes, always use the engine's drafter")
 
 
 @dataclass
@@ -69,7 +74,7 @@ class SpecGRPolicy(Policy):
 
     def _run(self, batch: LiveBatch) -> None:
         eng, cfg = self.engine, self.config
-        if cfg.delta and eng.drafter is None:
+        if cfg.delta and eng.drafter is None and cfg.first_drafter == "engine":
             raise ValueError("specgr needs a drafter (delta > 0)")
         L = len(eng.itemset.level_sizes)
         k = max(r.k for r in batch.requests)
@@ -88,7 +93,7 @@ class SpecGRPolicy(Policy):
             delta = self._delta(rnd, k, explore)
             try:
                 if delta:
-                    drafted = self._draft_and_verify(batch, pools, delta)
+                    drafted = self._draft_and_verify(batch, pools, delta, rnd)
                     if drafted:
                         self._observe_exits(batch, pools, rnd, k)
                         if not batch.active:
@@ -109,7 +114,9 @@ class SpecGRPolicy(Policy):
         """Items to draft this round (0: skip drafting)."""
         cfg = self.config
         if cfg.delta is not None:
-            return cfg.delta
+            return cfg.delta if (rnd == 0 and self._distilled_first()) or self.engine.drafter is not None else 0
+        if rnd == 0 and self._distilled_first():
+            return 2 * k  # one call drafts and the first verify pass is the beams' own: it always pays
         if self.engine.drafter is None:
             return 0
         delta = 2 * k
@@ -138,8 +145,22 @@ class SpecGRPolicy(Policy):
         batch.drop(done)
 
     # -- phases ----------------------------------------------------------------------------
-    def _draft_and_verify(self, batch: LiveBatch, pools: list[RequestPool], delta: int) -> bool:
-        drafts = self._draft_round(batch, pools, delta)
+    def _distilled_first(self) -> bool:
+        """Round 0 drafts with the verifier's distilled drafter (where it has one)."""
+        if self.config.first_drafter == "engine":
+            return False
+        has = getattr(self.engine.verifier, "backend", None)
+        known = self.online.rates.get("specgr.distilled")
+        if known is not None:
+            return known > 0
+        return self.config.first_drafter == "distilled" or has is None or getattr(has, "drafter", None) is not None
+
+    def _draft_and_verify(self, batch: LiveBatch, pools: list[RequestPool], delta: int, rnd: int = 1) -> bool:
+        drafts = self._distilled_round(batch, pools, delta) if rnd == 0 and self._distilled_first() else None
+        if drafts is None:
+            if self.engine.drafter is None:
+                return False
+            drafts = self._draft_round(batch, pools, delta)
         if not any(len(d.items) for d in drafts):
             return False
         values = self._verify(batch, drafts)
@@ -158,6 +179,26 @@ class SpecGRPolicy(Policy):
             drafts = eng.drafter.draft(dreqs)
         self.budget.observe("draft", t.seconds)
         return drafts
+
+    def _distilled_round(self, batch: LiveBatch, pools: list[RequestPool], delta: int) -> list[Draft] | None:
+        """Round 0 from the distilled drafter: its ``delta`` beams (level 0 exact), valid SIDs only."""
+        eng = self.engine
+        with Stage(eng.clock, batch.active_stats, "draft") as t:
+            beams = eng.verifier.draft_beams(batch.session, eng.itemset.trie, delta)
+        if beams is None:
+            if self.config.first_drafter == "distilled":
+                raise ValueError("specgr with first_drafter='distilled' needs a distilled drafter (`specrec distill`)")
+            self.online.rates["specgr.distilled"] = 0.0
+            return None
+        self.online.rates["specgr.distilled"] = 1.0
+        self.budget.observe("draft", t.seconds)
+        charge(batch.active_stats)
+        items = beams.items(eng.itemset.trie)
+        out = []
+        for j in range(len(batch.active)):
+            ok = items[j] >= 0
+            out.append(Draft(items[j][ok].numpy(), beams.scores[j][ok].numpy()))
+        return out
 
     def _verify(self, batch: LiveBatch, drafts: list[Draft]) -> list[np.ndarray]:
         """One pass over the drafts and the beam frontier -> V per draft."""

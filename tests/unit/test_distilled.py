@@ -118,3 +118,20 @@ def test_distillation_teaches_the_target_frontier():
     assert float(loss()) < 0.5 * loss0
     assert after["levels"][0] == 1.0  # the first level is the target's own
     assert after["mean"] > before["mean"] and after["whole"] >= before["whole"]
+
+
+def test_specgr_drafts_round_zero_with_the_distilled_drafter():
+    eng = make_engine(8, n_items=60, distilled=True)
+    hists = histories(eng, 5, 8)
+    calls = []
+    orig = eng.verifier.draft_beams
+    eng.verifier.draft_beams = lambda *a, **kw: calls.append(a[2]) or orig(*a, **kw)
+    for res in run(eng, "specgr", hists, 4, gamma=-100.0):  # every draft accepted: K of them exit at round 0
+        assert res.stats.rounds == 1 and res.stats.exit_reason == "accepted"
+        assert len(set(res.items.tolist())) == 4 and set(res.sources) == {"draft"}
+        assert eng.itemset.contains(eng.itemset.sids_of(res.items)).all()
+    assert calls == [8] * 5  # delta = 2K drafted SIDs, one call per request
+    eng.drafter.calls.clear()
+    for res in run(eng, "specgr", hists[:2], 4, first_drafter="engine", gamma=-100.0):
+        assert res.stats.rounds == 1
+    assert len(eng.drafter.calls) == 2 and len(calls) == 5
