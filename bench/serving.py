@@ -35,6 +35,7 @@ and every lower tested rate pass.
 Writes ``serving.{json,md}`` and ``serving.png`` (R@10 and p99 against the
 offered rate, per policy) into ``--out``, the summary keys
 ``gateway.<policy>.overhead_p50_ms``, ``gateway.<policy>.max_rps_p99_<B>ms``,
+``gateway.<policy>.p50_ms`` and ``gateway.<policy>.p99_ms_at_<B>ms`` (closed loop at the budget),
 ``gateway.auto.recall_ratio_at_<B>ms`` and ``gateway.auto.all_fill_share_at_<B>ms``,
 and this benchmark's section of README.md there.
 """
@@ -341,6 +342,9 @@ def write_results(out: Path, res: dict, policies: list[str], budget_ms: float) -
     for p in policies:
         if p in res["max_rps"]:
             summary[f"gateway.{p}.max_rps_p99_{b}ms"] = res["max_rps"][p]
+    for p, c in res["closed"].items():  # closed loop at the budget, the same users for every policy
+        summary[f"gateway.{p}.p50_ms"] = c["p50_ms"]
+        summary[f"gateway.{p}.p99_ms_at_{b}ms"] = c["p99_ms"]
     auto = res["closed"].get("auto")
     if auto:
         ref = auto["offline_beam_recall@10"]
