@@ -165,15 +165,16 @@ async def test_a_write_short_of_replicas_is_not_acknowledged_and_retrying_is_saf
     write again, with a requirement the replicas meet, is acknowledged and changes no content."""
     if sentinel_command() is None:
         pytest.skip("needs redis-server")
-    rs = LocalSentinel(tmp_path / "redis", sentinels=0).start()  # a primary and its replica, no sentinels
-    url = f"redis://127.0.0.1:{rs.data_ports[0]}/0"
     from .test_itemset import settings, start_itemset
 
-    ok = await start_itemset(settings(url, "wait", tiny_bundle_dir, watch_s=0))  # loads the catalogue
-    strict = await start_itemset(settings(url, "wait", tiny_bundle_dir, write_replicas=2, write_wait_s=0.1,
-                                          write_retry_s=0.3, watch_s=0))
+    rs = LocalSentinel(tmp_path / "redis", sentinels=0).start()  # a primary and its replica, no sentinels
+    url = f"redis://127.0.0.1:{rs.data_ports[0]}/0"
+    ok = strict = None
     item = itemset_pb2.UpsertItem(item_id="w-1", title="wait", text="velvet matte lipstick, deep red")
     try:
+        ok = await start_itemset(settings(url, "wait", tiny_bundle_dir, watch_s=0))  # loads the catalogue
+        strict = await start_itemset(settings(url, "wait", tiny_bundle_dir, write_replicas=2, write_wait_s=0.1,
+                                              write_retry_s=0.3, watch_s=0))
         with pytest.raises(grpc.aio.AioRpcError) as e:
             await strict.upsert(item, timeout=5)
         assert e.value.code() == grpc.StatusCode.UNAVAILABLE and "not acknowledged" in e.value.details()
@@ -188,6 +189,7 @@ async def test_a_write_short_of_replicas_is_not_acknowledged_and_retrying_is_saf
         finally:
             await replica.close()
     finally:
-        await strict.close()
-        await ok.close()
+        for h in (strict, ok):
+            if h is not None:
+                await h.close()
         rs.stop()
