@@ -269,6 +269,10 @@ async def test_degraded_failed_and_sampled_requests_are_logged_as_one_json_line(
 
     svc = stack.runners["gateway"].service
     hist = histories(serving_bundle, 1, seed=11)[0]
+    t0 = time.monotonic()  # earlier tests stopped services: wait until both answer again
+    while svc.drafter_down() or (await stack.recommend(hist, k=10, policy="specgr", budget_ms=500)).stats.degraded:
+        assert time.monotonic() - t0 < 10.0, "the stack did not recover within 10 s"
+        await asyncio.sleep(0.1)
     md = (("x-request-id", "req-degraded-1"),)
     req = recommender_pb2.RecommendRequest(history=hist, k=10, policy="beam", budget_ms=500, user_id="u-42")
     with capture_logs() as logs:
