@@ -271,7 +271,7 @@ class RemoteVerifier:
             return None
         sess.calls["draft_verify"] += 1
         return Drafted(_beams(r.beams, sess), to_torch(r.covered, "covered").numpy().astype(bool),
-                       to_torch(r.frontier, "frontier").numpy())
+                       to_torch(r.frontier, "frontier").numpy(), to_torch(r.resumed, "resumed").numpy().astype(bool))
 
 
 class RemoteDrafter:

@@ -119,6 +119,7 @@ class Drafted:
     beams: Beams
     covered: np.ndarray
     frontier: np.ndarray
+    resumed: np.ndarray | None = None  # [R] rows whose drafts missed only the last level, finished from the verified ones
 
 
 @dataclass
@@ -285,9 +286,9 @@ class LocalVerifier:
         out = self.backend.draft_verify(sess.state.enc, trie, width, n)
         if out is None:
             return None
-        beams, covered, frontier = out
+        beams, covered, frontier, resumed = out
         sess.calls["draft_verify"] += 1
-        return Drafted(beams, np.asarray(covered, dtype=bool), np.asarray(frontier))
+        return Drafted(beams, np.asarray(covered, dtype=bool), np.asarray(frontier), np.asarray(resumed, dtype=bool))
 
     @torch.inference_mode()
     def draft_beams(self, sess: Session, trie: SidTrie, width: int) -> Beams | None:
@@ -432,12 +433,12 @@ def _run_group(ver: LocalVerifier, kind: str, jobs: list) -> list[Any]:
         out = ver.backend.draft_verify(enc, first.trie, first.width, first.n)
         if out is None:
             raise SessionStateError("this verifier has no distilled drafter")
-        beams, covered, frontier = out
+        beams, covered, frontier, resumed = out
         res = []
         for j, (a, b) in zip(jobs, _split([j.session.n for j in jobs])):
             j.session.calls["draft_verify"] += 1
             res.append(Drafted(beams.select(torch.arange(a, b)), np.asarray(covered[a:b], dtype=bool),
-                               np.asarray(frontier[a:b])))
+                               np.asarray(frontier[a:b]), np.asarray(resumed[a:b], dtype=bool)))
         return res
     if kind in ("search", "head"):
         enc = EncoderState.cat([j.session.state.enc for j in jobs])

@@ -64,7 +64,8 @@ SEARCHES = {
     "beam": ("beam_search", ["codes", "scores", "token_logp", "alive"]),
     "head": ("head_beam_search", ["codes", "scores", "token_logp", "alive"]),
     "draft": ("draft_search", ["codes", "scores", "token_logp", "alive"]),
-    "strict": ("draft_verify", ["codes", "scores", "token_logp", "alive", "covered", "frontier"]),
+    "strict": ("draft_verify", ["codes", "scores", "token_logp", "alive", "covered", "frontier", "upper", "last_codes",
+                                "last_scores", "last_token_logp", "last_nodes", "last_logp", "last_found"]),
 }
 
 
@@ -260,6 +261,11 @@ class OrtBackend(Backend):
 
     def _fused_encoder(self, enc):
         return enc.keep, enc.cross_k, enc.cross_v
+
+    def _table(self, trie, level: int) -> torch.Tensor:
+        tables = self._tables_of(trie)
+        assert tables is not None
+        return torch.from_numpy(tables[level])
 
     def _drafted(self, kind: str, enc, trie, width: int, n: int | None):
         return self._whole("strict" if kind == "verify" else "draft", enc, trie, width, n)

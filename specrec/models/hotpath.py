@@ -463,22 +463,28 @@ class FusedHotPath(nn.Module):
         # the target's own beam search over the pass: level 0 is exact (states[0]), later levels read the
         # node of each kept prefix (found by key among the drafted prefixes of that length)
         target = states[0]
-        covered = torch.ones(r, dtype=torch.bool)
+        covered = upper = torch.ones(r, dtype=torch.bool)
+        found = target.nodes >= -1
         frontier = [torch.stack([target.nodes.ge(0).sum(1), target.nodes.ge(0).sum(1)], -1)]
+        last = target
+        logp = node_logp[0]
         for j in range(1, L):
-            if j == 1:
-                logp = node_logp[0]
-            else:
+            if j > 1:
                 d = states[j - 1]
                 match = (self._keys(target.codes).unsqueeze(2) == self._keys(d.codes).unsqueeze(1))  # [R, W, n]
                 found = match.any(-1)
                 alive = target.nodes >= 0
+                upper = covered
                 covered = covered & (found | ~alive).all(1)
                 frontier.append(torch.stack([alive.sum(1), (found & alive).sum(1)], -1))
                 col = match.float().argmax(-1)
                 logp = node_logp[j - 1].gather(1, col.unsqueeze(-1).expand(-1, -1, self.vmax))
+            last = target
             target, _ = target.advance(logp, tables[j], width)
-        return target.codes, target.scores, target.token_logp, target.nodes >= 0, covered, torch.stack(frontier, 1)
+        # where only the last level missed (``upper``), the caller computes the missing prefixes' last level and
+        # finishes the search from ``last`` (exact up to there) without a whole new search
+        return (target.codes, target.scores, target.token_logp, target.nodes >= 0, covered, torch.stack(frontier, 1),
+                upper, last.codes, last.scores, last.token_logp, last.nodes, logp, found)
 
     def _keys(self, codes):
         """Mixed-radix key of each prefix codes [R, B, j] (codes of dead beams may be anything)."""

@@ -44,16 +44,14 @@ class _Block(nn.Module):
 
 class _Level(nn.Module):
     offsets: torch.Tensor
-    top: torch.Tensor
 
-    def __init__(self, d_model: int, prefix_sizes: list[int], v: int, cfg: SidMlpConfig):
+    def __init__(self, d_model: int, j: int, vmax: int, v: int, cfg: SidMlpConfig):
+        """Level ``j`` (its prefix has j codes, each below ``vmax``: a dead beam's code may be any of them)."""
         super().__init__()
         d = cfg.hidden
         self.ctx = nn.Linear(d_model, d)
-        self.emb = nn.Embedding(sum(prefix_sizes), d)
-        self.register_buffer("offsets", torch.tensor([sum(prefix_sizes[:i]) for i in range(len(prefix_sizes))],
-                                                     dtype=torch.int64), persistent=False)
-        self.register_buffer("top", torch.tensor([v - 1 for v in prefix_sizes], dtype=torch.int64), persistent=False)
+        self.emb = nn.Embedding(j * vmax, d)
+        self.register_buffer("offsets", torch.arange(j, dtype=torch.int64) * vmax, persistent=False)
         nn.init.normal_(self.emb.weight, std=0.02)
         self.blocks = nn.ModuleList(_Block(d, cfg.ff) for _ in range(cfg.blocks))
         self.ln = nn.LayerNorm(d)
@@ -61,7 +59,7 @@ class _Level(nn.Module):
 
     def forward(self, h0: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
         """h0 [R, d_model], prefix [R, M, j] -> logits [R, M, V_j]."""
-        x = self.ctx(h0).unsqueeze(1) + self.emb(torch.minimum(prefix, self.top) + self.offsets).sum(2)  # dead beams: any code
+        x = self.ctx(h0).unsqueeze(1) + self.emb(prefix + self.offsets).sum(2)
         for b in self.blocks:
             x = b(x)
         return self.out(self.ln(x))
@@ -75,8 +73,8 @@ class SidMlpDrafter(nn.Module):
         self.cfg = cfg or SidMlpConfig()
         self.level_sizes = list(level_sizes)
         self.L = len(level_sizes)
-        self.levels = nn.ModuleList(_Level(d_model, self.level_sizes[:j], self.level_sizes[j], self.cfg)
-                                    for j in range(1, self.L))
+        vmax = max(self.level_sizes)
+        self.levels = nn.ModuleList(_Level(d_model, j, vmax, self.level_sizes[j], self.cfg) for j in range(1, self.L))
 
     def n_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -5,8 +5,10 @@ With a distilled drafter (the bundle's ``sid_mlp``; ``drafter`` "auto" or
 beams (the target's exact top-K at level 0, then N drafted prefixes per
 level), one tree pass over all of them, and the target's own beam search read
 from that pass (:meth:`~specrec.verifier.Verifier.draft_verify`). A request
-whose drafts missed a prefix the target kept (``covered`` False) falls back to
-the target's whole beam search, one more call. Without a distilled drafter
+whose drafts missed only prefixes of the last level is finished inside the
+same call from the verified levels (one small tree pass over the missed
+prefixes, then the last top-k: ``resumed``); one that missed earlier falls
+back to the target's whole beam search, one more call. Without a distilled drafter
 it verifies the NEZHA head's or the engine drafter's SIDs level by level
 (:mod:`.levelwise`).
 
@@ -79,9 +81,11 @@ class StrictPolicy(LevelwisePolicy):
                 st.observe_frontier(lvl, kept, held)
                 st.observe_tokens(lvl, width if lvl == 0 else n, held)  # drafted prefixes that became target beams
             st.rounds = 1
-            st.fallback_steps = int((fr[:, 1] < fr[:, 0]).sum())
-            self.online.drafts.observe(req.k, j in miss)
-            st.exit_reason = "complete"
+            st.fallback_steps = int((fr[:, 1] < fr[:, 0]).sum())  # levels the drafts missed (resumed or not)
+            if drafted.resumed is not None and drafted.resumed[j]:
+                st.exit_reason = "resumed"
+            self.online.drafts.observe(req.k, st.fallback_steps > 0)  # sized for coverage; a resumed miss is cheap
+            st.exit_reason = st.exit_reason or "complete"
             a = beams.alive[j]
             src = "beam" if j in miss else "draft"
             batch.finish(j, self._result(req.k, items[j][a].tolist(), beams.scores[j][a].tolist(),

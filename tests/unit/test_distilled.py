@@ -32,14 +32,18 @@ def test_draft_verify_equals_beam_search_where_covered(backend, tmp_path, monkey
     ver, trie = eng.verifier, eng.itemset.trie
     hists = histories(eng, 6, 3)
     sess = ver.encode(eng.history_sids(hists))
+    resumed_any: list[bool] = []
     for k in (1, 4, 7):
         beam = ver.beam_search(ver.encode(eng.history_sids(hists)), trie, k)
         seen_cover = set()
-        for n in (1, 3, 6 * 5 * 4):  # 120 drafts: every prefix of the catalogue, so every row is covered
+        for n in (1, 2, 3, 6 * 5 * 4):  # 120 drafts: every prefix of the catalogue, so every row is covered
             d = ver.draft_verify(sess, trie, k, n)
             assert d.covered.shape == (len(hists),) and d.frontier.shape == (len(hists), 3, 2)
             assert (d.frontier[:, 0, 0] == d.frontier[:, 0, 1]).all()  # level 0 is the target's own
-            assert ((d.frontier[:, :, 1] == d.frontier[:, :, 0]).all(1) == d.covered).all()
+            full = (d.frontier[:, :, 1] == d.frontier[:, :, 0]).all(1)
+            upper = (d.frontier[:, :-1, 1] == d.frontier[:, :-1, 0]).all(1)
+            assert (d.resumed == (upper & ~full)).all() and ((full | d.resumed) == d.covered).all()
+            resumed_any.append(bool(d.resumed.any()))
             for j in np.nonzero(d.covered)[0]:
                 a = beam.alive[j]
                 assert torch.equal(d.beams.codes[j][a], beam.codes[j][a])
@@ -48,6 +52,7 @@ def test_draft_verify_equals_beam_search_where_covered(backend, tmp_path, monkey
             if n == 120:
                 assert d.covered.all()
         assert True in seen_cover
+    assert any(resumed_any)  # some rows were finished from their verified levels (and equal the beam search)
 
 
 @pytest.mark.parametrize("backend", ["eager", "onnx"])
