@@ -54,8 +54,9 @@ class SpecGRConfig(PolicyConfig):
     adaptive: bool = Field(True, description="skip drafting in a round where the online estimate says it does not pay")
     first_drafter: Literal["auto", "distilled", "engine"] = Field(
         "auto", description="who drafts round 0: the distilled drafter on the verifier (its beams of delta SIDs, one "
-        "call), or the engine's drafter; auto: the distilled one where the verifier has it. Later rounds, guided by "
-        "the beam prefixes, always use the engine's drafter")
+        "call: the target's own near-frontier), the engine's drafter (text-aware: it reaches new items), or, auto, "
+        "both where both exist (their union is verified in one pass). Later rounds, guided by the beam prefixes, "
+        "use the engine's drafter")
 
 
 @dataclass
@@ -157,10 +158,11 @@ class SpecGRPolicy(Policy):
 
     def _draft_and_verify(self, batch: LiveBatch, pools: list[RequestPool], delta: int, rnd: int = 1) -> bool:
         drafts = self._distilled_round(batch, pools, delta) if rnd == 0 and self._distilled_first() else None
-        if drafts is None:
+        if drafts is None or (self.config.first_drafter == "auto" and self.engine.drafter is not None):
             if self.engine.drafter is None:
                 return False
-            drafts = self._draft_round(batch, pools, delta)
+            more = self._draft_round(batch, pools, delta)
+            drafts = more if drafts is None else [_union(a, b) for a, b in zip(drafts, more)]
         if not any(len(d.items) for d in drafts):
             return False
         values = self._verify(batch, drafts)
@@ -256,3 +258,9 @@ class SpecGRPolicy(Policy):
             pool.add(items, v.numpy(), "beam")
         items, scores, sources = pool.top(req.k)
         return self._result(req.k, items, scores, sources, st, None if complete else beams, row)
+
+
+def _union(a: Draft, b: Draft) -> Draft:
+    """Drafts of two drafters for one request, each item once (``a``'s first)."""
+    extra = ~np.isin(b.items, a.items)
+    return Draft(np.concatenate([a.items, b.items[extra]]), np.concatenate([a.scores, b.scores[extra]]))

@@ -29,7 +29,7 @@ AUTH = (("authorization", f"Bearer {TOKEN}"),)
 
 def build_serving_bundle(src: Path, dst: Path) -> Path:
     """The tiny bundle plus (untrained) drafters: retrieval model with real
-    text embeddings, self-draft head, NEZHA head."""
+    text embeddings, self-draft head, NEZHA head, distilled SID-MLP drafter."""
     import torch
 
     from specrec.bundle import Bundle, round_to_half
@@ -37,6 +37,7 @@ def build_serving_bundle(src: Path, dst: Path) -> Path:
     from specrec.models.nezha_head import NezhaHead
     from specrec.models.retrieval import RetrievalConfig, RetrievalModel
     from specrec.models.self_draft import SelfDraftHead
+    from specrec.models.sid_mlp import SidMlpConfig, SidMlpDrafter
 
     b = Bundle.load(src)
     torch.manual_seed(1)
@@ -44,6 +45,7 @@ def build_serving_bundle(src: Path, dst: Path) -> Path:
     b.retrieval = round_to_half(RetrievalModel(RetrievalConfig(max_history=b.cfg.max_history)).eval())
     b.self_draft = round_to_half(SelfDraftHead(b.model).eval())
     b.nezha_head = round_to_half(NezhaHead(b.model).eval())
+    b.sid_mlp = round_to_half(SidMlpDrafter(b.cfg.level_sizes, b.cfg.d_model, SidMlpConfig(hidden=32, ff=64)).eval())
     b.meta.setdefault("drafters", {})["text_share"] = 0.3  # text neighbours reach new items
     return b.save(dst)
 

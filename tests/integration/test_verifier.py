@@ -105,6 +105,36 @@ async def test_history_travels_with_the_first_call_and_frontier_saves_a_pass(vst
 
 
 @pytest.mark.asyncio(loop_scope="session")
+async def test_draft_verify_over_grpc_equals_beam_search(vstack, vbundle_dir):
+    """strict over gRPC in one call: where DraftVerify says covered, its beams are BeamSearch's; concurrent
+    calls share a batch and keep their own rows; HeadDrafts(distilled) answers valid SIDs."""
+    b = Bundle.load(vbundle_dir)
+    stub = vstack.verifier
+    sizes = b.cfg.level_sizes
+    everything = len(b.catalogue)  # at least as many drafts per level as there are valid prefixes: always covered
+    assert everything <= 1000
+    hs = [hist_tensor(b, [[i, i + 3, i + 5]]) for i in range(6)]
+    for n in (2, everything):
+        outs = await asyncio.gather(*(stub.DraftVerify(verifier_pb2.DraftVerifyRequest(ref=ref(hist=h), width=5, n=n))
+                                      for h in hs))
+        for h, d in zip(hs, outs):
+            want = await stub.BeamSearch(verifier_pb2.BeamSearchRequest(ref=ref(hist=h), width=5))
+            covered = bool(to_torch(d.covered)[0])
+            assert to_torch(d.frontier).shape == (1, len(sizes) - 1, 2)
+            if n == everything:
+                assert covered and not bool(to_torch(d.resumed)[0])
+            if covered:
+                assert torch.equal(to_torch(d.beams.codes), to_torch(want.codes))
+                assert torch.allclose(to_torch(d.beams.scores), to_torch(want.scores), atol=1e-4)
+    heads = await stub.HeadDrafts(verifier_pb2.HeadDraftsRequest(ref=ref(hist=hs[0]), width=7, distilled=True))
+    codes = to_torch(heads.codes)[0][to_torch(heads.alive)[0]].numpy()
+    assert len(codes) == 7 and b.itemset.contains(codes).all()
+    with pytest.raises(grpc.aio.AioRpcError) as ei:
+        await stub.DraftVerify(verifier_pb2.DraftVerifyRequest(ref=ref(hist=hs[0]), width=5, n=0))
+    assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "n" in ei.value.details()
+
+
+@pytest.mark.asyncio(loop_scope="session")
 async def test_concurrent_requests_are_batched(vstack, vbundle_dir):
     b = Bundle.load(vbundle_dir)
     be = b.backend("eager")
