@@ -49,6 +49,8 @@ class DistillConfig(BaseModel):
     own_weight: float = Field(default=0.5, ge=0, description="weight of the KL at the drafter's own prefixes (0: off)")
     own_from: int = Field(default=2, ge=1, description="epochs on the target's prefixes before the drafter's own join")
     own_examples: int = Field(default=12_000, ge=1, description="training histories whose drafter prefixes are verified")
+    keep_top: int = Field(default=10, ge=1, description="per step, KL at the target's best this many kept prefixes ...")
+    sample_rest: int = Field(default=6, ge=0, description="... and at this many others of its frontier, drawn at random")
     select_k: int = Field(default=10, ge=1, description="frontier width K used for model selection")
     select_n: int = Field(default=20, ge=1, description="drafter beams N per level used for model selection")
     seed: int = 0
@@ -344,9 +346,15 @@ def train_sid_mlp(gr: Tiger, split: Split, sids: np.ndarray, cfg: DistillConfig 
     own: Frontier | None = None
     own_rows = np.sort(np.random.default_rng(cfg.seed + 2).choice(len(fr), min(cfg.own_examples, len(fr)), replace=False))
 
-    def batch_loss(f: Frontier, idx: np.ndarray) -> torch.Tensor:
-        return distill_loss(drafter, torch.from_numpy(f.h0[idx]).float(), [torch.from_numpy(c[idx]) for c in f.codes],
-                            [torch.from_numpy(a[idx]) for a in f.alive], [torch.from_numpy(p[idx]) for p in f.logp])
+    def batch_loss(f: Frontier, idx: np.ndarray, rng: np.random.Generator) -> torch.Tensor:
+        w = f.codes[0].shape[1]
+        rest = np.arange(min(cfg.keep_top, w), w)
+        cols = np.concatenate([np.arange(min(cfg.keep_top, w)), np.sort(rng.choice(rest, min(cfg.sample_rest, len(rest)),
+                                                                                   replace=False))])
+        return distill_loss(drafter, torch.from_numpy(f.h0[idx]).float(),
+                            [torch.from_numpy(c[idx][:, cols]) for c in f.codes],
+                            [torch.from_numpy(a[idx][:, cols]) for a in f.alive],
+                            [torch.from_numpy(p[idx][:, cols]) for p in f.logp])
 
     for epoch in range(cfg.epochs):
         t0 = time.time()
@@ -362,9 +370,9 @@ def train_sid_mlp(gr: Tiger, split: Split, sids: np.ndarray, cfg: DistillConfig 
         for step, s in enumerate(tqdm(range(0, len(order), cfg.batch_size), desc=f"distil {epoch + 1}/{cfg.epochs}",
                                       disable=not progress, leave=False)):
             idx = np.sort(order[s : s + cfg.batch_size])
-            loss = batch_loss(fr, idx)
+            loss = batch_loss(fr, idx, rng)
             if own is not None:
-                loss = loss + cfg.own_weight * batch_loss(own, np.sort(rng.choice(len(own), len(idx) // 2)))
+                loss = loss + cfg.own_weight * batch_loss(own, np.sort(rng.choice(len(own), len(idx) // 2)), rng)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
