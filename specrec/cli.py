@@ -404,7 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="training histories whose target beams are computed once (cached under $SPECREC_CACHE/beams)")
     d.add_argument("--distill-examples", type=int, default=60_000,
                    help="training histories whose target frontier is computed once (cached under $SPECREC_CACHE/frontier)")
-    d.add_argument("--distill-epochs", type=int, default=12)
+    d.add_argument("--distill-epochs", type=int, default=6)
     d.add_argument("--distill-width", type=int, default=32, help="target beam width whose frontier is distilled")
     d.set_defaults(func=cmd_train_drafters)
 

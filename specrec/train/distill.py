@@ -42,7 +42,7 @@ class DistillConfig(BaseModel):
     examples: int = Field(default=60_000, ge=100, description="training histories whose target frontier is cached")
     valid_examples: int = Field(default=2000, ge=100, description="validation histories for model selection")
     width: int = Field(default=32, ge=1, le=256, description="target beam width whose frontier is distilled")
-    epochs: int = Field(default=12, ge=1, le=1000)
+    epochs: int = Field(default=6, ge=1, le=1000)
     batch_size: int = Field(default=256, ge=1)
     lr: float = Field(default=2e-3, gt=0)
     weight_decay: float = Field(default=0.01, ge=0)
@@ -50,7 +50,7 @@ class DistillConfig(BaseModel):
     own_from: int = Field(default=2, ge=1, description="epochs on the target's prefixes before the drafter's own join")
     own_examples: int = Field(default=12_000, ge=1, description="training histories whose drafter prefixes are verified")
     keep_top: int = Field(default=10, ge=1, description="per step, KL at the target's best this many kept prefixes ...")
-    sample_rest: int = Field(default=6, ge=0, description="... and at this many others of its frontier, drawn at random")
+    sample_rest: int = Field(default=10, ge=0, description="... and at this many others of its frontier, drawn at random")
     select_k: int = Field(default=10, ge=1, description="frontier width K used for model selection")
     select_n: int = Field(default=20, ge=1, description="drafter beams N per level used for model selection")
     seed: int = 0
