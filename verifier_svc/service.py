@@ -128,7 +128,7 @@ class VerifierService(Service):
                 if self.local.head is not None:
                     await self.batcher.submit(HeadJob(EncodeJob(h), snap.itemset.trie, width), None)
                 if self.local.backend.drafter is not None:
-                    await self.batcher.submit(HeadJob(EncodeJob(h), snap.itemset.trie, width, True), None)
+                    await self.batcher.submit(HeadJob(EncodeJob(h), snap.itemset.trie, 2 * width, True), None)
                     await self.batcher.submit(DraftVerifyJob(EncodeJob(h), snap.itemset.trie, width, 2 * width), None)
             sids = torch.from_numpy(snap.itemset.sids[rows[: 2 + 4 * n]])[None]
             await self.batcher.submit(ScoreJob(EncodeJob(h), sids), None)

@@ -273,12 +273,13 @@ class OrtBackend(Backend):
     def warmup(self, trie, ks=(10,), drafts=DRAFT_FACTORS) -> None:
         """Export and load, before serving, the whole-search graphs a list length K uses: the beam search
         of width K, and, for every draft count ``m * K`` (m in ``drafts``) the policies use, the head's
-        searches and ``strict``'s draft-and-verify graphs; the distilled drafter's search of width K."""
+        searches and ``strict``'s draft-and-verify graphs; the distilled drafter's searches of width K and 2K."""
         enc = self.encode(torch.zeros(1, 4, self.cfg.sid_len, dtype=torch.int64))
         for k in ks:
             self.search(enc, trie, k)
-            if self.drafter is not None:
+            if self.drafter is not None:  # nezha and specgr's first round draft 2K beams
                 self.draft_search(enc, trie, k)
+                self.draft_search(enc, trie, 2 * k)
             for m in drafts:
                 if self.head is not None:
                     self.head_search(enc, trie, draft_count(m, k))

@@ -14,7 +14,8 @@ it verifies the NEZHA head's or the engine drafter's SIDs level by level
 
 Either way the output equals ``beam`` exactly: same items, same order, scores
 equal up to float rounding, for every history. N adapts per K
-(:class:`~.base.DraftSizer`) to the coverage observed."""
+(:class:`~.base.DraftSizer`) to the cost observed: the count of the ladder
+whose requests, misses included, cost least."""
 
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ class StrictPolicy(LevelwisePolicy):
         n = cfg.n_drafts or self.online.drafts.size(k)
         sess = batch.session
         assert sess is not None
+        t0 = eng.clock()
         with Stage(eng.clock, batch.stats, "draft_verify"):
             drafted = eng.verifier.draft_verify(sess, trie, width, n)
         if drafted is None:
@@ -73,6 +75,8 @@ class StrictPolicy(LevelwisePolicy):
                 fb = eng.verifier.beam_search(sub, trie, width)
             charge(stats)
             beams = _replace_rows(beams, miss, fb)
+        if not cfg.n_drafts:  # what this draft count cost, fallbacks included: the sizer picks the cheapest count
+            self.online.drafts.observe_cost(k, n, (eng.clock() - t0) / len(batch))
         items = beams.items(trie)
         for j, _, req, st in batch.rows():
             fr = drafted.frontier[j]

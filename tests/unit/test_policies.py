@@ -350,3 +350,18 @@ def test_auto_probes_a_skipped_tier_and_relearns_its_cost():
     make_policy("beam", eng).run([RecRequest(h, 5, deadline=None)])  # the fake clock does not move: 0 s
     assert eng.learned("beam").budget.expected() == 0.0
     assert auto.choose(RecRequest(h, 5, deadline=t[0] + 0.15)) == "beam"
+
+
+def test_draft_sizer_settles_on_the_cheapest_count_and_keeps_trying_its_neighbours():
+    from specrec.policies.base import DraftSizer
+
+    sizer = DraftSizer(explore_every=4)
+    cost = {10: 0.009, 15: 0.006, 20: 0.007, 30: 0.008, 40: 0.010, 60: 0.014}  # seconds per request, misses included
+    asked = []
+    for _ in range(200):
+        n = sizer.size(10)
+        asked.append(n)
+        sizer.observe_cost(10, n, cost[n])
+    tail = asked[-40:]
+    assert max(set(tail), key=tail.count) == 15  # the cheapest
+    assert set(tail) <= {10, 15, 20} and {10, 20} <= set(tail)  # its neighbours are still tried now and then
