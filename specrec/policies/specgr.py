@@ -30,6 +30,7 @@ delta = 0 this is beam search (items ordered by V).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -102,8 +103,10 @@ class SpecGRPolicy(Policy):
                 if batch.beams is not None and batch.beams.level >= L:
                     break
                 self._advance_beams(batch, drafted=bool(delta))
-            finally:  # what a round costs, learned from every round run (the budget hook reads it)
-                self.budget.observe("round", eng.clock() - t0)
+            finally:  # what a round costs, learned from every round that ran to its end (the budget hook reads
+                # it); a round cut short by a dependency that failed says nothing about the next one's cost
+                if sys.exc_info()[0] is None:
+                    self.budget.observe("round", eng.clock() - t0)
         complete = batch.beams is not None and batch.beams.level >= L
         for j, _, _, st in batch.rows():
             st.exit_reason = "beams_complete" if complete else "max_rounds"

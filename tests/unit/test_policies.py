@@ -365,3 +365,25 @@ def test_draft_sizer_settles_on_the_cheapest_count_and_keeps_trying_its_neighbou
     tail = asked[-40:]
     assert max(set(tail), key=tail.count) == 15  # the cheapest
     assert set(tail) <= {10, 15, 20} and {10, 20} <= set(tail)  # its neighbours are still tried now and then
+
+
+def test_specgr_does_not_learn_round_cost_from_a_failed_round():
+    """A round that a failing dependency cut short (after waiting on it) must not teach the budget hook."""
+    eng = make_engine(7)
+    hists = histories(eng, 2, 7)
+    t = [0.0]
+    eng.clock = lambda: t[0]
+    pol = make_policy("specgr", eng, delta=5, gamma=0.0)
+    pol.run([RecRequest(hists[0], 10)])
+    learned = pol.budget.estimate["round"]
+    real = eng.verifier.score
+
+    def down(*a, **kw):
+        t[0] += 0.5  # half a second waiting on a verifier that is gone
+        raise RuntimeError("verifier unavailable")
+
+    eng.verifier.score = down
+    with pytest.raises(RuntimeError):
+        pol.run([RecRequest(hists[1], 10)])
+    eng.verifier.score = real
+    assert pol.budget.estimate["round"] == learned
