@@ -297,6 +297,8 @@ class GatewayService(Service):
         # the verifier's calls end (their grace included) when the reserve starts
         vdeadline = None if deadline is None else deadline - reserve - GRACE_S
         eng = self.engine(snap, deadline, vdeadline, rid)
+        if deadline is not None and deadline - time.monotonic() < GRACE_S:  # no dependency call can come back in time
+            return self._catalogue_only(eng, req, "no time left for any call")
         if name != "drafter" and not self.breaker.allow():
             return self._fallback(eng, req, "verifier", "verifier breaker open (recent failures)")
         try:
