@@ -245,9 +245,13 @@ class RemoteVerifier:
         return _beams(r, sess)
 
     # -- the distilled drafter --------------------------------------------------------------------
+    def has_distilled(self) -> bool:
+        """Until a replica answers UNIMPLEMENTED, the verifier is taken to have a distilled drafter."""
+        return getattr(self.replicas, "distilled", True)
+
     def _distilled(self, sess: Session, method: str, make):
         """A call the verifier offers only with a distilled drafter: None (and not asked again) where it has none."""
-        if not getattr(self.replicas, "distilled", True):
+        if not self.has_distilled():
             return None
         try:
             return self._session_call(sess, method, make)

@@ -99,6 +99,9 @@ class Verifier(Protocol):
 
     def head_beams(self, sess: Session, trie: SidTrie, width: int) -> Beams: ...
 
+    def has_distilled(self) -> bool:
+        """Whether :meth:`draft_verify` and :meth:`draft_beams` can answer (the bundle has a distilled drafter)."""
+
     def draft_verify(self, sess: Session, trie: SidTrie, width: int, n: int) -> Drafted | None:
         """``strict`` in one call: the distilled drafter's ``n`` beams per level (level 0 exact), one tree
         pass over them and the target's beam search of ``width`` read from it; None without a distilled
@@ -113,13 +116,13 @@ class Verifier(Protocol):
 @dataclass
 class Drafted:
     """What :meth:`Verifier.draft_verify` returns: the target's beams (equal to its beam search in every row
-    where ``covered``), ``covered`` [R] bool, and per level 0..L-2 the target's kept prefixes and how many of
-    them the drafter held (``frontier`` [R, L-1, 2])."""
+    where ``covered``), ``covered`` [R] bool, per level 0..L-2 the target's kept prefixes and how many of
+    them the drafter held (``frontier`` [R, L-1, 2]), and ``resumed`` [R] (covered after a last-level miss)."""
 
     beams: Beams
     covered: np.ndarray
     frontier: np.ndarray
-    resumed: np.ndarray | None = None  # [R] rows whose drafts missed only the last level, finished from the verified ones
+    resumed: np.ndarray  # [R] rows whose drafts missed only the last level, finished from the verified ones
 
 
 @dataclass
@@ -279,8 +282,10 @@ class LocalVerifier:
             return beams
         return self.head.beam_search(self.head_model, self._head_h(sess), trie, width)
 
-
     # -- the distilled drafter ----------------------------------------------------------------------------
+    def has_distilled(self) -> bool:
+        return self.backend.drafter is not None
+
     @torch.inference_mode()
     def draft_verify(self, sess: Session, trie: SidTrie, width: int, n: int) -> Drafted | None:
         out = self.backend.draft_verify(sess.state.enc, trie, width, n)

@@ -139,16 +139,15 @@ class Backend:
         if out is None:
             return None
         codes, scores, tlp, alive, covered, frontier, upper, lc, ls, lt, ln, llp, lf = out
-        covered, upper, alive = covered.bool(), upper.bool(), alive.bool()
+        covered, upper = covered.bool(), upper.bool()
+        beams = Beams(codes, scores, tlp, alive.bool(), None)
         resumed = upper & ~covered
         if resumed.any():
             rows = torch.nonzero(resumed).view(-1)
-            beams = self._finish_last_level(enc.select(rows), trie, width, lc[rows], ls[rows], lt[rows], ln[rows],
-                                            llp[rows], lf[rows].bool())
-            codes, scores, tlp, alive = codes.clone(), scores.clone(), tlp.clone(), alive.clone()
-            codes[rows], scores[rows], tlp[rows], alive[rows] = beams.codes, beams.scores, beams.token_logp, beams.alive
+            beams = beams.replace_rows(rows, self._finish_last_level(
+                enc.select(rows), trie, width, lc[rows], ls[rows], lt[rows], ln[rows], llp[rows], lf[rows].bool()))
             covered = covered | resumed
-        return Beams(codes, scores, tlp, alive, None), covered, frontier, resumed
+        return beams, covered, frontier, resumed
 
     def _finish_last_level(self, enc: EncoderState, trie, width: int, codes, scores, tlp, nodes, logp, found) -> Beams:
         """The last level of the target's search from its exact beams before it (``codes`` [R, W, L-1]):

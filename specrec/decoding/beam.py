@@ -48,6 +48,16 @@ class Beams:
         nodes = None if self.nodes is None else self.nodes[idx]
         return Beams(self.codes[idx], self.scores[idx], self.token_logp[idx], self.alive[idx], nodes)
 
+    def replace_rows(self, rows: torch.Tensor, other: "Beams") -> "Beams":
+        """These beams with rows ``rows`` taken from ``other`` (one row per entry of ``rows``; up to this width,
+        the rest of those rows dead)."""
+        codes, scores, tlp, alive = self.codes.clone(), self.scores.clone(), self.token_logp.clone(), self.alive.clone()
+        m = min(codes.shape[1], other.codes.shape[1])
+        scores[rows], alive[rows] = float("-inf"), False
+        codes[rows, :m], scores[rows, :m] = other.codes[:, :m], other.scores[:, :m]
+        tlp[rows, :m], alive[rows, :m] = other.token_logp[:, :m], other.alive[:, :m]
+        return Beams(codes, scores, tlp, alive, None)
+
     def trie_nodes(self, trie: SidTrie) -> torch.Tensor:
         """Trie node of every beam (walked when not carried)."""
         if self.nodes is not None:

@@ -76,8 +76,10 @@ class SpecGRPolicy(Policy):
 
     def _run(self, batch: LiveBatch) -> None:
         eng, cfg = self.engine, self.config
-        if cfg.delta and eng.drafter is None and cfg.first_drafter == "engine":
+        if cfg.delta and eng.drafter is None and not self._distilled_first():
             raise ValueError("specgr needs a drafter (delta > 0)")
+        if cfg.first_drafter == "distilled" and not eng.verifier.has_distilled():
+            raise ValueError("specgr with first_drafter='distilled' needs a distilled drafter (`specrec distill`)")
         L = len(eng.itemset.level_sizes)
         k = max(r.k for r in batch.requests)
         pools = [RequestPool() for _ in batch.requests]
@@ -151,13 +153,7 @@ class SpecGRPolicy(Policy):
     # -- phases ----------------------------------------------------------------------------
     def _distilled_first(self) -> bool:
         """Round 0 drafts with the verifier's distilled drafter (where it has one)."""
-        if self.config.first_drafter == "engine":
-            return False
-        has = getattr(self.engine.verifier, "backend", None)
-        known = self.online.rates.get("specgr.distilled")
-        if known is not None:
-            return known > 0
-        return self.config.first_drafter == "distilled" or has is None or getattr(has, "drafter", None) is not None
+        return self.config.first_drafter != "engine" and self.engine.verifier.has_distilled()
 
     def _draft_and_verify(self, batch: LiveBatch, pools: list[RequestPool], delta: int, rnd: int = 1) -> bool:
         drafts = self._distilled_round(batch, pools, delta) if rnd == 0 and self._distilled_first() else None
@@ -190,12 +186,8 @@ class SpecGRPolicy(Policy):
         eng = self.engine
         with Stage(eng.clock, batch.active_stats, "draft") as t:
             beams = eng.verifier.draft_beams(batch.session, eng.itemset.trie, delta)
-        if beams is None:
-            if self.config.first_drafter == "distilled":
-                raise ValueError("specgr with first_drafter='distilled' needs a distilled drafter (`specrec distill`)")
-            self.online.rates["specgr.distilled"] = 0.0
+        if beams is None:  # a remote verifier just learned that it has none
             return None
-        self.online.rates["specgr.distilled"] = 1.0
         self.budget.observe("draft", t.seconds)
         charge(batch.active_stats)
         items = beams.items(eng.itemset.trie)

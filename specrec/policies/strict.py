@@ -24,7 +24,6 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from ..decoding.beam import Beams
 from .base import LiveBatch, PolicyConfig, Stage, charge, register
 from .levelwise import LevelwisePolicy
 
@@ -74,7 +73,7 @@ class StrictPolicy(LevelwisePolicy):
                 sub = sess if len(miss) == len(batch) else eng.verifier.select(sess, torch.tensor(miss))
                 fb = eng.verifier.beam_search(sub, trie, width)
             charge(stats)
-            beams = _replace_rows(beams, miss, fb)
+            beams = beams.replace_rows(torch.tensor(miss), fb)
         if not cfg.n_drafts:  # what this draft count cost, fallbacks included: the sizer picks the cheapest count
             self.online.drafts.observe_cost(k, n, (eng.clock() - t0) / len(batch))
         items = beams.items(trie)
@@ -86,26 +85,11 @@ class StrictPolicy(LevelwisePolicy):
                 st.observe_tokens(lvl, width if lvl == 0 else n, held)  # drafted prefixes that became target beams
             st.rounds = 1
             st.fallback_steps = int((fr[:, 1] < fr[:, 0]).sum())  # levels the drafts missed (resumed or not)
-            if drafted.resumed is not None and drafted.resumed[j]:
+            if drafted.resumed[j]:
                 st.exit_reason = "resumed"
-            self.online.drafts.observe(req.k, st.fallback_steps > 0)  # sized for coverage; a resumed miss is cheap
             st.exit_reason = st.exit_reason or "complete"
             a = beams.alive[j]
             src = "beam" if j in miss else "draft"
             batch.finish(j, self._result(req.k, items[j][a].tolist(), beams.scores[j][a].tolist(),
                                          [src] * int(a.sum()), st))
         return True
-
-
-def _replace_rows(beams: Beams, rows: list[int], other: Beams) -> Beams:
-    """``beams`` with rows ``rows`` taken from ``other`` (same width; ``other`` has one row per entry of rows)."""
-    idx = torch.tensor(rows)
-    w = beams.codes.shape[1]
-    codes, scores, tlp, alive = beams.codes.clone(), beams.scores.clone(), beams.token_logp.clone(), beams.alive.clone()
-    m = min(w, other.codes.shape[1])
-    scores[idx] = float("-inf")
-    alive[idx] = False
-    codes[idx, :m], scores[idx, :m] = other.codes[:, :m], other.scores[:, :m]
-    tlp[idx, :m], alive[idx, :m] = other.token_logp[:, :m], other.alive[:, :m]
-    return Beams(codes, scores, tlp, alive, None)
-

@@ -77,10 +77,14 @@ def test_strict_on_the_distilled_drafter_equals_beam(backend, tmp_path, monkeypa
 
 def test_nezha_on_the_distilled_drafter_returns_valid_items():
     eng = make_engine(5, n_items=50, distilled=True)
+    widths = []
+    orig = eng.verifier.draft_beams
+    eng.verifier.draft_beams = lambda *a, **kw: widths.append(a[2]) or orig(*a, **kw)
     for res in run(eng, "nezha", histories(eng, 5, 5), 6):
         assert len(set(res.items.tolist())) == 6
         assert eng.itemset.contains(eng.itemset.sids_of(res.items)).all()
-        assert eng.verifier.backend.drafter is not None
+        assert set(res.sources) <= {"head", "fill"}
+    assert widths == [12] * 5  # the distilled drafter's 2K beams, one call per request
 
 
 def test_distillation_teaches_the_target_frontier():
