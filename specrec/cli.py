@@ -56,6 +56,15 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--workers", type=int, default=1,
                    help="data-parallel training processes (2 on a 2-core CPU: about 1.6x the throughput of one)")
     g.add_argument("--threads", type=int, default=None, help="torch threads in all (default: every core)")
+    g.add_argument("--window-stride", type=int, default=None,
+                   help="causal encoder: a training chunk every this many targets, overlapping, so each target keeps at "
+                        "least max_history - stride + 1 items of context (default: max_history, no overlap)")
+    g.add_argument("--budget-minutes", type=float, default=None,
+                   help="plan the epochs (at most --epochs) and the cosine decay to fill this much training time, "
+                        "from the first epoch's measured cost")
+    g.add_argument("--curve-limit", type=int, default=0,
+                   help="test users (a seeded random sample) scored at each validation for the learning curve; "
+                        "never used to choose a checkpoint")
     g.add_argument("--bf16", action="store_true",
                    help="bfloat16 autocast for training matmuls (only on CPUs with AMX/AVX-512 BF16; 10x slower without)")
     g.add_argument("--seed", type=int, default=0)
@@ -74,8 +83,10 @@ def cmd_train(a: argparse.Namespace) -> int:
     )
     tcfg = TrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, weight_decay=a.weight_decay,
                        warmup_steps=a.warmup_steps, patience=a.patience, valid_limit=a.valid_limit or None, seed=a.seed,
-                       bf16=a.bf16, ema=a.ema, valid_every=a.valid_every, workers=a.workers, threads=a.threads)
-    build(a.data, a.out, a.protocol, mcfg, tcfg, quantile=a.quantile, seed=a.seed, resume=not a.no_resume)
+                       bf16=a.bf16, ema=a.ema, valid_every=a.valid_every, workers=a.workers, threads=a.threads,
+                       window_stride=a.window_stride, budget_minutes=a.budget_minutes, curve_limit=a.curve_limit)
+    build(a.data, a.out, a.protocol, mcfg, tcfg, quantile=a.quantile, seed=a.seed, resume=not a.no_resume,
+          sids_from=a.sids_from)
     return 0
 
 
@@ -347,6 +358,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--quantile", type=float, default=0.8, help="temporal cut-off as a quantile of interaction times")
     t.add_argument("--out", required=True, help="run directory (checkpoints, logs, bundle/)")
     t.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint in --out")
+    t.add_argument("--sids-from", default=None, metavar="BUNDLE",
+                   help="reuse this bundle's semantic IDs (and text embeddings) instead of fitting new ones")
     _add_model_args(t)
     _add_train_args(t)
     t.set_defaults(func=cmd_train)

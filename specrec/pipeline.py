@@ -77,7 +77,12 @@ def build(
     progress: bool = True,
     embedder: Callable | None = None,
     log: Callable[[str], None] = print,
+    sids_from: str | Path | None = None,
 ) -> Bundle:
+    """Split, semantic IDs, train, and write ``out/bundle``. ``sids_from`` (a
+    bundle of the same dataset) reuses its semantic IDs and text embeddings
+    instead of fitting new ones, so that a retrained model keeps the item
+    codes its drafters and item-set store already use."""
     t_build = time.time()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -88,18 +93,32 @@ def build(
     log(f"dataset {ds.name}: {ds.n_items} items, {len(ds.sequences)} users, {ds.n_interactions()} interactions")
     log(f"split {json.dumps(split.describe())}")
     t0 = time.time()
-    sem, sids, sid_report = fit_semantic_ids(ds, split, embedder, seed=seed, n_levels=len(model_cfg.level_sizes) - 1,
-                                             codebook_size=model_cfg.level_sizes[0], collision_size=model_cfg.level_sizes[-1])
+    text_emb = None
+    if sids_from is not None:
+        src = Bundle.load(sids_from)
+        if src.catalogue.ids != ds.catalogue.ids:
+            raise ValueError(f"{sids_from}: its catalogue is not the dataset's")
+        if list(src.cfg.level_sizes) != list(model_cfg.level_sizes):
+            raise ValueError(f"{sids_from}: its SID levels {src.cfg.level_sizes} differ from {model_cfg.level_sizes}")
+        sem, sids, sid_report, text_emb = src.semantic_ids, src.sids, src.meta["sid_report"], src.text_emb
+        log(f"semantic IDs from {sids_from}")
+    else:
+        sem, sids, sid_report = fit_semantic_ids(ds, split, embedder, seed=seed, n_levels=len(model_cfg.level_sizes) - 1,
+                                                 codebook_size=model_cfg.level_sizes[0],
+                                                 collision_size=model_cfg.level_sizes[-1])
     lv = ", ".join(f"L{x['level']} {x['used']}/{x['size']}" for x in sid_report["levels"])
     log(f"semantic IDs in {time.time() - t0:.0f}s: codebook usage {lv}; {sid_report['items_with_collision']} items "
         f"need a collision digit > 0 (max {sid_report['max_collision_digit']})")
     (out / "sid_report.json").write_text(json.dumps(sid_report, indent=2) + "\n")
 
-    trainer = Trainer(model_cfg, train_cfg, sids, split.train, split.valid, out, log=log)
+    trainer = Trainer(model_cfg, train_cfg, sids, split.train, split.valid, out, log=log, test=split.test)
     if resume:
         trainer.resume()
     summary = trainer.fit(progress=progress)
-    summary["train_minutes"] = round(sum(h["train_s"] + h.get("valid_s", 0.0) for h in trainer.history) / 60.0, 1)
+    summary["train_minutes"] = round(sum(h["train_s"] + h.get("valid_s", 0.0) + h.get("test_s", 0.0)
+                                         for h in trainer.history) / 60.0, 1)
+    summary["curve"] = [{k: h[k] for k in h if k in ("epoch", "step", "minutes", "loss", "lr") or "@" in k}
+                        for h in trainer.history]
     summary["wall_minutes_this_session"] = round((time.time() - t_build) / 60.0, 1)
     summary["params"] = trainer.model.n_params()
     meta = {
@@ -107,7 +126,10 @@ def build(
         "cutoff": split.cutoff, "quantile": quantile if protocol == "temporal" else None, "seed": seed,
         "train": train_cfg.model_dump(), "training": summary, "split": split.describe(), "sid_report": sid_report,
     }
-    bundle = Bundle(ds.name, ds.catalogue, sem, sids, split.seen.copy(), round_to_half(trainer.model), meta)
+    if sids_from is not None:
+        meta["sids_from"] = str(sids_from)
+    bundle = Bundle(ds.name, ds.catalogue, sem, sids, split.seen.copy(), round_to_half(trainer.model), meta,
+                    text_emb=text_emb)
     bundle.save(out / "bundle")
     write_demo_histories(out / "bundle", split)
     log(f"bundle written to {out / 'bundle'} ({summary['train_minutes']} min of training)")

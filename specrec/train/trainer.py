@@ -60,6 +60,9 @@ class TrainConfig(BaseModel):
     valid_every: int = 1  # epochs between validations (the last epoch is always validated)
     workers: int = 1  # data-parallel training processes
     threads: int | None = None  # torch threads in all (default: all cores), split between workers
+    window_stride: int | None = None  # causal chunks overlap: a new chunk every this many targets (None = max_history)
+    budget_minutes: float | None = None  # after the first epoch, plan the epochs (and the cosine) to fill this budget
+    curve_limit: int = 0  # test users (a seeded random sample) scored at each validation for the learning curve only
 
 
 def bucketed_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generator, chunk: int) -> list[np.ndarray]:
@@ -83,16 +86,24 @@ def history_batch(sids: torch.Tensor, hist: np.ndarray) -> torch.Tensor:
     return torch.where((hist < 0).unsqueeze(-1), torch.full_like(out, -1), out)
 
 
-def causal_chunks(ex: Examples) -> tuple[np.ndarray, np.ndarray]:
+def causal_chunks(ex: Examples, stride: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Training examples -> whole-sequence chunks for a causal encoder.
 
     Per user, the example with the latest target gives a chunk: its history
     as input, and as targets the next item after every input position (the
     history shifted by one, then the example's own target); positions whose
-    next item is not a training target are -1. Further chunks end 20 (H)
-    targets earlier, so every training target is in exactly one chunk.
+    next item is not a training target are -1. Further chunks end ``stride``
+    (default H) targets earlier. Every training target is taught in exactly
+    one chunk: the one ending nearest after it, where it has the most context
+    (at least H - stride + 1 items, or its whole history when shorter); in
+    the others it is -1. With stride H chunks do not overlap, and a target
+    early in a chunk sees only the items of that chunk; with stride 1 every
+    target sees its full serving context.
     Returns (inputs [C, H], targets [C, H]), left-padded with -1."""
     H = ex.history.shape[1]
+    stride = stride or H
+    if not 1 <= stride <= H:
+        raise ValueError(f"stride must be in 1..{H}, got {stride}")
     order = np.lexsort((ex.position, ex.user))
     users, pos = ex.user[order], ex.position[order]
     inp, tgt = [], []
@@ -110,12 +121,14 @@ def causal_chunks(ex: Examples) -> tuple[np.ndarray, np.ndarray]:
             first = e - n  # sequence position of the first history item
             row_t[H - n : H - 1] = h[H - n + 1 :]
             row_t[H - 1] = ex.target[j]
+            later = e - stride >= p_min  # an earlier chunk exists: targets at or before e - stride are taught there
             for i in range(H - n, H):  # next item of input i sits at position first + (i - (H - n)) + 1
-                if first + (i - (H - n)) + 1 < p_min:
+                p = first + (i - (H - n)) + 1
+                if p < p_min or (later and p <= e - stride):
                     row_t[i] = PAD
             inp.append(h)
             tgt.append(row_t)
-            e -= H
+            e -= stride
     return np.stack(inp), np.stack(tgt)
 
 
@@ -161,6 +174,7 @@ class Trainer:
         log: Callable[[str], None] = print,
         rank: int = 0,
         world: int = 1,
+        test: Examples | None = None,
     ):
         self.mcfg, self.cfg = model_cfg, cfg
         self.rank, self.world = rank, world
@@ -169,6 +183,9 @@ class Trainer:
         self.trie = SidTrie(sids, model_cfg.level_sizes)
         self.train_ex, self.valid_all = train, valid
         self.valid = sample_examples(valid, cfg.valid_limit, cfg.seed)
+        # the learning curve's test users: a fixed seeded sample, scored for the record, never used to choose
+        self.test_all = test
+        self.curve = sample_examples(test, cfg.curve_limit, cfg.seed + 1) if test is not None and cfg.curve_limit else None
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.log = log
@@ -181,7 +198,7 @@ class Trainer:
             [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=cfg.lr, betas=(0.9, 0.98),
         )
-        n_units = len(causal_chunks(train)[0]) if model_cfg.causal_encoder else len(train)
+        n_units = len(causal_chunks(train, cfg.window_stride)[0]) if model_cfg.causal_encoder else len(train)
         self.steps_per_epoch = math.ceil(n_units / cfg.batch_size)
         self.total_steps = self.steps_per_epoch * cfg.epochs
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self._lr_factor)
@@ -191,6 +208,31 @@ class Trainer:
         self.best_epoch = -1
         self.bad_epochs = 0
         self.history: list[dict] = []
+        self.planned_epochs: int | None = None  # with a time budget: the epochs that fit, set after the first
+        self.elapsed_s = 0.0  # training + validation seconds over all sessions of this run
+        self._last_valid_s = 0.0
+
+    @property
+    def max_epochs(self) -> int:
+        return self.planned_epochs if self.planned_epochs is not None else self.cfg.epochs
+
+    def _plan(self, epoch_s: float) -> None:
+        """With a time budget: after the first epoch, the number of epochs that fit (at most ``epochs``);
+        the cosine decays over those, so the run ends at its minimum learning rate inside the budget.
+        After each later epoch the plan is checked against the time left at the last epoch's cost and
+        only ever shortened (other work on the machine slows epochs down, never speeds them up)."""
+        c = self.cfg
+        left = c.budget_minutes * 60.0 - self.elapsed_s
+        fit = self.epoch + max(1, int(left // max(epoch_s, 1e-6))) if left > 0 else self.epoch
+        fit = max(self.epoch, min(c.epochs, fit))
+        if self.planned_epochs is not None and fit >= self.planned_epochs:
+            return
+        first = self.planned_epochs is None
+        self.planned_epochs = fit
+        self.total_steps = self.steps_per_epoch * self.planned_epochs
+        self.log(f"budget {c.budget_minutes:.0f} min, {self.elapsed_s / 60:.1f} spent: an epoch with its share of "
+                 f"validation takes {epoch_s / 60:.1f} min, so {self.planned_epochs} epochs ({self.total_steps} steps)"
+                 + ("" if first else ", shortened"))
 
     def _lr_factor(self, step: int) -> float:
         c = self.cfg
@@ -216,6 +258,7 @@ class Trainer:
             "ema": None if self.ema is None else self.ema.state_dict(),
             "epoch": self.epoch, "step": self.step, "best": self.best, "best_epoch": self.best_epoch,
             "bad_epochs": self.bad_epochs, "history": self.history,
+            "planned_epochs": self.planned_epochs, "elapsed_s": self.elapsed_s, "last_valid_s": self._last_valid_s,
             "model_cfg": self.mcfg.model_dump(), "train_cfg": self.cfg.model_dump(),
             "torch_rng": torch.get_rng_state(),
         }
@@ -237,6 +280,11 @@ class Trainer:
         self.epoch, self.step = st["epoch"], st["step"]
         self.best, self.best_epoch, self.bad_epochs = st["best"], st["best_epoch"], st["bad_epochs"]
         self.history = st["history"]
+        self.planned_epochs = st.get("planned_epochs")
+        self.elapsed_s = st.get("elapsed_s", 0.0)
+        self._last_valid_s = st.get("last_valid_s", 0.0)
+        if self.planned_epochs is not None:
+            self.total_steps = self.steps_per_epoch * self.planned_epochs
         torch.set_rng_state(st["torch_rng"])
         self.log(f"resumed from {self.ckpt_path} at epoch {self.epoch}, step {self.step} "
                  f"(best {self.cfg.metric}={self.best:.4f} @ {self.best_epoch})")
@@ -250,7 +298,7 @@ class Trainer:
         if self.world == 1:
             torch.set_num_threads(c.threads or torch.get_num_threads())
         if self.mcfg.causal_encoder:
-            inp, tgt = causal_chunks(self.train_ex)
+            inp, tgt = causal_chunks(self.train_ex, c.window_stride)
             lengths = (inp != PAD).sum(1)
             self.log(f"causal encoder: {len(self.train_ex)} targets in {len(inp)} sequence chunks; "
                      f"{self.steps_per_epoch} steps per epoch of {c.batch_size}"
@@ -260,7 +308,7 @@ class Trainer:
         t_start = time.time()
         bar = tqdm(total=self.total_steps, initial=self.step, disable=not progress, unit="step", smoothing=0.05,
                    desc="training")
-        while self.epoch < c.epochs and self.bad_epochs < c.patience:
+        while self.epoch < self.max_epochs and self.bad_epochs < c.patience:
             rng = np.random.default_rng(c.seed * 100003 + self.epoch)
             batches = bucketed_batches(lengths, c.batch_size, rng, c.bucket_chunk)
             self.model.train()
@@ -302,21 +350,35 @@ class Trainer:
             self.epoch += 1
             rec = {"epoch": self.epoch, "step": self.step, "loss": tot / max(n, 1), "lr": self.sched.get_last_lr()[0],
                    "train_s": round(train_s, 1)}
-            if self.epoch % c.valid_every == 0 or self.epoch >= c.epochs:
+            self.elapsed_s += train_s
+            first_plan = c.budget_minutes is not None and self.planned_epochs is None
+            if c.budget_minutes is not None and not first_plan:  # before validating: is this the last epoch now?
+                self._plan(train_s + self._last_valid_s / c.valid_every)
+            if first_plan or self.epoch % c.valid_every == 0 or self.epoch >= self.max_epochs:
                 self._validate(rec)
+            spent = rec.get("valid_s", 0.0) + rec.get("test_s", 0.0)
+            self.elapsed_s += spent
+            self._last_valid_s = spent or self._last_valid_s
+            rec["minutes"] = round(self.elapsed_s / 60.0, 2)
+            if first_plan:  # an epoch's cost includes its share of validation
+                self._plan(train_s + spent / c.valid_every)
+            if c.budget_minutes is not None:
+                bar.total = self.total_steps
+                bar.refresh()
             self.history.append(rec)
             if not self.rank:
                 with open(self.out / "train_log.jsonl", "a") as fh:
                     fh.write(json.dumps(rec) + "\n")
             self.save_checkpoint()
         bar.close()
-        stopped = "early_stop" if self.bad_epochs >= c.patience else "max_epochs"
+        stopped = "early_stop" if self.bad_epochs >= c.patience else ("budget" if c.budget_minutes else "max_epochs")
         if self.world > 1:
             torch.distributed.barrier()  # rank 0 has written best_model.pt
         self.model.load_state_dict(torch.load(self.best_path, weights_only=True))
         self.model.eval()
         return {"epochs": self.epoch, "steps": self.step, "best_epoch": self.best_epoch, f"best_valid.{c.metric}": self.best,
-                "stopped": stopped, "session_seconds": round(time.time() - t_start, 1), "workers": c.workers}
+                "stopped": stopped, "session_seconds": round(time.time() - t_start, 1), "workers": c.workers,
+                "planned_epochs": self.planned_epochs}
 
     def _codes(self, items: torch.Tensor) -> torch.Tensor:
         """[B, T] item indices (-1 = none) -> [B, T, L] codes (rows of -1)."""
@@ -345,6 +407,12 @@ class Trainer:
             if ev[c.metric] > val[c.metric]:
                 val, best_state, which = ev, self.ema, "ema"
         rec["valid_s"] = round(time.time() - t1, 1)
+        if self.curve is not None:  # the test curve scores the weights validation just chose between
+            best_model = self.ema if which == "ema" else self.model
+            t2 = time.time()
+            tv = evaluate_beam(best_model, self.sids, self.trie, self.curve, c.valid_beam, shard=shard)
+            rec.update({f"test.{k}": v for k, v in tv.items()})
+            rec["test_s"] = round(time.time() - t2, 1)
         score = val[c.metric]
         if score > self.best:
             self.best, self.best_epoch, self.bad_epochs = score, self.epoch, 0
@@ -369,7 +437,7 @@ class Trainer:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
         args = (self.mcfg, self.cfg, self.sids_np, self.train_ex, self.valid_all, str(self.out))
-        mp.spawn(_worker, args=(self.cfg.workers, port, args, progress), nprocs=self.cfg.workers, join=True)
+        mp.spawn(_worker, args=(self.cfg.workers, port, args, progress, self.test_all), nprocs=self.cfg.workers, join=True)
         summary = json.loads((self.out / "fit_summary.json").read_text())
         self.resume()  # epochs, history and the rest, as the workers left them
         self.model.load_state_dict(torch.load(self.best_path, weights_only=True))
@@ -377,14 +445,14 @@ class Trainer:
         return summary
 
 
-def _worker(rank: int, world: int, port: int, args, progress: bool) -> None:
+def _worker(rank: int, world: int, port: int, args, progress: bool, test: Examples | None = None) -> None:
     import torch.distributed as dist
 
     cfg: TrainConfig = args[1]
     torch.set_num_threads(max(1, (cfg.threads or os.cpu_count() or 1) // world))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
-        tr = Trainer(*args, log=print if rank == 0 else (lambda m: None), rank=rank, world=world)
+        tr = Trainer(*args, log=print if rank == 0 else (lambda m: None), rank=rank, world=world, test=test)
         tr.resume()
         summary = tr.fit(progress=progress and rank == 0)
         if rank == 0:

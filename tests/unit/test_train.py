@@ -57,6 +57,45 @@ def test_resume_equals_uninterrupted(setup, tmp_path):
         assert torch.allclose(a, b, atol=1e-6), n
 
 
+def test_budget_plans_the_epochs_and_records_a_test_curve(setup, tmp_path, monkeypatch):
+    """A time budget fixes the number of epochs after the first (whose cost is measured), shortens the
+    plan when epochs get slower, and never runs past it; the test curve is recorded at each validation
+    but does not choose the kept weights."""
+    split, cfg, _, sids = setup
+    clock = {"t": 0.0}
+    cost = {"epoch": 60.0}  # seconds an epoch "takes" on the fake clock
+
+    def fake_time():
+        return clock["t"]
+
+    import specrec.train.trainer as trainer_mod
+
+    monkeypatch.setattr(trainer_mod.time, "time", fake_time)
+    tc = TrainConfig(epochs=50, batch_size=64, lr=3e-3, warmup_steps=10, valid_limit=100, patience=50,
+                     budget_minutes=6.0, valid_every=2, curve_limit=50)
+    tr = Trainer(cfg, tc, sids, split.train, split.valid, tmp_path, log=lambda s: None, test=split.test)
+    real_step = tr.opt.step
+    steps_per_epoch = tr.steps_per_epoch
+
+    def step(*a, **k):
+        clock["t"] += cost["epoch"] / steps_per_epoch
+        if tr.epoch == 2:
+            cost["epoch"] = 90.0  # the machine got busier
+        return real_step(*a, **k)
+
+    tr.opt.step = step
+    summary = tr.fit(progress=False)
+    assert summary["stopped"] == "budget"
+    # 6 min at 1 min per epoch -> 6 epochs planned; slower epochs from the third on shorten that
+    assert 4 <= tr.epoch < 6 and summary["planned_epochs"] == tr.epoch
+    assert tr.total_steps == tr.step  # the cosine ended where the run did
+    assert tr.elapsed_s <= 6 * 60 + 1e-6
+    validated = [h for h in tr.history if "valid.ndcg@10" in h]
+    assert validated[0]["epoch"] == 1 and validated[-1]["epoch"] == tr.epoch
+    assert all("test.recall@10" in h and "minutes" in h for h in validated)
+    assert len(tr.curve) == 50 and set(tr.curve.user) <= set(split.test.user)
+
+
 def test_early_stopping(setup, tmp_path):
     # with a zero learning rate nothing can improve after the first epoch
     tr = _trainer(setup, tmp_path, epochs=30, patience=1, lr=0.0)
@@ -102,6 +141,38 @@ def test_causal_chunks_cover_every_target_once_with_its_context(synth):
     for ctx, t in got:
         assert any(full[-len(ctx):] == ctx for full in hist_of[t])
     assert len(want) <= len(got)
+
+
+@pytest.mark.parametrize("stride", [1, 2, 4, 6])
+def test_overlapping_chunks_teach_each_target_once_with_enough_context(synth, stride):
+    """With a stride below H the chunks overlap; each target is still taught once, in the chunk where it
+    has the most context: at least H - stride + 1 items of its own history (all of it when shorter), and
+    with stride 1 exactly the history it is served with."""
+    from specrec.data import leave_one_out as loo
+    from specrec.train.trainer import causal_chunks
+
+    H = 6
+    split = loo(synth, max_history=H)
+    inp, tgt = causal_chunks(split.train, stride=stride)
+    by_key = {}
+    for h, t, u, p in zip(split.train.history, split.train.target, split.train.user, split.train.position):
+        by_key[(int(u), int(p))] = (tuple(h[h >= 0].tolist()), int(t))
+    taught = []
+    for x, y in zip(inp, tgt):
+        for i in range(H):
+            if y[i] >= 0:
+                ctx = x[: i + 1]
+                taught.append((tuple(ctx[ctx >= 0].tolist()), int(y[i])))
+    assert len(taught) == len(split.train)
+    examples = sorted(by_key.values())
+    for ctx, t in taught:
+        full = [h for h, tt in examples if tt == t and h[-len(ctx):] == ctx]
+        assert full, (ctx, t)
+        assert any(len(ctx) >= min(len(h), H - stride + 1) for h in full)
+    if stride == 1:
+        assert sorted(taught) == examples
+    if stride < H:
+        assert len(inp) > len(causal_chunks(split.train)[0])
 
 
 def test_causal_sequence_loss_equals_per_example_loss():
