@@ -1,49 +1,30 @@
 """The catalogue in Redis: versioned, immutable once published.
 
 :class:`RedisCatalogue` is one namespace's catalogue: the key schema is in
-:mod:`.keys`, reads in :mod:`.reads`, writes in :mod:`.writes`. This module
-joins them and holds the connection plumbing. Storage code raises plain
-domain errors (:class:`VersionNotFound`, :class:`WriteConflict`, ...) and
-never imports gRPC; the service maps them to status codes
-(:mod:`specrec_rpc.errors`).
+:mod:`.keys`, reads in :mod:`.reads`, writes in :mod:`.writes`, the client and
+the errors that mean Redis is down in :mod:`.client`. This module joins them.
+Storage code raises plain domain errors (:class:`VersionNotFound`,
+:class:`WriteConflict`, ...) and never imports gRPC; the service maps them to
+status codes (:mod:`specrec_rpc.errors`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Sequence
+from typing import Sequence
 
 import structlog
-from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
-from redis.exceptions import BusyLoadingError, ConnectionError as RedisConnectionError, TimeoutError as RedisTimeoutError
 
-from specrec_rpc.redis_url import async_client, close_async
+from specrec_rpc.redis_url import close_async
 
+from .client import REDIS_DOWN, make_client  # noqa: F401 (re-exported)
 from .keys import Keys, Record, build_masks, parse_sid, prefix_steps, records_fingerprint, sid_str  # noqa: F401 (re-exported)
 from .metrics import REDIS_SECONDS
 from .reads import CatalogueEmpty, CatalogueInfo, CatalogueReads, VersionNotFound  # noqa: F401 (re-exported)
 from .settings import check_namespace
 from .writes import (_COMMIT, _DROP, _UNLOCK, CatalogueWrites, NotAcknowledged, UpsertSpec, WriteConflict,  # noqa: F401
                      WriteRejected, WriteResult)
-
-# Redis down, slow, restarting, or (a Sentinel client) no primary known: UNAVAILABLE, and a write may retry
-# (MasterNotFoundError and "the previous master is now a slave" are ConnectionErrors)
-REDIS_DOWN = (RedisConnectionError, RedisTimeoutError, BusyLoadingError, OSError, asyncio.TimeoutError)
-
-
-def make_client(url: str, timeout_s: float = 2.0, cluster: bool = False, password: str | None = None,
-                sentinel_password: str | None = None):
-    """A ``redis.asyncio`` client for any URL of :mod:`specrec_rpc.redis_url`, with bounded timeouts: one
-    quick retry on a connection error (a pooled connection may be stale after a Redis restart or a
-    failover), none on a timeout, so a hung Redis costs one ``timeout_s``, not several. Sentinels are
-    asked with at most a 1 s timeout each, so a dead one costs little before the next is asked."""
-    kw: dict[str, Any] = dict(decode_responses=True, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-              retry=Retry(ExponentialBackoff(cap=0.2, base=0.02), 1, supported_errors=(RedisConnectionError,)),
-              health_check_interval=30)
-    return async_client(url, cluster=cluster, password=password, sentinel_password=sentinel_password,
-                        sentinel_timeout_s=min(timeout_s, 1.0), **kw)
 
 
 class RedisCatalogue(CatalogueReads, CatalogueWrites):

@@ -39,6 +39,7 @@ import numpy as np
 
 from specrec_rpc.errors import FailedPrecondition, InvalidArgument, Unavailable
 
+from .client import REDIS_DOWN
 from .keys import (
     DATA_KEYS, EMPTY_FINGERPRINT, STAGING_TTL_S, Record, build_masks, bump, fingerprint, format_mask, parse_mask,
     prefix_steps, records_fingerprint, sid_str, version_counter, version_name,
@@ -207,8 +208,6 @@ class CatalogueWrites:
                                f"{self.wait_ms} ms: not acknowledged (a failover may lose it; retrying is safe)")
 
     async def _prune(self) -> list[str]:
-        from .store import REDIS_DOWN
-
         try:
             stored = await self.stored_versions()
             victims = stored[: max(0, len(stored) - self.keep)]
@@ -301,8 +300,6 @@ class CatalogueWrites:
         """Hook before a write finds no current version (the store: nothing; the service restores or refuses)."""
 
     async def _count(self, version: str) -> None:
-        from .store import REDIS_DOWN
-
         try:
             CATALOGUE_ITEMS.labels(self.ns).set(await self._t("count", self.r.hlen(self.keys.vkey(version, "items"))))
         except REDIS_DOWN:
