@@ -39,6 +39,7 @@ from prometheus_client.core import CounterMetricFamily, REGISTRY
 from pydantic import Field, ValidationError
 from pydantic_settings import SettingsConfigDict
 
+from specrec.costs import CostModel
 from specrec.policies import POLICIES, Engine, Overloaded, RecRequest, RecResult, SpecMetrics, make_policy
 from specrec.policies.auto import AutoPolicy
 from specrec.policies.base import fill_to_k
@@ -183,6 +184,7 @@ class GatewayService(Service):
         self.pool = ThreadPoolExecutor(max_workers=settings.workers, thread_name_prefix="policy")
         self._collector = SpecCollector(self.metrics)
         self.online: dict = {}  # what every policy learned, across requests (a policy object lives for one request)
+        self.costs = CostModel()  # what every policy's stages and requests cost, shared by every request's engine
         self.breaker = Breaker(settings.breaker_failures, settings.breaker_open_s)
         self.pending = {"verifier": 0, "drafter": 0}  # admitted requests not finished, by the service they use
         self._pending_lock = threading.Lock()
@@ -259,7 +261,7 @@ class GatewayService(Service):
             verifier=RemoteVerifier(self.verifiers, snap, verifier_deadline, snap.level_sizes, md),
             itemset=snap.itemset, max_history=self.s.max_history,
             drafter=RemoteDrafter(self.drafters, snap, deadline, self.s.drafter_mode, md),
-            clock=time.monotonic, metrics=self.metrics, online=self.online, load=self.queue_wait,
+            clock=time.monotonic, metrics=self.metrics, online=self.online, load=self.queue_wait, costs=self.costs,
         )
 
     def admit(self, name: str, rows: np.ndarray, k: int, deadline: float, snap: Snapshot) -> str:
@@ -354,7 +356,7 @@ class GatewayService(Service):
                 break
             try:
                 if name != "drafter":
-                    eng.verifier.deadline = req.deadline
+                    eng.verifier.deadline = None if req.deadline is None else req.deadline.at
                 t0 = time.monotonic()
                 res = make_policy(name, eng).run([req])[0]
                 if name == "drafter":  # the drafter's own time: what the next requests keep back for it

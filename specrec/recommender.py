@@ -205,6 +205,7 @@ class Recommender:
         Raises ValueError for bad input (naming the field) and
         :class:`~specrec.policies.Overloaded` when ``auto`` finds no policy that fits the budget.
         """
+        from .deadline import Deadline
         from .policies import RecRequest
 
         if not isinstance(k, (int, np.integer)) or k < 1:
@@ -215,7 +216,7 @@ class Recommender:
         rows, ignored = self._rows(history)
         pol = self._policy(policy, params)
         clock = self.engine.clock
-        deadline = None if budget_ms is None else clock() + budget_ms / 1000.0
+        deadline = None if budget_ms is None else Deadline(clock() + budget_ms / 1000.0)
         res = pol.run([RecRequest(rows, min(int(k), len(self.itemset)), deadline)])[0]
         st = res.stats
         stats = RecommendStats(

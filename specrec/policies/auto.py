@@ -8,8 +8,8 @@ by estimate is tried), then ``nezha`` (the draft head's list), then
     now + expected cost + the verifier's queue wait <= deadline
 
 where a policy's expected cost is its running mean plus two running mean
-absolute deviations (learned online from its own requests, in
-:class:`~.base.Online`; a request that failed counts with the time it took)
+absolute deviations (learned online from its own requests, in the engine's
+:class:`~specrec.costs.CostModel`; a request that failed counts with the time it took)
 and the queue wait is the engine's live estimate for the service the policy
 uses (``Engine.load(policy)``; 0 in-process). A request that nothing fits, not even the
 drafter, is refused (:class:`Overloaded`): the gateway answers
@@ -30,10 +30,9 @@ from __future__ import annotations
 from pydantic import Field
 
 from .base import LiveBatch, Policy, PolicyConfig, RecRequest, make_policy, register
+from .errors import Overloaded
 
-
-class Overloaded(RuntimeError):
-    """No policy can answer within the request's budget."""
+__all__ = ["AutoConfig", "AutoPolicy", "Overloaded"]
 
 
 class AutoConfig(PolicyConfig):
@@ -56,10 +55,10 @@ class AutoPolicy(Policy):
             batch.finish(j, make_policy(name, self.engine).run([req])[0])
 
     def _cost(self, name: str) -> float | None:
-        return self.engine.learned(name).budget.expected(self.config.spread)
+        return self.engine.costs.expected(name, self.config.spread)
 
     def choose(self, req: RecRequest) -> str:
-        eng, cfg = self.engine, self.config
+        eng, cfg, costs = self.engine, self.config, self.engine.costs
         if req.deadline is None:
             return self._cheapest(cfg.tiers[0])
         now = eng.clock()
@@ -68,16 +67,16 @@ class AutoPolicy(Policy):
             if name == "drafter" and self.engine.drafter is None:
                 continue
             cost = self._cost(name)
-            left = req.deadline - now - eng.load(name)
-            last = self.online.rates.setdefault(f"tried@{name}", now)
+            left = req.deadline.left(now) - eng.load(name)
+            last = costs.last_tried(name, now)
             if cost is None or cost <= left:
-                self.online.rates[f"tried@{name}"] = now
+                costs.tried(name, now)
                 return name
             if n + 1 < len(cfg.tiers) and now - last >= cfg.probe_s and 0 < left and cost <= 2 * left:
-                self.online.rates[f"tried@{name}"] = now
-                self.engine.learned(name).rates["relearn"] = 1.0  # its estimate is replaced by this request's time
+                costs.tried(name, now)
+                costs.relearn(name)  # its estimate is replaced by this request's time
                 return name
-        raise Overloaded(f"no policy fits the {max(0.0, req.deadline - now) * 1000:.1f} ms left "
+        raise Overloaded(f"no policy fits the {max(0.0, req.deadline.left(now)) * 1000:.1f} ms left "
                          f"(queue ahead: verifier {eng.load('beam') * 1000:.1f} ms, drafter {eng.load('drafter') * 1000:.1f} ms)")
 
     def _cheapest(self, tier: list[str]) -> str:

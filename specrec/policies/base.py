@@ -1,5 +1,5 @@
 """What every policy shares: requests and results, the engine a policy talks
-to, the live batch, the budget hook, and the fill-up that guarantees K unique
+to (with its cost model, :mod:`specrec.costs`), the live batch, and the fill-up that guarantees K unique
 valid items.
 
 A policy is a named strategy with one config object (a pydantic model whose
@@ -23,6 +23,8 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from ..backends.base import DRAFT_FACTORS, draft_count
+from ..costs import CostModel, CostStage, PolicyCosts
+from ..deadline import Deadline
 from ..decoding.beam import Beams
 from ..drafters.base import Drafter
 from ..itemset import LocalItemSet
@@ -38,7 +40,11 @@ class PolicyConfig(BaseModel):
 class RecRequest:
     history: np.ndarray  # item indices, oldest first (non-empty)
     k: int = 10
-    deadline: float | None = None  # absolute time on the engine's clock (seconds), None = no budget
+    deadline: Deadline | None = None  # on the engine's clock; a number is taken as Deadline(at=number); None = no budget
+
+    def __post_init__(self) -> None:
+        if isinstance(self.deadline, (int, float)):
+            self.deadline = Deadline(float(self.deadline))
 
 
 @dataclass
@@ -63,11 +69,12 @@ class Engine:
     metrics: SpecMetrics = field(default_factory=SpecMetrics)
     online: dict = field(default_factory=dict)  # policy name -> Online: what each policy learned, across requests
     load: Callable[[str], float] = lambda policy: 0.0  # expected queue wait (s) of the service a policy uses
+    costs: CostModel = field(default_factory=CostModel)  # what stages and requests cost, per policy and resource
 
-    def learned(self, policy: str) -> "Online":
+    def learned(self, policy: str) -> Online:
         """The policy's :class:`Online` state, shared by every policy object of this engine."""
         if policy not in self.online:
-            self.online[policy] = Online(Budget(self.clock))
+            self.online[policy] = Online()
         return self.online[policy]
 
     def history_sids(self, histories: Sequence[np.ndarray]) -> torch.Tensor:
@@ -79,40 +86,6 @@ class Engine:
             if len(items):
                 out[i, h - len(items) :] = self.itemset.sids_t[torch.from_numpy(items)]
         return out
-
-
-class Budget:
-    """The budget hook: before each round a policy asks whether the next round
-    fits before the request's deadline, using a running estimate of round cost."""
-
-    def __init__(self, clock: Callable[[], float], alpha: float = 0.3):
-        self.clock = clock
-        self.alpha = alpha
-        self.estimate: dict[str, float] = {}
-
-    def fits(self, deadline: float | None, kind: str) -> bool:
-        if deadline is None:
-            return True
-        return self.clock() + self.estimate.get(kind, 0.0) <= deadline
-
-    def observe(self, kind: str, seconds: float) -> None:
-        old = self.estimate.get(kind)
-        self.estimate[kind] = seconds if old is None else (1 - self.alpha) * old + self.alpha * seconds
-
-    def observe_total(self, seconds: float, alpha: float = 0.1) -> None:
-        """A whole request's time: running mean and mean absolute deviation."""
-        mean = self.estimate.get("total")
-        if mean is None or alpha >= 1.0:
-            self.estimate["total"], self.estimate["total_dev"] = seconds, 0.5 * seconds
-            return
-        self.estimate["total_dev"] = (1 - alpha) * self.estimate["total_dev"] + alpha * abs(seconds - mean)
-        self.estimate["total"] = (1 - alpha) * mean + alpha * seconds
-
-    def expected(self, spread: float = 2.0) -> float | None:
-        """A high estimate of a whole request's time (mean + ``spread`` deviations); None before any."""
-        if "total" not in self.estimate:
-            return None
-        return self.estimate["total"] + spread * self.estimate["total_dev"]
 
 
 class DraftSizer:
@@ -175,11 +148,11 @@ class DraftSizer:
 
 @dataclass
 class Online:
-    """What a policy learns across requests: stage-cost estimates (the budget
-    hook), the adaptive draft count, and acceptance estimates. The gateway
-    keeps one per policy and hands it to the policy object of each request."""
+    """What a policy learns across requests besides costs (those are the engine's
+    :class:`~specrec.costs.CostModel`): the adaptive draft count and acceptance
+    estimates. The gateway keeps one per policy and hands it to the policy
+    object of each request."""
 
-    budget: Budget
     drafts: DraftSizer = field(default_factory=DraftSizer)
     rates: dict[str, float] = field(default_factory=dict)  # running estimates by name (e.g. exit rate per round)
     requests: int = 0
@@ -344,8 +317,9 @@ class Policy(ABC):
         self.online = online or engine.learned(self.name)
 
     @property
-    def budget(self) -> Budget:
-        return self.online.budget
+    def costs(self) -> PolicyCosts:
+        """This policy's costs in the engine's cost model (its budget hook)."""
+        return self.engine.costs.for_policy(self.name, self.engine.clock)
 
     @final
     def run(self, requests: Sequence[RecRequest]) -> list[RecResult]:
@@ -366,9 +340,7 @@ class Policy(ABC):
                 self._run(batch)
         finally:  # a request that failed still teaches what it cost
             self.online.requests += 1
-            # a probe (auto retrying a tier it had skipped) replaces the stale estimate instead of nudging it
-            relearn = self.online.rates.pop("relearn", 0.0) > 0
-            self.online.budget.observe_total((eng.clock() - t0) / max(1, len(requests)), alpha=1.0 if relearn else 0.1)
+            self.costs.observe_request((eng.clock() - t0) / max(1, len(requests)))
         for res in batch.results:
             if not res.served_by:  # a delegating policy's results were recorded by the policy that made them
                 res.served_by = self.name
@@ -383,9 +355,9 @@ class Policy(ABC):
         items, scores, sources = fill_to_k(k, self.engine.itemset, list(items)[:k], list(scores)[:k], list(sources)[:k], prefixes, request)
         return RecResult(np.asarray(items[:k], dtype=np.int64), np.asarray(scores[:k], dtype=np.float64), sources[:k], stats)
 
-    def _exit_late(self, batch: LiveBatch, kind: str, result_fn) -> None:
-        """Finish (exit reason ``budget``) the requests whose next ``kind`` would not fit their deadline."""
-        late = [j for j, _, r, _ in batch.rows() if not self.budget.fits(r.deadline, kind)]
+    def _exit_late(self, batch: LiveBatch, stage: CostStage, result_fn) -> None:
+        """Finish (exit reason ``budget``) the requests whose next ``stage`` would not fit their deadline."""
+        late = [j for j, _, r, _ in batch.rows() if not self.costs.fits(r.deadline, stage)]
         for j in late:
             batch.stats[batch.active[j]].exit_reason = "budget"
             batch.finish(j, result_fn(j))

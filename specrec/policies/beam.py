@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from ..costs import CostStage
 from .base import LiveBatch, Policy, PolicyConfig, Stage, charge, register
 
 
@@ -25,7 +26,7 @@ class BeamPolicy(Policy):
 
     def _run(self, batch: LiveBatch) -> None:
         width = self.config.width or max(r.k for r in batch.requests)
-        if all(self.budget.fits(r.deadline, "search") for r in batch.requests):
+        if all(self.costs.fits(r.deadline, CostStage.SEARCH) for r in batch.requests):
             self._search(batch, width)
         else:
             self._stepwise(batch, width)
@@ -36,7 +37,7 @@ class BeamPolicy(Policy):
         eng = self.engine
         with Stage(eng.clock, batch.stats, "beam") as t:
             batch.beams = eng.verifier.beam_search(batch.session, eng.itemset.trie, width)
-        self.budget.observe("search", t.seconds)
+        self.costs.observe(CostStage.SEARCH, t.seconds)
         charge(batch.stats)
         for st in batch.stats:
             st.rounds = len(eng.itemset.level_sizes)
@@ -46,14 +47,14 @@ class BeamPolicy(Policy):
         eng = self.engine
         eng.verifier.beam_start(batch.session, eng.itemset.trie, width)
         for _ in eng.itemset.level_sizes:
-            self._exit_late(batch, "step", lambda j: self._result(
+            self._exit_late(batch, CostStage.STEP, lambda j: self._result(
                 batch.requests[batch.active[j]].k, [], [], [], batch.stats[batch.active[j]], batch.beams, j))
             if not batch.active:
                 return
             with Stage(eng.clock, batch.active_stats, "beam") as t:
                 batch.beams = eng.verifier.beam_step(batch.session)
-            self.budget.observe("step", t.seconds)
-            self.budget.observe("search", t.seconds * len(eng.itemset.level_sizes))
+            self.costs.observe(CostStage.STEP, t.seconds)
+            self.costs.observe(CostStage.SEARCH, t.seconds * len(eng.itemset.level_sizes))
             charge(batch.active_stats)
             for st in batch.active_stats:
                 st.rounds += 1

@@ -38,6 +38,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
+from ..costs import CostStage
 from ..drafters.base import Draft, DraftRequest
 from .base import Candidates, LiveBatch, Policy, PolicyConfig, RecResult, Stage, charge, length_normalised, register
 
@@ -88,7 +89,7 @@ class SpecGRPolicy(Policy):
         phase = self.online.requests % EXPLORE_EVERY  # 0: always draft (learns exit rates), 1: never (learns step cost)
         explore = {0: True, 1: False}.get(phase)
         for rnd in range(cfg.max_rounds or L):
-            self._exit_late(batch, "round", lambda j: self._final(batch, pools, j, complete=False))
+            self._exit_late(batch, CostStage.ROUND, lambda j: self._final(batch, pools, j, complete=False))
             if not batch.active:
                 return
             t0 = eng.clock()
@@ -108,7 +109,7 @@ class SpecGRPolicy(Policy):
             finally:  # what a round costs, learned from every round that ran to its end (the budget hook reads
                 # it); a round cut short by a dependency that failed says nothing about the next one's cost
                 if sys.exc_info()[0] is None:
-                    self.budget.observe("round", eng.clock() - t0)
+                    self.costs.observe(CostStage.ROUND, eng.clock() - t0)
         complete = batch.beams is not None and batch.beams.level >= L
         for j, _, _, st in batch.rows():
             st.exit_reason = "beams_complete" if complete else "max_rounds"
@@ -131,9 +132,9 @@ class SpecGRPolicy(Policy):
         if explore is False:
             return 0
         L = len(self.engine.itemset.level_sizes)
-        est = self.budget.estimate
-        step = est.get("beam_step", 0.0)
-        draft = est.get("draft", 0.0) + est.get("verify", 0.0) - est.get("beam_read", 0.0)
+        costs = self.costs
+        step = costs.estimate(CostStage.BEAM_STEP)
+        draft = costs.estimate(CostStage.DRAFT) + costs.estimate(CostStage.VERIFY) - costs.estimate(CostStage.BEAM_READ)
         p_exit = self.online.rate(f"specgr.exit@{rnd}", 1.0)  # optimistic until measured
         saved = (L - rnd) * step  # an exit at this round saves the beam steps from here on
         return delta if p_exit * saved > draft or not step else 0
@@ -178,7 +179,7 @@ class SpecGRPolicy(Policy):
             dreqs.append(DraftRequest(req.history, delta, prefixes, frozenset(pools[i].verified)))
         with Stage(eng.clock, batch.active_stats, "draft") as t:
             drafts = eng.drafter.draft(dreqs)
-        self.budget.observe("draft", t.seconds)
+        self.costs.observe(CostStage.DRAFT, t.seconds)
         return drafts
 
     def _distilled_round(self, batch: LiveBatch, pools: list[RequestPool], delta: int) -> list[Draft] | None:
@@ -188,7 +189,7 @@ class SpecGRPolicy(Policy):
             beams = eng.verifier.draft_beams(batch.session, eng.itemset.trie, delta)
         if beams is None:  # a remote verifier just learned that it has none
             return None
-        self.budget.observe("draft", t.seconds)
+        self.costs.observe(CostStage.DRAFT, t.seconds)
         charge(batch.active_stats)
         items = beams.items(eng.itemset.trie)
         out = []
@@ -211,7 +212,7 @@ class SpecGRPolicy(Policy):
                 sids[j] = eng.itemset.sids[eng.itemset.order[0][0]]
         with Stage(eng.clock, batch.active_stats, "verify") as t:
             scores = eng.verifier.score(batch.session, torch.from_numpy(sids), with_frontier=True)
-        self.budget.observe("verify", t.seconds)
+        self.costs.observe(CostStage.VERIFY, t.seconds)
         charge(batch.active_stats)
         unseen_fn = eng.itemset.is_unseen
         out = []
@@ -235,7 +236,7 @@ class SpecGRPolicy(Policy):
         with Stage(eng.clock, batch.active_stats, "beam") as t:
             batch.beams = eng.verifier.beam_step(batch.session)
         # a step after a verify pass only reads the frontier; one without computes it
-        self.budget.observe("beam_read" if drafted else "beam_step", t.seconds)
+        self.costs.observe(CostStage.BEAM_READ if drafted else CostStage.BEAM_STEP, t.seconds)
         charge(batch.active_stats)
 
     def _final(self, batch: LiveBatch, pools: list[RequestPool], row: int, complete: bool) -> RecResult:

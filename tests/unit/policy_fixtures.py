@@ -66,3 +66,17 @@ def histories(engine, n, seed=0):
     rng = np.random.default_rng(seed)
     N = engine.itemset.n_rows
     return [rng.integers(0, N, int(rng.integers(1, engine.max_history + 3))) for _ in range(n)]
+
+
+def slow_calls(eng, t, seconds: dict[str, float]) -> None:
+    """Each named verifier method (``draft``: the drafter's) advances the fake clock ``t`` (a one-element
+    list, with ``eng.clock = lambda: t[0]``) by its time, then runs: costs are then learned by running."""
+    for name, dt in seconds.items():
+        owner = eng.drafter if name == "draft" else eng.verifier
+        fn = getattr(owner, name)
+
+        def slow(*a, _fn=fn, _dt=dt, **kw):
+            t[0] += _dt
+            return _fn(*a, **kw)
+
+        setattr(owner, name, slow)

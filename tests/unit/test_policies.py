@@ -4,9 +4,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from specrec.costs import CostStage
 from specrec.policies import POLICIES, RecRequest, make_policy
 
-from .policy_fixtures import histories, make_engine
+from .policy_fixtures import histories, make_engine, slow_calls
 
 ALL = ["beam", "specgr", "nezha", "strict", "relaxed", "sample", "drafter", "auto"]
 
@@ -185,12 +186,14 @@ def test_specgr_accepts_strictly_above_gamma_and_applies_unseen_rule():
 
 def test_specgr_budget_exit_returns_best_list_so_far():
     eng = make_engine(7)
-    hists = histories(eng, 2, 7)
+    hists = histories(eng, 3, 7)
     t = [0.0]
     eng.clock = lambda: t[0]
+    slow_calls(eng, t, {"score": 0.5, "beam_step": 0.5})  # a round costs 1 s
     pol = make_policy("specgr", eng, delta=5, gamma=0.0)
-    pol.budget.estimate["round"] = 1.0  # a round costs 1 s; the deadline is 0.5 s away
-    res = pol.run([RecRequest(h, 10, deadline=0.5) for h in hists])
+    pol.run([RecRequest(hists[2], 10)])  # learns what a round costs
+    assert pol.costs.estimate(CostStage.ROUND) == pytest.approx(1.0)
+    res = pol.run([RecRequest(h, 10, deadline=t[0] + 0.5) for h in hists[:2]])  # no round fits
     for r in res:
         assert r.stats.exit_reason == "budget" and len(set(r.items.tolist())) == 10
         assert eng.itemset.contains(eng.itemset.sids_of(r.items)).all()
@@ -203,19 +206,11 @@ def test_specgr_stops_before_a_round_it_cannot_finish_with_costs_learned_by_runn
     hists = histories(eng, 4, 7)
     t = [0.0]
     eng.clock = lambda: t[0]
-    ver = eng.verifier
-    for name in ("score", "beam_step"):
-        fn = getattr(ver, name)
-
-        def slow(*a, _fn=fn, **kw):
-            t[0] += 0.01
-            return _fn(*a, **kw)
-
-        setattr(ver, name, slow)
+    slow_calls(eng, t, {"score": 0.01, "beam_step": 0.01})
     pol = make_policy("specgr", eng, delta=5, gamma=0.0)  # nothing is accepted: every round runs
     for h in hists[:3]:
         assert pol.run([RecRequest(h, 10)])[0].stats.rounds == 4
-    assert 0.015 < pol.budget.estimate["round"] < 0.025
+    assert 0.015 < pol.costs.estimate(CostStage.ROUND) < 0.025
     deadline = t[0] + 0.03  # one 20 ms round fits, a second would end at +40 ms
     res = pol.run([RecRequest(hists[3], 10, deadline=deadline)])[0]
     assert res.stats.exit_reason == "budget" and res.stats.rounds == 1
@@ -226,11 +221,15 @@ def test_beam_budget_exit():
     eng = make_engine(8)
     t = [0.0]
     eng.clock = lambda: t[0]
+    slow_calls(eng, t, {"beam_step": 1.0})  # the eager backend's whole search is 4 steps (4 levels)
     pol = make_policy("beam", eng)
-    pol.budget.estimate["search"] = 4.0  # the whole search does not fit: level by level, exiting on the budget
-    pol.budget.estimate["step"] = 1.0
-    res = pol.run([RecRequest(h, 7, deadline=0.5) for h in histories(eng, 2, 8)])
+    hists = histories(eng, 3, 8)
+    pol.run([RecRequest(hists[2], 7)])  # learns that a whole search costs 4 s
+    assert pol.costs.estimate(CostStage.SEARCH) == 4.0 and not pol.costs.measured(CostStage.STEP)
+    # the whole search does not fit: level by level (a step costs 1 s), exiting on the budget after one level
+    res = pol.run([RecRequest(h, 7, deadline=t[0] + 0.5) for h in hists[:2]])
     assert all(r.stats.exit_reason == "budget" and len(set(r.items.tolist())) == 7 for r in res)
+    assert all(r.stats.rounds == 1 for r in res) and pol.costs.estimate(CostStage.STEP) == 1.0
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -302,12 +301,29 @@ def test_drafter_policy_is_the_drafters_list():
 
 
 
-def teach_costs(eng, seconds: dict[str, float]) -> None:
-    """Each policy's learned request cost, as if 50 requests had taken that long."""
+def teach_costs(eng, t, seconds: dict[str, float], n: int = 50) -> None:
+    """Each policy's request cost, learned by running ``n`` requests that take that long on the fake clock
+    ``t`` (the time is spent in the encode, or in the drafter for ``drafter``); the clock is then put back."""
+    start = t[0]
+    hists = histories(eng, n, 99)
     for name, cost in seconds.items():
-        b = eng.learned(name).budget
-        for _ in range(50):
-            b.observe_total(cost)
+        owner, method = (eng.drafter, "draft") if name == "drafter" else (eng.verifier, "encode")
+        real = getattr(owner, method)
+
+        def slow(*a, _real=real, _cost=cost, **kw):
+            t[0] += _cost
+            return _real(*a, **kw)
+
+        setattr(owner, method, slow)
+        try:
+            pol = make_policy(name, eng)
+            for h in hists:
+                pol.run([RecRequest(h, 5)])
+        finally:
+            setattr(owner, method, real)
+        assert eng.costs.expected(name) == pytest.approx(cost, rel=0.01)
+    t[0] = start
+
 
 def test_auto_picks_the_most_accurate_policy_that_fits():
     """With learned costs beam 20 ms, strict 30 ms, nezha 5 ms, drafter 1 ms: a 100 ms
@@ -318,7 +334,7 @@ def test_auto_picks_the_most_accurate_policy_that_fits():
     eng = make_engine(13)
     t = [0.0]
     eng.clock = lambda: t[0]
-    teach_costs(eng, {"beam": 0.02, "strict": 0.03, "nezha": 0.005, "drafter": 0.001})
+    teach_costs(eng, t, {"beam": 0.02, "strict": 0.03, "nezha": 0.005, "drafter": 0.001})
     auto = make_policy("auto", eng)
     h = histories(eng, 1, 13)[0]
     for budget, want in ((0.1, "beam"), (0.010, "nezha"), (0.002, "drafter")):
@@ -328,9 +344,10 @@ def test_auto_picks_the_most_accurate_policy_that_fits():
     eng.load = lambda p: 0.0 if p == "drafter" else 0.095  # the verifier's queue: only the drafter fits 100 ms
     assert auto.choose(RecRequest(h, 5, deadline=0.1)) == "drafter"
     eng.load = lambda p: 0.0
+    before = eng.metrics.snapshot()["beam"]["requests"]  # the teaching requests
     res = auto.run([RecRequest(h, 5, deadline=0.1)])[0]
     assert res.served_by == "beam" and len(res.items) == 5
-    assert eng.metrics.snapshot()["beam"]["requests"] == 1 and "auto" not in eng.metrics.snapshot()
+    assert eng.metrics.snapshot()["beam"]["requests"] == before + 1 and "auto" not in eng.metrics.snapshot()
 
 
 def test_auto_probes_a_skipped_tier_and_relearns_its_cost():
@@ -339,7 +356,7 @@ def test_auto_probes_a_skipped_tier_and_relearns_its_cost():
     eng = make_engine(17)
     t = [100.0]
     eng.clock = lambda: t[0]
-    teach_costs(eng, {"beam": 0.2, "strict": 0.3, "nezha": 0.2, "drafter": 0.001})
+    teach_costs(eng, t, {"beam": 0.2, "strict": 0.3, "nezha": 0.2, "drafter": 0.001})
     auto = make_policy("auto", eng, probe_s=0.5)
     h = histories(eng, 1, 17)[0]
     assert auto.choose(RecRequest(h, 5, deadline=t[0] + 0.15)) == "drafter"
@@ -348,7 +365,7 @@ def test_auto_probes_a_skipped_tier_and_relearns_its_cost():
     t[0] += 0.4
     assert auto.choose(RecRequest(h, 5, deadline=t[0] + 0.15)) == "beam"  # the probe
     make_policy("beam", eng).run([RecRequest(h, 5, deadline=None)])  # the fake clock does not move: 0 s
-    assert eng.learned("beam").budget.expected() == 0.0
+    assert eng.costs.expected("beam") == 0.0
     assert auto.choose(RecRequest(h, 5, deadline=t[0] + 0.15)) == "beam"
 
 
@@ -375,7 +392,7 @@ def test_specgr_does_not_learn_round_cost_from_a_failed_round():
     eng.clock = lambda: t[0]
     pol = make_policy("specgr", eng, delta=5, gamma=0.0)
     pol.run([RecRequest(hists[0], 10)])
-    learned = pol.budget.estimate["round"]
+    learned = pol.costs.estimate(CostStage.ROUND)
     real = eng.verifier.score
 
     def down(*a, **kw):
@@ -386,4 +403,4 @@ def test_specgr_does_not_learn_round_cost_from_a_failed_round():
     with pytest.raises(RuntimeError):
         pol.run([RecRequest(hists[1], 10)])
     eng.verifier.score = real
-    assert pol.budget.estimate["round"] == learned
+    assert pol.costs.estimate(CostStage.ROUND) == learned

@@ -1,0 +1,32 @@
+"""The failures the policy loop and its fallback ladder tell apart.
+
+Adapters (the gateway's gRPC-backed verifier and drafter) raise these, the
+fallback ladder (:mod:`.fallback`) decides what answers instead, and ``auto``
+raises :class:`Overloaded`. No gRPC here: an adapter names the status it got
+as a string (``code``)."""
+
+from __future__ import annotations
+
+
+class DependencyDown(RuntimeError):
+    """A dependency gave no usable answer. ``unreachable``: it is down (no replica, or UNAVAILABLE),
+    as opposed to one that answered but refused the call (e.g. a drafter one catalogue version behind).
+    ``code``: the status the adapter got, by name (e.g. ``"UNIMPLEMENTED"``), when it got one."""
+
+    def __init__(self, which: str, detail: str, unreachable: bool = True, code: str = ""):
+        super().__init__(f"{which} unavailable: {detail}")
+        self.which = which
+        self.unreachable = unreachable
+        self.code = code
+
+
+class BudgetExceeded(RuntimeError):
+    """A dependency did not answer before the request's deadline."""
+
+    def __init__(self, which: str, detail: str):
+        super().__init__(f"{which}: {detail}")
+        self.which = which
+
+
+class Overloaded(RuntimeError):
+    """No policy can answer within the request's budget."""

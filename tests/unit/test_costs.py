@@ -1,0 +1,139 @@
+"""The cost model (specrec.costs): every cost here is learned by running requests on the in-process
+engine (a fake clock that the verifier's calls advance), never set by hand."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from specrec.costs import CostModel, CostStage, Resource, resource_of
+from specrec.deadline import Deadline
+from specrec.policies import RecRequest, make_policy
+
+from .policy_fixtures import histories, make_engine, slow_calls
+
+
+def fake_clock(eng, start: float = 0.0) -> list[float]:
+    t = [start]
+    eng.clock = lambda: t[0]
+    return t
+
+
+def test_stage_costs_are_kept_per_policy_under_enum_names():
+    """beam and specgr time the same verifier call (a beam step) as different stages of their own."""
+    eng = make_engine(3)
+    t = fake_clock(eng)
+    slow_calls(eng, t, {"beam_step": 0.01, "score": 0.02})
+    h = histories(eng, 1, 3)[0]
+    make_policy("beam", eng).run([RecRequest(h, 5)])
+    make_policy("specgr", eng, delta=5, gamma=0.0).run([RecRequest(h, 5)])
+    costs = eng.costs
+    assert costs.stage("beam", CostStage.SEARCH) == pytest.approx(0.04)  # 4 levels of 10 ms, one call
+    assert costs.stage("specgr", CostStage.SEARCH) is None and costs.stage("beam", CostStage.ROUND) is None
+    assert costs.stage("specgr", CostStage.VERIFY) == pytest.approx(0.02)
+    assert costs.stage("specgr", CostStage.BEAM_READ) == pytest.approx(0.01)  # a step after a verify pass
+    # a round is a verify pass and a step (30 ms), or a step alone where drafting found nothing new (10 ms)
+    assert 0.01 <= costs.stage("specgr", CostStage.ROUND) <= 0.03
+    assert CostStage("round") is CostStage.ROUND  # the stage names are one Enum
+
+
+def test_the_budget_hook_reads_what_running_taught():
+    eng = make_engine(4)
+    t = fake_clock(eng)
+    slow_calls(eng, t, {"score": 0.01, "beam_step": 0.01})
+    pol = make_policy("specgr", eng, delta=5, gamma=0.0)
+    assert pol.costs.fits(Deadline(t[0] + 1e-6), CostStage.ROUND)  # nothing measured yet: costs 0
+    pol.run([RecRequest(histories(eng, 1, 4)[0], 5)])
+    assert not pol.costs.fits(Deadline(t[0] + 0.019), CostStage.ROUND)
+    assert pol.costs.fits(Deadline(t[0] + 0.021), CostStage.ROUND)
+    assert pol.costs.fits(None, CostStage.ROUND)
+
+
+def test_request_costs_nudge_and_a_relearn_replaces_them():
+    eng = make_engine(5)
+    t = fake_clock(eng)
+    h = histories(eng, 1, 5)[0]
+    pol = make_policy("beam", eng)
+    real = eng.verifier.encode
+
+    def run(seconds: float) -> None:
+        def slow(*a, **kw):
+            t[0] += seconds
+            return real(*a, **kw)
+
+        eng.verifier.encode = slow
+        pol.run([RecRequest(h, 5)])
+
+    run(0.01)
+    assert eng.costs.expected("beam") == pytest.approx(0.02)  # first request: mean 10 ms, deviation 5 ms
+    assert eng.costs.expected("beam", spread=0.0) == pytest.approx(0.01)
+    run(0.10)  # one slow request moves the running mean a tenth of the way
+    assert eng.costs.expected("beam", spread=0.0) == pytest.approx(0.019)
+    eng.costs.relearn("beam")  # what auto does before it probes a stale tier
+    run(0.05)
+    assert eng.costs.expected("beam") == pytest.approx(0.10)  # replaced: mean 50 ms, deviation 25 ms
+    assert eng.costs.expected("strict") is None
+
+
+def test_a_failed_request_still_teaches_its_cost():
+    eng = make_engine(6)
+    t = fake_clock(eng)
+
+    def down(*a, **kw):
+        t[0] += 0.3
+        raise RuntimeError("verifier gone")
+
+    eng.verifier.beam_search = down
+    with pytest.raises(RuntimeError):
+        make_policy("beam", eng).run([RecRequest(histories(eng, 1, 6)[0], 5)])
+    assert eng.costs.expected("beam", spread=0.0) == pytest.approx(0.3)
+
+
+def test_auto_keeps_its_probe_timer_in_the_cost_model():
+    eng = make_engine(7)
+    t = fake_clock(eng, 50.0)
+    auto = make_policy("auto", eng)
+    h = histories(eng, 1, 7)[0]
+    assert auto.choose(RecRequest(h, 5, deadline=t[0] + 1.0)) in ("beam", "strict")
+    name = auto.choose(RecRequest(h, 5, deadline=t[0] + 1.0))
+    assert eng.costs.last_tried(name, now=99.0) == 50.0
+    assert not any("@" in k or k == "relearn" for o in eng.online.values() for k in o.rates)
+
+
+def test_resource_costs_and_which_resource_a_policy_uses():
+    costs = CostModel()
+    assert resource_of("drafter") is Resource.DRAFTER and resource_of("specgr") is Resource.VERIFIER
+    start = costs.resource(Resource.VERIFIER)
+    costs.observe_resource(Resource.VERIFIER, start + 0.01)
+    assert costs.resource(Resource.VERIFIER) == pytest.approx(start + 0.001)
+    assert costs.resource(Resource.DRAFTER) == pytest.approx(0.002)
+
+
+def test_engines_on_worker_threads_share_one_model():
+    """Requests on several threads, each on its own engine, all teach one CostModel (its lock)."""
+    shared = CostModel()
+    engines = [make_engine(20 + i) for i in range(4)]
+    for eng in engines:
+        eng.costs = shared
+    errors: list[BaseException] = []
+
+    def work(eng):
+        try:
+            for h in histories(eng, 6, 1):
+                make_policy("specgr", eng, delta=5).run([RecRequest(h, 5)])
+                make_policy("beam", eng).run([RecRequest(h, 5)])
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(eng,)) for eng in engines]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors
+    for policy, stage in (("specgr", CostStage.ROUND), ("specgr", CostStage.VERIFY), ("beam", CostStage.SEARCH)):
+        cost = shared.stage(policy, stage)
+        assert cost is not None and np.isfinite(cost) and cost > 0
+    assert all(shared.expected(p) is not None for p in ("specgr", "beam"))
