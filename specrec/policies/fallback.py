@@ -1,0 +1,103 @@
+"""The fallback ladder: who answers when the asked policy cannot.
+
+In this order, each saying so in ``RecResult.degraded`` with ``served_by``
+naming what answered:
+
+- the asked policy's own list;
+- the verifier down, slow or hung (or its :class:`~.breaker.Breaker` open):
+  the drafter's list (``drafter``), unless the drafter is known down too;
+- the drafter down (policies that need it): ``beam``, else ``nezha``, with the
+  time kept back for the drafter given to the verifier
+  (:meth:`~specrec.deadline.Deadline.drop_reserve`);
+- both down, or nothing came back in time: the catalogue's first items
+  (fill, the last resort).
+
+A request with less time left than one call's grace answers with the fill at
+once. The breaker learns from every verdict on the verifier; a budget too
+small is no verdict (:meth:`~.breaker.Breaker.settle`). The drafter's own time
+in a fallback teaches the cost model what the next requests keep back for it.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ..costs import CostModel, Resource
+from .base import Engine, RecRequest, RecResult, fill_to_k, make_policy
+from .breaker import Breaker, Cooldown
+from .errors import BudgetExceeded, DependencyDown
+from .metrics import RequestStats
+
+
+def catalogue_only(eng: Engine, req: RecRequest, why: str) -> RecResult:
+    """The last resort: the catalogue's first K items, flagged."""
+    items, scores, sources = fill_to_k(req.k, eng.itemset, [], [], [], exclude=req.excluded())
+    res = RecResult(np.asarray(items, np.int64), np.asarray(scores), sources, RequestStats(exit_reason="degraded"),
+                    served_by="fill")
+    res.degraded = f"catalogue fill: {why}"
+    return res
+
+
+class Ladder:
+    """Runs a request's policy and walks down the ladder when a dependency fails.
+
+    ``grace_s``: the least time a dependency call needs to come back; ``on_down``: told of every
+    dependency failure of an asked policy (the gateway logs it)."""
+
+    def __init__(self, breaker: Breaker, drafter: Cooldown, costs: CostModel, grace_s: float = 0.0,
+                 on_down: Callable[[DependencyDown], None] | None = None):
+        self.breaker, self.drafter, self.costs, self.grace_s = breaker, drafter, costs, grace_s
+        self.on_down = on_down or (lambda e: None)
+
+    def answer(self, name: str, params: dict, eng: Engine, req: RecRequest) -> RecResult:
+        """``name`` (already admitted) answers, or the best fallback still available does."""
+        if req.deadline is not None and req.deadline.left(eng.clock()) < self.grace_s:
+            return catalogue_only(eng, req, "no time left for any call")  # no call could come back in time
+        if name != "drafter" and not self.breaker.allow():
+            return self.fallback(eng, req, "verifier", "verifier breaker open (recent failures)")
+        try:
+            res = make_policy(name, eng, **params).run([req])[0]
+            self.breaker.result(True)
+            return res
+        except DependencyDown as e:
+            self.on_down(e)
+            if e.which == "verifier":
+                self.breaker.result(False)
+            else:
+                self.breaker.settle()
+                if e.unreachable:
+                    self.drafter.failed()
+            return self.fallback(eng, req, e.which, str(e))
+        except BudgetExceeded as e:
+            # a budget too small is not a fault of the service: the breaker is left as it is
+            self.breaker.settle()
+            if e.which == "drafter":  # the budget is spent: no time for a verifier answer either
+                return catalogue_only(eng, req, f"drafter did not answer in time ({e})")
+            return self.fallback(eng, req, "verifier", f"verifier did not answer in time ({e})")
+
+    def fallback(self, eng: Engine, req: RecRequest, down: str, why: str) -> RecResult:
+        """The best answer still available without ``down``; catalogue fill when none."""
+        order = ["drafter"] if down == "verifier" else ["beam", "nezha"]
+        reasons = [why]
+        for name in order:
+            if down == "drafter" and self.breaker.is_open():
+                break
+            if name == "drafter" and self.drafter.is_down():
+                reasons.append("drafter down (recent failure)")
+                break
+            try:
+                if name != "drafter" and req.deadline is not None:
+                    req.deadline.drop_reserve()  # the time kept back for the drafter's answer is the verifier's now
+                t0 = eng.clock()
+                res = make_policy(name, eng).run([req])[0]
+                if name == "drafter":  # the drafter's own time: what the next requests keep back for it
+                    self.costs.observe_resource(Resource.DRAFTER, eng.clock() - t0)
+                res.degraded = f"{down} unavailable: {name} answered ({why})"
+                return res
+            except (DependencyDown, BudgetExceeded) as e:
+                if isinstance(e, DependencyDown) and e.which == "drafter" and e.unreachable:
+                    self.drafter.failed()
+                reasons.append(str(e))
+        return catalogue_only(eng, req, "; ".join(reasons))

@@ -1,0 +1,100 @@
+"""The fallback ladder (specrec.policies.fallback) on the in-process engine: dependencies made to fail the
+way the gateway's adapters fail (core DependencyDown / BudgetExceeded), never a hand-set state."""
+
+from __future__ import annotations
+
+import pytest
+
+from specrec.costs import Resource
+from specrec.deadline import Deadline
+from specrec.policies import RecRequest, make_policy
+from specrec.policies.breaker import Breaker, Cooldown
+from specrec.policies.errors import BudgetExceeded, DependencyDown
+from specrec.policies.fallback import Ladder
+
+from .policy_fixtures import histories, make_engine, slow_calls
+
+
+def setup(seed=30, failures=2):
+    eng = make_engine(seed)
+    t = [0.0]
+    eng.clock = lambda: t[0]
+    breaker, drafter = Breaker(failures, 1.0, clock=eng.clock), Cooldown(1.0, clock=eng.clock)
+    downs: list[DependencyDown] = []
+    ladder = Ladder(breaker, drafter, eng.costs, grace_s=0.002, on_down=downs.append)
+    return eng, t, ladder, downs, histories(eng, 2, seed)
+
+
+def fail(owner, *methods, exc):
+    def boom(*a, **kw):
+        raise exc
+
+    for m in methods:
+        setattr(owner, m, boom)
+
+
+def test_the_asked_policy_answers_when_all_is_well():
+    eng, t, ladder, downs, hists = setup()
+    res = ladder.answer("beam", {}, eng, RecRequest(hists[0], 5, Deadline(1.0)))
+    assert res.served_by == "beam" and not res.degraded and not downs
+    assert res.items.tolist() == make_policy("beam", eng).run([RecRequest(hists[0], 5)])[0].items.tolist()
+
+
+def test_the_verifier_down_gets_the_drafters_list_and_opens_the_breaker():
+    eng, t, ladder, downs, hists = setup(failures=2)
+    fail(eng.verifier, "beam_search", "beam_step", exc=DependencyDown("verifier", "UNAVAILABLE: gone"))
+    slow_calls(eng, t, {"draft": 0.01})
+    start = eng.costs.resource(Resource.DRAFTER)
+    for _ in range(2):
+        res = ladder.answer("beam", {}, eng, RecRequest(hists[0], 5, Deadline(t[0] + 1.0)))
+        assert res.served_by == "drafter" and res.degraded.startswith("verifier unavailable: drafter answered")
+        assert len(set(res.items.tolist())) == 5
+    assert [d.which for d in downs] == ["verifier", "verifier"] and ladder.breaker.is_open()
+    # the drafter's own time in a fallback is what the next requests keep back for it
+    assert eng.costs.resource(Resource.DRAFTER) > start
+    res = ladder.answer("beam", {}, eng, RecRequest(hists[0], 5, Deadline(t[0] + 1.0)))
+    assert "breaker open" in res.degraded and len(downs) == 2  # the verifier was not asked
+
+
+def test_the_drafter_down_gets_beam_with_the_reserve_given_to_the_verifier():
+    eng, t, ladder, downs, hists = setup()
+    fail(eng.drafter, "draft", exc=DependencyDown("drafter", "UNAVAILABLE: gone"))
+    deadline = Deadline(1.0, reserve=0.3)
+    res = ladder.answer("specgr", {"delta": 5, "first_drafter": "engine"}, eng, RecRequest(hists[0], 5, deadline))
+    assert res.served_by == "beam" and res.degraded.startswith("drafter unavailable: beam answered")
+    assert deadline.reserve == 0.0 and ladder.drafter.is_down() and not ladder.breaker.is_open()
+    # the drafter known down: a verifier failure now has nothing left but the catalogue
+    fail(eng.verifier, "beam_search", "beam_step", exc=DependencyDown("verifier", "UNAVAILABLE: gone"))
+    res = ladder.answer("beam", {}, eng, RecRequest(hists[1], 5, Deadline(1.0)))
+    assert res.served_by == "fill" and "drafter down (recent failure)" in res.degraded
+    assert len(set(res.items.tolist())) == 5
+
+
+def test_a_drafter_that_refused_is_not_counted_as_down():
+    eng, t, ladder, downs, hists = setup()
+    fail(eng.drafter, "draft", exc=DependencyDown("drafter", "INVALID_ARGUMENT: one version behind", unreachable=False))
+    res = ladder.answer("drafter", {}, eng, RecRequest(hists[0], 5, Deadline(1.0)))
+    assert res.served_by == "beam" and not ladder.drafter.is_down()
+
+
+def test_a_drafter_out_of_time_answers_fill_and_leaves_the_breaker_as_it_was():
+    eng, t, ladder, downs, hists = setup(failures=1)
+    fail(eng.drafter, "draft", exc=BudgetExceeded("drafter", "deadline exceeded"))
+    res = ladder.answer("drafter", {}, eng, RecRequest(hists[0], 5, Deadline(1.0)))
+    assert res.served_by == "fill" and "drafter did not answer in time" in res.degraded
+    assert not ladder.breaker.is_open() and not ladder.drafter.is_down()
+
+
+def test_less_time_than_one_calls_grace_answers_fill_at_once():
+    eng, t, ladder, downs, hists = setup()
+    fail(eng.verifier, "encode", exc=AssertionError("no call may be made"))
+    res = ladder.answer("beam", {}, eng, RecRequest(hists[0], 5, Deadline(0.001)))
+    assert res.served_by == "fill" and "no time left" in res.degraded and len(res.items) == 5
+
+
+def test_an_unexpected_error_is_not_swallowed():
+    eng, t, ladder, downs, hists = setup()
+    fail(eng.verifier, "beam_search", "beam_step", exc=RuntimeError("a bug"))
+    with pytest.raises(RuntimeError, match="a bug"):
+        ladder.answer("beam", {}, eng, RecRequest(hists[0], 5, Deadline(1.0)))
+
