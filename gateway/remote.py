@@ -11,84 +11,47 @@ first verifier call (which creates the session), and ``beam`` is one
 :meth:`RemoteVerifier.prepare`, which starts the encode in the background so
 that it runs while the drafter works. A session the verifier lost (restart,
 eviction) is re-created once from the history, wherever the call does not
-depend on the session's beam state; otherwise the request degrades.
+depend on the session's beam state; otherwise the request degrades. A lost
+session is known by the status's ``google.rpc.ErrorInfo`` reason
+(``SESSION_LOST``), never by the message text.
+
+Both adapters hold the request's one :class:`~specrec.deadline.Deadline`: the
+drafter's calls end at its ``at``, the verifier's at its ``verifier_at`` (the
+reserve kept back for the drafter's answer before it).
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any
 
 import grpc
-import numpy as np
 import torch
 
 from specrec.decoding.beam import Beams
+from specrec.deadline import Deadline
 from specrec.decoding.scoring import Scores
-from specrec.drafters.base import Draft, DraftRequest
 from specrec.verifier import Drafted, SelectRule, Session, StepCoverage
+from specrec.policies.errors import BudgetExceeded, DependencyDown
 from specrec_rpc.catalogue import Snapshot
 from specrec_rpc.tensors import to_msg, to_torch
-from specrec_rpc.v1 import common_pb2, drafter_pb2, verifier_pb2
+from specrec_rpc.v1 import verifier_pb2
 
-#: extra time granted to one downstream call beyond the request's budget, so a
-#: call that starts just in time can still answer (keeps answers within budget + a few ms)
-GRACE_S = 0.002
+from .calls import GRACE_S, SessionLost
+from .calls import call as _call
+from .calls import raise_for as _raise_for
+from .calls import timeout_for as _timeout
+from .drafter_client import RemoteDrafter
 
-
-class DependencyDown(RuntimeError):
-    """A dependency gave no usable answer. ``unreachable``: it is down (no replica, or UNAVAILABLE),
-    as opposed to one that answered but refused the call (e.g. a drafter one catalogue version behind)."""
-
-    def __init__(self, which: str, detail: str, unreachable: bool = True, code: grpc.StatusCode | None = None):
-        super().__init__(f"{which} unavailable: {detail}")
-        self.which = which
-        self.unreachable = unreachable
-        self.code = code
-
-
-class BudgetExceeded(RuntimeError):
-    def __init__(self, which: str, detail: str):
-        super().__init__(f"{which}: {detail}")
-        self.which = which
-
-
-class SessionLost(RuntimeError):
-    """The verifier no longer has the session (it restarted or evicted it)."""
-
-
-def _timeout(deadline: float | None, floor: float = 0.002) -> float | None:
-    if deadline is None:
-        return None
-    return max(floor, deadline - time.monotonic() + GRACE_S)
-
-
-def _raise_for(which: str, e: grpc.RpcError):
-    code = e.code()
-    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        raise BudgetExceeded(which, e.details() or "deadline exceeded") from None
-    if code == grpc.StatusCode.FAILED_PRECONDITION and "session" in (e.details() or ""):
-        raise SessionLost(e.details()) from None
-    # anything else (down, overloaded, starting, or a call it refused): the request degrades to what is
-    # still available; the caller's own input was validated before any dependency was called
-    raise DependencyDown(which, f"{code.name}: {e.details()}", unreachable=code == grpc.StatusCode.UNAVAILABLE,
-                         code=code) from None
-
-
-def _call(which: str, fn, request, deadline, metadata=()):
-    try:
-        return fn(request, timeout=_timeout(deadline), metadata=metadata)
-    except grpc.RpcError as e:
-        _raise_for(which, e)
+__all__ = ["GRACE_S", "BudgetExceeded", "DependencyDown", "RemoteDrafter", "RemoteVerifier", "SessionLost"]
 
 
 @dataclass
 class RemoteState:
     history: torch.Tensor  # [R, H, L]: sent with the first call, and again if the session is lost
-    replica: object = None  # the verifier replica every call of the request goes to (its sessions live there)
+    replica: Any = None  # the verifier replica every call of the request goes to (its sessions live there)
     session: str = ""  # the verifier's id, once it has the session
-    encoding: object = None  # an Encode started early by prepare() (a grpc future)
+    encoding: Any = None  # an Encode started early by prepare() (a grpc future)
     width: int = 0
     rule: SelectRule | None = None
     tried: set = field(default_factory=set)  # replicas that failed this request
@@ -115,10 +78,14 @@ class RemoteVerifier:
     another one takes over from the history. ``select`` supports the whole
     batch only (the gateway runs one request per policy call)."""
 
-    def __init__(self, replicas, snap: Snapshot, deadline: float | None, level_sizes: list[int], metadata=()):
-        self.replicas, self.snap, self.deadline = replicas, snap, deadline
+    def __init__(self, replicas, snap: Snapshot, deadline: Deadline | None, level_sizes: list[int], metadata=()):
+        self.replicas, self.snap, self.deadline = replicas, snap, deadline  # the request's (shared, never copied)
         self.level_sizes = list(level_sizes)
         self.metadata = tuple(metadata)  # forwarded with every call (the request id)
+
+    def _until(self) -> float | None:
+        """When the verifier's calls end: the request's deadline less the reserve kept for a fallback."""
+        return None if self.deadline is None else self.deadline.verifier_at
 
     # -- sessions --------------------------------------------------------------------
     def encode(self, hist_sids: torch.Tensor) -> Session:
@@ -146,7 +113,7 @@ class RemoteVerifier:
         st: RemoteState = sess.state
         if not st.session and st.encoding is None:
             req = verifier_pb2.EncodeRequest(history_sids=to_msg(st.history), version=self.snap.version)
-            st.encoding = st.replica.stub.Encode.future(req, timeout=_timeout(self.deadline), metadata=self.metadata)
+            st.encoding = st.replica.stub.Encode.future(req, timeout=_timeout(self._until()), metadata=self.metadata)
 
     def select(self, sess: Session, idx: torch.Tensor) -> Session:
         if len(idx) != sess.n:
@@ -186,7 +153,7 @@ class RemoteVerifier:
         for attempt in (0, 1):
             fresh = attempt > 0
             try:
-                resp = _call("verifier", getattr(st.replica.stub, method), make(self._ref(st, keep, fresh)), self.deadline,
+                resp = _call("verifier", getattr(st.replica.stub, method), make(self._ref(st, keep, fresh)), self._until(),
                              self.metadata)
             except SessionLost as e:
                 if fresh or stateful:
@@ -241,7 +208,8 @@ class RemoteVerifier:
 
     def head_beams(self, sess: Session, trie, width: int) -> Beams:
         sess.calls["head"] += 1
-        r = self._session_call(sess, "HeadDrafts", lambda ref: verifier_pb2.HeadDraftsRequest(ref=ref, width=width))
+        r = self._session_call(sess, "HeadDrafts", lambda ref: verifier_pb2.HeadDraftsRequest(ref=ref,
+                                                                                              width=width))
         return _beams(r, sess)
 
     # -- the distilled drafter --------------------------------------------------------------------
@@ -256,71 +224,24 @@ class RemoteVerifier:
         try:
             return self._session_call(sess, method, make)
         except DependencyDown as e:
-            if e.code != grpc.StatusCode.UNIMPLEMENTED:
+            if e.code != grpc.StatusCode.UNIMPLEMENTED.name:
                 raise
             self.replicas.distilled = False
             return None
 
     def draft_beams(self, sess: Session, trie, width: int) -> Beams | None:
-        r = self._distilled(sess, "HeadDrafts", lambda ref: verifier_pb2.HeadDraftsRequest(ref=ref, width=width,
-                                                                                            distilled=True))
+        r = self._distilled(sess, "HeadDrafts", lambda ref: verifier_pb2.HeadDraftsRequest(ref=ref,
+                                                                                            width=width, distilled=True))
         if r is None:
             return None
         sess.calls["draft"] += 1
         return _beams(r, sess)
 
     def draft_verify(self, sess: Session, trie, width: int, n: int) -> Drafted | None:
-        r = self._distilled(sess, "DraftVerify", lambda ref: verifier_pb2.DraftVerifyRequest(ref=ref, width=width, n=n))
+        r = self._distilled(sess, "DraftVerify", lambda ref: verifier_pb2.DraftVerifyRequest(ref=ref,
+                                                                                              width=width, n=n))
         if r is None:
             return None
         sess.calls["draft_verify"] += 1
         return Drafted(_beams(r.beams, sess), to_torch(r.covered, "covered").numpy().astype(bool),
                        to_torch(r.frontier, "frontier").numpy(), to_torch(r.resumed, "resumed").numpy().astype(bool))
-
-
-class RemoteDrafter:
-    """:class:`specrec.drafters.base.Drafter` over the drafter service's replicas, round-robin
-    (drafting is stateless; a failed replica's call goes to the next one, once). Rows <-> item ids
-    via the snapshot."""
-
-    name = "remote"
-
-    def __init__(self, replicas, snap: Snapshot, deadline: float | None, mode: str = "", metadata=()):
-        self.replicas, self.snap, self.deadline, self.mode = replicas, snap, deadline, mode
-        self.metadata = tuple(metadata)
-
-    def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
-        ids = self.snap.ids
-        queries = []
-        for q in requests:
-            queries.append(drafter_pb2.DraftQuery(
-                history=[ids[r] for r in q.history.tolist()], n=q.n,
-                prefixes=[common_pb2.Sid(codes=p.tolist()) for p in (q.prefixes if q.prefixes is not None else [])],
-                exclude=[ids[r] for r in q.exclude],
-            ))
-        from specrec_rpc.replicas import NoReplica
-
-        req = drafter_pb2.DraftRequest(queries=queries, version=self.snap.version, mode=self.mode)
-        for attempt in (0, 1):
-            try:
-                replica = self.replicas.next()
-            except NoReplica as e:
-                raise DependencyDown("drafter", str(e)) from None
-            try:
-                with replica:
-                    r = _call("drafter", replica.stub.Draft, req, self.deadline, self.metadata)
-                break
-            except DependencyDown:
-                if attempt:
-                    raise
-        out = []
-        index, active = self.snap.index, self.snap.itemset.active
-        for d in r.drafts:
-            rows, scores = [], []
-            for i, s in zip(d.item_ids, d.scores):
-                row = index.get(i)
-                if row is not None and active[row]:  # ids of another catalogue version are skipped
-                    rows.append(row)
-                    scores.append(s)
-            out.append(Draft(np.asarray(rows, dtype=np.int64), np.asarray(scores, dtype=np.float32)))
-        return out

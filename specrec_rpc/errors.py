@@ -8,6 +8,12 @@ for its own domain errors) and aborts with that code and the exception's
 message, which names the field or the reason. Anything not in the table is a
 bug: the client gets INTERNAL with a generic message and a log reference; the
 details go to the service's log only.
+
+Where a client must tell one failure from another with the same code (a lost
+verifier session from any other FAILED_PRECONDITION), the error is registered
+with a :class:`Reason`: the status then carries a ``google.rpc.ErrorInfo``
+detail (grpcio-status rich error model, domain :data:`DOMAIN`) and the client
+reads it with :func:`reason_of_rpc`, never from the message text.
 """
 
 from __future__ import annotations
@@ -17,8 +23,22 @@ import functools
 import inspect
 import uuid
 
+from enum import Enum
+
 import grpc
 import structlog
+from google.protobuf import any_pb2
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+#: the ``ErrorInfo.domain`` of every reason SpecRec's services give
+DOMAIN = "specrec"
+
+
+class Reason(str, Enum):
+    """Machine-readable reasons (``google.rpc.ErrorInfo.reason``) that clients switch on."""
+
+    SESSION_LOST = "SESSION_LOST"  # the verifier no longer has the session (restart, eviction, expiry)
 
 
 class InvalidArgument(ValueError):
@@ -53,27 +73,58 @@ class Unauthenticated(RuntimeError):
     pass
 
 
-_CODES: list[tuple[type[BaseException] | tuple, grpc.StatusCode, str | None]] = [
-    (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT, None),
-    (Unavailable, grpc.StatusCode.UNAVAILABLE, None),
-    (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION, None),
-    (ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED, None),
-    (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED, None),
-    (Unimplemented, grpc.StatusCode.UNIMPLEMENTED, None),
-    (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED, None),
+_CODES: list[tuple[type[BaseException] | tuple, grpc.StatusCode, str | None, Reason | None]] = [
+    (InvalidArgument, grpc.StatusCode.INVALID_ARGUMENT, None, None),
+    (Unavailable, grpc.StatusCode.UNAVAILABLE, None, None),
+    (FailedPrecondition, grpc.StatusCode.FAILED_PRECONDITION, None, None),
+    (ResourceExhausted, grpc.StatusCode.RESOURCE_EXHAUSTED, None, None),
+    (PermissionDenied, grpc.StatusCode.PERMISSION_DENIED, None, None),
+    (Unimplemented, grpc.StatusCode.UNIMPLEMENTED, None, None),
+    (Unauthenticated, grpc.StatusCode.UNAUTHENTICATED, None, None),
 ]
 
 
-def register(exc: type[BaseException] | tuple, code: grpc.StatusCode, prefix: str | None = None) -> None:
-    """Map a service's own domain error(s) to a status code (``prefix`` goes before the message)."""
-    _CODES.insert(0, (exc, code, prefix))
+def register(exc: type[BaseException] | tuple, code: grpc.StatusCode, prefix: str | None = None,
+             reason: Reason | None = None) -> None:
+    """Map a service's own domain error(s) to a status code (``prefix`` goes before the message; ``reason``,
+    when given, goes into the status details as an ErrorInfo)."""
+    _CODES.insert(0, (exc, code, prefix, reason))
+
+
+def _lookup(exc: BaseException) -> tuple[grpc.StatusCode, str, Reason | None] | None:
+    for cls, code, prefix, reason in _CODES:
+        if isinstance(exc, cls):
+            return code, f"{prefix}{type(exc).__name__}: {exc}" if prefix else str(exc), reason
+    return None
 
 
 def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str] | None:
     """(code, message) of a known failure; None: unexpected (INTERNAL)."""
-    for cls, code, prefix in _CODES:
-        if isinstance(exc, cls):
-            return code, f"{prefix}{type(exc).__name__}: {exc}" if prefix else str(exc)
+    found = _lookup(exc)
+    return None if found is None else (found[0], found[1])
+
+
+def rich_status(code: grpc.StatusCode, message: str, reason: Reason) -> grpc.Status:
+    """A status whose details hold ``google.rpc.ErrorInfo(reason, domain=DOMAIN)``."""
+    info = any_pb2.Any()
+    info.Pack(error_details_pb2.ErrorInfo(reason=reason.value, domain=DOMAIN))
+    return rpc_status.to_status(status_pb2.Status(code=code.value[0], message=message, details=[info]))
+
+
+def reason_of_rpc(e: grpc.RpcError) -> Reason | None:
+    """The :class:`Reason` in a failed call's ErrorInfo detail (domain :data:`DOMAIN`); None when it has none."""
+    trailing = getattr(e, "trailing_metadata", None)
+    try:
+        status = rpc_status.from_call(e) if trailing is not None else None  # type: ignore[arg-type]
+    except (ValueError, TypeError):  # details that do not match the call's code or message
+        return None
+    for detail in status.details if status is not None else ():
+        info = error_details_pb2.ErrorInfo()
+        if detail.Unpack(info) and info.domain == DOMAIN:
+            try:
+                return Reason(info.reason)
+            except ValueError:  # a reason this client does not know
+                return None
     return None
 
 
@@ -83,14 +134,20 @@ async def abort_for(context, exc: BaseException, method: str, log) -> None:
         # is no fault of the service; e.g. a job that expired in the verifier's queue
         log.debug("call ended before its answer", method=method, error=f"{type(exc).__name__}: {exc}")
         return
-    mapped = status_of(exc)
-    if mapped is None:
+    found = _lookup(exc)
+    if found is None:
         ref = uuid.uuid4().hex[:12]
         log.error("unhandled error", method=method, ref=ref, exc_info=exc)
-        mapped = grpc.StatusCode.INTERNAL, f"internal error in {method} (ref {ref}; details in the service's log)"
-    elif mapped[0] == grpc.StatusCode.UNAVAILABLE:
-        log.warning("dependency unavailable", method=method, error=mapped[1])
-    await context.abort(*mapped)
+        await context.abort(grpc.StatusCode.INTERNAL,
+                            f"internal error in {method} (ref {ref}; details in the service's log)")
+        return
+    code, message, reason = found
+    if code == grpc.StatusCode.UNAVAILABLE:
+        log.warning("dependency unavailable", method=method, error=message)
+    if reason is not None:
+        await context.abort_with_status(rich_status(code, message, reason))
+        return
+    await context.abort(code, message)
 
 
 def handle_errors(fn):

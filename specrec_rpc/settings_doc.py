@@ -19,7 +19,7 @@ BEGIN, END = "<!-- settings: begin (python -m specrec_rpc.settings_doc) -->", "<
 
 def _classes():
     from drafter_svc.service import DrafterSettings
-    from gateway.service import GatewaySettings
+    from gateway.settings import GatewaySettings
     from itemset_svc.settings import ItemSetSettings
     from verifier_svc.service import VerifierSettings
 

@@ -31,7 +31,7 @@ from specrec.verifier import (
     DraftVerifyJob, EncodeJob, ExpandJob, HeadJob, LocalVerifier, ScoreJob, SearchJob, SelectRule, SessionStateError, StepJob, run_jobs,
 )
 from specrec_rpc.catalogue import CatalogueWatcher, Snapshot
-from specrec_rpc.errors import FailedPrecondition, InvalidArgument, Unimplemented, handle_errors, register, require
+from specrec_rpc.errors import FailedPrecondition, InvalidArgument, Reason, Unimplemented, handle_errors, register, require
 from specrec_rpc.server import Service, make_channel
 from specrec_rpc.settings import ServiceSettings
 from specrec_rpc.tensors import TensorError, from_msg, to_msg
@@ -41,6 +41,8 @@ from .batcher import Batcher, Expired
 from .sessions import Entry, SessionNotFound, SessionStore
 
 register(Expired, grpc.StatusCode.DEADLINE_EXCEEDED)  # a job whose caller's deadline passed while it queued
+# the session is gone (restart, eviction, expiry): the gateway reads the reason and re-sends the history
+register(SessionNotFound, grpc.StatusCode.FAILED_PRECONDITION, reason=Reason.SESSION_LOST)
 
 SESSIONS = Gauge("specrec_verifier_sessions", "Live encoder sessions")
 
@@ -226,10 +228,7 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
     async def _ref(self, ref) -> tuple[object, Snapshot, int]:
         """The session a call works on: an existing one, or an :class:`EncodeJob` to run with the call."""
         if ref.session:
-            try:
-                e: Entry = self.svc.sessions.get(ref.session)
-            except SessionNotFound as exc:
-                raise FailedPrecondition(str(exc)) from None
+            e: Entry = self.svc.sessions.get(ref.session)  # SessionNotFound: FAILED_PRECONDITION, SESSION_LOST
             return e.session, e.snap, e.session.n
         require(ref.HasField("history_sids"), "ref", "needs a session or history_sids")
         h = self._hist(ref.history_sids, "ref.history_sids")

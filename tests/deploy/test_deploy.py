@@ -500,7 +500,7 @@ def test_addresses_point_at_the_services(helm):
 def _settings_classes():
     pytest.importorskip("specrec_rpc.v1", reason="generated gRPC code missing (python -m specrec_rpc.codegen)")
     from drafter_svc.service import DrafterSettings
-    from gateway.service import GatewaySettings
+    from gateway.settings import GatewaySettings
     from itemset_svc.settings import ItemSetSettings
     from verifier_svc.service import VerifierSettings
 

@@ -201,10 +201,10 @@ async def test_degrades_when_verifier_or_drafter_stops(stack, serving_bundle):
     hist = histories(serving_bundle, 1, seed=9)[0]
     svc = stack.runners["gateway"].service
     t0 = time.monotonic()
-    while svc.drafter_down():  # an earlier test may have seen the drafter fail; its window is breaker_open_s
+    while svc.drafter.is_down():  # an earlier test may have seen the drafter fail; its window is breaker_open_s
         assert time.monotonic() - t0 < 5.0, "the drafter still counts as down after 5 s"
         await asyncio.sleep(0.05)
-    assert svc.reserve_s(0.030) > 0.0  # time kept back for the drafter's answer
+    assert svc.queue.reserve(0.030) > 0.0  # time kept back for the drafter's answer
     try:
         await stack.stop_one("verifier")
         t0 = time.perf_counter()
@@ -230,8 +230,8 @@ async def test_degrades_when_verifier_or_drafter_stops(stack, serving_bundle):
         assert [i.item_id for i in r.items] == [i.item_id for i in beam.items]  # beam-only
         # the drafter is known down (from its failed call in r): no time is kept back for its answer while
         # it is, the verifier gets the whole budget
-        assert svc.drafter_down_until > t_r
-        assert svc.reserve_s(0.030) == 0.0 or time.monotonic() >= svc.drafter_down_until
+        assert svc.drafter.until > t_r
+        assert svc.queue.reserve(0.030) == 0.0 or time.monotonic() >= svc.drafter.until
         both_down = None
         await stack.stop_one("verifier")
         both_down = await stack.recommend(hist, k=10, policy="specgr", budget_ms=30)
@@ -270,7 +270,7 @@ async def test_degraded_failed_and_sampled_requests_are_logged_as_one_json_line(
     svc = stack.runners["gateway"].service
     hist = histories(serving_bundle, 1, seed=11)[0]
     t0 = time.monotonic()  # earlier tests stopped services: wait until both answer again
-    while svc.drafter_down() or (await stack.recommend(hist, k=10, policy="specgr", budget_ms=500)).stats.degraded:
+    while svc.drafter.is_down() or (await stack.recommend(hist, k=10, policy="specgr", budget_ms=500)).stats.degraded:
         assert time.monotonic() - t0 < 10.0, "the stack did not recover within 10 s"
         await asyncio.sleep(0.1)
     md = (("x-request-id", "req-degraded-1"),)

@@ -24,6 +24,11 @@ class Context:
         self.aborted = (code, details)
         raise grpc.aio.AbortError()
 
+    async def abort_with_status(self, status):
+        self.aborted = (status.code, status.details)
+        self.status = status
+        raise grpc.aio.AbortError()
+
 
 class Log:
     def __init__(self):
@@ -42,8 +47,8 @@ class Servicer:
         raise self.exc
 
 
-def call(exc, done=False):
-    svc, ctx = Servicer(exc), Context(done)
+def call(exc, done=False, ctx=None):
+    svc, ctx = Servicer(exc), ctx or Context(done)
 
     async def go():
         try:
@@ -75,14 +80,63 @@ def test_a_call_whose_caller_has_gone_is_not_answered_nor_logged_as_a_fault(exc)
 
 
 class RpcError(grpc.RpcError):
-    def __init__(self, code, details=""):
-        self._code, self._details = code, details
+    def __init__(self, code, details="", trailing_metadata=None):
+        self._code, self._details, self._trailing = code, details, trailing_metadata
 
     def code(self):
         return self._code
 
     def details(self):
         return self._details
+
+    def trailing_metadata(self):
+        return self._trailing
+
+
+class SessionGone(LookupError):
+    pass
+
+
+def test_a_reason_travels_in_the_status_details_and_the_client_reads_it_from_there():
+    """An error registered with a reason aborts with google.rpc.ErrorInfo(reason, domain) in the details;
+    the gateway's client raises SessionLost from that reason alone."""
+    from gateway.remote import SessionLost, _raise_for
+    from specrec_rpc.errors import DOMAIN, Reason, reason_of_rpc, register
+
+    register(SessionGone, grpc.StatusCode.FAILED_PRECONDITION, reason=Reason.SESSION_LOST)
+    ctx = Context()
+    _, aborted = call(SessionGone("it expired"), ctx=ctx)
+    assert aborted == (grpc.StatusCode.FAILED_PRECONDITION, "it expired")
+    err = RpcError(ctx.status.code, ctx.status.details, ctx.status.trailing_metadata)
+    assert reason_of_rpc(err) == Reason.SESSION_LOST and DOMAIN == "specrec"
+    with pytest.raises(SessionLost):
+        _raise_for("verifier", err)
+
+
+def test_a_message_that_mentions_a_session_is_not_a_lost_session():
+    """Without the SESSION_LOST reason a FAILED_PRECONDITION is a refusal, whatever its text says."""
+    from gateway.remote import DependencyDown, _raise_for
+    from specrec_rpc.errors import reason_of_rpc
+
+    err = RpcError(grpc.StatusCode.FAILED_PRECONDITION, "session: its beam search is already complete")
+    assert reason_of_rpc(err) is None
+    with pytest.raises(DependencyDown) as e:
+        _raise_for("verifier", err)
+    assert e.value.code == "FAILED_PRECONDITION" and not e.value.unreachable
+
+
+def test_a_reason_of_another_domain_or_unknown_to_the_client_is_none():
+    from google.protobuf import any_pb2
+    from google.rpc import error_details_pb2, status_pb2
+    from grpc_status import rpc_status
+
+    from specrec_rpc.errors import reason_of_rpc
+
+    for domain, reason in (("example.com", "SESSION_LOST"), ("specrec", "NOT_A_REASON_WE_KNOW")):
+        info = any_pb2.Any()
+        info.Pack(error_details_pb2.ErrorInfo(reason=reason, domain=domain))
+        st = rpc_status.to_status(status_pb2.Status(code=9, message="m", details=[info]))
+        assert reason_of_rpc(RpcError(st.code, st.details, st.trailing_metadata)) is None
 
 
 @pytest.mark.parametrize("code,unreachable", [

@@ -1,0 +1,43 @@
+"""The gateway's settings (environment ``SPECREC_GATEWAY_*``; documented by ``specrec_rpc.settings_doc``)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from specrec_rpc.settings import ServiceSettings
+
+
+class GatewaySettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="SPECREC_GATEWAY_", extra="ignore")
+
+    port: int = Field(50050, ge=0, le=65535, description="gRPC port")
+    metrics_port: int = Field(9100, ge=0, le=65535, description="Prometheus port (0 = off)")
+    max_message_mb: int = Field(1, ge=1, le=64, description="largest request accepted (public port), MiB")
+    itemset_addr: str = Field("127.0.0.1:50051", description="item-set service address")
+    drafter_addr: str = Field("127.0.0.1:50052", description="drafter replicas: 'host:port[,host:port]', "
+                              "'dns:name:port' (re-resolved) or 'k8s:namespace/service:port' (EndpointSlices)")
+    verifier_addr: str = Field("127.0.0.1:50053", description="verifier replicas, as drafter_addr; a request's calls "
+                               "stay on one replica")
+    default_policy: str = Field("auto", description="policy when a request names none")
+    default_budget_ms: float = Field(30.0, gt=0, le=60_000, description="budget when a request gives none, ms")
+    max_budget_ms: float = Field(1000.0, gt=0, le=60_000, description="largest budget accepted, ms")
+    max_k: int = Field(1000, ge=1, le=100_000, description="largest list length accepted")
+    max_history_items: int = Field(1000, ge=1, le=100_000, description="most history ids accepted per request")
+    max_id_length: int = Field(256, ge=1, le=65_536, description="longest item id accepted, characters")
+    max_params: int = Field(16, ge=0, le=1000, description="most policy parameters per request")
+    max_history: int = Field(20, ge=1, le=10_000, description="history items fed to the model (the model's window)")
+    max_batch: int = Field(256, ge=1, le=10_000, description="most requests in one RecommendBatch")
+    drafter_mode: str = Field("", description="drafter mode for specgr ('' = the drafter's default)")
+    workers: int = Field(16, ge=1, le=1024, description="threads running policy loops")
+    reserve_ms: float = Field(6.0, ge=0.0, le=1000.0, description="verifier calls end this long before the deadline "
+                              "(or twice the drafter's running cost when more, at most 80% of the budget), so "
+                              "the drafter can still answer when the verifier does not")
+    reply_margin_ms: float = Field(5.0, ge=0.0, le=1000.0, description="when the caller's gRPC deadline comes before "
+                                   "the budget, the answer is planned to leave this long before that deadline")
+    breaker_failures: int = Field(3, ge=1, le=1000, description="verifier failures in a row that open the breaker")
+    breaker_open_s: float = Field(1.0, gt=0, le=600, description="how long an open breaker sends requests to the drafter")
+    policy_defaults: dict[str, dict] = Field(default_factory=dict,
+                                             description='per-policy default parameters, e.g. {"specgr": {"gamma": -1.0}}')
+    log_sample_rate: float = Field(0.0, ge=0.0, le=1.0, description="share of answers that went as asked logged "
+                                   "as one line each (event `request`); degraded, shed and failed requests always are")
