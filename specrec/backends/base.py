@@ -1,4 +1,4 @@
-"""The eager backend (the reference), and what every backend shares.
+"""The eager backend, and what every backend shares.
 
 A backend runs the four hot-path functions of :mod:`specrec.models.hotpath`
 and hands decoding its tensors on decoding's terms:
@@ -14,6 +14,12 @@ the oldest real item or from the right), which more than halves the encoder's
 work on Beauty. A backend that compiles for fixed shapes also pads requests,
 beams and tree nodes to buckets (:meth:`Backend.padded`); the eager backend
 pads nothing.
+
+The eager backend runs :class:`~specrec.models.hotpath.FusedHotPath` in torch:
+the same functions, the same decoder step and the same whole searches that the
+graph backends export, so a graph backend's test against it checks the export,
+and the fused functions are themselves checked against the model
+(:class:`~specrec.models.tiger.Tiger`, ``tests/unit/test_hotpath.py``).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import torch.nn.functional as F
 
 from ..decoding.beam import Beams
 from ..decoding.tree import PrefixTree
-from ..models.hotpath import FusedHotPath, HotPath, SearchState, child_tables
+from ..models.hotpath import FusedHotPath, SearchState, child_tables
 from ..models.tiger import EncoderState, Tiger
 
 
@@ -73,7 +79,7 @@ def _pad(x: torch.Tensor, n: int, dim: int = 0) -> torch.Tensor:
 
 
 class Backend:
-    """Eager PyTorch: the reference every other backend is tested against."""
+    """Eager PyTorch (the fused hot path in torch): what every other backend is tested against."""
 
     name: ClassVar[str] = "eager"
 
@@ -85,7 +91,6 @@ class Backend:
         self.device = torch.device(device)
         self.model = model.eval()
         self.cfg = model.cfg
-        self.hot = HotPath(model).eval().to(self.device)
         self.head = head
         self.drafter = drafter
         self.placeholders = None if head is None else head.placeholders.detach().to(self.device)
@@ -101,24 +106,34 @@ class Backend:
     def _back(self, x):
         return x.cpu() if self.device.type != "cpu" else x
 
-    # -- the four functions (subclasses replace these) -----------------------------
-    def _encode(self, hist_sids):
-        return self.hot.encode(*self._to(hist_sids))  # the state stays on the device
+    @property
+    def fused(self) -> FusedHotPath:
+        """The hot path's functions in torch, on this backend's device (made on first use)."""
+        if self._fused is None:
+            self._fused = FusedHotPath(self.model, self.head, self.drafter).eval().to(self.device)
+        return self._fused
 
-    def _step(self, *args):
-        logp, k, v = self.hot.step(*self._to(*args))
+    # -- the four functions (subclasses replace these) -----------------------------
+    # The encoder state keeps the model's layout (keys [n_layers, R, h, S, dk], as :meth:`Tiger.encode`'s), so
+    # the model's own decoder reads it too (training does); the fused functions take the keys transposed.
+    def _encode(self, hist_sids):
+        keep, cross_k, cross_v = self.fused.encode(*self._to(hist_sids))
+        return keep, cross_k.transpose(-1, -2), cross_v  # the state stays on the device
+
+    def _step(self, tokens, start, parent, enc_mask, cross_k, cross_v, cache_k, cache_v):
+        logp, k, v = self.fused.step(*self._to(tokens, start, parent, enc_mask, cross_k.transpose(-1, -2), cross_v,
+                                               cache_k, cache_v))
         return self._back(logp), k, v  # the cache stays on the device
 
-    def _tree(self, *args):
-        return self._back(self.hot.tree(*self._to(*args)))
+    def _tree(self, tokens, positions, tree_mask, enc_mask, cross_k, cross_v):
+        return self._back(self.fused.tree(*self._to(tokens, positions, tree_mask, enc_mask,
+                                                    cross_k.transpose(-1, -2), cross_v)))
 
-    def _head_hidden(self, *args):
-        return self._back(self.hot.head_hidden(*self._to(*args)))
+    def _head_hidden(self, enc_mask, cross_k, cross_v, placeholders):
+        return self._back(self.fused.head_hidden(*self._to(enc_mask, cross_k.transpose(-1, -2), cross_v, placeholders)))
 
     def _empty_cache(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        cfg = self.cfg
-        shape = (cfg.n_dec_layers, rows, cfg.n_heads, cfg.sid_len, cfg.d_kv)
-        return torch.zeros(shape, device=self.device), torch.zeros(shape, device=self.device)
+        return self.fused.empty_cache(rows)
 
     def search(self, enc: EncoderState, trie, width: int):
         """The whole constrained beam search in one call, where the backend has
@@ -183,8 +198,6 @@ class Backend:
         """Eager: the fused functions themselves, in torch (what the graph backends export)."""
         if self.drafter is None:
             return None
-        if self._fused is None:
-            self._fused = FusedHotPath(self.model, None, self.drafter).eval().to(self.device)
         if trie not in self._torch_tables:
             t = child_tables(trie, max(self.cfg.level_sizes))
             self._torch_tables[trie] = None if t is None else [x.to(self.device) for x in t]
@@ -194,9 +207,9 @@ class Backend:
         args = self._to(*self._fused_encoder(enc))
         with torch.inference_mode():
             if kind == "verify":
-                out = self._fused.draft_verify(*args, tables, width, n)
+                out = self.fused.draft_verify(*args, tables, width, n)
             else:
-                out = self._fused.draft_search(*args, tables, width)
+                out = self.fused.draft_search(*args, tables, width)
         return [self._back(x) for x in out]
 
     def _fused_encoder(self, enc: EncoderState):

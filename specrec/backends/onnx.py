@@ -120,12 +120,15 @@ def export_onnx(model: Tiger, out_dir: str | Path, head=None, drafter=None) -> P
 
 def weights_fingerprint(*modules) -> str:
     """sha256 (first 16 hex digits) of the modules' weights and of the code the graphs are traced
-    from (this file and the hot path): exported graphs belong to exactly these."""
+    from (this file, the hot path, the head's functions and the constrained top-k): exported graphs
+    belong to exactly these."""
     import hashlib
 
-    from ..models import hotpath
+    from ..decoding import topk
+    from ..models import hotpath, nezha_head
 
-    h = hashlib.sha256(Path(hotpath.__file__).read_bytes() + Path(__file__).read_bytes())
+    h = hashlib.sha256(b"".join(Path(m.__file__).read_bytes() for m in (hotpath, nezha_head, topk))
+                       + Path(__file__).read_bytes())
     for m in modules:
         if m is None:
             continue

@@ -22,8 +22,8 @@ import torch
 
 from ..ids.trie import SidTrie
 from ..models.tiger import BOS_TOKEN, EncoderState
+from .topk import constrained_topk
 
-NEG_INF = float("-inf")
 
 
 @dataclass
@@ -79,36 +79,18 @@ def root_beams(n_requests: int) -> Beams:
 
 def select_topk(beams: Beams, logp: torch.Tensor, trie: SidTrie, width: int,
                 bias: torch.Tensor | None = None) -> tuple[Beams, torch.Tensor]:
-    """One constrained beam step. ``logp`` [R, Bc, V] are next-level
-    log-probs for each current beam. ``bias`` (same shape, optional) is added
-    when *choosing* beams but never kept in their scores (relaxed verification
-    prefers drafted codes this way); beams are ordered by their true scores.
-    Returns the new beams and, per new beam, the flat index ``r * Bc + parent``
-    of the beam it extends."""
+    """One constrained beam step over ``trie`` (:func:`~specrec.decoding.topk.constrained_topk`).
+    ``logp`` [R, Bc, V] are next-level log-probs for each current beam; ``bias`` (same shape, optional) is
+    added when *choosing* beams but never kept in their scores. Returns the new beams and, per new beam, the
+    flat index ``r * Bc + parent`` of the beam it extends."""
     r, bc, v = logp.shape
     level = beams.level
     nodes = beams.trie_nodes(trie)
     allowed = trie.allowed_mask(level, nodes.reshape(-1)).view(r, bc, v)
-    cand = torch.where(allowed, beams.scores.unsqueeze(-1) + logp, torch.full_like(logp, NEG_INF))
-    k = min(width, bc * v)
-    choose = cand if bias is None else cand + bias
-    top, idx = choose.view(r, bc * v).topk(k, dim=1)
-    if bias is not None:
-        top = cand.view(r, bc * v).gather(1, idx)
-        order = torch.argsort(top, dim=1, descending=True, stable=True)
-        top, idx = top.gather(1, order), idx.gather(1, order)
-    parent = torch.div(idx, v, rounding_mode="floor")
-    code = idx % v
-    par = parent.unsqueeze(-1).expand(-1, -1, level)
-    codes = torch.cat([beams.codes.gather(1, par), code.unsqueeze(-1)], dim=2)
-    tok = logp.reshape(r, bc * v).gather(1, idx)
-    token_logp = torch.cat([beams.token_logp.gather(1, par), tok.unsqueeze(-1)], dim=2)
-    new_nodes = trie.advance(level, nodes.gather(1, parent), code)
-    dead = torch.isinf(top) | (new_nodes < 0)
-    new_nodes = new_nodes.masked_fill(dead, -1)
-    top = top.masked_fill(dead, NEG_INF)
-    flat_parent = parent + torch.arange(r).unsqueeze(1) * bc
-    return Beams(codes, top, token_logp, ~dead, new_nodes), flat_parent.reshape(-1)
+    out = constrained_topk(beams.codes, beams.scores, beams.token_logp, logp, allowed, width,
+                           lambda parent, code, _: trie.advance(level, nodes.gather(1, parent), code), bias)
+    flat_parent = out.parent + torch.arange(r).unsqueeze(1) * bc
+    return Beams(out.codes, out.scores, out.token_logp, out.nodes >= 0, out.nodes), flat_parent.reshape(-1)
 
 
 def beam_tokens(beams: Beams, offsets: list[int]) -> torch.Tensor:

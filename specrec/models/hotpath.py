@@ -30,30 +30,43 @@ serving:
 
 Levels with fewer than Vmax codes are padded with -inf.
 
-:class:`HotPath` writes them with the model's own modules: the reference
-(eager backend). :class:`FusedHotPath` computes the same with fewer, larger
-operations, for graph backends (ONNX Runtime): one matrix for q/k/v, the
-attention scale folded into the q weights, keys kept transposed so no
-attention needs a transpose, the cross-attention keys/values of all layers
-in one matrix product, and only the stepped level's output layer. It also
-has whole searches as single graphs: the constrained beam search
-(:meth:`FusedHotPath.beam_search`) and the NEZHA head's
-(:meth:`FusedHotPath.head_beam_search`), which read the item set as dense
-child tables (``tables[j]`` [nodes_j + 1, Vmax] int32: the child node of
+:class:`FusedHotPath` is their one definition: the eager backend runs it in
+torch and the graph backends (ONNX Runtime) export it, so the decoder step, the
+decoder layers and the searches exist once. It computes what the
+:class:`~specrec.models.tiger.Tiger` model (the training module, and the
+reference the tests hold it to) computes with fewer, larger operations: one
+matrix for q/k/v, the attention scale folded into the q weights, keys kept
+transposed so no attention needs a transpose, the cross-attention keys/values
+of all layers in one matrix product, and only the stepped level's output
+layer. Every decoder pass is :meth:`FusedHotPath.decoder` with its own kind of
+self-attention (a mask, the static cache of a step, the root alone, a tree's
+gathered ancestors). It also has whole searches as single graphs: the
+constrained beam search (:meth:`FusedHotPath.beam_search`), the NEZHA head's
+(:meth:`FusedHotPath.head_beam_search`, the head's one search of
+:func:`~specrec.models.nezha_head.head_search`) and the distilled drafter's,
+each step of them :func:`~specrec.decoding.topk.constrained_topk`; they read
+the item set as dense child tables (``tables[j]`` [nodes_j + 1, Vmax] int32: the child node of
 each code, -1 where invalid; the last row, read by a dead beam, is all -1).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..decoding.topk import constrained_topk
+from .nezha_head import gru_cell, head_level_logprobs, head_search
 from .tiger import BOS_TOKEN, PAD_TOKEN, Tiger
 
 NEG_INF = float("-inf")
+
+#: layer ``i``'s self-attention, as one decoder pass computes it: (i, layer, its normed input h [N, T, d]) ->
+#: the attention output [N, T, h*dk] before the output projection
+SelfAttention = Callable[[int, "_Layer", torch.Tensor], torch.Tensor]
 
 
 def _stacked_heads(model: Tiger) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,77 +84,6 @@ def _stacked_heads(model: Tiger) -> tuple[torch.Tensor, torch.Tensor]:
             ws.append(F.pad(w.detach(), (0, 0, 0, vmax - v)))
             bs.append(F.pad(b.detach(), (0, vmax - v), value=NEG_INF))
     return torch.stack(ws), torch.stack(bs)
-
-
-class HotPath(nn.Module):
-    """The reference: the functions above with the (frozen, eval-mode) :class:`Tiger`'s own modules."""
-
-    def __init__(self, model: Tiger):
-        super().__init__()
-        self.model = model.eval()
-        cfg = model.cfg
-        self.sizes = list(cfg.level_sizes)
-        self.L = cfg.sid_len
-        w, b = _stacked_heads(model)
-        self.register_buffer("head_w", w, persistent=False)
-        self.register_buffer("head_b", b, persistent=False)
-
-    def all_logprobs(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[..., d] -> [..., L, Vmax]: every level's log-softmax."""
-        logits = torch.einsum("...d,lvd->...lv", hidden, self.head_w) + self.head_b
-        return torch.log_softmax(logits.float(), dim=-1)
-
-    def encode(self, hist_sids: torch.Tensor):
-        mem, keep = self.model._memory(hist_sids)
-        return (keep, *self.model._cross(mem))
-
-    def step(self, tokens, start, parent, enc_mask, cross_k, cross_v, cache_k, cache_v):
-        m = self.model
-        r, b = tokens.shape
-        n = r * b
-        d = m.cfg.d_model
-        x = m.tok(tokens).reshape(n, 1, d) + m.dec_pos(start).view(1, 1, d)
-        cache_k = cache_k.index_select(1, parent)
-        cache_v = cache_v.index_select(1, parent)
-        slots = torch.arange(cache_k.shape[3], device=tokens.device)
-        write = (slots == start).view(1, 1, -1, 1)
-        seen = (slots <= start).view(1, 1, 1, -1)
-        cmask = enc_mask[:, None, None, :]
-        new_k, new_v = [], []
-        for i, layer in enumerate(m.dec_layers):
-            a = layer.self_attn
-            h = layer.ln1(x)
-            q, (k1, v1) = a.split(a.q(h)), a.kv(h)
-            k = torch.where(write, k1, cache_k[i])
-            v = torch.where(write, v1, cache_v[i])
-            x = x + a.o(a.merge(a.attend(q, k, v, seen)))
-            c = layer.cross_attn
-            q = c.split(c.q(layer.ln2(x).reshape(r, b, d)))
-            x = x + c.o(c.merge(c.attend(q, cross_k[i], cross_v[i], cmask)).reshape(n, 1, -1))
-            x = x + layer.ff(layer.ln3(x))
-            new_k.append(k)
-            new_v.append(v)
-        return self.all_logprobs(m.dec_ln(x)[:, 0])[:, int(start)], torch.stack(new_k), torch.stack(new_v)
-
-    def tree(self, tokens, positions, tree_mask, enc_mask, cross_k, cross_v):
-        m = self.model
-        r = tokens.shape[0]
-        x = m.tok(tokens) + m.dec_pos(positions)
-        smask, cmask = tree_mask[:, None], enc_mask[:, None, None, :]
-        for i, layer in enumerate(m.dec_layers):
-            x, _ = layer(x, r, (cross_k[i], cross_v[i]), cmask, self_mask=smask)
-        return self.all_logprobs(m.dec_ln(x))
-
-    def head_hidden(self, enc_mask, cross_k, cross_v, placeholders):
-        m = self.model
-        r = enc_mask.shape[0]
-        bos = m.tok.weight[BOS_TOKEN].view(1, 1, -1).expand(r, 1, -1)
-        x = torch.cat([bos, placeholders.unsqueeze(0).expand(r, -1, -1)], dim=1)
-        x = x + m.dec_pos.weight[: self.L].unsqueeze(0)
-        cmask = enc_mask[:, None, None, :]
-        for i, layer in enumerate(m.dec_layers):
-            x, _ = layer(x, r, (cross_k[i], cross_v[i]), cmask)
-        return m.dec_ln(x)
 
 
 class _Layer(nn.Module):
@@ -216,15 +158,15 @@ class FusedHotPath(nn.Module):
     def _bias(mask: torch.Tensor) -> torch.Tensor:
         return torch.where(mask, 0.0, NEG_INF)
 
-    def _self_block(self, layer: _Layer, x, bias):
-        """Full self-attention over x [N, T, d] with an additive mask bias [N or 1, 1, T, T]."""
-        n, tq, _ = x.shape
-        qkv = (layer.ln[0](x) @ layer.qkv).view(n, tq, 3, self.h, self.dk)
+    def _attention(self, layer: _Layer, h, bias):
+        """Full self-attention over the normed input h [N, T, d] with an additive mask bias [N or 1, 1, T, T]
+        -> [N, T, inner]."""
+        n, tq, _ = h.shape
+        qkv = (h @ layer.qkv).view(n, tq, 3, self.h, self.dk)
         q = qkv[:, :, 0].transpose(1, 2)
         k_t = qkv[:, :, 1].permute(0, 2, 3, 1)
         v = qkv[:, :, 2].transpose(1, 2)
-        a = self._attend(q, k_t, v, bias).transpose(1, 2).reshape(n, tq, self.inner)
-        return x + a @ layer.o
+        return self._attend(q, k_t, v, bias).transpose(1, 2).reshape(n, tq, self.inner)
 
     def _cross_block(self, layer: _Layer, x, ck_t, cv, cbias, r: int):
         """x [N, T, d] with N = r * M: a request's M sequences fold into the query axis."""
@@ -232,6 +174,16 @@ class FusedHotPath(nn.Module):
         q = (layer.ln[1](x).reshape(r, (n // r) * tq, self.d) @ layer.cross_q).view(r, -1, self.h, self.dk).transpose(1, 2)
         a = self._attend(q, ck_t, cv, cbias).transpose(1, 2).reshape(n, tq, self.inner)
         return x + a @ layer.cross_o
+
+    def decoder(self, x, r: int, enc_mask, cross_k, cross_v, self_attention: SelfAttention):
+        """The decoder layers over x [N, T, d] (embedded inputs of N = r * M sequences) -> the final norm's
+        states [N, T, d]: every decoder pass, each with its own ``self_attention``."""
+        cbias = self._bias(enc_mask)[:, None, None, :]
+        for i, layer in enumerate(self.dec_layers):
+            x = x + self_attention(i, layer, layer.ln[0](x)) @ layer.o
+            x = self._cross_block(layer, x, cross_k[i], cross_v[i], cbias, r)
+            x = x + layer.ff(layer.ln[2](x))
+        return self.dec_ln(x)
 
     def _level_logprobs(self, hidden, level):
         """[N, d] -> [N, Vmax] for one level (``level`` an int or a [] tensor): every level's logits
@@ -252,7 +204,7 @@ class FusedHotPath(nn.Module):
         else:
             x, keep = emb.reshape(r, s * l, self.d), (tokens != PAD_TOKEN).reshape(r, s * l)
         n = x.shape[1]
-        idx = torch.arange(n)
+        idx = torch.arange(n, device=x.device)
         if self.causal:
             pos = (keep.long().cumsum(1) - 1).clamp(min=0)
             allowed = ((idx.view(1, n, 1) >= idx.view(1, 1, n)) & keep[:, None, :]) | (idx.view(1, n, 1) == idx.view(1, 1, n))
@@ -262,7 +214,7 @@ class FusedHotPath(nn.Module):
         x = x + self.enc_pos[pos]
         bias = self._bias(allowed).unsqueeze(1)
         for layer in self.enc_layers:
-            x = self._self_block(layer, x, bias)
+            x = x + self._attention(layer, layer.ln[0](x), bias) @ layer.o
             x = x + layer.ff(layer.ln[1](x))
         mem = self.enc_ln(x)
         kv = (mem @ self.cross_kv).view(r, n, len(self.dec_layers), 2, self.h, self.dk)
@@ -283,39 +235,34 @@ class FusedHotPath(nn.Module):
         x = (self.tok[tokens] + self.dec_pos[start]).view(n, 1, self.d)
         cache_k = cache_k.index_select(1, parent)
         cache_v = cache_v.index_select(1, parent)
-        slots = torch.arange(self.L)
+        slots = torch.arange(self.L, device=x.device)
         write_k = (slots == start).view(1, 1, 1, self.L)
         write_v = (slots == start).view(1, 1, self.L, 1)
         sbias = self._bias(slots <= start).view(1, 1, 1, self.L)
-        cbias = self._bias(enc_mask)[:, None, None, :]
         new_k, new_v = [], []
-        for i, layer in enumerate(self.dec_layers):
-            qkv = (layer.ln[0](x) @ layer.qkv).view(n, 3, self.h, self.dk)
+
+        def cached(i, layer, h):  # position ``start`` written into the static cache, positions <= ``start`` attended
+            qkv = (h @ layer.qkv).view(n, 3, self.h, self.dk)
             k = torch.where(write_k, qkv[:, 1].unsqueeze(-1), cache_k[i])
             v = torch.where(write_v, qkv[:, 2].unsqueeze(2), cache_v[i])
-            a = self._attend(qkv[:, 0].unsqueeze(2), k, v, sbias).reshape(n, 1, self.inner)
-            x = x + a @ layer.o
-            x = self._cross_block(layer, x, cross_k[i], cross_v[i], cbias, r)
-            x = x + layer.ff(layer.ln[2](x))
             new_k.append(k)
             new_v.append(v)
-        return self.dec_ln(x)[:, 0], torch.stack(new_k), torch.stack(new_v)
+            return self._attend(qkv[:, 0].unsqueeze(2), k, v, sbias).reshape(n, 1, self.inner)
+
+        hidden = self.decoder(x, r, enc_mask, cross_k, cross_v, cached)
+        return hidden[:, 0], torch.stack(new_k), torch.stack(new_v)
 
     def empty_cache(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        n = len(self.dec_layers)
-        return torch.zeros(n, rows, self.h, self.dk, self.L), torch.zeros(n, rows, self.h, self.L, self.dk)
+        n, dev = len(self.dec_layers), self.tok.device
+        return (torch.zeros(n, rows, self.h, self.dk, self.L, device=dev),
+                torch.zeros(n, rows, self.h, self.L, self.dk, device=dev))
 
     # -- a prefix tree --------------------------------------------------------------------------------
     def tree(self, tokens, positions, tree_mask, enc_mask, cross_k, cross_v):
         r, t = tokens.shape
         x = self.tok[tokens] + self.dec_pos[positions]
         sbias = self._bias(tree_mask).unsqueeze(1)
-        cbias = self._bias(enc_mask)[:, None, None, :]
-        for i, layer in enumerate(self.dec_layers):
-            x = self._self_block(layer, x, sbias)
-            x = self._cross_block(layer, x, cross_k[i], cross_v[i], cbias, r)
-            x = x + layer.ff(layer.ln[2](x))
-        h = self.dec_ln(x)
+        h = self.decoder(x, r, enc_mask, cross_k, cross_v, lambda i, layer, h: self._attention(layer, h, sbias))
         logits = (h @ self.head_flat).view(r, t, self.L, self.vmax) + self.head_b
         return torch.log_softmax(logits, dim=-1)
 
@@ -323,17 +270,17 @@ class FusedHotPath(nn.Module):
     def beam_search(self, enc_mask, cross_k, cross_v, tables: list[torch.Tensor], width: int):
         """Constrained beam search of the target in one graph -> codes [R, W, L],
         scores [R, W], token_logp [R, W, L], alive [R, W]."""
-        r = enc_mask.shape[0]
-        tokens = torch.full((r, 1), BOS_TOKEN, dtype=torch.int64)
+        r, dev = enc_mask.shape[0], enc_mask.device
+        tokens = torch.full((r, 1), BOS_TOKEN, dtype=torch.int64, device=dev)
         cache_k, cache_v = self.empty_cache(r)
-        parent = torch.arange(r)
-        state = SearchState.root(r)
+        parent = torch.arange(r, device=dev)
+        state = SearchState.root(r, dev)
         for level in range(self.L):
             b = tokens.shape[1]
-            logp, cache_k, cache_v = self.step(tokens, torch.tensor(level), parent, enc_mask, cross_k, cross_v,
-                                               cache_k, cache_v)
+            logp, cache_k, cache_v = self.step(tokens, torch.tensor(level, device=dev), parent, enc_mask, cross_k,
+                                               cross_v, cache_k, cache_v)
             state, par = state.advance(logp.view(r, b, self.vmax), tables[level], width)
-            parent = (par + torch.arange(r).view(r, 1) * b).reshape(-1)
+            parent = (par + torch.arange(r, device=dev).view(r, 1) * b).reshape(-1)
             tokens = state.codes[:, :, -1].clamp(min=0) + self.offsets[level]
         return state.codes, state.scores, state.token_logp, state.nodes >= 0
 
@@ -342,30 +289,19 @@ class FusedHotPath(nn.Module):
         ph = self.head.placeholders if placeholders is None else placeholders
         x = torch.cat([self.tok[BOS_TOKEN].view(1, 1, -1).expand(r, 1, -1), ph.unsqueeze(0).expand(r, -1, -1)], 1)
         x = x + self.dec_pos[: self.L].unsqueeze(0)
-        idx = torch.arange(self.L)
+        idx = torch.arange(self.L, device=x.device)
         sbias = self._bias(idx.view(self.L, 1) >= idx.view(1, self.L)).view(1, 1, self.L, self.L)
-        cbias = self._bias(enc_mask)[:, None, None, :]
-        for i, layer in enumerate(self.dec_layers):
-            x = self._self_block(layer, x, sbias)
-            x = self._cross_block(layer, x, cross_k[i], cross_v[i], cbias, r)
-            x = x + layer.ff(layer.ln[2](x))
-        return self.dec_ln(x)
+        return self.decoder(x, r, enc_mask, cross_k, cross_v, lambda i, layer, h: self._attention(layer, h, sbias))
 
     def head_beam_search(self, enc_mask, cross_k, cross_v, tables: list[torch.Tensor], width: int):
         """The NEZHA head's constrained beam search (its decoder pass included) in one graph."""
         hd = self.head
         hid = self.head_hidden(enc_mask, cross_k, cross_v)  # [R, L, d]
-        r = hid.shape[0]
-        s = torch.zeros(r, 1, self.d)
-        state = SearchState.root(r)
-        for level in range(self.L):
-            logq = hd.level_logprobs(hid[:, level], s, level)  # [R, B, Vmax]
-            state, par = state.advance(logq, tables[level], width)
-            if level < self.L - 1:
-                s = s.gather(1, par.unsqueeze(-1).expand(-1, -1, self.d))
-                s = hd.advance(s, level, state.codes[:, :, -1].clamp(min=0) + self.offsets[level], self.tok)
+        state = head_search(hid, hd.level_logprobs,
+                            lambda s, level, codes: hd.advance(s, level, codes + self.offsets[level], self.tok),
+                            lambda st, logq, level: st.advance(logq, tables[level], width),
+                            SearchState.root(hid.shape[0], hid.device))
         return state.codes, state.scores, state.token_logp, state.nodes >= 0
-
 
     # -- the distilled drafter and one tree pass over its beams (``strict`` and ``nezha``) ----------------
     def root(self, enc_mask, cross_k, cross_v):
@@ -373,15 +309,14 @@ class FusedHotPath(nn.Module):
         position attends only to itself, so its self-attention is its own value."""
         r = enc_mask.shape[0]
         x = (self.tok[BOS_TOKEN] + self.dec_pos[0]).view(1, 1, self.d).expand(r, 1, self.d)
-        cbias = self._bias(enc_mask)[:, None, None, :]
         kv = []
-        for i, layer in enumerate(self.dec_layers):
-            qkv = (layer.ln[0](x) @ layer.qkv).view(r, 3, self.h, self.dk)
+
+        def own(i, layer, h):
+            qkv = (h @ layer.qkv).view(r, 3, self.h, self.dk)
             kv.append((qkv[:, 1], qkv[:, 2]))
-            x = x + qkv[:, 2].reshape(r, 1, self.inner) @ layer.o
-            x = self._cross_block(layer, x, cross_k[i], cross_v[i], cbias, r)
-            x = x + layer.ff(layer.ln[2](x))
-        return self.dec_ln(x)[:, 0], kv
+            return qkv[:, 2].reshape(r, 1, self.inner)
+
+        return self.decoder(x, r, enc_mask, cross_k, cross_v, own)[:, 0], kv
 
     def _drafter_logprobs(self, h0, codes):
         """The drafter's next level after prefixes codes [R, B, j] -> [R, B, Vmax] (-inf padding)."""
@@ -396,7 +331,7 @@ class FusedHotPath(nn.Module):
         h0, kv = self.root(enc_mask, cross_k, cross_v)
         logp = self._level_logprobs(h0, 0).view(r, 1, self.vmax)
         states, parents = [], []
-        state = SearchState.root(r)
+        state = SearchState.root(r, h0.device)
         for level, w in enumerate(widths):
             if level > 0:
                 logp = self._drafter_logprobs(h0, state.codes)
@@ -422,7 +357,7 @@ class FusedHotPath(nn.Module):
         layer is computed. Returns the target's beams (codes, scores, token_logp, alive: exactly ``beam``'s
         where ``covered``), ``covered`` [R] (every beam the target kept at every level was in the tree), and
         ``frontier`` [R, L-1, 2]: per level, the target's kept prefixes and how many of them were drafted."""
-        r = enc_mask.shape[0]
+        r, dev = enc_mask.shape[0], enc_mask.device
         L = self.L
         h0, root_kv, states, parents = self._draft(enc_mask, cross_k, cross_v, tables, [width] + [n] * (L - 2))
         # nodes: depth j+1 = states[j] (j = 0..L-2), laid out depth after depth
@@ -432,7 +367,7 @@ class FusedHotPath(nn.Module):
         anc, tok = [], []
         chain = None  # per depth: each node's ancestor columns (1-based: column 0 is the root)
         for j, s in enumerate(states):
-            own = torch.arange(sizes[j]).view(1, -1).expand(r, -1) + (1 + starts[j])
+            own = torch.arange(sizes[j], device=dev).view(1, -1).expand(r, -1) + (1 + starts[j])
             if chain is None:
                 chain = own.unsqueeze(-1)
             else:
@@ -441,29 +376,28 @@ class FusedHotPath(nn.Module):
             anc.append(F.pad(torch.cat([torch.zeros_like(own).unsqueeze(-1), chain], -1), (0, L - 2 - j)))
             tok.append(self.tok[s.codes[:, :, -1].clamp(min=0) + self.offsets[j]] + self.dec_pos[j + 1])
         anc = torch.cat(anc, 1)  # [R, T, L]: ancestor columns (root, depth 1.., self), then padding
-        depth = torch.cat([torch.full((sizes[j],), j + 1, dtype=torch.int64) for j in range(L - 1)])
-        slot_ok = torch.arange(L).view(1, L) <= depth.view(-1, 1)  # [T, L]
+        depth = torch.cat([torch.full((sizes[j],), j + 1, dtype=torch.int64, device=dev) for j in range(L - 1)])
+        slot_ok = torch.arange(L, device=dev).view(1, L) <= depth.view(-1, 1)  # [T, L]
         abias = self._bias(slot_ok).view(1, t, L, 1)
-        flat = (anc + torch.arange(r).view(r, 1, 1) * (t + 1)).reshape(-1)
+        flat = (anc + torch.arange(r, device=dev).view(r, 1, 1) * (t + 1)).reshape(-1)
         x = torch.cat(tok, 1)  # [R, T, d]
-        cbias = self._bias(enc_mask)[:, None, None, :]
-        for i, layer in enumerate(self.dec_layers):
-            qkv = (layer.ln[0](x) @ layer.qkv).view(r, t, 3, self.h, self.dk)
+
+        def ancestors(i, layer, h):  # each node attends to the root (its keys/values from the root pass) and its chain
+            qkv = (h @ layer.qkv).view(r, t, 3, self.h, self.dk)
             keys = torch.cat([root_kv[i][0].unsqueeze(1), qkv[:, :, 1]], 1).reshape(r * (t + 1), self.inner)
             vals = torch.cat([root_kv[i][1].unsqueeze(1), qkv[:, :, 2]], 1).reshape(r * (t + 1), self.inner)
             kg = keys.index_select(0, flat).view(r, t, L, self.h, self.dk)
             vg = vals.index_select(0, flat).view(r, t, L, self.h, self.dk)
             a = torch.softmax((qkv[:, :, 0].unsqueeze(2) * kg).sum(-1) + abias, dim=2)  # [R, T, L, h]
-            x = x + (a.unsqueeze(-1) * vg).sum(2).reshape(r, t, self.inner) @ layer.o
-            x = self._cross_block(layer, x, cross_k[i], cross_v[i], cbias, r)
-            x = x + layer.ff(layer.ln[2](x))
-        hid = self.dec_ln(x)
+            return (a.unsqueeze(-1) * vg).sum(2).reshape(r, t, self.inner)
+
+        hid = self.decoder(x, r, enc_mask, cross_k, cross_v, ancestors)
         node_logp = [torch.log_softmax(hid[:, starts[j] : starts[j] + sizes[j]] @ self.head_w[j + 1] + self.head_b[j + 1],
                                        dim=-1) for j in range(L - 1)]
         # the target's own beam search over the pass: level 0 is exact (states[0]), later levels read the
         # node of each kept prefix (found by key among the drafted prefixes of that length)
         target = states[0]
-        covered = upper = torch.ones(r, dtype=torch.bool)
+        covered = upper = torch.ones(r, dtype=torch.bool, device=dev)
         found = target.nodes >= -1
         frontier = [torch.stack([target.nodes.ge(0).sum(1), target.nodes.ge(0).sum(1)], -1)]
         last = target
@@ -488,7 +422,7 @@ class FusedHotPath(nn.Module):
 
     def _keys(self, codes):
         """Mixed-radix key of each prefix codes [R, B, j] (codes of dead beams may be anything)."""
-        key = torch.zeros(codes.shape[:-1], dtype=torch.int64)
+        key = torch.zeros(codes.shape[:-1], dtype=torch.int64, device=codes.device)
         for j in range(codes.shape[-1]):
             key = key * self.sizes[j] + codes[..., j].clamp(min=0)
         return key
@@ -501,31 +435,23 @@ class SearchState:
         self.codes, self.scores, self.token_logp, self.nodes = codes, scores, token_logp, nodes
 
     @staticmethod
-    def root(r: int) -> "SearchState":
-        return SearchState(torch.zeros(r, 1, 0, dtype=torch.int64), torch.zeros(r, 1), torch.zeros(r, 1, 0),
-                            torch.zeros(r, 1, dtype=torch.int64))
+    def root(r: int, device: torch.device | None = None) -> "SearchState":
+        return SearchState(torch.zeros(r, 1, 0, dtype=torch.int64, device=device), torch.zeros(r, 1, device=device),
+                           torch.zeros(r, 1, 0, device=device), torch.zeros(r, 1, dtype=torch.int64, device=device))
 
     def advance(self, logp, table, width: int):
-        """One constrained top-k over logp [R, B, V] -> (next state, parent beam [R, W])."""
+        """One constrained top-k (:func:`~specrec.decoding.topk.constrained_topk`) over logp [R, B, V], the
+        level's dense child ``table`` telling the valid codes -> (next state, parent beam [R, W])."""
         r, b, v = logp.shape
         child = table[self.nodes.reshape(-1)].view(r, b, v).long()  # node -1 reads the last row: all -1
-        cand = torch.where(child >= 0, self.scores.unsqueeze(-1) + logp, NEG_INF).view(r, b * v)
-        top, idx = cand.topk(min(width, b * v), dim=1)
-        par = torch.div(idx, v, rounding_mode="floor")
-        code = idx - par * v
-        nodes = child.view(r, b * v).gather(1, idx)
-        dead = torch.isinf(top) | (nodes < 0)
-        nodes = torch.where(dead, -1, nodes)
-        top = torch.where(dead, NEG_INF, top)
-        l = self.codes.shape[2]
-        g = par.unsqueeze(-1).expand(-1, -1, l)
-        codes = torch.cat([self.codes.gather(1, g), code.unsqueeze(-1)], dim=2)
-        tlp = torch.cat([self.token_logp.gather(1, g), logp.reshape(r, b * v).gather(1, idx).unsqueeze(-1)], dim=2)
-        return SearchState(codes, top, tlp, nodes), par
+        out = constrained_topk(self.codes, self.scores, self.token_logp, logp, child >= 0, width,
+                               lambda parent, code, idx: child.view(r, b * v).gather(1, idx))
+        return SearchState(out.codes, out.scores, out.token_logp, out.nodes), out.parent
 
 
 class _FusedHead(nn.Module):
-    """The NEZHA head's level transitions and output layers (weights copied)."""
+    """The NEZHA head's level transitions and output layers (weights copied: output layers padded to Vmax
+    and stacked, GRU weights transposed), run by the head's own functions (:mod:`.nezha_head`)."""
 
     def __init__(self, head, model: Tiger):
         super().__init__()
@@ -545,19 +471,12 @@ class _FusedHead(nn.Module):
 
     def level_logprobs(self, h, s, level: int):
         """h [R, d], s [R, B, d] -> [R, B, Vmax]."""
-        return torch.log_softmax(self.ln(h.unsqueeze(1) + s) @ self.w[level] + self.b[level], dim=-1)
+        return head_level_logprobs(h, s, self.ln, self.w[level], self.b[level])
 
     def advance(self, s, level: int, tokens, tok_emb):
-        """GRUCell(e(code), s), written out: s [R, B, d], tokens [R, B] -> [R, B, d]."""
-        e = tok_emb[tokens]
-        gi = e @ self.gru_ih[level] + self.gru_bih[level]
-        gh = s @ self.gru_hh[level] + self.gru_bhh[level]
-        i_r, i_z, i_n = gi.chunk(3, dim=-1)
-        h_r, h_z, h_n = gh.chunk(3, dim=-1)
-        rg = torch.sigmoid(i_r + h_r)
-        z = torch.sigmoid(i_z + h_z)
-        n = torch.tanh(i_n + rg * h_n)
-        return (1 - z) * n + z * s
+        """s [R, B, d], tokens [R, B] -> [R, B, d]: the level's GRU cell on the tokens' embeddings."""
+        return gru_cell(tok_emb[tokens], s, self.gru_ih[level], self.gru_hh[level], self.gru_bih[level],
+                        self.gru_bhh[level])
 
 
 def copy_ln(ln: nn.LayerNorm) -> nn.LayerNorm:

@@ -11,15 +11,72 @@ once. The head then decodes level by level without calling the GR model again:
 The GR model stays frozen; only placeholders, transitions and heads train
 (cross-entropy on the true next item plus KL to the GR's own distributions,
 so q tracks p).
+
+The head's maths is written once, here: :func:`head_level_logprobs`,
+:func:`gru_cell` (``torch.nn.GRUCell``'s, on the transitions' own weights) and
+the constrained search :func:`head_search`. :class:`NezhaHead` runs them on its
+parameters (training, and the search over a trie); the fused hot path runs the
+same functions on copied weights, and that is what the ONNX graph of the head's
+whole search traces (:meth:`specrec.models.hotpath.FusedHotPath.head_beam_search`).
 """
 
 from __future__ import annotations
+
+from typing import Callable, Protocol, TypeVar
 
 import torch
 from pydantic import BaseModel
 from torch import nn
 
 from .tiger import BOS_TOKEN, EncoderState, Tiger
+
+
+def head_level_logprobs(h: torch.Tensor, s: torch.Tensor, ln: nn.Module, w: torch.Tensor,
+                        b: torch.Tensor) -> torch.Tensor:
+    """q_l(. | c_<l) = softmax(W_l LN(h_l + s_l)): h [R, d] the level's hidden state, s [R, B, d] the beams'
+    states, w [d, V] (the output layer, transposed), b [V] -> log-probs [R, B, V]."""
+    return torch.log_softmax(ln(h.unsqueeze(1) + s) @ w + b, dim=-1)
+
+
+def gru_cell(x: torch.Tensor, s: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.Tensor, b_ih: torch.Tensor,
+             b_hh: torch.Tensor) -> torch.Tensor:
+    """``torch.nn.GRUCell`` (input x, state s) over any leading axes, its weights transposed: w_ih [d_in, 3d],
+    w_hh [d, 3d] (gates r, z, n, as GRUCell orders them). Written out, so graph exporters see plain ops."""
+    gi = x @ w_ih + b_ih
+    gh = s @ w_hh + b_hh
+    i_r, i_z, i_n = gi.chunk(3, dim=-1)
+    h_r, h_z, h_n = gh.chunk(3, dim=-1)
+    rg = torch.sigmoid(i_r + h_r)
+    z = torch.sigmoid(i_z + h_z)
+    n = torch.tanh(i_n + rg * h_n)
+    return (1 - z) * n + z * s
+
+
+class _Beams(Protocol):
+    codes: torch.Tensor  # [R, B, l]
+
+
+B = TypeVar("B", bound=_Beams)
+
+
+def head_search(hidden: torch.Tensor, level_logprobs: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor],
+                advance: Callable[[torch.Tensor, int, torch.Tensor], torch.Tensor],
+                select: Callable[[B, torch.Tensor, int], tuple[B, torch.Tensor]], root: B) -> B:
+    """The NEZHA head's constrained beam search (the one definition): hidden [R, L, d] the head's decoder
+    states; ``level_logprobs(h [R, d], s [R, B, d], level)`` -> [R, B, V]; ``advance(s, level, codes [R, B])``
+    -> the next states; ``select(beams, logq, level)`` -> (kept beams, their parent beam within the request
+    [R, W]): one constrained top-k (:func:`~specrec.decoding.topk.constrained_topk`), over a trie or dense
+    tables. Invalid prefixes are masked before each top-k, so the beams refill with valid ones; scores are
+    the head's summed log-probabilities."""
+    r, L, d = hidden.shape[0], int(hidden.shape[1]), int(hidden.shape[2])  # widths fixed, so graphs hold constants
+    s = torch.zeros(r, 1, d, dtype=hidden.dtype, device=hidden.device)
+    beams = root
+    for level in range(L):
+        beams, parent = select(beams, level_logprobs(hidden[:, level], s, level), level)
+        if level < L - 1:
+            s = s.gather(1, parent.unsqueeze(-1).expand(-1, -1, d))
+            s = advance(s, level, beams.codes[:, :, -1].clamp(min=0))
+    return beams
 
 
 class NezhaConfig(BaseModel):
@@ -60,13 +117,13 @@ class NezhaHead(nn.Module):
 
     def level_logprobs(self, h: torch.Tensor, s: torch.Tensor, level: int) -> torch.Tensor:
         """h: [R, d] hidden at this level, s: [R, M, d] states -> [R, M, V]."""
-        return torch.log_softmax(self.heads[level](self.ln(h.unsqueeze(1) + s)).float(), dim=-1)
+        head = self.heads[level]
+        return head_level_logprobs(h, s, self.ln, head.weight.t(), head.bias)
 
     def advance(self, gr: Tiger, s: torch.Tensor, level: int, codes: torch.Tensor) -> torch.Tensor:
         """s: [R, M, d], codes: [R, M] chosen at ``level`` -> next states [R, M, d]."""
-        r, m, d = s.shape
-        e = self.code_embedding(gr, level, codes).reshape(r * m, d)
-        return self.transitions[level](e, s.reshape(r * m, d)).view(r, m, d)
+        g = self.transitions[level]
+        return gru_cell(self.code_embedding(gr, level, codes), s, g.weight_ih.t(), g.weight_hh.t(), g.bias_ih, g.bias_hh)
 
     def prefix_logprobs(self, gr: Tiger, h: torch.Tensor, prefixes: torch.Tensor) -> list[torch.Tensor]:
         """q at every level along given prefixes [R, M, l]: a list of l+1
@@ -82,21 +139,17 @@ class NezhaHead(nn.Module):
         return out
 
     def beam_search(self, gr: Tiger, h: torch.Tensor, trie, width: int):
-        """Constrained beam search with the head alone: invalid prefixes are
-        masked (exact set membership) before each top-k, so the beams refill
-        with valid ones. Scores are the head's summed log-probabilities."""
-        from ..decoding.beam import root_beams, select_topk
+        """:func:`head_search` with the head alone over ``trie`` (h [R, L, d] from :meth:`hidden`)."""
+        from ..decoding.beam import Beams, root_beams, select_topk
 
         r = h.shape[0]
-        beams = root_beams(r)
-        s = h.new_zeros(r, 1, h.shape[-1])
-        for level in range(self.L):
-            logq = self.level_logprobs(h[:, level], s, level)
-            beams, parent = select_topk(beams, logq, trie, width)
-            if level < self.L - 1:
-                s = s.reshape(-1, s.shape[-1])[parent].view(r, -1, s.shape[-1])
-                s = self.advance(gr, s, level, beams.codes[:, :, -1].clamp(min=0))
-        return beams
+
+        def select(beams: Beams, logq: torch.Tensor, level: int) -> tuple[Beams, torch.Tensor]:
+            kept, flat = select_topk(beams, logq, trie, width)
+            return kept, flat.view(r, -1) - torch.arange(r).view(r, 1) * logq.shape[1]
+
+        return head_search(h, self.level_logprobs, lambda s, level, codes: self.advance(gr, s, level, codes), select,
+                           root_beams(r))
 
     def loss(self, gr: Tiger, enc: EncoderState, target: torch.Tensor, teacher: list[torch.Tensor] | None) -> torch.Tensor:
         """target: [B, L] true next SIDs; teacher: the GR's per-level log-probs

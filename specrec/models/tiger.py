@@ -161,26 +161,15 @@ class DecoderLayer(nn.Module):
         self.ff = FeedForward(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x, r: int, cross_kv, cross_mask, past=None, self_mask=None):
-        """x: [R*M, T, d]. past: (k, v) [R*M, h, t, dk] or None. ``self_mask``
-        (bool, broadcastable to [R*M, h, T, t+T]) replaces the causal mask, e.g.
-        a tree mask. Returns (x, (k, v))."""
+    def forward(self, x, r: int, cross_kv, cross_mask):
+        """x: [R*M, T, d], causal over its T positions (teacher forcing). Returns (x, (k, v)): the layer's
+        output and its self-attention keys/values [R*M, h, T, dk]. The serving path's decoder (KV-cached
+        steps, prefix trees) is :meth:`specrec.models.hotpath.FusedHotPath.decoder`, held to this one by
+        ``tests/unit/test_hotpath.py``."""
         a = self.self_attn
         h = self.ln1(x)
         q, (k, v) = a.split(a.q(h)), a.kv(h)
-        if past is not None:
-            k = torch.cat([past[0], k], dim=2)
-            v = torch.cat([past[1], v], dim=2)
-        t_new, t_all = q.shape[2], k.shape[2]
-        if self_mask is not None:
-            out = a.attend(q, k, v, self_mask)
-        elif t_new == 1:  # one new token attends to everything before it
-            out = a.attend(q, k, v)
-        else:  # causal over [cached prefix, new tokens]; shape-generic for export
-            qi = torch.arange(t_new, device=x.device).unsqueeze(1) + (t_all - t_new)
-            mask = torch.arange(t_all, device=x.device).unsqueeze(0) <= qi
-            out = a.attend(q, k, v, mask)
-        x = x + self.drop(a.o(a.merge(out)))
+        x = x + self.drop(a.o(a.merge(a.attend(q, k, v, causal=True))))
         # cross-attention: fold the M sequences of a request into the query axis
         c = self.cross_attn
         n, t, d = x.shape
@@ -299,11 +288,10 @@ class Tiger(SidTokens, nn.Module):
         return torch.stack(ks), torch.stack(vs)
 
     # -- decoder -----------------------------------------------------------
-    def decode(self, enc: EncoderState, tokens: torch.Tensor, past=None, start=0, embeds: torch.Tensor | None = None):
-        """tokens: [R, M, T] decoder input ids at positions start..start+T-1
-        (or ``embeds`` [R, M, T, d] given directly, e.g. learned placeholders).
-        Returns hidden [R, M, T, d] (after the final norm) and the new cache
-        (per layer (k, v), [R*M, h, start+T, dk])."""
+    def decode(self, enc: EncoderState, tokens: torch.Tensor, start=0, embeds: torch.Tensor | None = None):
+        """Teacher-forced decoder pass. tokens: [R, M, T] decoder input ids at positions start..start+T-1
+        (or ``embeds`` [R, M, T, d] given directly, e.g. learned placeholders), causal over the T positions.
+        Returns hidden [R, M, T, d] (after the final norm) and per layer (k, v) [R*M, h, T, dk]."""
         if embeds is None:
             embeds = self.tok(tokens)
         r, m, t, d = embeds.shape
@@ -311,7 +299,7 @@ class Tiger(SidTokens, nn.Module):
         x = self.drop(embeds.reshape(r * m, t, d) + self.dec_pos(pos))
         new = []
         for i, layer in enumerate(self.dec_layers):
-            x, kv = layer(x, r, enc.cross_kv[i], enc.mask, None if past is None else past[i])
+            x, kv = layer(x, r, enc.cross_kv[i], enc.mask)
             new.append(kv)
         return self.dec_ln(x).reshape(r, m, t, -1), new
 
@@ -325,13 +313,12 @@ class Tiger(SidTokens, nn.Module):
     def level_logprobs(self, hidden: torch.Tensor, level: int) -> torch.Tensor:
         return torch.log_softmax(self.level_logits(hidden, level).float(), dim=-1)
 
-    def next_logprobs(self, enc: EncoderState, tokens: torch.Tensor, past=None, start: int = 0, last_only: bool = False):
-        """Decoder pass returning, for each input position p (absolute
-        ``start + i``), the log-probs of the codes of level p: a list of
-        [R, M, V_p] (only the last position's when ``last_only``), and the
-        new self-attention cache. This and :meth:`encode` are the whole
-        interface decoding needs, so other backends (ONNX Runtime) can stand in."""
-        hidden, new = self.decode(enc, tokens, past, start)
+    def next_logprobs(self, enc: EncoderState, tokens: torch.Tensor, start: int = 0, last_only: bool = False):
+        """Teacher-forced decoder pass returning, for each input position p (absolute ``start + i``), the
+        log-probs of the codes of level p: a list of [R, M, V_p] (only the last position's when
+        ``last_only``), and the pass's keys/values (:meth:`decode`). The reference the serving path
+        (:mod:`specrec.models.hotpath`) is tested against."""
+        hidden, new = self.decode(enc, tokens, start)
         t = tokens.shape[2]
         first = t - 1 if last_only else 0
         return [self.level_logprobs(hidden[:, :, i], start + i) for i in range(first, t)], new

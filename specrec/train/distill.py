@@ -91,24 +91,23 @@ class Frontier:
                    [z[f"logp{j}"] for j in range(n)])
 
 
-def _grow_step(fused: FusedHotPath, x: torch.Tensor, r: int, past: list, cbias, cross_k, cross_v):
+def _grow_step(fused: FusedHotPath, x: torch.Tensor, r: int, past: list, enc_mask, cross_k, cross_v):
     """One decoder position for N = r * B sequences, x [N, d] (token + position embedded), with the keys and
-    values of earlier positions ``past`` (per layer (k [N, h, t, dk], v), already in beam order; grown in place).
-    A growing cache: at training batch sizes the static cache of the serving step is mostly copying."""
+    values of earlier positions ``past`` (per layer (k [N, h, t, dk], v), already in beam order; grown in place):
+    the serving path's decoder (:meth:`FusedHotPath.decoder`) with a growing cache, since at training batch
+    sizes the static cache of the serving step is mostly copying."""
     n = x.shape[0]
-    x = x.view(n, 1, fused.d)
-    layers: list[Any] = list(fused.dec_layers)
-    for i, layer in enumerate(layers):
-        qkv = (layer.ln[0](x) @ layer.qkv).view(n, 3, fused.h, 1, fused.dk)
+
+    def growing(i: int, layer: Any, h: torch.Tensor) -> torch.Tensor:
+        qkv = (h @ layer.qkv).view(n, 3, fused.h, 1, fused.dk)
         k, v = qkv[:, 1], qkv[:, 2]
         if past[i] is not None:
             k, v = torch.cat([past[i][0], k], 2), torch.cat([past[i][1], v], 2)
         past[i] = (k, v)
         a = torch.softmax(qkv[:, 0] @ k.transpose(-1, -2), dim=-1) @ v  # [N, h, 1, dk]
-        x = x + a.transpose(1, 2).reshape(n, 1, fused.inner) @ layer.o
-        x = fused._cross_block(layer, x, cross_k[i], cross_v[i], cbias, r)
-        x = x + layer.ff(layer.ln[2](x))
-    return fused.dec_ln(x)[:, 0]
+        return a.transpose(1, 2).reshape(n, 1, fused.inner)
+
+    return fused.decoder(x.view(n, 1, fused.d), r, enc_mask, cross_k, cross_v, growing)[:, 0]
 
 
 @torch.inference_mode()
@@ -120,7 +119,6 @@ def run_frontier(fused: FusedHotPath, tables: list[torch.Tensor], hist_sids: tor
     keep, ck, cv = fused.encode(hist_sids)
     r = keep.shape[0]
     sizes = fused.cfg.level_sizes
-    cbias = fused._bias(keep)[:, None, None, :]
     tokens = torch.full((r, 1), BOS_TOKEN, dtype=torch.int64)
     past: list = [None] * len(fused.dec_layers)
     state = SearchState.root(r)
@@ -128,7 +126,7 @@ def run_frontier(fused: FusedHotPath, tables: list[torch.Tensor], hist_sids: tor
     levels = []
     for level in range(fused.L):
         b = tokens.shape[1]
-        hid = _grow_step(fused, (fused.tok[tokens] + fused.dec_pos[level]).reshape(r * b, fused.d), r, past, cbias,
+        hid = _grow_step(fused, (fused.tok[tokens] + fused.dec_pos[level]).reshape(r * b, fused.d), r, past, keep,
                          ck, cv)
         logp = fused._level_logprobs(hid, level).view(r, b, fused.vmax)
         if level == 0:
