@@ -210,29 +210,31 @@ class Trainer:
         self.history: list[dict] = []
         self.planned_epochs: int | None = None  # with a time budget: the epochs that fit, set after the first
         self.elapsed_s = 0.0  # training + validation seconds over all sessions of this run
-        self._last_valid_s = 0.0
 
     @property
     def max_epochs(self) -> int:
         return self.planned_epochs if self.planned_epochs is not None else self.cfg.epochs
 
-    def _plan(self, epoch_s: float) -> None:
-        """With a time budget: after the first epoch, the number of epochs that fit (at most ``epochs``);
-        the cosine decays over those, so the run ends at its minimum learning rate inside the budget.
-        After each later epoch the plan is checked against the time left at the last epoch's cost and
-        only ever shortened (other work on the machine slows epochs down, never speeds them up)."""
+    def _plan(self) -> None:
+        """With a time budget: the number of epochs (at most ``epochs``) that fit in it, from the mean cost
+        of the epochs so far (training, plus validation spread over ``valid_every`` epochs); the cosine
+        decays over those, so the run ends at its minimum learning rate inside the budget. Planned after
+        the first epoch and again after each one, at the pace of the last three: a busier machine
+        shortens the plan, and it grows back when the machine is quiet again."""
         c = self.cfg
+        train = [h["train_s"] for h in self.history[-3:]] or [0.0]
+        valid = [h.get("valid_s", 0.0) + h.get("test_s", 0.0) for h in self.history if "valid_s" in h] or [0.0]
+        epoch_s = sum(train) / len(train) + (sum(valid) / len(valid)) / c.valid_every
         left = c.budget_minutes * 60.0 - self.elapsed_s
-        fit = self.epoch + max(1, int(left // max(epoch_s, 1e-6))) if left > 0 else self.epoch
-        fit = max(self.epoch, min(c.epochs, fit))
-        if self.planned_epochs is not None and fit >= self.planned_epochs:
+        fit = max(self.epoch, min(c.epochs, self.epoch + int(max(left, 0.0) // max(epoch_s, 1e-6))))
+        if fit == self.planned_epochs:
             return
         first = self.planned_epochs is None
         self.planned_epochs = fit
         self.total_steps = self.steps_per_epoch * self.planned_epochs
         self.log(f"budget {c.budget_minutes:.0f} min, {self.elapsed_s / 60:.1f} spent: an epoch with its share of "
                  f"validation takes {epoch_s / 60:.1f} min, so {self.planned_epochs} epochs ({self.total_steps} steps)"
-                 + ("" if first else ", shortened"))
+                 + ("" if first else " (re-planned)"))
 
     def _lr_factor(self, step: int) -> float:
         c = self.cfg
@@ -258,7 +260,7 @@ class Trainer:
             "ema": None if self.ema is None else self.ema.state_dict(),
             "epoch": self.epoch, "step": self.step, "best": self.best, "best_epoch": self.best_epoch,
             "bad_epochs": self.bad_epochs, "history": self.history,
-            "planned_epochs": self.planned_epochs, "elapsed_s": self.elapsed_s, "last_valid_s": self._last_valid_s,
+            "planned_epochs": self.planned_epochs, "elapsed_s": self.elapsed_s,
             "model_cfg": self.mcfg.model_dump(), "train_cfg": self.cfg.model_dump(),
             "torch_rng": torch.get_rng_state(),
         }
@@ -282,7 +284,6 @@ class Trainer:
         self.history = st["history"]
         self.planned_epochs = st.get("planned_epochs")
         self.elapsed_s = st.get("elapsed_s", 0.0)
-        self._last_valid_s = st.get("last_valid_s", 0.0)
         if self.planned_epochs is not None:
             self.total_steps = self.steps_per_epoch * self.planned_epochs
         torch.set_rng_state(st["torch_rng"])
@@ -352,20 +353,20 @@ class Trainer:
                    "train_s": round(train_s, 1)}
             self.elapsed_s += train_s
             first_plan = c.budget_minutes is not None and self.planned_epochs is None
-            if c.budget_minutes is not None and not first_plan:  # before validating: is this the last epoch now?
-                self._plan(train_s + self._last_valid_s / c.valid_every)
             if first_plan or self.epoch % c.valid_every == 0 or self.epoch >= self.max_epochs:
                 self._validate(rec)
-            spent = rec.get("valid_s", 0.0) + rec.get("test_s", 0.0)
-            self.elapsed_s += spent
-            self._last_valid_s = spent or self._last_valid_s
+            self.elapsed_s += rec.get("valid_s", 0.0) + rec.get("test_s", 0.0)
             rec["minutes"] = round(self.elapsed_s / 60.0, 2)
-            if first_plan:  # an epoch's cost includes its share of validation
-                self._plan(train_s + spent / c.valid_every)
+            self.history.append(rec)
+            if c.budget_minutes is not None:
+                self._plan()
+                if self.epoch >= self.max_epochs and "valid_s" not in rec:  # the plan ends here: validate it
+                    self._validate(rec)
+                    self.elapsed_s += rec.get("valid_s", 0.0) + rec.get("test_s", 0.0)
+                    rec["minutes"] = round(self.elapsed_s / 60.0, 2)
             if c.budget_minutes is not None:
                 bar.total = self.total_steps
                 bar.refresh()
-            self.history.append(rec)
             if not self.rank:
                 with open(self.out / "train_log.jsonl", "a") as fh:
                     fh.write(json.dumps(rec) + "\n")

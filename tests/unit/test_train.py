@@ -57,6 +57,7 @@ def test_resume_equals_uninterrupted(setup, tmp_path):
         assert torch.allclose(a, b, atol=1e-6), n
 
 
+@pytest.mark.filterwarnings("ignore:Seems like `optimizer.step")
 def test_budget_plans_the_epochs_and_records_a_test_curve(setup, tmp_path, monkeypatch):
     """A time budget fixes the number of epochs after the first (whose cost is measured), shortens the
     plan when epochs get slower, and never runs past it; the test curve is recorded at each validation
