@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+import numpy as np
 import torch
 
 from specrec.decoding.beam import Beams
@@ -54,6 +55,7 @@ class RemoteState:
     encoding: Any = None  # an Encode started early by prepare() (a grpc future)
     width: int = 0
     rule: SelectRule | None = None
+    trie: Any = None  # the trie beam_start was given (a request's view of it carries the SIDs it excludes)
     tried: set = field(default_factory=set)  # replicas that failed this request
 
 
@@ -63,6 +65,14 @@ def _beams(m: verifier_pb2.Beams, sess: Session) -> Beams:
         sess.coverage.extend(StepCoverage(a.tolist(), b.tolist()) for a, b in zip(cov, comp))
     return Beams(to_torch(m.codes, "codes"), to_torch(m.scores, "scores"), to_torch(m.token_logp, "token_logp"),
                  to_torch(m.alive, "alive").bool())
+
+
+def _excluding(ref: verifier_pb2.SessionRef, trie) -> verifier_pb2.SessionRef:
+    """``ref`` with the SIDs a request's view of the trie excludes (its history, when it asks)."""
+    sids = getattr(trie, "excluded_sids", None)
+    if sids is not None and len(sids):
+        ref.exclude_sids.CopyFrom(to_msg(torch.from_numpy(np.ascontiguousarray(sids, dtype=np.int64))))
+    return ref
 
 
 def _rule(rule: SelectRule | None) -> verifier_pb2.SelectRule | None:
@@ -185,19 +195,19 @@ class RemoteVerifier:
 
     # -- beam search --------------------------------------------------------------------------
     def beam_start(self, sess: Session, trie, width: int, rule: SelectRule | None = None) -> None:
-        sess.state.width, sess.state.rule = width, rule
+        sess.state.width, sess.state.rule, sess.state.trie = width, rule, trie
 
     def beam_step(self, sess: Session) -> Beams:
         sess.calls["step"] += 1
         st: RemoteState = sess.state
         r = self._session_call(sess, "BeamStep", lambda ref: verifier_pb2.BeamStepRequest(
-            ref=ref, width=st.width, rule=_rule(st.rule)), stateful=bool(st.session))
+            ref=_excluding(ref, st.trie), width=st.width, rule=_rule(st.rule)), stateful=bool(st.session))
         return _beams(r, sess)
 
     def beam_search(self, sess: Session, trie, width: int, rule: SelectRule | None = None) -> Beams:
         sess.calls["step"] += 1
         r = self._session_call(sess, "BeamSearch", lambda ref: verifier_pb2.BeamSearchRequest(
-            ref=ref, width=width, rule=_rule(rule)), keep=False)
+            ref=_excluding(ref, trie), width=width, rule=_rule(rule)), keep=False)
         return _beams(r, sess)
 
     # -- NEZHA draft head ------------------------------------------------------------------------
@@ -208,7 +218,7 @@ class RemoteVerifier:
 
     def head_beams(self, sess: Session, trie, width: int) -> Beams:
         sess.calls["head"] += 1
-        r = self._session_call(sess, "HeadDrafts", lambda ref: verifier_pb2.HeadDraftsRequest(ref=ref,
+        r = self._session_call(sess, "HeadDrafts", lambda ref: verifier_pb2.HeadDraftsRequest(ref=_excluding(ref, trie),
                                                                                               width=width))
         return _beams(r, sess)
 
@@ -230,7 +240,7 @@ class RemoteVerifier:
             return None
 
     def draft_beams(self, sess: Session, trie, width: int) -> Beams | None:
-        r = self._distilled(sess, "HeadDrafts", lambda ref: verifier_pb2.HeadDraftsRequest(ref=ref,
+        r = self._distilled(sess, "HeadDrafts", lambda ref: verifier_pb2.HeadDraftsRequest(ref=_excluding(ref, trie),
                                                                                             width=width, distilled=True))
         if r is None:
             return None
@@ -238,7 +248,7 @@ class RemoteVerifier:
         return _beams(r, sess)
 
     def draft_verify(self, sess: Session, trie, width: int, n: int) -> Drafted | None:
-        r = self._distilled(sess, "DraftVerify", lambda ref: verifier_pb2.DraftVerifyRequest(ref=ref,
+        r = self._distilled(sess, "DraftVerify", lambda ref: verifier_pb2.DraftVerifyRequest(ref=_excluding(ref, trie),
                                                                                               width=width, n=n))
         if r is None:
             return None

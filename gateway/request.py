@@ -36,10 +36,11 @@ class ValidRequest:
     deadline: Deadline  # the budget, or the caller's deadline when that comes first
     ignored: list[str] = field(default_factory=list)  # history ids not in ``snap`` (reported, not used)
     rid: str = ""  # request id (logs, traces, downstream metadata)
+    exclude_history: bool = False  # never answer an item of the history (inside the trie constraint)
 
     def rec_request(self) -> RecRequest:
         """The core library's request (the same Deadline object: one deadline for every holder)."""
-        return RecRequest(self.rows, self.k, self.deadline)
+        return RecRequest(self.rows, self.k, self.deadline, exclude_history=self.exclude_history)
 
 
 @dataclass
@@ -70,7 +71,9 @@ def validate(r, s: GatewaySettings, snap: Snapshot, t0: float, caller_deadline: 
     at = t0 + budget / 1000.0
     if caller_deadline is not None:  # the time the request waited before this handler ran is spent already
         at = min(at, caller_deadline)
-    return ValidRequest(policy, params, rows, min(r.k, len(snap.itemset)), budget, snap, Deadline(at), ignored, rid)
+    left = len(snap.itemset) - (len(np.unique(rows)) if r.exclude_history else 0)  # items that can come back
+    return ValidRequest(policy, params, rows, min(r.k, left), budget, snap, Deadline(at), ignored, rid,
+                        exclude_history=r.exclude_history)
 
 
 def _check_sizes(r, s: GatewaySettings, f) -> None:

@@ -91,6 +91,11 @@ def cmd_train(a: argparse.Namespace) -> int:
 
 
 def _load_eval_split(bundle, data: str | None, protocol: str | None):
+    return _load_eval_data(bundle, data, protocol)[1]
+
+
+def _load_eval_data(bundle, data: str | None, protocol: str | None):
+    """The dataset a bundle was trained on (or ``data``) and its split under ``protocol`` (default: the bundle's)."""
     from .data.splits import make_split, temporal
     from .pipeline import open_dataset
 
@@ -103,8 +108,8 @@ def _load_eval_split(bundle, data: str | None, protocol: str | None):
         raise SystemExit(f"the dataset at {data} does not have the bundle's catalogue")
     protocol = protocol or bundle.meta.get("protocol", "loo")
     if protocol == "temporal" and bundle.meta.get("cutoff") is not None:
-        return temporal(ds, bundle.cfg.max_history, cutoff=int(bundle.meta["cutoff"]))
-    return make_split(ds, protocol, bundle.cfg.max_history, bundle.meta.get("quantile") or 0.8)
+        return ds, temporal(ds, bundle.cfg.max_history, cutoff=int(bundle.meta["cutoff"]))
+    return ds, make_split(ds, protocol, bundle.cfg.max_history, bundle.meta.get("quantile") or 0.8)
 
 
 def _backend(bundle, a: argparse.Namespace):
@@ -137,23 +142,28 @@ def cmd_eval(a: argparse.Namespace) -> int:
 
     torch.set_num_threads(a.threads)
     bundle = Bundle.load(a.bundle)
-    split = _load_eval_split(bundle, a.data, a.protocol)
+    ds, split = _load_eval_data(bundle, a.data, a.protocol)
     ex = getattr(split, a.split)
     if a.sample is not None and a.limit is not None:
         raise SystemExit("--sample and --limit are exclusive: a seeded random sample, or the first N users")
     ex = sample_examples(ex, a.sample, a.seed) if a.sample is not None else ex.head(a.limit)
+    # with --exclude-history: each user's whole history before the target, never recommended
+    exclude = ex.full_histories(ds.sequences) if a.exclude_history else None
     if a.policies:
-        return _eval_policies(a, bundle, split, ex)
+        return _eval_policies(a, bundle, split, ex, exclude)
     from .eval.evaluate import beam_ranker, run_ranker, sasrec_ranker, summarise
     from .eval.results import markdown_table, update_summary, write_json
 
     ks = sorted({int(k) for k in a.ks.split(",")})
     width = a.width or max(ks)
     ranker = beam_ranker(bundle, width, _backend(bundle, a)) if a.ranker == "beam" else sasrec_ranker(bundle)
-    ranked, secs = run_ranker(ranker, ex, max(ks), a.batch_size, progress=not a.json, desc=a.ranker)
+    ranked, secs = run_ranker(ranker, ex, max(ks), a.batch_size, progress=not a.json, desc=a.ranker, exclude=exclude)
     res = summarise(a.ranker, ranked, secs, ex, split, ks)
     res.extra.update(protocol=split.protocol, split=a.split, batch_size=a.batch_size, threads=a.threads,
-                     dataset=bundle.meta.get("dataset"), sample=a.sample, seed=a.seed if a.sample else None)
+                     dataset=bundle.meta.get("dataset"), sample=a.sample, seed=a.seed if a.sample else None,
+                     exclude_history=bool(a.exclude_history))
+    if exclude is not None:
+        res.extra["history_items_excluded_mean"] = sum(len(set(h.tolist())) for h in exclude) / max(1, len(exclude))
     if a.ranker == "beam":
         res.extra.update(beam_width=width, backend=a.backend or "onnx")
     out = res.as_dict()
@@ -163,7 +173,8 @@ def cmd_eval(a: argparse.Namespace) -> int:
         _print_table(res, ks)
     if a.save:
         ds_name = bundle.meta.get("dataset", bundle.name)
-        name = f"{ds_name}_{split.protocol}_{a.ranker}"
+        tag = "_excl" if a.exclude_history else ""  # never mixed with the TIGER-protocol figures
+        name = f"{ds_name}_{split.protocol}_{a.ranker}{tag}"
         write_json(name, out, Path(a.results_dir))
         cols = ["group", *[f"recall@{k}" for k in ks], *[f"ndcg@{k}" for k in ks]]
         rows = [{"group": "overall", **res.overall}] + [{"group": g, **m} for g, m in res.groups.items()]
@@ -171,7 +182,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
         md += (f"\nLatency per request (batch {a.batch_size}, {a.threads} threads): p50 {res.latency['p50_ms']:.1f} ms, "
                f"p99 {res.latency['p99_ms']:.1f} ms; n = {res.n}\n")
         (Path(a.results_dir) / f"{name}.md").write_text(md)
-        keys = {f"{ds_name}.{split.protocol}.{a.ranker}.{k}": v for k, v in res.overall.items()
+        keys = {f"{ds_name}.{split.protocol}{tag.replace('_', '.')}.{a.ranker}.{k}": v for k, v in res.overall.items()
                 if k.split("@")[1] in ("5", "10")}
         tr = bundle.meta.get("training", {})
         if split.protocol == "loo" and a.ranker == "beam" and a.sample is None and a.limit is None:
@@ -182,7 +193,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
     return 0
 
 
-def _eval_policies(a: argparse.Namespace, bundle, split, ex) -> int:
+def _eval_policies(a: argparse.Namespace, bundle, split, ex, exclude=None) -> int:
     """Side-by-side comparison of policies on the same requests (interleaved, batch 1)."""
     from .eval.compare import compare_policies, comparison_table, plot_stages, summary_keys
     from .eval.results import markdown_table, update_summary, write_json
@@ -199,12 +210,12 @@ def _eval_policies(a: argparse.Namespace, bundle, split, ex) -> int:
         policies["beam@eager"] = make_policy("beam", bundle.engine(drafter=None, backend=bundle.backend("eager")))
     k = a.k
     ks = sorted({10, 50, k} & set(range(1, k + 1))) or [k]
-    runs = compare_policies(policies, ex, k, progress=not a.json)
+    runs = compare_policies(policies, ex, k, progress=not a.json, exclude=exclude)
     table, rows = comparison_table(runs, ex, split, ks, engine.metrics.snapshot())
     ds_name = bundle.meta.get("dataset", bundle.name)
     backend = engine.verifier.backend.describe()
     out = {"k": k, "n": len(ex), "protocol": split.protocol, "drafter": a.drafter, "threads": a.threads,
-           "sample": a.sample, "seed": a.seed, "backend": backend,
+           "sample": a.sample, "seed": a.seed, "backend": backend, "exclude_history": exclude is not None,
            "params": {n: p.config.model_dump() for n, p in policies.items()},
            "policies": {n: r.as_dict() for n, r in table.items()}}
     cols = ["policy", *[f"recall@{x}" for x in ks], *[f"ndcg@{x}" for x in ks]]
@@ -219,7 +230,8 @@ def _eval_policies(a: argparse.Namespace, bundle, split, ex) -> int:
 
         Console().print(Markdown(markdown_table(rows, cols)))
     if a.save:
-        name = f"{ds_name}_{split.protocol}_policies_k{k}"
+        tag = "_excl" if exclude is not None else ""  # never mixed with the TIGER-protocol figures
+        name = f"{ds_name}_{split.protocol}_policies_k{k}{tag}"
         results = Path(a.results_dir)
         write_json(name, out, results)
         users = (f"a random sample of {len(ex)} {a.split} users (seed {a.seed})" if a.sample is not None
@@ -232,7 +244,7 @@ def _eval_policies(a: argparse.Namespace, bundle, split, ex) -> int:
         (results / f"{name}.md").write_text(md)
         plot_stages(table, results / f"{name}_stages.png",
                     f"{ds_name} {split.protocol}, K={k}: mean time per request by stage ({len(ex)} requests)")
-        keys = summary_keys(table, ds_name, split.protocol, k)
+        keys = summary_keys(table, ds_name, split.protocol + tag.replace("_", "."), k)
         if keys:
             update_summary(keys, results / "summary.json")
     return 0
@@ -382,6 +394,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--seed", type=int, default=0, help="seed of --sample")
     e.add_argument("--limit", type=int, help="evaluate the first N users only (not typical users: prefer --sample)")
     e.add_argument("--batch-size", type=int, default=1, help="requests per call (1 = per-request latency)")
+    e.add_argument("--exclude-history", action="store_true",
+                   help="never recommend an item of the user's history (masked inside the trie constraint); "
+                        "results get their own keys (...excl...), apart from the TIGER-protocol figures")
     e.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     e.add_argument("--json", action="store_true", help="print JSON instead of a table")
     e.add_argument("--save", action="store_true", help="write results JSON/markdown and update summary.json")

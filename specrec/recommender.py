@@ -198,9 +198,10 @@ class Recommender:
             raise ValueError(f"params.{'.'.join(str(x) for x in err['loc']) or '?'}: {err['msg']}") from None
 
     def recommend(self, history: Sequence[str], k: int = 10, policy: str = "auto", budget_ms: float | None = 30.0,
-                  **params) -> Recommendation:
+                  exclude_history: bool = False, **params) -> Recommendation:
         """The top-``k`` items for one history (item ids, oldest first; unknown ids are ignored and listed in
-        ``stats.ignored_history``) by ``policy``, within ``budget_ms`` (None: no budget).
+        ``stats.ignored_history``) by ``policy``, within ``budget_ms`` (None: no budget). With
+        ``exclude_history`` no item of the history comes back (masked inside the trie constraint).
 
         Raises ValueError for bad input (naming the field) and
         :class:`~specrec.policies.Overloaded` when ``auto`` finds no policy that fits the budget.
@@ -217,7 +218,8 @@ class Recommender:
         pol = self._policy(policy, params)
         clock = self.engine.clock
         deadline = None if budget_ms is None else Deadline(clock() + budget_ms / 1000.0)
-        res = pol.run([RecRequest(rows, min(int(k), len(self.itemset)), deadline)])[0]
+        left = len(self.itemset) - (len(np.unique(rows)) if exclude_history else 0)
+        res = pol.run([RecRequest(rows, min(int(k), left), deadline, exclude_history=bool(exclude_history))])[0]
         st = res.stats
         stats = RecommendStats(
             policy=policy, served_by=res.served_by, rounds=st.rounds, drafted=st.draft_items,
@@ -230,12 +232,13 @@ class Recommender:
         return Recommendation(items, stats)
 
     def recommend_batch(self, histories: Iterable[Sequence[str]], k: int = 10, policy: str = "auto",
-                        budget_ms: float | None = 30.0, progress: bool = True, **params) -> list[Recommendation]:
+                        budget_ms: float | None = 30.0, progress: bool = True, exclude_history: bool = False,
+                        **params) -> list[Recommendation]:
         """:meth:`recommend` for each history, in order (each with its own budget), with a tqdm progress bar."""
         from tqdm.auto import tqdm
 
         histories = list(histories)
-        return [self.recommend(h, k, policy, budget_ms, **params)
+        return [self.recommend(h, k, policy, budget_ms, exclude_history, **params)
                 for h in tqdm(histories, desc=f"recommend ({policy})", unit="req", disable=not progress)]
 
     # -- catalogue updates -----------------------------------------------------------------

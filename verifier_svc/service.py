@@ -225,6 +225,22 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
         require(1 <= m.top_k <= 4096, "rule.top_k", "must be 1..4096")
         return SelectRule("relaxed", float(m.threshold), int(m.top_k))
 
+    def _trie(self, snap: Snapshot, ref, rows: int):
+        """The catalogue's trie, or this call's view of it without ``ref.exclude_sids``."""
+        if not ref.HasField("exclude_sids"):
+            return snap.itemset.trie
+        field = "ref.exclude_sids"
+        try:
+            a = from_msg(ref.exclude_sids, field, dtype="int64", ndim=2)
+        except TensorError as e:
+            raise InvalidArgument(field, str(e).split(": ", 1)[-1]) from None
+        L = len(self.svc.level_sizes)
+        require(a.shape[1] == L, field, f"expected {L} codes per SID, got {a.shape[1]}")
+        require(a.shape[0] <= 4096, field, "at most 4096 SIDs")
+        require(rows == 1, field, f"needs a session of one row, this one has {rows}")
+        self._check_codes(a[None], field)
+        return snap.itemset.trie.excluding(np.array(a))
+
     async def _ref(self, ref) -> tuple[object, Snapshot, int]:
         """The session a call works on: an existing one, or an :class:`EncodeJob` to run with the call."""
         if ref.session:
@@ -269,16 +285,16 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
 
     @handle_errors
     async def BeamStep(self, request, context):
-        target, snap, _ = await self._ref(request.ref)
-        job = StepJob(target, snap.itemset.trie, self._width(request.width), self._rule(request.rule))
+        target, snap, n = await self._ref(request.ref)
+        job = StepJob(target, self._trie(snap, request.ref, n), self._width(request.width), self._rule(request.rule))
         before = len(target.coverage) if not isinstance(target, EncodeJob) else 0
         beams = await self.svc.run(job, context)
         return beams_msg(beams, self._session_id(job, request.ref, snap), job.session.coverage[before:])
 
     @handle_errors
     async def BeamSearch(self, request, context):
-        target, snap, _ = await self._ref(request.ref)
-        job = SearchJob(target, snap.itemset.trie, self._width(request.width), self._rule(request.rule))
+        target, snap, n = await self._ref(request.ref)
+        job = SearchJob(target, self._trie(snap, request.ref, n), self._width(request.width), self._rule(request.rule))
         before = len(target.coverage) if not isinstance(target, EncodeJob) else 0
         beams = await self.svc.run(job, context)
         return beams_msg(beams, self._session_id(job, request.ref, snap), job.session.coverage[before:])
@@ -289,8 +305,8 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
             raise Unimplemented("this verifier's bundle has no distilled drafter")
         if not request.distilled and self.svc.local.head is None:
             raise FailedPrecondition("this verifier's bundle has no NEZHA draft head")
-        target, snap, _ = await self._ref(request.ref)
-        job = HeadJob(target, snap.itemset.trie, self._width(request.width), request.distilled)
+        target, snap, n = await self._ref(request.ref)
+        job = HeadJob(target, self._trie(snap, request.ref, n), self._width(request.width), request.distilled)
         beams = await self.svc.run(job, context)
         return beams_msg(beams, self._session_id(job, request.ref, snap))
 
@@ -298,9 +314,9 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
     async def DraftVerify(self, request, context):
         if self.svc.local.backend.drafter is None:
             raise Unimplemented("this verifier's bundle has no distilled drafter")
-        target, snap, _ = await self._ref(request.ref)
+        target, snap, n = await self._ref(request.ref)
         require(1 <= request.n <= self.svc.s.max_width, "n", f"must be 1..{self.svc.s.max_width}")
-        job = DraftVerifyJob(target, snap.itemset.trie, self._width(request.width), int(request.n))
+        job = DraftVerifyJob(target, self._trie(snap, request.ref, n), self._width(request.width), int(request.n))
         d = await self.svc.run(job, context)
         return verifier_pb2.DraftVerifyResponse(beams=beams_msg(d.beams), covered=to_msg(torch.from_numpy(d.covered)),
                                                 frontier=to_msg(torch.from_numpy(d.frontier.astype(np.int32))),

@@ -24,7 +24,6 @@ and the fused functions are themselves checked against the model
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -95,7 +94,6 @@ class Backend:
         self.drafter = drafter
         self.placeholders = None if head is None else head.placeholders.detach().to(self.device)
         self._fused: FusedHotPath | None = None
-        self._torch_tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def describe(self) -> dict:
         return {"backend": self.name, "device": str(self.device)}
@@ -182,9 +180,9 @@ class Backend:
         return Beams(state.codes, state.scores, state.token_logp, state.nodes >= 0, None)
 
     def _table(self, trie, level: int) -> torch.Tensor:
-        tables = self._torch_tables.get(trie)
+        tables = child_tables(trie, max(self.cfg.level_sizes))
         assert tables is not None
-        return tables[level].cpu()
+        return tables[level]
 
     def draft_search(self, enc: EncoderState, trie, width: int):
         """The distilled drafter's own beams (level 0 exact), one call; None without a distilled drafter."""
@@ -198,12 +196,10 @@ class Backend:
         """Eager: the fused functions themselves, in torch (what the graph backends export)."""
         if self.drafter is None:
             return None
-        if trie not in self._torch_tables:
-            t = child_tables(trie, max(self.cfg.level_sizes))
-            self._torch_tables[trie] = None if t is None else [x.to(self.device) for x in t]
-        tables = self._torch_tables[trie]
+        tables = child_tables(trie, max(self.cfg.level_sizes))  # kept by the trie (a request's view: by the view)
         if tables is None:
             return None
+        tables = [x.to(self.device) for x in tables]
         args = self._to(*self._fused_encoder(enc))
         with torch.inference_mode():
             if kind == "verify":

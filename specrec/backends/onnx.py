@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-import weakref
 from pathlib import Path
 
 import numpy as np
@@ -196,7 +195,6 @@ class OrtBackend(Backend):
             if (d / f"{name}.onnx").exists():
                 self._session(name)
         self.providers = self.sessions["encode"].get_providers()
-        self._tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def describe(self) -> dict:
         return {"backend": self.name, "providers": self.providers}
@@ -236,10 +234,10 @@ class OrtBackend(Backend):
 
     # -- whole searches -------------------------------------------------------------------------
     def _tables_of(self, trie) -> list[np.ndarray] | None:
-        if trie not in self._tables:
-            t = child_tables(trie, max(self.cfg.level_sizes))
-            self._tables[trie] = None if t is None else [x.numpy() for x in t]
-        return self._tables[trie]
+        """The trie's child tables as arrays (no copy); the trie keeps them, so a request's view of it
+        (:meth:`~specrec.ids.trie.SidTrie.excluding`) brings its own and nothing piles up here."""
+        t = child_tables(trie, max(self.cfg.level_sizes))
+        return None if t is None else [x.numpy() for x in t]
 
     def _whole(self, kind: str, enc, trie, width: int, n: int | None = None):
         """Run whole-search graph ``kind`` (exported on first use): its outputs, or None where it cannot run."""

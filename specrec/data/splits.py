@@ -53,6 +53,11 @@ class Examples:
         """Unpadded histories, oldest first."""
         return [h[h != PAD] for h in self.history]
 
+    def full_histories(self, sequences) -> list[np.ndarray]:
+        """Each example's whole history before its target (not cut to the model's window), oldest first,
+        from the dataset's ``sequences`` the examples were made from."""
+        return [sequences[u].items[:p] for u, p in zip(self.user.tolist(), self.position.tolist())]
+
 
 def sample_examples(ex: Examples, n: int | None, seed: int = 0) -> Examples:
     """A seeded random sample of ``n`` examples (in their original order); all when ``n`` is None or too big.

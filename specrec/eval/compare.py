@@ -30,15 +30,19 @@ class Run:
     stage_ms: dict[str, float] = field(default_factory=dict)  # mean per request
 
 
-def compare_policies(policies: dict, ex: Examples, k: int, progress: bool = True, warmup: int = 5) -> dict[str, Run]:
-    hists = ex.histories()
+def compare_policies(policies: dict, ex: Examples, k: int, progress: bool = True, warmup: int = 5,
+                     exclude: list[np.ndarray] | None = None) -> dict[str, Run]:
+    """Every policy on every request, interleaved, batch 1. With ``exclude`` (each user's whole history,
+    :meth:`~specrec.data.splits.Examples.full_histories`) requests carry it and exclude it."""
+    hists = ex.histories() if exclude is None else exclude
+    excl = exclude is not None
     for pol in policies.values():
         for h in hists[:warmup]:
-            pol.run([RecRequest(np.asarray(h, dtype=np.int64), k)])
+            pol.run([RecRequest(np.asarray(h, dtype=np.int64), k, exclude_history=excl)])
     runs = {n: Run(np.full((len(ex), k), -1, dtype=np.int64), np.zeros(len(ex))) for n in policies}
     stages = {n: defaultdict(float) for n in policies}
     for i in tqdm(range(len(ex)), desc="requests", disable=not progress, leave=False):
-        req = RecRequest(np.asarray(hists[i], dtype=np.int64), k)
+        req = RecRequest(np.asarray(hists[i], dtype=np.int64), k, exclude_history=excl)
         for name, pol in policies.items():
             t0 = time.perf_counter()
             res = pol.run([req])[0]

@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 from ..data.splits import Examples, Split
 from .metrics import metrics_from_ranks, percentiles_ms, target_ranks
 
-Ranker = Callable[[list[np.ndarray], int], np.ndarray]
+Ranker = Callable[..., np.ndarray]  # (histories, k[, exclude]) -> [R, k] items
 
 
 @dataclass
@@ -49,8 +49,10 @@ class EvalResult:
 
 def run_ranker(
     ranker: Ranker, ex: Examples, k: int, batch_size: int = 1, progress: bool = True, desc: str = "eval",
+    exclude: list[np.ndarray] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Ranked lists [N, k] and per-request seconds [N]."""
+    """Ranked lists [N, k] and per-request seconds [N]. With ``exclude`` (per example, the items it must
+    not get back: its whole history) the ranker is called as ``ranker(histories, k, exclude)``."""
     hists = ex.histories()
     ranked = np.full((len(ex), k), -1, dtype=np.int64)
     secs = np.zeros(len(ex))
@@ -58,7 +60,7 @@ def run_ranker(
                   total=(len(ex) + batch_size - 1) // batch_size):
         batch = hists[s : s + batch_size]
         t0 = time.perf_counter()
-        out = ranker(batch, k)
+        out = ranker(batch, k) if exclude is None else ranker(batch, k, exclude[s : s + batch_size])
         dt = time.perf_counter() - t0
         out = np.asarray(out)[:, :k]
         ranked[s : s + len(batch), : out.shape[1]] = out
@@ -117,10 +119,17 @@ def beam_ranker(bundle, width: int, backend=None) -> Ranker:
     backend = backend or bundle.backend()
 
     @torch.inference_mode()
-    def rank(histories: list[np.ndarray], k: int) -> np.ndarray:
+    def rank(histories: list[np.ndarray], k: int, exclude: list[np.ndarray] | None = None) -> np.ndarray:
         trie = bundle.trie
         enc = backend.encode(bundle.history_sids(histories))
-        return beam_search(backend, enc, trie, max(width, k)).items(trie)[:, :k].numpy()
+        if exclude is None:
+            return beam_search(backend, enc, trie, max(width, k)).items(trie)[:, :k].numpy()
+        # each request has its own valid set (the trie without its history): one search per request
+        out = []
+        for j, items in enumerate(exclude):
+            view = trie.excluding(bundle.sids[np.unique(np.asarray(items, dtype=np.int64))])
+            out.append(beam_search(backend, enc.select(torch.tensor([j])), view, max(width, k)).items(view)[:, :k])
+        return torch.cat(out).numpy()
 
     return rank
 
@@ -131,12 +140,16 @@ def sasrec_ranker(bundle) -> Ranker:
         raise ValueError(f"bundle {bundle.name!r} has no SASRec baseline (run `specrec train-baseline`)")
     model, h = bundle.sasrec.eval(), bundle.sasrec.cfg.max_history
 
-    def rank(histories: list[np.ndarray], k: int) -> np.ndarray:
+    def rank(histories: list[np.ndarray], k: int, exclude: list[np.ndarray] | None = None) -> np.ndarray:
         x = torch.full((len(histories), h), -1, dtype=torch.int64)
         for i, items in enumerate(histories):
             items = np.asarray(items, dtype=np.int64)[-h:]
             if len(items):
                 x[i, h - len(items):] = torch.from_numpy(items)
-        return model.rank(x, k).numpy()
+        ban = None
+        if exclude is not None:
+            rows = np.concatenate([np.full(len(e), i) for i, e in enumerate(exclude)]).astype(np.int64)
+            ban = (torch.from_numpy(rows), torch.from_numpy(np.concatenate(exclude).astype(np.int64)))
+        return model.rank(x, k, ban).numpy()
 
     return rank

@@ -13,6 +13,12 @@ Memory is O(number of edges), so it scales to large catalogues. Where a
 level's ``nodes x codes`` table is small (under :data:`DENSE_LIMIT` cells; all
 of Beauty's levels), its allowed-code mask is also kept dense, so masking a
 batch of beams is one gather instead of a CSR expansion.
+
+:meth:`SidTrie.excluding` gives one request its own view of the trie without
+some items (the request's history, say): the excluded leaves, and every
+prefix left without a valid item, are cut, so a constrained search still
+returns K valid items. The view shares the trie's arrays; only its
+:meth:`~SidTrie.child_tables` copies the levels it cuts.
 """
 
 from __future__ import annotations
@@ -62,6 +68,7 @@ class SidTrie:
             self.leaf_item[torch.from_numpy(parent)] = torch.from_numpy(order)
         self.n_duplicates = len(s) - n_parents
         self.dense: list[torch.Tensor | None] = [self._dense(d) for d in range(self.depth)]
+        self._child_tables: dict[int, list[torch.Tensor] | None] = {}
 
     def _dense(self, level: int) -> torch.Tensor | None:
         """[n_parents + 1, V] bool allowed-code table (its last row, read by node -1, allows nothing)."""
@@ -76,6 +83,34 @@ class SidTrie:
 
     def __len__(self) -> int:
         return self.n_sids
+
+    def child_tables(self, vmax: int) -> list[torch.Tensor] | None:
+        """Per level, a dense ``[nodes + 1, vmax]`` int32 table of child node ids (-1: no child; the last
+        row, read by node -1, is all -1), the form the fused search graphs gather from; None when a level
+        is too big for a dense table. Built once per trie."""
+        if vmax not in self._child_tables:
+            out: list[torch.Tensor] | None = []
+            for level in range(self.depth):
+                if self.dense[level] is None:
+                    out = None
+                    break
+                ptr = self.ptr[level]
+                n = len(ptr) - 1
+                table = torch.full((n + 1, vmax), -1, dtype=torch.int32)
+                parent = torch.repeat_interleave(torch.arange(n), ptr[1:] - ptr[:-1])
+                table[parent, self.codes[level]] = torch.arange(len(self.codes[level]), dtype=torch.int32)
+                out.append(table)  # type: ignore[union-attr]
+            self._child_tables[vmax] = out
+        return self._child_tables[vmax]
+
+    def excluding(self, sids) -> "SidTrie":
+        """This trie without the items whose SIDs are given (rows of ``sids``; ones not in the trie are
+        ignored): a per-request view, see :class:`ExcludingTrie`. Returns ``self`` when nothing is cut."""
+        sids = np.asarray(sids, dtype=np.int64).reshape(-1, self.depth)
+        if not len(sids):
+            return self
+        view = ExcludingTrie(self, sids)
+        return view if view.n_excluded else self
 
     def allowed_mask(self, level: int, nodes: torch.Tensor) -> torch.Tensor:
         """Bool ``[len(nodes), V_level]``: which codes may follow each node.
@@ -132,3 +167,81 @@ class SidTrie:
         ok = node >= 0
         out[ok] = self.leaf_item[node[ok]]
         return out
+
+
+class ExcludingTrie(SidTrie):
+    """A :class:`SidTrie` without some of its items, for one request.
+
+    It shares its base's arrays. ``cut[d]`` holds the node ids at depth
+    ``d + 1`` that are gone: the excluded leaves, then each prefix all of
+    whose children are gone. :meth:`advance` (so ``walk``, ``contains``,
+    ``lookup``) and :meth:`allowed_mask` never reach a cut node, and
+    :meth:`child_tables` copies only the levels that have cuts. Nothing is
+    cached on the base, so a view lives and dies with its request."""
+
+    def __init__(self, base: SidTrie, sids: np.ndarray):  # noqa: D107 - no SidTrie.__init__: the arrays are shared
+        self.base = base
+        self.level_sizes, self.depth = base.level_sizes, base.depth
+        self.keys, self.ptr, self.codes = base.keys, base.ptr, base.codes
+        self.leaf_item, self.n_duplicates, self.dense = base.leaf_item, base.n_duplicates, base.dense
+        self._child_tables = {}
+        # node ids along each excluded SID's path (depth 1..L)
+        path = []
+        node = torch.zeros(len(sids), dtype=torch.int64)
+        st = torch.from_numpy(sids)
+        for d in range(self.depth):
+            node = SidTrie.advance(base, d, node, st[:, d])
+            path.append(node)
+        leaves = torch.unique(path[-1][path[-1] >= 0])
+        self.excluded_sids = sids[(path[-1] >= 0).numpy()]  # the excluded SIDs that are items of the base
+        self.n_excluded = len(leaves)
+        self.n_sids = base.n_sids - self.n_excluded
+        cut: list[torch.Tensor] = [torch.zeros(0, dtype=torch.int64) for _ in range(self.depth)]
+        cut[-1] = leaves
+        for d in range(self.depth - 1, 0, -1):  # a node at depth d whose children (depth d + 1) are all cut
+            gone = cut[d]
+            if not len(gone):
+                break
+            parents = torch.searchsorted(base.ptr[d], gone, right=True) - 1  # parent (depth d) of each cut edge
+            uniq, n_cut = torch.unique(parents, return_counts=True)
+            total = base.ptr[d][uniq + 1] - base.ptr[d][uniq]
+            cut[d - 1] = uniq[n_cut == total]
+        self.cut = cut
+        # (parent node, code) of each cut edge per level, for masks and tables
+        self.cut_parent, self.cut_code = [], []
+        for d in range(self.depth):
+            gone = cut[d]
+            self.cut_parent.append(torch.searchsorted(base.ptr[d], gone, right=True) - 1)
+            self.cut_code.append(base.codes[d][gone])
+
+    def allowed_mask(self, level: int, nodes: torch.Tensor) -> torch.Tensor:
+        mask = SidTrie.allowed_mask(self, level, nodes)
+        nodes = nodes.reshape(-1)
+        if len(self.cut[level]) and len(nodes):
+            if self.dense[level] is not None and mask.data_ptr() == self.dense[level].data_ptr():
+                mask = mask.clone()
+            hit = nodes.unsqueeze(1) == self.cut_parent[level].unsqueeze(0)  # [n, cuts]
+            row, j = hit.nonzero(as_tuple=True)
+            mask[row, self.cut_code[level][j]] = False
+        return mask
+
+    def advance(self, level: int, nodes: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+        out = SidTrie.advance(self, level, nodes, codes)
+        if len(self.cut[level]):
+            out = torch.where(torch.isin(out, self.cut[level]), torch.full_like(out, -1), out)
+        return out
+
+    def child_tables(self, vmax: int) -> list[torch.Tensor] | None:
+        if vmax not in self._child_tables:
+            base = self.base.child_tables(vmax)
+            if base is None:
+                self._child_tables[vmax] = None
+            else:
+                out = []
+                for d, table in enumerate(base):
+                    if len(self.cut[d]):
+                        table = table.clone()
+                        table[self.cut_parent[d], self.cut_code[d]] = -1
+                    out.append(table)
+                self._child_tables[vmax] = out
+        return self._child_tables[vmax]

@@ -488,16 +488,6 @@ def copy_ln(ln: nn.LayerNorm) -> nn.LayerNorm:
 
 
 def child_tables(trie, vmax: int) -> list[torch.Tensor] | None:
-    """Dense child tables of a :class:`~specrec.ids.trie.SidTrie` (None when a level is too big for one)."""
-    out = []
-    for level in range(trie.depth):
-        dense = trie.dense[level]
-        if dense is None:
-            return None
-        n, v = dense.shape
-        table = torch.full((n, vmax), -1, dtype=torch.int32)
-        ptr = trie.ptr[level]
-        parent = torch.repeat_interleave(torch.arange(n - 1), ptr[1:] - ptr[:-1])
-        table[parent, trie.codes[level]] = torch.arange(len(trie.codes[level]), dtype=torch.int32)
-        out.append(table)
-    return out
+    """Dense child tables of a :class:`~specrec.ids.trie.SidTrie` (None when a level is too big for one);
+    see :meth:`~specrec.ids.trie.SidTrie.child_tables`."""
+    return trie.child_tables(vmax)

@@ -64,7 +64,10 @@ class SASRec(nn.Module):
         return F.cross_entropy(self.scores(states[m]), tgt[m])
 
     @torch.inference_mode()
-    def rank(self, histories: torch.Tensor, k: int) -> torch.Tensor:
-        """[B, H] histories (left-padded, -1) -> [B, k] best items."""
+    def rank(self, histories: torch.Tensor, k: int, ban: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """[B, H] histories (left-padded, -1) -> [B, k] best items; ``ban`` (rows, items): pairs never ranked."""
         self.eval()
-        return self.scores(self.sequence(histories)[:, -1]).topk(k, dim=-1).indices
+        scores = self.scores(self.sequence(histories)[:, -1])
+        if ban is not None:
+            scores[ban[0], ban[1]] = float("-inf")
+        return scores.topk(k, dim=-1).indices

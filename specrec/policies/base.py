@@ -27,6 +27,7 @@ from ..costs import CostModel, CostStage, PolicyCosts
 from ..deadline import Deadline
 from ..decoding.beam import Beams
 from ..drafters.base import Drafter
+from ..ids.trie import SidTrie
 from ..itemset import LocalItemSet
 from ..verifier import Session, Verifier
 from .metrics import RequestStats, SpecMetrics
@@ -41,10 +42,15 @@ class RecRequest:
     history: np.ndarray  # item indices, oldest first (non-empty)
     k: int = 10
     deadline: Deadline | None = None  # on the engine's clock; a number is taken as Deadline(at=number); None = no budget
+    exclude_history: bool = False  # never recommend an item of ``history`` (masked inside the trie constraint)
 
     def __post_init__(self) -> None:
         if isinstance(self.deadline, (int, float)):
             self.deadline = Deadline(float(self.deadline))
+
+    def excluded(self) -> frozenset[int]:
+        """The items this request must not get back."""
+        return frozenset(np.asarray(self.history).tolist()) if self.exclude_history else frozenset()
 
 
 @dataclass
@@ -217,12 +223,17 @@ class Candidates:
 
 def fill_to_k(
     k: int, itemset: LocalItemSet, items: list[int], scores: list[float], sources: list[str],
-    prefixes: Beams | None = None, request: int = 0,
+    prefixes: Beams | None = None, request: int = 0, exclude: frozenset[int] = frozenset(),
 ) -> tuple[list[int], list[float], list[str]]:
     """Complete a list to K unique valid items (whenever the catalogue has K):
     first items under the request's alive beam prefixes (best prefix first,
-    scored by the prefix's mean log-probability), then any other items."""
-    taken = set(items)
+    scored by the prefix's mean log-probability), then any other items.
+    Items in ``exclude`` (the request's history, when it asks) are dropped
+    from the list and never filled in."""
+    if exclude:
+        keep = [j for j, it in enumerate(items) if it not in exclude]
+        items, scores, sources = [items[j] for j in keep], [scores[j] for j in keep], [sources[j] for j in keep]
+    taken = set(items) | exclude
     items, scores, sources = list(items), list(scores), list(sources)
     if len(items) < k and prefixes is not None and prefixes.level > 0:
         alive = prefixes.alive[request]
@@ -266,7 +277,8 @@ class LiveBatch:
     ``active[j]``. :meth:`finish` records a request's result; :meth:`drop`
     takes finished rows out of the session and the beams in one place."""
 
-    def __init__(self, requests: Sequence[RecRequest], stats: list[RequestStats], verifier: Verifier):
+    def __init__(self, requests: Sequence[RecRequest], stats: list[RequestStats], verifier: Verifier,
+                 itemset: LocalItemSet):
         self.requests = requests
         self.stats = stats
         self.verifier = verifier
@@ -274,6 +286,15 @@ class LiveBatch:
         self.beams: Beams | None = None  # beams of the active rows, when the policy keeps some
         self.active: list[int] = list(range(len(requests)))
         self.results: list[RecResult | None] = [None] * len(requests)
+        # the valid items of this batch: the catalogue's trie, or, for one request that excludes its history,
+        # a view of it without those items (Policy.run never batches such a request with others)
+        self.trie: SidTrie = itemset.trie
+        self.exclude: frozenset[int] = frozenset()
+        if len(requests) == 1 and requests[0].exclude_history:
+            self.exclude = requests[0].excluded()
+            ids = np.fromiter(self.exclude, dtype=np.int64)
+            ids = ids[(ids >= 0) & (ids < len(itemset.sids))]
+            self.trie = itemset.trie.excluding(itemset.sids[ids])
 
     def __len__(self) -> int:
         return len(self.active)
@@ -323,9 +344,12 @@ class Policy(ABC):
 
     @final
     def run(self, requests: Sequence[RecRequest]) -> list[RecResult]:
+        if len(requests) > 1 and any(r.exclude_history for r in requests):
+            # each such request has its own valid set (a trie view): served one by one
+            return [res for r in requests for res in self.run([r])]
         eng = self.engine
         stats = [RequestStats() for _ in requests]
-        batch = LiveBatch(requests, stats, eng.verifier)
+        batch = LiveBatch(requests, stats, eng.verifier, eng.itemset)
         t0 = eng.clock()
         try:
             if self.uses_verifier:
@@ -351,8 +375,11 @@ class Policy(ABC):
     def _run(self, batch: LiveBatch) -> None:
         """Fill ``batch.results`` for every request (phases of the policy)."""
 
-    def _result(self, k: int, items, scores, sources, stats: RequestStats, prefixes: Beams | None = None, request: int = 0) -> RecResult:
-        items, scores, sources = fill_to_k(k, self.engine.itemset, list(items)[:k], list(scores)[:k], list(sources)[:k], prefixes, request)
+    def _result(self, k: int, items, scores, sources, stats: RequestStats, prefixes: Beams | None = None, request: int = 0,
+                exclude: frozenset[int] = frozenset()) -> RecResult:
+        n = k + len(exclude)  # excluded items are dropped before the cut
+        items, scores, sources = fill_to_k(k, self.engine.itemset, list(items)[:n], list(scores)[:n], list(sources)[:n],
+                                           prefixes, request, exclude)
         return RecResult(np.asarray(items[:k], dtype=np.int64), np.asarray(scores[:k], dtype=np.float64), sources[:k], stats)
 
     def _exit_late(self, batch: LiveBatch, stage: CostStage, result_fn) -> None:

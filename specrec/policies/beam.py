@@ -36,7 +36,7 @@ class BeamPolicy(Policy):
         """The whole search in one verifier call."""
         eng = self.engine
         with Stage(eng.clock, batch.stats, "beam") as t:
-            batch.beams = eng.verifier.beam_search(batch.session, eng.itemset.trie, width)
+            batch.beams = eng.verifier.beam_search(batch.session, batch.trie, width)
         self.costs.observe(CostStage.SEARCH, t.seconds)
         charge(batch.stats)
         for st in batch.stats:
@@ -45,10 +45,10 @@ class BeamPolicy(Policy):
     def _stepwise(self, batch: LiveBatch, width: int) -> None:
         """One level at a time, exiting requests whose next level would not fit."""
         eng = self.engine
-        eng.verifier.beam_start(batch.session, eng.itemset.trie, width)
+        eng.verifier.beam_start(batch.session, batch.trie, width)
         for _ in eng.itemset.level_sizes:
             self._exit_late(batch, CostStage.STEP, lambda j: self._result(
-                batch.requests[batch.active[j]].k, [], [], [], batch.stats[batch.active[j]], batch.beams, j))
+                batch.requests[batch.active[j]].k, [], [], [], batch.stats[batch.active[j]], batch.beams, j, exclude=batch.exclude))
             if not batch.active:
                 return
             with Stage(eng.clock, batch.active_stats, "beam") as t:
@@ -60,7 +60,7 @@ class BeamPolicy(Policy):
                 st.rounds += 1
 
     def _complete(self, batch: LiveBatch) -> None:
-        trie = self.engine.itemset.trie
+        trie = batch.trie
         if not batch.active:
             return
         items = batch.beams.items(trie)
@@ -68,4 +68,4 @@ class BeamPolicy(Policy):
             ok = items[j] >= 0
             st.exit_reason = "complete"
             batch.finish(j, self._result(req.k, items[j][ok].tolist(), batch.beams.scores[j][ok].tolist(),
-                                         ["beam"] * int(ok.sum()), st))
+                                         ["beam"] * int(ok.sum()), st, exclude=batch.exclude))

@@ -26,9 +26,9 @@ class DrafterPolicy(Policy):
         if eng.drafter is None:
             raise ValueError("the drafter policy needs an engine drafter")
         with Stage(eng.clock, batch.stats, "draft"):
-            drafts = eng.drafter.draft([DraftRequest(r.history, r.k) for r in batch.requests])
+            drafts = eng.drafter.draft([DraftRequest(r.history, r.k, exclude=r.excluded()) for r in batch.requests])
         for j, _, req, st in batch.rows():
             d = drafts[j]
             st.rounds = 1
             st.exit_reason = "complete"
-            batch.finish(j, self._result(req.k, d.items.tolist(), d.scores.tolist(), ["draft"] * len(d.items), st))
+            batch.finish(j, self._result(req.k, d.items.tolist(), d.scores.tolist(), ["draft"] * len(d.items), st, exclude=batch.exclude))

@@ -63,13 +63,13 @@ class LevelwisePolicy(Policy):
         eng, cfg = self.engine, self.config
         if cfg.drafter != "drafter":  # "head" (or strict's "auto" without a distilled drafter)
             with Stage(eng.clock, batch.stats, "draft"):
-                b = eng.verifier.head_beams(batch.session, eng.itemset.trie, n)
+                b = eng.verifier.head_beams(batch.session, batch.trie, n)
             charge(batch.stats)
             return b.codes, b.alive
         if eng.drafter is None:
             raise ValueError(f"{self.name} with drafter='drafter' needs an engine drafter")
         with Stage(eng.clock, batch.stats, "draft"):
-            drafts = eng.drafter.draft([DraftRequest(r.history, n) for r in batch.requests])
+            drafts = eng.drafter.draft([DraftRequest(r.history, n, exclude=r.excluded()) for r in batch.requests])
         L = len(eng.itemset.level_sizes)
         m = max(1, max(len(d.items) for d in drafts))
         codes = torch.zeros(len(drafts), m, L, dtype=torch.int64)
@@ -97,7 +97,7 @@ class LevelwisePolicy(Policy):
         eng, sess = self.engine, batch.session
         before = len(sess.coverage)
         with Stage(eng.clock, batch.stats, "beam"):
-            batch.beams = eng.verifier.beam_search(sess, eng.itemset.trie, width, self.rule())
+            batch.beams = eng.verifier.beam_search(sess, batch.trie, width, self.rule())
         steps = sess.coverage[before:]
         for j, _, req, st in batch.rows():
             st.rounds = len(steps)
@@ -108,7 +108,7 @@ class LevelwisePolicy(Policy):
     def _accept(self, batch: LiveBatch, codes: torch.Tensor, ok: torch.Tensor) -> None:
         eng = self.engine
         beams = batch.beams
-        trie = eng.itemset.trie
+        trie = batch.trie
         items = beams.items(trie)
         sizes = eng.itemset.level_sizes
         for j, _, req, st in batch.rows():
@@ -123,4 +123,4 @@ class LevelwisePolicy(Policy):
                              int(np.isin(prefix_keys(final, sizes), prefix_keys(drafted, sizes)).sum()))
             st.exit_reason = "complete"
             sources = ["draft" if s else "beam" for s in np.isin(prefix_keys(final, sizes), prefix_keys(drafted, sizes))]
-            batch.finish(j, self._result(req.k, items[j][a].tolist(), beams.scores[j][a].tolist(), sources, st))
+            batch.finish(j, self._result(req.k, items[j][a].tolist(), beams.scores[j][a].tolist(), sources, st, exclude=batch.exclude))

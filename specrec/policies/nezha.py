@@ -36,13 +36,13 @@ class NezhaPolicy(Policy):
         beams = None
         with Stage(eng.clock, batch.stats, "head"):
             if self.config.drafter != "head":
-                beams = eng.verifier.draft_beams(batch.session, eng.itemset.trie, self.config.width or 2 * k)
+                beams = eng.verifier.draft_beams(batch.session, batch.trie, self.config.width or 2 * k)
                 if beams is None and self.config.drafter == "distilled":
                     raise ValueError("nezha with drafter='distilled' needs a distilled drafter (`specrec distill`)")
             if beams is None:
-                beams = eng.verifier.head_beams(batch.session, eng.itemset.trie, width)
+                beams = eng.verifier.head_beams(batch.session, batch.trie, width)
         charge(batch.stats)
-        items = beams.items(eng.itemset.trie)
+        items = beams.items(batch.trie)
         for j, _, req, st in batch.rows():
             ok = items[j] >= 0
             its = items[j][ok].numpy()
@@ -51,4 +51,4 @@ class NezhaPolicy(Policy):
             st.observe_items(int(ok.sum()), int(valid.sum()))
             st.exit_reason = "complete"
             batch.finish(j, self._result(req.k, its[valid].tolist(), beams.scores[j][ok].numpy()[valid].tolist(),
-                                         ["head"] * int(valid.sum()), st))
+                                         ["head"] * int(valid.sum()), st, exclude=batch.exclude))

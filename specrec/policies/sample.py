@@ -42,26 +42,27 @@ class SamplePolicy(Policy):
         else:
             self.generator.manual_seed(self.config.seed)
 
-    def _allowed(self, prefix: torch.Tensor, level: int) -> torch.Tensor:
-        trie = self.engine.itemset.trie
+    @staticmethod
+    def _allowed(trie, prefix: torch.Tensor, level: int) -> torch.Tensor:
         nodes = trie.walk(prefix) if level else torch.zeros(prefix.shape[0], dtype=torch.int64)
         return trie.allowed_mask(level, nodes)
 
-    def distributions(self, sess, R: int, M: int, stats=()):
+    def distributions(self, sess, R: int, M: int, stats=(), trie=None):
         """The processed target (``p_fn``) and draft (``q_next``) distributions
         for R requests with M streams each, flattened to R*M rows."""
         ver, cfg = self.engine.verifier, self.config
         L = len(self.engine.itemset.level_sizes)
+        trie = trie if trie is not None else self.engine.itemset.trie
 
         def q_next(prefix: torch.Tensor) -> torch.Tensor:
             j = prefix.shape[1]
             logq = ver.head_logprobs(sess, prefix.view(R, M, j))[j].reshape(R * M, -1)
-            return transform(logq, self._allowed(prefix, j), cfg.temperature, cfg.top_k)
+            return transform(logq, self._allowed(trie, prefix, j), cfg.temperature, cfg.top_k)
 
         def p_fn(seq: torch.Tensor) -> list[torch.Tensor]:
             full = ver.score(sess, seq.view(R, M, L), full=True).full
             charge(stats)
-            return [transform(full[j].reshape(R * M, -1), self._allowed(seq[:, :j], j), cfg.temperature, cfg.top_k)
+            return [transform(full[j].reshape(R * M, -1), self._allowed(trie, seq[:, :j], j), cfg.temperature, cfg.top_k)
                     for j in range(L)]
 
         return p_fn, q_next
@@ -72,7 +73,7 @@ class SamplePolicy(Policy):
         L = len(eng.itemset.level_sizes)
         R = len(requests)
         M = cfg.streams or 2 * max(r.k for r in requests)
-        p_fn, q_next = self.distributions(batch.session, R, M, stats)
+        p_fn, q_next = self.distributions(batch.session, R, M, stats, batch.trie)
         lists: list[dict[int, float]] = [dict() for _ in requests]
         for _ in range(cfg.max_batches):
             with Stage(eng.clock, stats, "sample"):
@@ -84,7 +85,7 @@ class SamplePolicy(Policy):
         for j, i, r, st in batch.rows():
             its = list(lists[i])[: r.k]
             st.exit_reason = "complete" if len(its) >= r.k else "max_batches"
-            batch.finish(j, self._result(r.k, its, [lists[i][x] for x in its], ["sample"] * len(its), st))
+            batch.finish(j, self._result(r.k, its, [lists[i][x] for x in its], ["sample"] * len(its), st, exclude=batch.exclude))
 
     def _collect(self, lists: list[dict[int, float]], seq: torch.Tensor, logp: torch.Tensor, R: int, M: int) -> None:
         """Distinct valid items of each request's streams, in draw order (stream rows are request-major)."""

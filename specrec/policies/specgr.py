@@ -84,7 +84,7 @@ class SpecGRPolicy(Policy):
         L = len(eng.itemset.level_sizes)
         k = max(r.k for r in batch.requests)
         pools = [RequestPool() for _ in batch.requests]
-        eng.verifier.beam_start(batch.session, eng.itemset.trie, cfg.beta or k)
+        eng.verifier.beam_start(batch.session, batch.trie, cfg.beta or k)
         eng.verifier.prepare(batch.session)  # a remote verifier encodes while the drafter drafts round 0
         phase = self.online.requests % EXPLORE_EVERY  # 0: always draft (learns exit rates), 1: never (learns step cost)
         explore = {0: True, 1: False}.get(phase)
@@ -176,7 +176,7 @@ class SpecGRPolicy(Policy):
             prefixes = None
             if batch.beams is not None:
                 prefixes = batch.beams.codes[j][batch.beams.alive[j]].numpy()
-            dreqs.append(DraftRequest(req.history, delta, prefixes, frozenset(pools[i].verified)))
+            dreqs.append(DraftRequest(req.history, delta, prefixes, frozenset(pools[i].verified) | req.excluded()))
         with Stage(eng.clock, batch.active_stats, "draft") as t:
             drafts = eng.drafter.draft(dreqs)
         self.costs.observe(CostStage.DRAFT, t.seconds)
@@ -186,12 +186,12 @@ class SpecGRPolicy(Policy):
         """Round 0 from the distilled drafter: its ``delta`` beams (level 0 exact), valid SIDs only."""
         eng = self.engine
         with Stage(eng.clock, batch.active_stats, "draft") as t:
-            beams = eng.verifier.draft_beams(batch.session, eng.itemset.trie, delta)
+            beams = eng.verifier.draft_beams(batch.session, batch.trie, delta)
         if beams is None:  # a remote verifier just learned that it has none
             return None
         self.costs.observe(CostStage.DRAFT, t.seconds)
         charge(batch.active_stats)
-        items = beams.items(eng.itemset.trie)
+        items = beams.items(batch.trie)
         out = []
         for j in range(len(batch.active)):
             ok = items[j] >= 0
@@ -242,7 +242,7 @@ class SpecGRPolicy(Policy):
     def _final(self, batch: LiveBatch, pools: list[RequestPool], row: int, complete: bool) -> RecResult:
         """The list of the request at ``row``: best V from its pool (with the
         complete beams, when complete), filled under its beam prefixes."""
-        eng, trie = self.engine, self.engine.itemset.trie
+        eng, trie = self.engine, batch.trie
         i = batch.active[row]
         req, st, pool = batch.requests[i], batch.stats[i], pools[i].pool
         beams = batch.beams
@@ -253,7 +253,7 @@ class SpecGRPolicy(Policy):
             v = length_normalised(tl, eng.itemset.is_unseen(items)) if self.config.unseen_rule else tl.mean(-1)
             pool.add(items, v.numpy(), "beam")
         items, scores, sources = pool.top(req.k)
-        return self._result(req.k, items, scores, sources, st, None if complete else beams, row)
+        return self._result(req.k, items, scores, sources, st, None if complete else beams, row, exclude=batch.exclude)
 
 
 def _union(a: Draft, b: Draft) -> Draft:

@@ -53,7 +53,7 @@ class StrictPolicy(LevelwisePolicy):
 
     def _run_distilled(self, batch: LiveBatch) -> bool:
         eng, cfg = self.engine, self.config
-        trie = eng.itemset.trie
+        trie = batch.trie
         k = max(r.k for r in batch.requests)
         width = cfg.width or k
         n = cfg.n_drafts or self.online.drafts.size(k)
@@ -91,5 +91,5 @@ class StrictPolicy(LevelwisePolicy):
             a = beams.alive[j]
             src = "beam" if j in miss else "draft"
             batch.finish(j, self._result(req.k, items[j][a].tolist(), beams.scores[j][a].tolist(),
-                                         [src] * int(a.sum()), st))
+                                         [src] * int(a.sum()), st, exclude=batch.exclude))
         return True

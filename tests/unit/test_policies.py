@@ -404,3 +404,38 @@ def test_specgr_does_not_learn_round_cost_from_a_failed_round():
         pol.run([RecRequest(hists[1], 10)])
     eng.verifier.score = real
     assert pol.costs.estimate(CostStage.ROUND) == learned
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_exclude_history_returns_k_valid_items_none_from_the_history(name):
+    """With exclude_history every policy still answers K unique valid items, and none is in the history;
+    a batch mixing requests that exclude and requests that do not is answered request by request."""
+    eng = make_engine(2, distilled=name in ("strict", "nezha"))
+    hists = [np.concatenate([h, h[::-1]]) for h in histories(eng, 4, 3)]  # repeats too
+    params = {"seed": 0} if name == "sample" else {}
+    pol = make_policy(name, eng, **params)
+    for k in (5, 20):
+        reqs = [RecRequest(h, k, exclude_history=(i % 2 == 0)) for i, h in enumerate(hists)]
+        for req, res in zip(reqs, pol.run(reqs)):
+            assert len(res.items) == k and len(set(res.items.tolist())) == k
+            assert eng.itemset.contains(eng.itemset.sids_of(res.items)).all()
+            if req.exclude_history:
+                assert not set(res.items.tolist()) & set(req.history.tolist()), name
+
+
+@pytest.mark.parametrize("name,backend", [("beam", "eager"), ("strict", "eager"), ("beam", "onnx"), ("strict", "onnx")])
+def test_excluded_beam_is_the_beam_of_a_catalogue_without_the_history(name, backend):
+    """Excluding inside the trie constraint is exact: the list is the beam search's over a catalogue
+    that never had the history's items (the same model, the same scores)."""
+    from specrec.itemset import LocalItemSet
+    from specrec.policies import Engine
+
+    eng = make_engine(3, n_items=50, distilled=name == "strict", backend=backend)
+    for h in histories(eng, 4, 5):
+        got = make_policy(name, eng).run([RecRequest(h, 8, exclude_history=True)])[0]
+        keep = np.ones(len(eng.itemset.sids), dtype=bool)
+        keep[h] = False
+        sub = LocalItemSet(eng.itemset.sids, eng.itemset.seen, eng.itemset.level_sizes, active=keep)  # deleted
+        ref = make_policy("beam", Engine(eng.verifier, sub, eng.max_history)).run([RecRequest(h, 8)])[0]
+        assert ref.items.tolist() == got.items.tolist()
+        assert np.allclose(ref.scores, got.scores, atol=1e-5)
