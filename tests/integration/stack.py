@@ -131,9 +131,11 @@ class Stack:
         for name in ("gateway", *[k for k in self.runners if k not in ("gateway", "itemset")], "itemset"):
             await self.stop_one(name)
 
-    async def recommend(self, history, k=10, policy="", budget_ms=1000.0, params=None, timeout=30.0):
+    async def recommend(self, history, k=10, policy="", budget_ms=1000.0, params=None, timeout=30.0,
+                        exclude_history=False):
         req = recommender_pb2.RecommendRequest(history=[str(h) for h in history], k=k, policy=policy, budget_ms=budget_ms,
-                                               params={a: str(b) for a, b in (params or {}).items()})
+                                               params={a: str(b) for a, b in (params or {}).items()},
+                                               exclude_history=exclude_history)
         return await self.gateway.Recommend(req, timeout=timeout)
 
 

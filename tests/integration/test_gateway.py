@@ -250,6 +250,28 @@ async def test_degrades_when_verifier_or_drafter_stops(stack, serving_bundle):
 
 
 @pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.parametrize("policy", ["beam", "strict", "specgr", "nezha", "drafter"])
+async def test_exclude_history_through_the_gateway_equals_in_process(stack, serving_bundle, policy):
+    """exclude_history travels gateway -> verifier (the SIDs to cut) -> back: the same list as in process,
+    K items, none from the history (all of it, beyond the model's window too)."""
+    engine = serving_bundle.engine(drafter="retrieval")
+    engine.max_history = 8  # the stack gateway's window: the model sees the last 8, all are excluded
+    params = PARAMS.get(policy, {})
+    local = make_policy(policy, engine, **params)
+    ids = serving_bundle.catalogue.ids
+    index = {i: n for n, i in enumerate(ids)}
+    for hist in histories(serving_bundle, 3, seed=11):
+        rows = np.array([index[h] for h in hist])
+        want = local.run([RecRequest(rows, 10, exclude_history=True)])[0]
+        got = await stack.recommend(hist, k=10, policy=policy, params=params, exclude_history=True)
+        assert [it.item_id for it in got.items] == [ids[r] for r in want.items], policy
+        assert not {it.item_id for it in got.items} & set(hist) and len({it.item_id for it in got.items}) == 10
+        assert not got.stats.degraded
+        plain = await stack.recommend(hist, k=10, policy=policy, params=params)
+        assert len(plain.items) == 10  # off by default: the same request without it is the TIGER protocol's
+
+
+@pytest.mark.asyncio(loop_scope="session")
 async def test_ignored_history_ids_are_listed_in_the_stats(stack, serving_bundle):
     ids = serving_bundle.catalogue.ids
     r = await stack.recommend(["no-such-item", ids[3], "another-unknown", ids[5]], k=5, policy="beam")
