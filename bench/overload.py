@@ -1,0 +1,226 @@
+"""Overload at a 30 ms budget: ``auto`` through the gateway at 1x, 2x and 3x the stack's capacity.
+
+    python bench/overload.py --bundle bundles/beauty-loo --multiples 1,2,3 --duration 20
+
+Starts its own stack (Redis as ``bench/serving.py`` finds or starts one; the four services as
+subprocesses; a private namespace) and stops it at the end. Requests are a seeded random sample of
+leave-one-out test users.
+
+1. **Capacity**: answers/s of a closed loop of ``--clients`` concurrent callers at the budget (each
+   sends its next request when the last is answered): what the stack serves when saturated.
+2. **Load**: for each multiple m, Poisson arrivals at m x capacity for warm-up + ``--duration``
+   seconds from ``bench/loadgen.py`` in its own process (the caller's event loop never competes with
+   anything of ours). Reported over the measured part: the caller-side p99 (scheduled send to answer,
+   every request, shed ones included), the gateway-side p99 (``stats.total_ms`` of its answers), the
+   shed share (RESOURCE_EXHAUSTED), other errors, and the share of answers that are model answers
+   (no catalogue fill).
+
+Writes ``overload.{json,md,png}`` into ``--out`` and the summary keys
+``serving.overload_<m>x.{client_p99_ms,server_p99_ms,shed_share,model_share,error_share,offered_rps,
+achieved_rps}`` and ``serving.capacity_rps``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from serving import add_common_args, command_line, machine_line, no_nan, pct, request, sample_users, say  # noqa: E402
+
+from specrec.eval.results import markdown_table, readme_section, update_summary, write_json  # noqa: E402
+from specrec_rpc.localstack import ServiceProcs, delete_namespace, find_or_start_redis, stop_process  # noqa: E402
+
+
+def capacity(target: str, users, budget_ms: float, clients: int, seconds: float) -> float:
+    """Answers/s of ``clients`` closed-loop callers (threads, one channel each) over ``seconds``."""
+    import grpc
+
+    from specrec_rpc.v1 import recommender_pb2_grpc
+
+    counts = [0] * clients
+    stop = time.monotonic() + seconds
+
+    def caller(c: int) -> None:
+        with grpc.insecure_channel(target) as ch:
+            stub = recommender_pb2_grpc.RecommenderStub(ch)
+            i = c
+            while time.monotonic() < stop:
+                try:
+                    stub.Recommend(request(users, i % len(users.ids), "auto", 10, budget_ms), timeout=5)
+                    counts[c] += 1
+                except grpc.RpcError:
+                    pass
+                i += clients
+
+    t0 = time.monotonic()
+    threads = [threading.Thread(target=caller, args=(c,)) for c in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(counts) / (time.monotonic() - t0)
+
+
+def write_users(users, path: Path) -> Path:
+    path.write_text(json.dumps({"ids": users.ids, "targets": users.targets}))
+    return path
+
+
+def run_load(target: str, users_file: Path, rate: float, seconds: float, budget_ms: float, seed: int,
+             out: Path) -> list[dict]:
+    """``bench/loadgen.py`` in its own process; its records."""
+    cmd = [sys.executable, str(ROOT / "bench" / "loadgen.py"), "--target", target, "--users", str(users_file),
+           "--rate", f"{rate:.3f}", "--duration", f"{seconds:.1f}", "--budget-ms", str(budget_ms),
+           "--seed", str(seed), "--out", str(out)]
+    subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+
+
+def summarise(recs: list[dict], t_from: float, t_to: float) -> dict:
+    part = [r for r in recs if t_from <= r["t"] < t_to]
+    ok = [r for r in part if r["code"] == "OK"]
+    n = max(1, len(part))
+    lat = [r["latency_ms"] for r in part]
+    return {
+        "sent": len(part), "answered": len(ok), "offered_rps": len(part) / max(t_to - t_from, 1e-9),
+        "achieved_rps": len(ok) / max(t_to - t_from, 1e-9),
+        "client_p50_ms": pct(lat, 50), "client_p99_ms": pct(lat, 99),
+        "client_p99_answered_ms": pct([r["latency_ms"] for r in ok], 99),
+        "server_p50_ms": pct([r["server_ms"] for r in ok], 50), "server_p99_ms": pct([r["server_ms"] for r in ok], 99),
+        "shed_share": sum(r["code"] == "RESOURCE_EXHAUSTED" for r in part) / n,
+        "error_share": sum(r["code"] not in ("OK", "RESOURCE_EXHAUSTED") for r in part) / n,
+        "model_share": sum(bool(r.get("model")) for r in ok) / max(1, len(ok)),
+        "degraded_share": sum(bool(r.get("degraded")) for r in ok) / max(1, len(ok)),
+        "served_by": {s: sum(r["served_by"] == s for r in ok) / max(1, len(ok)) for s in sorted({r["served_by"] for r in ok})},
+    }
+
+
+def plot(rows: list[dict], budget_ms: float, path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    m = [r["multiple"] for r in rows]
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 4))
+    ax.plot(m, [r["client_p99_ms"] for r in rows], "o-", label="caller p99 (all requests)")
+    ax.plot(m, [r["server_p99_ms"] for r in rows], "s-", label="gateway p99 (its answers)")
+    ax.axhline(budget_ms, color="grey", ls="--", lw=1, label=f"budget {budget_ms:g} ms")
+    ax.set_xlabel("offered load / capacity")
+    ax.set_ylabel("ms")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    bx.plot(m, [r["model_share"] for r in rows], "o-", label="model answers / answers")
+    bx.plot(m, [r["shed_share"] for r in rows], "s-", label="shed / requests")
+    bx.set_xlabel("offered load / capacity")
+    bx.set_ylim(-0.02, 1.02)
+    bx.legend(fontsize=8)
+    bx.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def start_stack(a, bundle, tmp: Path):
+    namespace = f"bench-overload-{uuid.uuid4().hex[:10]}"
+    redis_url, redis_proc = find_or_start_redis(a.redis_url, workdir=tmp / "redis", log_path=tmp / "redis.log")
+    procs = ServiceProcs(Path(a.bundle).resolve(), redis_url, namespace, tmp / "logs", max_history=bundle.cfg.max_history,
+                         env={"SPECREC_VERIFIER_THREADS": str(a.threads)})
+    return procs, redis_url, redis_proc, namespace
+
+
+def stop_stack(procs, redis_url, redis_proc, namespace) -> None:
+    procs.stop(say=say)
+    try:
+        delete_namespace(redis_url, namespace)
+    except Exception as e:  # noqa: BLE001
+        say(f"could not delete Redis namespace {namespace}: {e}")
+    stop_process(redis_proc)
+
+
+def parse(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--bundle", required=True)
+    ap.add_argument("--multiples", default="1,2,3", help="offered load as multiples of the measured capacity")
+    ap.add_argument("--duration", type=float, default=20.0, help="measured seconds per multiple")
+    ap.add_argument("--warmup", type=float, default=3.0, help="seconds per multiple sent first and not measured")
+    ap.add_argument("--clients", type=int, default=4, help="closed-loop callers of the capacity phase")
+    ap.add_argument("--capacity-seconds", type=float, default=8.0)
+    ap.add_argument("--budget-ms", type=float, default=30.0)
+    ap.add_argument("--requests", type=int, default=1000, help="test users sampled")
+    add_common_args(ap)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    a = parse(argv)
+    command = command_line("bench/overload.py", argv)
+    from specrec.bundle import Bundle
+
+    bundle = Bundle.load(Path(a.bundle).resolve())
+    users = sample_users(bundle, a.requests, a.seed)
+    tmp = Path(tempfile.mkdtemp(prefix="specrec-overload-"))
+    users_file = write_users(users, tmp / "users.json")
+    stack = start_stack(a, bundle, tmp)
+    procs = stack[0]
+    rows: list[dict] = []
+    try:
+        procs.start(a.startup_timeout, say=say)
+        target = procs.addr("gateway")
+        capacity(target, users, a.budget_ms, a.clients, 2.0)  # warm-up
+        cap = capacity(target, users, a.budget_ms, a.clients, a.capacity_seconds)
+        say(f"capacity: {cap:.1f} answers/s ({a.clients} closed-loop callers at {a.budget_ms:g} ms)")
+        for m in [float(x) for x in a.multiples.split(",") if x.strip()]:
+            recs = run_load(target, users_file, m * cap, a.warmup + a.duration, a.budget_ms, a.seed + int(10 * m),
+                            tmp / f"load_{m:g}x.jsonl")
+            t0 = min(r["t"] for r in recs)
+            row = {"multiple": m, **summarise(recs, t0 + a.warmup, t0 + a.warmup + a.duration)}
+            rows.append(row)
+            say(f"{m:g}x ({row['offered_rps']:.0f} rps offered): caller p99 {row['client_p99_ms']:.1f} ms, gateway p99 "
+                f"{row['server_p99_ms']:.1f} ms, shed {row['shed_share']:.1%}, model answers {row['model_share']:.1%}, "
+                f"errors {row['error_share']:.1%}")
+            time.sleep(2.0)
+    except KeyboardInterrupt:
+        say("interrupted: stopping the stack; nothing written")
+        return 130
+    finally:
+        stop_stack(*stack)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    res = {"command": command, "users": users.source, "budget_ms": a.budget_ms, "machine": machine_line(),
+           "capacity_rps": cap, "clients": a.clients, "rows": rows}
+    write_json("overload", no_nan(res), out)
+    plot(rows, a.budget_ms, out / "overload.png",
+         f"{bundle.name}: auto at {a.budget_ms:g} ms, capacity {cap:.0f} rps, load generator in its own process")
+    keys = {"serving.capacity_rps": cap}
+    for r in rows:
+        for f in ("client_p99_ms", "server_p99_ms", "shed_share", "model_share", "error_share", "offered_rps",
+                  "achieved_rps"):
+            keys[f"serving.overload_{r['multiple']:g}x.{f}"] = r[f]
+    update_summary(no_nan(keys), out / "summary.json")
+    cols = ["multiple", "offered_rps", "achieved_rps", "client_p99_ms", "server_p99_ms", "shed_share", "model_share",
+            "error_share"]
+    md = (f"Produced by:\n\n```bash\n{command}\n```\n\n{res['machine']}; capacity {cap:.1f} answers/s "
+          f"({a.clients} closed-loop callers). Caller p99: every request of the measured part, shed ones included. "
+          f"Table: [`overload.md`](overload.md).\n\n" + markdown_table(rows, cols) + "\n![overload](overload.png)\n")
+    (out / "overload.md").write_text("# Overload at a budget\n\n" + md)
+    readme_section(out / "README.md", "bench/overload.py", "## Overload at 30 ms (`bench/overload.py`)\n\n" + md)
+    print(json.dumps(no_nan(keys), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
