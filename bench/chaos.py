@@ -169,9 +169,13 @@ class Load:
             resp = await stub.Recommend(request(self.users, i, "auto", self.k, self.budget_ms), timeout=5.0)
             sources = [it.source for it in resp.items]
             fill_only = bool(sources) and all(s == "fill" for s in sources)
-            rec.update(code="OK", served_by=resp.stats.served_by or resp.stats.policy, degraded=bool(resp.stats.degraded),
-                       model=not fill_only and (resp.stats.served_by or "") != "fill" and len(sources) > 0,
-                       server_ms=resp.stats.total_ms)  # the gateway's own time (latency_ms: the caller's)
+            rec.update(
+                code="OK",
+                served_by=resp.stats.served_by or resp.stats.policy,
+                degraded=bool(resp.stats.degraded),
+                model=not fill_only and (resp.stats.served_by or "") != "fill" and len(sources) > 0,
+                server_ms=resp.stats.total_ms,  # the gateway's own time (latency_ms: the caller's)
+            )
             if resp.stats.degraded:
                 rec["detail"] = resp.stats.degraded_reason[:200]
         except grpc.aio.AioRpcError as e:
@@ -287,7 +291,9 @@ def measure_capacity(target: str, users, budget_ms: float, seconds: float = 4.0)
     return n / (time.monotonic() - t0)
 
 
-def run_scenario(name: str, procs: ServiceProcs, redis: PrivateRedis, load: Load, a, capacity: float) -> tuple[float, float]:
+def run_scenario(
+    name: str, procs: ServiceProcs, redis: PrivateRedis, load: Load, a, capacity: float
+) -> tuple[float, float]:
     """Inflict the fault; (start, end) of the fault in time.monotonic()."""
     t0 = time.monotonic()
     kind, _, svc = name.partition("-")
@@ -495,7 +501,9 @@ def run_failover_phase(a, bundle_dir: Path, bundle, users, tmp: Path, name: str 
 
 
 def parse(argv):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     ap.add_argument("--bundle", required=True)
     ap.add_argument("--rate", type=float, default=10.0, help="offered requests/s outside the overload scenario")
     ap.add_argument("--budget-ms", type=float, default=100.0)
@@ -574,8 +582,11 @@ def main(argv=None) -> int:
             for name, t0, t1, t_next, check in marks:
                 row = scenario_row(name, recs, t0, t1, t_next, a, check["lost"])
                 res["scenarios"].append(row)
-                say(f"{name}: model share {fmt(row['model_share_during'], '.1%')}, p99 {fmt(row['p99_ms_during'], '.1f')} ms, "
-                    f"errors {row['errors'] or 'none'}, recovery {fmt(row['recovery_s'], '.2f')} s")
+                say(
+                    f"{name}: model share {fmt(row['model_share_during'], '.1%')}, "
+                    f"p99 {fmt(row['p99_ms_during'], '.1f')} ms, "
+                    f"errors {row['errors'] or 'none'}, recovery {fmt(row['recovery_s'], '.2f')} s"
+                )
             procs.stop(say=say)  # the next phase runs a stack of its own on the same cores
             redis.kill()
         if failover:
@@ -600,8 +611,15 @@ def main(argv=None) -> int:
         shutil.rmtree(tmp / "redis", ignore_errors=True)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    plot(recs, windows, t_base, a.budget_ms, out / "chaos.png",
-         f"{bundle.name}: auto at {a.rate:g} rps, budget {a.budget_ms:g} ms, {os.cpu_count()} CPUs, everything co-located")
+    plot(
+        recs,
+        windows,
+        t_base,
+        a.budget_ms,
+        out / "chaos.png",
+        f"{bundle.name}: auto at {a.rate:g} rps, budget {a.budget_ms:g} ms, {os.cpu_count()} CPUs, "
+        "everything co-located",
+    )
     summary = write_results(out, res)
     print(json.dumps(no_nan(summary), indent=2))
     return 0

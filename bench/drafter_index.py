@@ -71,11 +71,14 @@ def main(argv=None) -> int:
         "command": "python " + " ".join(["bench/drafter_index.py", *(argv if argv is not None else sys.argv[1:])]),
     }
     write_json("drafter_index", res)
-    md = (f"# Drafter index: HNSW vs exact\n\nCommand: `{res['command']}`\n\n"
-          f"{a.items} clustered unit vectors of dimension {a.dim}, {a.queries} queries, top {a.n}, 1 thread.\n\n"
-          "| index | build s | query p50 ms | recall@n vs exact |\n|---|---|---|---|\n"
-          f"| exact (IndexFlatIP) | {t_build_exact:.1f} | {res['exact']['query_p50_ms']:.2f} | 1.000 |\n"
-          f"| HNSW (M 32, efSearch {hnsw.hnsw.efSearch}) | {t_build_hnsw:.1f} | {res['hnsw']['query_p50_ms']:.2f} | {recall:.3f} |\n")
+    md = (
+        f"# Drafter index: HNSW vs exact\n\nCommand: `{res['command']}`\n\n"
+        f"{a.items} clustered unit vectors of dimension {a.dim}, {a.queries} queries, top {a.n}, 1 thread.\n\n"
+        "| index | build s | query p50 ms | recall@n vs exact |\n|---|---|---|---|\n"
+        f"| exact (IndexFlatIP) | {t_build_exact:.1f} | {res['exact']['query_p50_ms']:.2f} | 1.000 |\n"
+        f"| HNSW (M 32, efSearch {hnsw.hnsw.efSearch}) | {t_build_hnsw:.1f} | {res['hnsw']['query_p50_ms']:.2f} "
+        f"| {recall:.3f} |\n"
+    )
     (RESULTS_DIR / "drafter_index.md").write_text(md)
     update_summary({f"drafter.hnsw.recall@{a.n}": recall,
                     "drafter.hnsw.speedup": float(np.median(t_e) / np.median(t_h))})

@@ -89,8 +89,16 @@ def main(argv=None) -> int:
                 for j in range(L - 1):
                     drafted[("sid_mlp", n)][j].append(beams[j].numpy())
                 with torch.inference_mode():
-                    hb = b.nezha_head.beam_search(b.model, b.nezha_head.hidden(b.model, b.model.encode(
-                        b.history_sids(list(ex.history[s : s + 250])))), b.trie, n) if b.nezha_head is not None else None
+                    hb = (
+                        b.nezha_head.beam_search(
+                            b.model,
+                            b.nezha_head.hidden(b.model, b.model.encode(b.history_sids(list(ex.history[s : s + 250])))),
+                            b.trie,
+                            n,
+                        )
+                        if b.nezha_head is not None
+                        else None
+                    )
                 if hb is not None:
                     codes = torch.where(hb.alive.unsqueeze(-1), hb.codes, -1).numpy()
                     for j in range(L - 1):
@@ -139,7 +147,10 @@ def main(argv=None) -> int:
                           "old_tree_ms": old, "head_search_ms": hs, "sid_mlp_search_ms": ds})
             print(f"K={k} N={n}: draft_verify {dv:.2f} ms ({nodes_new} nodes, drafting and search included); old tree "
                   f"{old:.2f} ms ({nodes_old:.0f} nodes) + head search {hs:.2f}; sid_mlp search {ds:.2f}", flush=True)
-        print(f"K={k}: beam {cost[f'beam.k{k}']:.2f} ms, tree over its own frontier {cost[f'tree_own_frontier.k{k}']:.2f} ms")
+        print(
+            f"K={k}: beam {cost[f'beam.k{k}']:.2f} ms, "
+            f"tree over its own frontier {cost[f'tree_own_frontier.k{k}']:.2f} ms"
+        )
     print(f"encode {cost['encode']:.2f} ms")
     params = {"sid_mlp": b.sid_mlp.n_params(), "nezha_head": b.nezha_head.n_params() if b.nezha_head else None}
     out = {"command": "python bench/drafters.py " + " ".join(sys.argv[1:]), "users": a.users, "seed": a.seed,

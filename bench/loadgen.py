@@ -89,7 +89,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True, type=Path)
     a = ap.parse_args(argv)
-    sent = asyncio.run(run(a.target, json.loads(a.users.read_text()), a.rate, a.duration, a.budget_ms, a.k, a.seed, a.out))
+    sent = asyncio.run(
+        run(a.target, json.loads(a.users.read_text()), a.rate, a.duration, a.budget_ms, a.k, a.seed, a.out)
+    )
     print(json.dumps({"sent": sent}))
     return 0
 

@@ -33,7 +33,6 @@ import time
 import uuid
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
@@ -95,16 +94,22 @@ def summarise(recs: list[dict], t_from: float, t_to: float) -> dict:
     n = max(1, len(part))
     lat = [r["latency_ms"] for r in part]
     return {
-        "sent": len(part), "answered": len(ok), "offered_rps": len(part) / max(t_to - t_from, 1e-9),
+        "sent": len(part),
+        "answered": len(ok),
+        "offered_rps": len(part) / max(t_to - t_from, 1e-9),
         "achieved_rps": len(ok) / max(t_to - t_from, 1e-9),
-        "client_p50_ms": pct(lat, 50), "client_p99_ms": pct(lat, 99),
+        "client_p50_ms": pct(lat, 50),
+        "client_p99_ms": pct(lat, 99),
         "client_p99_answered_ms": pct([r["latency_ms"] for r in ok], 99),
-        "server_p50_ms": pct([r["server_ms"] for r in ok], 50), "server_p99_ms": pct([r["server_ms"] for r in ok], 99),
+        "server_p50_ms": pct([r["server_ms"] for r in ok], 50),
+        "server_p99_ms": pct([r["server_ms"] for r in ok], 99),
         "shed_share": sum(r["code"] == "RESOURCE_EXHAUSTED" for r in part) / n,
         "error_share": sum(r["code"] not in ("OK", "RESOURCE_EXHAUSTED") for r in part) / n,
         "model_share": sum(bool(r.get("model")) for r in ok) / max(1, len(ok)),
         "degraded_share": sum(bool(r.get("degraded")) for r in ok) / max(1, len(ok)),
-        "served_by": {s: sum(r["served_by"] == s for r in ok) / max(1, len(ok)) for s in sorted({r["served_by"] for r in ok})},
+        "served_by": {
+            s: sum(r["served_by"] == s for r in ok) / max(1, len(ok)) for s in sorted({r["served_by"] for r in ok})
+        },
     }
 
 
@@ -137,8 +142,14 @@ def plot(rows: list[dict], budget_ms: float, path: Path, title: str) -> None:
 def start_stack(a, bundle, tmp: Path):
     namespace = f"bench-overload-{uuid.uuid4().hex[:10]}"
     redis_url, redis_proc = find_or_start_redis(a.redis_url, workdir=tmp / "redis", log_path=tmp / "redis.log")
-    procs = ServiceProcs(Path(a.bundle).resolve(), redis_url, namespace, tmp / "logs", max_history=bundle.cfg.max_history,
-                         env={"SPECREC_VERIFIER_THREADS": str(a.threads)})
+    procs = ServiceProcs(
+        Path(a.bundle).resolve(),
+        redis_url,
+        namespace,
+        tmp / "logs",
+        max_history=bundle.cfg.max_history,
+        env={"SPECREC_VERIFIER_THREADS": str(a.threads)},
+    )
     return procs, redis_url, redis_proc, namespace
 
 
@@ -152,7 +163,9 @@ def stop_stack(procs, redis_url, redis_proc, namespace) -> None:
 
 
 def parse(argv):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     ap.add_argument("--bundle", required=True)
     ap.add_argument("--multiples", default="1,2,3", help="offered load as multiples of the measured capacity")
     ap.add_argument("--duration", type=float, default=20.0, help="measured seconds per multiple")

@@ -31,13 +31,22 @@ import urllib.request
 import uuid
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from serving import (add_common_args, best_rate, command_line, machine_line, no_nan, offline_beam,  # noqa: E402
-                     open_loop, passes, sample_users, summarise)
+from serving import (  # noqa: E402
+    add_common_args,
+    best_rate,
+    command_line,
+    machine_line,
+    no_nan,
+    offline_beam,
+    open_loop,
+    passes,
+    sample_users,
+    summarise,
+)
 
 from specrec.eval.results import markdown_table, update_summary, write_json  # noqa: E402
 from specrec_rpc.localstack import ServiceProcs, delete_namespace, find_or_start_redis, free_port, stop_process  # noqa: E402
@@ -95,7 +104,9 @@ def kill_during_load(procs: ServiceProcs, users, offline_hits, a) -> dict:
 
 
 def parse(argv):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     ap.add_argument("--bundle", required=True)
     ap.add_argument("--rates", default="10,20,30,40")
     ap.add_argument("--duration", type=float, default=10.0)

@@ -86,9 +86,8 @@ class Users:
 
 
 def sample_users(bundle, n: int, seed: int) -> Users:
-    from specrec.data.splits import sample_examples
+    from specrec.data.splits import make_split, sample_examples
     from specrec.pipeline import open_dataset
-    from specrec.data.splits import make_split
 
     data = bundle.meta.get("data_path")
     ds = open_dataset(data)
@@ -253,10 +252,17 @@ async def open_loop(target: str, users: Users, policy: str, k: int, budget_ms: f
             i = j % n_users
             try:
                 resp = await stub.Recommend(request(users, i, policy, k, budget_ms), timeout=2.0)
-                results[j] = {**answer(i, resp, (loop.time() - sched) * 1000.0, users), "sched": sched, "done": loop.time()}
+                results[j] = {
+                    **answer(i, resp, (loop.time() - sched) * 1000.0, users),
+                    "sched": sched,
+                    "done": loop.time(),
+                }
             except grpc.aio.AioRpcError as e:
-                results[j] = {**answer(i, None, (loop.time() - sched) * 1000.0, users, e.code().name), "sched": sched,
-                              "done": loop.time()}
+                results[j] = {
+                    **answer(i, None, (loop.time() - sched) * 1000.0, users, e.code().name),
+                    "sched": sched,
+                    "done": loop.time(),
+                }
             bar.update()
 
         start = loop.time() + 0.1
@@ -357,20 +363,30 @@ def write_results(out: Path, res: dict, policies: list[str], budget_ms: float) -
               for p, r in res["closed"].items()]
     open_rows = [{**r, "pass": "yes" if r["pass"] else "**no**",
                   "served_by": ", ".join(f"{k} {v}" for k, v in r["served_by"].items())} for r in res["open"]]
-    lines = ["# Serving at a budget, through the gateway\n", f"Command: `{res['command']}`\n",
-             f"{res['users']}. K = {res['k']}, budget {b} ms. {res['machine']}.\n",
-             f"Pass rule of a rate: {res['criterion']}.\n",
-             "## Overhead of the gRPC path (closed loop, one request at a time, 1 s budget)\n",
-             markdown_table([{"policy": p, **o} for p, o in res["overhead"].items()],
-                            ["policy", "n", "inprocess_p50_ms", "gateway_p50_ms", "gateway_server_p50_ms",
-                             "overhead_p50_ms"], "{:.2f}"),
-             f"## Closed loop at the {b} ms budget\n", markdown_table(closed, cols, "{:.4f}"),
-             "## Open loop at rising rates\n",
-             markdown_table(open_rows, ["policy", "offered_rps", "achieved_rps", *cols[1:], "pass"], "{:.3f}"),
-             "| policy | highest passing rate (rps) |\n|---|---|",
-             *[f"| {p} | {fmt(res['max_rps'].get(p), 'g') if res['max_rps'].get(p) is not None else 'below the lowest tested'} |"
-               for p in res["max_rps"]],
-             "", "![R@10 and p99 against the offered rate](serving.png)", ""]
+    lines = [
+        "# Serving at a budget, through the gateway\n",
+        f"Command: `{res['command']}`\n",
+        f"{res['users']}. K = {res['k']}, budget {b} ms. {res['machine']}.\n",
+        f"Pass rule of a rate: {res['criterion']}.\n",
+        "## Overhead of the gRPC path (closed loop, one request at a time, 1 s budget)\n",
+        markdown_table(
+            [{"policy": p, **o} for p, o in res["overhead"].items()],
+            ["policy", "n", "inprocess_p50_ms", "gateway_p50_ms", "gateway_server_p50_ms", "overhead_p50_ms"],
+            "{:.2f}",
+        ),
+        f"## Closed loop at the {b} ms budget\n",
+        markdown_table(closed, cols, "{:.4f}"),
+        "## Open loop at rising rates\n",
+        markdown_table(open_rows, ["policy", "offered_rps", "achieved_rps", *cols[1:], "pass"], "{:.3f}"),
+        "| policy | highest passing rate (rps) |\n|---|---|",
+        *[
+            f"| {p} | {'below the lowest tested' if rps is None else fmt(rps, 'g')} |"
+            for p, rps in res["max_rps"].items()
+        ],
+        "",
+        "![R@10 and p99 against the offered rate](serving.png)",
+        "",
+    ]
     (out / "serving.md").write_text("\n".join(lines))
     update_summary(summary, out / "summary.json", retire=RETIRED_KEYS)
     body = ["## Serving at a budget (`bench/serving.py`)\n", f"Produced by:\n\n```bash\n{res['command']}\n```\n",
@@ -409,7 +425,9 @@ def command_line(script: str, argv) -> str:
 
 # -- main ---------------------------------------------------------------------------------------
 def parse(argv):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     ap.add_argument("--bundle", required=True, help="bundle directory (with drafters)")
     ap.add_argument("--policies", default="auto,beam,strict,nezha,specgr")
     ap.add_argument("--open-policies", default="auto,beam,strict", help="policies of the open-loop sweep")
@@ -455,10 +473,20 @@ def main(argv=None) -> int:
     redis_url, redis_proc = find_or_start_redis(a.redis_url, workdir=tmp / "redis", log_path=tmp / "redis.log")
     procs = ServiceProcs(bundle_dir, redis_url, namespace, tmp / "logs", max_history=bundle.cfg.max_history,
                          env={"SPECREC_VERIFIER_THREADS": str(a.threads)})
-    res = {"command": command, "users": users.source, "k": a.k, "budget_ms": a.budget_ms, "machine": machine_line(),
-           "criterion": f"p99 <= {a.budget_ms:g} ms, >= 99% of answers hold no fill, <= 1% of requests unanswered, "
-                        "R@10 >= 0.95 x the offline beam's on the same requests",
-           "offline_beam_recall@10": float(offline_hits.mean()), "overhead": {}, "closed": {}, "open": [], "max_rps": {}}
+    res = {
+        "command": command,
+        "users": users.source,
+        "k": a.k,
+        "budget_ms": a.budget_ms,
+        "machine": machine_line(),
+        "criterion": f"p99 <= {a.budget_ms:g} ms, >= 99% of answers hold no fill, <= 1% of requests unanswered, "
+        "R@10 >= 0.95 x the offline beam's on the same requests",
+        "offline_beam_recall@10": float(offline_hits.mean()),
+        "overhead": {},
+        "closed": {},
+        "open": [],
+        "max_rps": {},
+    }
     try:
         procs.start(a.startup_timeout, say=say)
         target = procs.addr("gateway")
@@ -481,7 +509,12 @@ def main(argv=None) -> int:
             for rate in rates:
                 measured, sent, achieved = asyncio.run(open_loop(target, users, p, a.k, a.budget_ms, rate, a.duration,
                                                                  a.warmup, a.seed + int(rate)))
-                row = {"policy": p, "offered_rps": rate, "achieved_rps": achieved, **summarise(measured, offline_hits, sent)}
+                row = {
+                    "policy": p,
+                    "offered_rps": rate,
+                    "achieved_rps": achieved,
+                    **summarise(measured, offline_hits, sent),
+                }
                 row["pass"] = passes(row, a.budget_ms)
                 res["open"].append(row)
                 say(f"{p} @ {rate:g}: achieved {fmt(row['achieved_rps'])}, R@10 {fmt(row['recall@10'], '.4f')}, "

@@ -106,7 +106,9 @@ def plot(minutes: list[dict], samples: list[dict], names: list[str], t0: float, 
 
 
 def parse(argv):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     ap.add_argument("--bundle", required=True)
     ap.add_argument("--minutes", type=int, default=10)
     ap.add_argument("--load", type=float, default=0.5, help="offered load as a multiple of the measured capacity")

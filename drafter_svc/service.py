@@ -66,9 +66,11 @@ class DrafterService(Service):
         await asyncio.to_thread(self._build, snap)
         self.catalogue.listeners.append(self._on_version)
         # warm up every mode
-        for mode, d in self.drafters.items():
+        for d in self.drafters.values():
             rows = np.nonzero(snap.itemset.active)[0][:5]
-            await asyncio.to_thread(d.draft, [CoreDraftRequest(rows, 10), CoreDraftRequest(rows, 5, snap.itemset.sids[rows[:2], :1])])
+            await asyncio.to_thread(
+                d.draft, [CoreDraftRequest(rows, 10), CoreDraftRequest(rows, 5, snap.itemset.sids[rows[:2], :1])]
+            )
         if self.s.default_mode not in self.drafters:
             raise ValueError(f"default mode {self.s.default_mode!r} is not available (have {sorted(self.drafters)})")
 
@@ -91,7 +93,11 @@ class DrafterService(Service):
         extra = range(self._rows, snap.itemset.n_rows)
         for mode, d in self.drafters.items():
             if mode == "retrieval":
-                new_emb = self.embedder([snap.texts[r] or snap.titles[r] or snap.ids[r] for r in extra]) if len(extra) else None
+                new_emb = (
+                    self.embedder([snap.texts[r] or snap.titles[r] or snap.ids[r] for r in extra])
+                    if len(extra)
+                    else None
+                )
                 if new_emb is not None:
                     d.add_items(snap.itemset, new_emb)
                 else:

@@ -34,7 +34,9 @@ class SpecCollector:
             ("draft_rounds", "Draft rounds"), ("draft_items", "Drafted candidate items"),
             ("accepted_items", "Accepted candidate items"), ("verifier_calls", "Verifier calls"),
             ("fallback_steps", "Level-wise beam steps the drafts did not cover"))}
-        tokens = CounterMetricFamily("specrec_spec_draft_tokens", "Drafted SID tokens by position", labels=["policy", "position"])
+        tokens = CounterMetricFamily(
+            "specrec_spec_draft_tokens", "Drafted SID tokens by position", labels=["policy", "position"]
+        )
         accepted = CounterMetricFamily("specrec_spec_accepted_tokens", "Accepted SID tokens by position",
                                        labels=["policy", "position"])
         for p, v in snap.items():

@@ -114,5 +114,7 @@ def _rows(r, snap: Snapshot, f) -> tuple[np.ndarray, list[str]]:
     known = [(i, snap.index.get(i)) for i in r.history]
     ignored = [i for i, x in known if x is None or not active[x]]
     rows = np.asarray([x for _, x in known if x is not None and active[x]], dtype=np.int64)
-    require(len(rows) > 0, f("history"), f"none of the {len(r.history)} item ids is in catalogue version {snap.version}")
+    require(
+        len(rows) > 0, f("history"), f"none of the {len(r.history)} item ids is in catalogue version {snap.version}"
+    )
     return rows, ignored

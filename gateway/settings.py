@@ -36,8 +36,11 @@ class GatewaySettings(ServiceSettings):
     reply_margin_ms: float = Field(5.0, ge=0.0, le=1000.0, description="when the caller's gRPC deadline comes before "
                                    "the budget, the answer is planned to leave this long before that deadline")
     breaker_failures: int = Field(3, ge=1, le=1000, description="verifier failures in a row that open the breaker")
-    breaker_open_s: float = Field(1.0, gt=0, le=600, description="how long an open breaker sends requests to the drafter")
-    policy_defaults: dict[str, dict] = Field(default_factory=dict,
-                                             description='per-policy default parameters, e.g. {"specgr": {"gamma": -1.0}}')
+    breaker_open_s: float = Field(
+        1.0, gt=0, le=600, description="how long an open breaker sends requests to the drafter"
+    )
+    policy_defaults: dict[str, dict] = Field(
+        default_factory=dict, description='per-policy default parameters, e.g. {"specgr": {"gamma": -1.0}}'
+    )
     log_sample_rate: float = Field(0.0, ge=0.0, le=1.0, description="share of answers that went as asked logged "
                                    "as one line each (event `request`); degraded, shed and failed requests always are")

@@ -146,7 +146,9 @@ class Record:
     @classmethod
     def loads(cls, item_id: str, raw: str) -> "Record":
         o = json.loads(raw)
-        return cls(item_id, int(o["row"]), parse_sid(o["sid"]), o.get("title", ""), o.get("text", ""), bool(o.get("unseen")))
+        return cls(
+            item_id, int(o["row"]), parse_sid(o["sid"]), o.get("title", ""), o.get("text", ""), bool(o.get("unseen"))
+        )
 
 
 # -- fingerprints (see specrec_rpc.fingerprint) --------------------------------------------

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from specrec.bundle import read_meta
 
-from .store import RedisCatalogue, Record
+from .store import Record, RedisCatalogue
 
 
 def bundle_records(path: str | Path) -> tuple[list[Record], list[int]]:
@@ -54,7 +54,9 @@ async def load_bundle(bundle: str | Path, store: RedisCatalogue | None = None, *
         store = RedisCatalogue.from_settings(s, namespace, url=redis_url or s.redis_url, timeout_s=timeout_s,
                                              keep_versions=keep_versions)
     try:
-        return await store.bulk_load(records, level_sizes, force=force, chunk=chunk, progress=progress, bundle=fingerprint)
+        return await store.bulk_load(
+            records, level_sizes, force=force, chunk=chunk, progress=progress, bundle=fingerprint
+        )
     finally:
         if own:
             await store.close()
@@ -66,8 +68,12 @@ def main(argv=None) -> int:
     defaults = ItemSetSettings()  # SPECREC_ITEMSET_* from the environment
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bundle", required=True, help="bundle directory (bundle.json, items.jsonl)")
-    ap.add_argument("--redis-url", default=defaults.redis_url, help="default: $SPECREC_ITEMSET_REDIS_URL or %(default)s")
-    ap.add_argument("--namespace", default=defaults.namespace, help="default: $SPECREC_ITEMSET_NAMESPACE or %(default)s")
+    ap.add_argument(
+        "--redis-url", default=defaults.redis_url, help="default: $SPECREC_ITEMSET_REDIS_URL or %(default)s"
+    )
+    ap.add_argument(
+        "--namespace", default=defaults.namespace, help="default: $SPECREC_ITEMSET_NAMESPACE or %(default)s"
+    )
     ap.add_argument("--keep-versions", type=int, default=defaults.keep_versions, help="versions kept (older deleted)")
     ap.add_argument("--timeout", type=float, default=30.0, help="Redis timeout per command, seconds")
     ap.add_argument("--chunk", type=int, default=2000, help="items per pipelined chunk")

@@ -66,4 +66,9 @@ class Mirror:
         return [sorted(c for c, n in self._masks.get(p, {}).items() if n > 0) for p in prefixes]
 
     def snapshot(self) -> tuple[str, list[int], list[Record], str]:
-        return self.version, list(self.level_sizes), sorted(self.records.values(), key=lambda r: r.row), self.fingerprint
+        return (
+            self.version,
+            list(self.level_sizes),
+            sorted(self.records.values(), key=lambda r: r.row),
+            self.fingerprint,
+        )

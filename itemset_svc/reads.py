@@ -81,7 +81,9 @@ class CatalogueReads:
             if not v:
                 v, _ls = await self.state()
                 if v is None:
-                    raise CatalogueEmpty(f"namespace {self.ns!r} holds no catalogue version yet (bulk-load a bundle first)")
+                    raise CatalogueEmpty(
+                        f"namespace {self.ns!r} holds no catalogue version yet (bulk-load a bundle first)"
+                    )
             p = self.pipe()
             p.zscore(self.keys.key("versions"), v)
             fill(p, v)
@@ -95,7 +97,9 @@ class CatalogueReads:
 
     async def resolve(self, item_ids: Sequence[str], version: str = "") -> tuple[str, list[Record | None]]:
         ids = list(item_ids)
-        v, res = await self._read("resolve", version, lambda p, v: p.hmget(self.keys.vkey(v, "items"), ids) if ids else None)
+        v, res = await self._read(
+            "resolve", version, lambda p, v: p.hmget(self.keys.vkey(v, "items"), ids) if ids else None
+        )
         raws = res[0] if ids else []
         return v, [Record.loads(i, raw) if raw else None for i, raw in zip(ids, raws)]
 

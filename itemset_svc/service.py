@@ -43,19 +43,36 @@ import grpc
 from redis.exceptions import ReadOnlyError
 
 from specrec.ids.semantic import CollisionOverflow
-from specrec_rpc.errors import (FailedPrecondition, InvalidArgument, PermissionDenied, Unauthenticated, Unavailable,
-                                handle_errors, register, require)
+from specrec_rpc.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    PermissionDenied,
+    Unauthenticated,
+    Unavailable,
+    handle_errors,
+    register,
+    require,
+)
+from specrec_rpc.redis_url import safe_url
 from specrec_rpc.server import Service
 from specrec_rpc.v1 import common_pb2, itemset_pb2, itemset_pb2_grpc
-
-from specrec_rpc.redis_url import safe_url
 
 from .keys import version_counter
 from .metrics import MIRROR_READS, RESTORES, WRITE_RETRIES
 from .mirror import Mirror
 from .settings import ItemSetSettings
-from .store import (REDIS_DOWN, NotAcknowledged, RedisCatalogue, Record, UpsertSpec, VersionNotFound, WriteConflict,
-                    WriteRejected, WriteResult, sid_str)
+from .store import (
+    REDIS_DOWN,
+    NotAcknowledged,
+    Record,
+    RedisCatalogue,
+    UpsertSpec,
+    VersionNotFound,
+    WriteConflict,
+    WriteRejected,
+    WriteResult,
+    sid_str,
+)
 from .tokenizer import SidTokenizer
 
 MAX_ENTRIES = 10_000
@@ -82,7 +99,8 @@ def check_text(field: str, s: str) -> None:
     require(len(s) <= MAX_TEXT_CHARS, field, f"{len(s)} characters, at most {MAX_TEXT_CHARS:,}")
 
 
-VERSION_RE = re.compile(r"(?:[0-9a-z]{1,32}\.)?[0-9]{1,19}")  # <epoch>.<counter>; a bare counter is a well-formed name too
+# <epoch>.<counter>; a bare counter is a well-formed name too
+VERSION_RE = re.compile(r"(?:[0-9a-z]{1,32}\.)?[0-9]{1,19}")
 
 
 def check_version(field: str, s: str) -> str:

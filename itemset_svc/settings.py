@@ -21,10 +21,12 @@ class ItemSetSettings(ServiceSettings):
 
     port: int = Field(50051, description="gRPC port")
     metrics_port: int = Field(9101, description="Prometheus /metrics HTTP port (0 = off)")
-    redis_url: str = Field("redis://127.0.0.1:6379/0",
-                           description="Redis URL: redis://, rediss://, unix:// (a standalone server unless "
-                           "redis_cluster), or redis+sentinel://[:password@]host:26379[,host:26379...]/<master>[/db] "
-                           "(rediss+sentinel:// for TLS): the primary is asked of the sentinels, again after a failover")
+    redis_url: str = Field(
+        "redis://127.0.0.1:6379/0",
+        description="Redis URL: redis://, rediss://, unix:// (a standalone server unless "
+        "redis_cluster), or redis+sentinel://[:password@]host:26379[,host:26379...]/<master>[/db] "
+        "(rediss+sentinel:// for TLS): the primary is asked of the sentinels, again after a failover",
+    )
     redis_password: SecretStr = Field(SecretStr(""), description="Redis password (AUTH) when redis_url carries none "
                                       "(e.g. from a Secret); the URL's wins")
     redis_sentinel_password: SecretStr = Field(SecretStr(""), description="the sentinels' own password, when they "
@@ -40,11 +42,16 @@ class ItemSetSettings(ServiceSettings):
     redis_cluster: bool = Field(False, description="treat redis_url as a Redis Cluster entry node (every key of a "
                                 "namespace shares one hash slot, so transactions and scripts work there)")
     namespace: str = Field("specrec", description="key namespace; every key is prefixed with the hash tag {namespace}")
-    write_token: SecretStr = Field(SecretStr(""), description="bearer token that Upsert/Delete/Rollback need in "
-                                   "metadata 'authorization: Bearer <token>'; empty = writes refused (PERMISSION_DENIED)")
+    write_token: SecretStr = Field(
+        SecretStr(""),
+        description="bearer token that Upsert/Delete/Rollback need in "
+        "metadata 'authorization: Bearer <token>'; empty = writes refused (PERMISSION_DENIED)",
+    )
     bundle: Path | None = Field(None, description="bundle directory: SID tokenizer for new items (RQ codebooks, level "
                                 "sizes, collision size) and the catalogue bulk-loaded into an empty namespace")
-    load_if_empty: bool = Field(True, description="at start, bulk-load the bundle's catalogue when the namespace has no version")
+    load_if_empty: bool = Field(
+        True, description="at start, bulk-load the bundle's catalogue when the namespace has no version"
+    )
     keep_versions: int = Field(3, ge=1, description="catalogue versions kept in Redis (older ones are deleted); "
                                "Rollback can return to any of them")
     redis_timeout_s: float = Field(2.0, gt=0, description="Redis connect and per-command timeout, seconds; "

@@ -23,8 +23,17 @@ from .keys import Keys, Record, build_masks, parse_sid, prefix_steps, records_fi
 from .metrics import REDIS_SECONDS
 from .reads import CatalogueEmpty, CatalogueInfo, CatalogueReads, VersionNotFound  # noqa: F401 (re-exported)
 from .settings import check_namespace
-from .writes import (_COMMIT, _DROP, _UNLOCK, CatalogueWrites, NotAcknowledged, UpsertSpec, WriteConflict,  # noqa: F401
-                     WriteRejected, WriteResult)
+from .writes import (  # noqa: F401
+    _COMMIT,
+    _DROP,
+    _UNLOCK,
+    CatalogueWrites,
+    NotAcknowledged,
+    UpsertSpec,
+    WriteConflict,
+    WriteRejected,
+    WriteResult,
+)
 
 
 class RedisCatalogue(CatalogueReads, CatalogueWrites):

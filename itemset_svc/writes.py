@@ -41,8 +41,20 @@ from specrec_rpc.errors import FailedPrecondition, InvalidArgument, Unavailable
 
 from .client import REDIS_DOWN
 from .keys import (
-    DATA_KEYS, EMPTY_FINGERPRINT, STAGING_TTL_S, Record, build_masks, bump, fingerprint, format_mask, parse_mask,
-    prefix_steps, records_fingerprint, sid_str, version_counter, version_name,
+    DATA_KEYS,
+    EMPTY_FINGERPRINT,
+    STAGING_TTL_S,
+    Record,
+    build_masks,
+    bump,
+    fingerprint,
+    format_mask,
+    parse_mask,
+    prefix_steps,
+    records_fingerprint,
+    sid_str,
+    version_counter,
+    version_name,
 )
 from .metrics import CATALOGUE_ITEMS, COLLISIONS, ITEMS_WRITTEN, WRITES
 
@@ -233,7 +245,11 @@ class CatalogueWrites:
         p.hlen(k.vkey(st.version, "items"))
         n_base, n_new = await self._t("count", p.execute())
         added = len({r.item_id for r in result.items} - {r.item_id for r in result.removed})
-        want = int(n_base) + added - (len(result.removed) - len({r.item_id for r in result.items} & {r.item_id for r in result.removed}))
+        want = (
+            int(n_base)
+            + added
+            - (len(result.removed) - len({r.item_id for r in result.items} & {r.item_id for r in result.removed}))
+        )
         if int(n_new) != want:
             raise WriteRejected(f"catalogue: the new version would hold {n_new} items where {want} are due "
                                 f"(base {st.base} holds {n_base}); data was lost underneath, nothing was published")
@@ -243,7 +259,9 @@ class CatalogueWrites:
         k = self.keys
         base_fp = EMPTY_FINGERPRINT
         if st.base is not None:
-            base_fp = (await self._t("fingerprint", self.r.hget(k.vkey(st.base, "meta"), "fingerprint"))) or EMPTY_FINGERPRINT
+            base_fp = (
+                await self._t("fingerprint", self.r.hget(k.vkey(st.base, "meta"), "fingerprint"))
+            ) or EMPTY_FINGERPRINT
         fp = fingerprint(((r.item_id, r.sid, r.unseen) for r in [*result.removed, *result.items]), base_fp)
         await self._t("fingerprint", self.r.hset(k.vkey(st.version, "meta"), "fingerprint", fp))
         return fp
@@ -294,7 +312,9 @@ class CatalogueWrites:
                 await self._drop(st.version)
                 self.log.warning("write conflict, retrying", op=op, base=base, attempt=attempt + 1)
             WRITES.labels(op, "conflict").inc()
-            raise WriteConflict(f"{op}: other writers published versions meanwhile ({self.max_attempts} attempts); retry")
+            raise WriteConflict(
+                f"{op}: other writers published versions meanwhile ({self.max_attempts} attempts); retry"
+            )
 
     async def guard_empty(self) -> None:
         """Hook before a write finds no current version (the store: nothing; the service restores or refuses)."""
@@ -379,7 +399,9 @@ class CatalogueWrites:
         todo = [specs[k].text for k in compute if specs[k].text not in code_cache]
         if todo:
             if encode is None:
-                raise FailedPrecondition(f"{specs[compute[0]].field}: no SID tokenizer is configured (set a bundle); give a sid")
+                raise FailedPrecondition(
+                    f"{specs[compute[0]].field}: no SID tokenizer is configured (set a bundle); give a sid"
+                )
             codes = np.asarray(await encode(list(dict.fromkeys(todo))), dtype=np.int64)
             for text, row in zip(dict.fromkeys(todo), codes):
                 code_cache[text] = tuple(int(c) for c in row)
@@ -395,7 +417,9 @@ class CatalogueWrites:
         claimed: dict[tuple[int, ...], int] = {}
         for k, sid in fixed.items():
             if sid in claimed:
-                raise InvalidArgument(f"{specs[k].field}.sid", f"{sid_str(sid)} is also given to {specs[claimed[sid]].field}")
+                raise InvalidArgument(
+                    f"{specs[k].field}.sid", f"{sid_str(sid)} is also given to {specs[claimed[sid]].field}"
+                )
             claimed[sid] = k
         keys = list(fixed)
         if not keys:
@@ -451,7 +475,9 @@ class CatalogueWrites:
             sid = sids[k]
             # the model was trained on an item's SID: a replaced item stays seen while its SID does not change
             unseen = not (s.seen or (o is not None and not o.unseen and o.sid == sid))
-            records.append(Record(s.item_id, o.row if o is not None else rows[k], sid, s.title or s.text, s.text, unseen))
+            records.append(
+                Record(s.item_id, o.row if o is not None else rows[k], sid, s.title or s.text, s.text, unseen)
+            )
         return records
 
     # -- delete, rollback ----------------------------------------------------------------------

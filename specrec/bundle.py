@@ -233,8 +233,11 @@ class Bundle:
         with open(path / "items.jsonl", encoding="utf-8") as fh:
             for line in fh:
                 o = json.loads(line)
-                ids.append(o["item_id"]); titles.append(o["title"]); texts.append(o["text"])
-                sids.append(o["sid"]); seen.append(o["seen"])
+                ids.append(o["item_id"])
+                titles.append(o["title"])
+                texts.append(o["text"])
+                sids.append(o["sid"])
+                seen.append(o["seen"])
         model = load_weights(Tiger(TigerConfig(**meta["model"])), path / "model.safetensors")
         sem = SemanticIds(np.load(path / "codebooks.npy"), meta["sid"]["collision_size"])
         b = cls(name=meta["name"], catalogue=Catalogue(ids, titles, texts), semantic_ids=sem,
@@ -242,14 +245,22 @@ class Bundle:
         if (path / "text_emb.npy").exists():
             b.text_emb = np.load(path / "text_emb.npy").astype(np.float32)
         if "retrieval" in meta:
-            b.retrieval = load_weights(RetrievalModel(RetrievalConfig(**meta["retrieval"])), path / "retrieval.safetensors")
+            b.retrieval = load_weights(
+                RetrievalModel(RetrievalConfig(**meta["retrieval"])), path / "retrieval.safetensors"
+            )
         if "self_draft" in meta:
-            b.self_draft = load_weights(SelfDraftHead(model, SelfDraftConfig(**meta["self_draft"])), path / "self_draft.safetensors")
+            b.self_draft = load_weights(
+                SelfDraftHead(model, SelfDraftConfig(**meta["self_draft"])), path / "self_draft.safetensors"
+            )
         if "nezha_head" in meta:
-            b.nezha_head = load_weights(NezhaHead(model, NezhaConfig(**meta["nezha_head"])), path / "nezha_head.safetensors")
+            b.nezha_head = load_weights(
+                NezhaHead(model, NezhaConfig(**meta["nezha_head"])), path / "nezha_head.safetensors"
+            )
         if "sid_mlp" in meta:
-            b.sid_mlp = load_weights(SidMlpDrafter(model.cfg.level_sizes, model.cfg.d_model, SidMlpConfig(**meta["sid_mlp"])),
-                                     path / "sid_mlp.safetensors")
+            b.sid_mlp = load_weights(
+                SidMlpDrafter(model.cfg.level_sizes, model.cfg.d_model, SidMlpConfig(**meta["sid_mlp"])),
+                path / "sid_mlp.safetensors",
+            )
         if "sasrec" in meta:
             b.sasrec = load_weights(SASRec(SASRecConfig(**meta["sasrec"])), path / "sasrec.safetensors")
         return b

@@ -50,23 +50,36 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--patience", type=int, default=6, help="epochs without a better validation metric before stopping")
     g.add_argument("--valid-limit", type=int, default=4000,
                    help="validation users, a seeded random sample (0 = all)")
-    g.add_argument("--valid-every", type=int, default=1, help="epochs between validations (the last is always validated)")
-    g.add_argument("--ema", type=float, default=0.0,
-                   help="decay of a moving average of the weights, e.g. 0.999 (0 = off); the better of raw and EMA is kept")
+    g.add_argument(
+        "--valid-every", type=int, default=1, help="epochs between validations (the last is always validated)"
+    )
+    g.add_argument(
+        "--ema",
+        type=float,
+        default=0.0,
+        help="decay of a moving average of the weights, e.g. 0.999 (0 = off); the better of raw and EMA is kept",
+    )
     g.add_argument("--workers", type=int, default=1,
                    help="data-parallel training processes (2 on a 2-core CPU: about 1.6x the throughput of one)")
     g.add_argument("--threads", type=int, default=None, help="torch threads in all (default: every core)")
-    g.add_argument("--window-stride", type=int, default=None,
-                   help="causal encoder: a training chunk every this many targets, overlapping, so each target keeps at "
-                        "least max_history - stride + 1 items of context (default: max_history, no overlap)")
+    g.add_argument(
+        "--window-stride",
+        type=int,
+        default=None,
+        help="causal encoder: a training chunk every this many targets, overlapping, so each target keeps at "
+        "least max_history - stride + 1 items of context (default: max_history, no overlap)",
+    )
     g.add_argument("--budget-minutes", type=float, default=None,
                    help="plan the epochs (at most --epochs) and the cosine decay to fill this much training time, "
                         "from the first epoch's measured cost")
     g.add_argument("--curve-limit", type=int, default=0,
                    help="test users (a seeded random sample) scored at each validation for the learning curve; "
                         "never used to choose a checkpoint")
-    g.add_argument("--bf16", action="store_true",
-                   help="bfloat16 autocast for training matmuls (only on CPUs with AMX/AVX-512 BF16; 10x slower without)")
+    g.add_argument(
+        "--bf16",
+        action="store_true",
+        help="bfloat16 autocast for training matmuls (only on CPUs with AMX/AVX-512 BF16; 10x slower without)",
+    )
     g.add_argument("--seed", type=int, default=0)
 
 
@@ -118,7 +131,9 @@ def _backend(bundle, a: argparse.Namespace):
     if name == "eager":
         return bundle.backend("eager", device=a.device)
     if a.device != "cpu":
-        raise SystemExit("--device applies to --backend eager (ONNX Runtime picks CUDA itself when onnxruntime-gpu finds a GPU)")
+        raise SystemExit(
+            "--device applies to --backend eager (ONNX Runtime picks CUDA itself when onnxruntime-gpu finds a GPU)"
+        )
     return bundle.backend(name, threads=a.threads)
 
 
@@ -179,8 +194,10 @@ def cmd_eval(a: argparse.Namespace) -> int:
         cols = ["group", *[f"recall@{k}" for k in ks], *[f"ndcg@{k}" for k in ks]]
         rows = [{"group": "overall", **res.overall}] + [{"group": g, **m} for g, m in res.groups.items()]
         md = f"# {name}\n\nCommand: `{' '.join(['specrec', *sys.argv[1:]])}`\n\n" + markdown_table(rows, cols)
-        md += (f"\nLatency per request (batch {a.batch_size}, {a.threads} threads): p50 {res.latency['p50_ms']:.1f} ms, "
-               f"p99 {res.latency['p99_ms']:.1f} ms; n = {res.n}\n")
+        md += (
+            f"\nLatency per request (batch {a.batch_size}, {a.threads} threads): p50 {res.latency['p50_ms']:.1f} ms, "
+            f"p99 {res.latency['p99_ms']:.1f} ms; n = {res.n}\n"
+        )
         (Path(a.results_dir) / f"{name}.md").write_text(md)
         keys = {f"{ds_name}.{split.protocol}{tag.replace('_', '.')}.{a.ranker}.{k}": v for k, v in res.overall.items()
                 if k.split("@")[1] in ("5", "10")}
@@ -305,7 +322,9 @@ def cmd_train_baseline(a: argparse.Namespace) -> int:
     t0 = time.time()
     cfg = SASRecConfig(n_items=len(bundle.catalogue), d_model=a.d_model, n_layers=a.layers, n_heads=a.heads,
                        d_ff=4 * a.d_model, dropout=a.dropout, max_history=h)
-    tcfg = DrafterTrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, patience=a.patience, valid_limit=a.valid_limit)
+    tcfg = DrafterTrainConfig(
+        epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, patience=a.patience, valid_limit=a.valid_limit
+    )
     model, rep = train_sasrec(split, [s.items for s in ds.sequences], len(bundle.catalogue), cfg, tcfg)
     bundle.sasrec = round_to_half(model)
     bundle.meta.setdefault("baselines", {})["sasrec"] = {**rep, "minutes": round((time.time() - t0) / 60, 1)}
@@ -358,14 +377,18 @@ def cmd_synth(a: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="specrec", description="SpecRec: speculative decoding for generative recommendation.")
+    p = argparse.ArgumentParser(
+        prog="specrec", description="SpecRec: speculative decoding for generative recommendation."
+    )
     sub = p.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
 
     t = sub.add_parser("train", help="fit semantic IDs and train the GR model; writes OUT/bundle",
                        description="Embed item texts (all-MiniLM-L6-v2), fit RQ-KMeans semantic IDs, split the data "
                        "by PROTOCOL and train the encoder-decoder GR model with early stopping on validation "
                        "NDCG@10. Re-running with the same --out resumes from OUT/checkpoint.pt.")
-    t.add_argument("--data", default="synthetic", help="dataset directory (items.jsonl[.gz], sequences.jsonl[.gz]) or 'synthetic'")
+    t.add_argument(
+        "--data", default="synthetic", help="dataset directory (items.jsonl[.gz], sequences.jsonl[.gz]) or 'synthetic'"
+    )
     t.add_argument("--protocol", choices=["loo", "temporal"], default="loo")
     t.add_argument("--quantile", type=float, default=0.8, help="temporal cut-off as a quantile of interaction times")
     t.add_argument("--out", required=True, help="run directory (checkpoints, logs, bundle/)")
@@ -430,16 +453,23 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--align-top-k", type=int, default=10, help="target beams distilled per history")
     d.add_argument("--align-examples", type=int, default=30_000,
                    help="training histories whose target beams are computed once (cached under $SPECREC_CACHE/beams)")
-    d.add_argument("--distill-examples", type=int, default=60_000,
-                   help="training histories whose target frontier is computed once (cached under $SPECREC_CACHE/frontier)")
+    d.add_argument(
+        "--distill-examples",
+        type=int,
+        default=60_000,
+        help="training histories whose target frontier is computed once (cached under $SPECREC_CACHE/frontier)",
+    )
     d.add_argument("--distill-epochs", type=int, default=6)
     d.add_argument("--distill-width", type=int, default=32, help="target beam width whose frontier is distilled")
     d.set_defaults(func=cmd_train_drafters)
 
-    tb = sub.add_parser("train-baseline", help="train the SASRec baseline on a bundle's split (same histories and metrics)",
-                        description="Train SASRec (item-id embeddings, causal transformer, full-softmax cross-entropy) "
-                        "on the bundle's own split and save it into the bundle; `specrec eval --ranker sasrec` "
-                        "evaluates it by the same code path as the GR model.")
+    tb = sub.add_parser(
+        "train-baseline",
+        help="train the SASRec baseline on a bundle's split (same histories and metrics)",
+        description="Train SASRec (item-id embeddings, causal transformer, full-softmax cross-entropy) "
+        "on the bundle's own split and save it into the bundle; `specrec eval --ranker sasrec` "
+        "evaluates it by the same code path as the GR model.",
+    )
     tb.add_argument("--bundle", required=True)
     tb.add_argument("--model", choices=["sasrec"], default="sasrec")
     tb.add_argument("--out", help="write the bundle here instead of in place")

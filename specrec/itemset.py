@@ -101,11 +101,11 @@ class LocalItemSet:
         rows, keys = self.order
         if not len(prefixes):
             return np.zeros(0, dtype=np.int64)
-        l = prefixes.shape[1]
+        depth = prefixes.shape[1]
         lo = hi = np.zeros(len(prefixes), dtype=np.int64)
         for lvl, v in enumerate(self.level_sizes):
-            lo = lo * v + (prefixes[:, lvl] if lvl < l else 0)
-            hi = hi * v + (prefixes[:, lvl] if lvl < l else v - 1)
+            lo = lo * v + (prefixes[:, lvl] if lvl < depth else 0)
+            hi = hi * v + (prefixes[:, lvl] if lvl < depth else v - 1)
         a, b = np.searchsorted(keys, lo, "left"), np.searchsorted(keys, hi, "right")
         spans = [rows[x:y] for x, y in zip(a.tolist(), b.tolist()) if y > x]
         return np.unique(np.concatenate(spans)) if spans else np.zeros(0, dtype=np.int64)
@@ -129,7 +129,9 @@ class LocalItemSet:
     def is_unseen(self, items: np.ndarray) -> np.ndarray:
         return ~self.seen[np.asarray(items, dtype=np.int64)]
 
-    def with_items(self, new_sids: np.ndarray, new_seen: np.ndarray | None = None, version: str | None = None) -> "LocalItemSet":
+    def with_items(
+        self, new_sids: np.ndarray, new_seen: np.ndarray | None = None, version: str | None = None
+    ) -> "LocalItemSet":
         """A new snapshot with items appended (new items are unseen by default)."""
         new_sids = np.asarray(new_sids, dtype=np.int64).reshape(-1, len(self.level_sizes))
         seen = np.zeros(len(new_sids), bool) if new_seen is None else np.asarray(new_seen, bool)

@@ -16,7 +16,7 @@ from .data.synthetic import synthetic_dataset
 from .ids.embed import TextEmbedder
 from .ids.semantic import SemanticIds
 from .models.tiger import TigerConfig
-from .train.trainer import Trainer, TrainConfig
+from .train.trainer import TrainConfig, Trainer
 
 
 def open_dataset(data: str | Path | None, synthetic_seed: int = 0) -> Dataset:
@@ -103,9 +103,15 @@ def build(
         sem, sids, sid_report, text_emb = src.semantic_ids, src.sids, src.meta["sid_report"], src.text_emb
         log(f"semantic IDs from {sids_from}")
     else:
-        sem, sids, sid_report = fit_semantic_ids(ds, split, embedder, seed=seed, n_levels=len(model_cfg.level_sizes) - 1,
-                                                 codebook_size=model_cfg.level_sizes[0],
-                                                 collision_size=model_cfg.level_sizes[-1])
+        sem, sids, sid_report = fit_semantic_ids(
+            ds,
+            split,
+            embedder,
+            seed=seed,
+            n_levels=len(model_cfg.level_sizes) - 1,
+            codebook_size=model_cfg.level_sizes[0],
+            collision_size=model_cfg.level_sizes[-1],
+        )
     lv = ", ".join(f"L{x['level']} {x['used']}/{x['size']}" for x in sid_report["levels"])
     log(f"semantic IDs in {time.time() - t0:.0f}s: codebook usage {lv}; {sid_report['items_with_collision']} items "
         f"need a collision digit > 0 (max {sid_report['max_collision_digit']})")
@@ -137,9 +143,15 @@ def build(
 
 
 def train_drafters(
-    bundle: Bundle, out: str | Path, which: tuple[str, ...] = ("retrieval", "self", "nezha"),
-    data: str | Path | None = None, epochs: dict | None = None, progress: bool = True, log: Callable[[str], None] = print,
-    align=None, distill=None,
+    bundle: Bundle,
+    out: str | Path,
+    which: tuple[str, ...] = ("retrieval", "self", "nezha"),
+    data: str | Path | None = None,
+    epochs: dict | None = None,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+    align=None,
+    distill=None,
 ) -> Bundle:
     """Train the drafters of a bundle on its own split and save the bundle to
     ``out``; ``align`` (:class:`~specrec.train.align.AlignConfig`) aligns the
@@ -163,9 +175,14 @@ def train_drafters(
         if bundle.text_emb is None:
             bundle.text_emb = TextEmbedder(progress=progress)(bundle.catalogue.texts)
         t0 = time.time()
-        model, rep = train_retrieval(split, [s.items for s in ds.sequences], bundle.text_emb,
-                                     tcfg=DrafterTrainConfig(epochs=epochs.get("retrieval", 30), batch_size=128, lr=1e-3),
-                                     log=log, progress=progress)
+        model, rep = train_retrieval(
+            split,
+            [s.items for s in ds.sequences],
+            bundle.text_emb,
+            tcfg=DrafterTrainConfig(epochs=epochs.get("retrieval", 30), batch_size=128, lr=1e-3),
+            log=log,
+            progress=progress,
+        )
         bundle.retrieval = round_to_half(model)
         info["retrieval"] = {**rep, "minutes": round((time.time() - t0) / 60, 1)}
     if "self" in which:
@@ -177,9 +194,16 @@ def train_drafters(
         info["self_draft"] = {**rep, "minutes": round((time.time() - t0) / 60, 1)}
     if "nezha" in which:
         t0 = time.time()
-        head, rep = train_nezha(bundle.model, split, bundle.sids,
-                                tcfg=DrafterTrainConfig(epochs=epochs.get("nezha", 5), batch_size=256, lr=2e-3, patience=2),
-                                log=log, progress=progress, align=align, cache=cache_dir() / "beams")
+        head, rep = train_nezha(
+            bundle.model,
+            split,
+            bundle.sids,
+            tcfg=DrafterTrainConfig(epochs=epochs.get("nezha", 5), batch_size=256, lr=2e-3, patience=2),
+            log=log,
+            progress=progress,
+            align=align,
+            cache=cache_dir() / "beams",
+        )
         bundle.nezha_head = round_to_half(head)
         info["nezha_head"] = {**rep, "minutes": round((time.time() - t0) / 60, 1)}
     if "distill" in which:

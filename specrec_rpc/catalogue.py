@@ -112,8 +112,10 @@ class CatalogueWatcher:
 
     def check_bundle(self, bundle: str) -> None:
         if self.expect_bundle and bundle and bundle != self.expect_bundle:
-            raise CatalogueMismatch(f"the catalogue belongs to bundle {bundle}, this service serves bundle "
-                                    f"{self.expect_bundle}: refused (load this bundle's catalogue, or roll the service)")
+            raise CatalogueMismatch(
+                f"the catalogue belongs to bundle {bundle}, this service serves bundle "
+                f"{self.expect_bundle}: refused (load this bundle's catalogue, or roll the service)"
+            )
 
     async def fetch(self, version: str = "") -> Snapshot:
         items, level_sizes, got, fp = [], [], version, ""

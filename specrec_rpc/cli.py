@@ -93,7 +93,7 @@ def _demo(bundle: Path, n: int, budget_ms: float) -> None:
     from .client import Client, format_response, timed_recommend
 
     meta = json.loads((bundle / "bundle.json").read_text())
-    items = [json.loads(l) for l in open(bundle / "items.jsonl")]
+    items = [json.loads(line) for line in open(bundle / "items.jsonl")]
     ids = [it["item_id"] for it in items]
     titles = {it["item_id"]: it["title"] for it in items}
     histories = _sample_histories(meta, ids, n, bundle)
@@ -171,10 +171,13 @@ def cmd_recommend(a) -> int:
 
 
 def register(sub) -> None:
-    st = sub.add_parser("stack", help="run the local stack: Redis + item set, drafter, verifier, gateway",
-                        description="`up` installs nothing: it prepares a bundle (the Beauty bundle, or a small synthetic "
-                        "one), starts Redis unless one answers (or REDIS_URL is set), starts the four services as "
-                        "processes, waits for their health checks and sends real Recommend calls. `down` stops them.")
+    st = sub.add_parser(
+        "stack",
+        help="run the local stack: Redis + item set, drafter, verifier, gateway",
+        description="`up` installs nothing: it prepares a bundle (the Beauty bundle, or a small synthetic "
+        "one), starts Redis unless one answers (or REDIS_URL is set), starts the four services as "
+        "processes, waits for their health checks and sends real Recommend calls. `down` stops them.",
+    )
     st.add_argument("action", choices=["up", "down"])
     st.add_argument("--bundle", help="bundle directory (default: bundles/beauty-loo, else a synthetic one)")
     st.add_argument("--redis-url", default=os.environ.get("REDIS_URL"), help="use this Redis (default: $REDIS_URL)")
@@ -190,7 +193,9 @@ def register(sub) -> None:
     r = sub.add_parser("recommend", help="one Recommend call through the gateway")
     r.add_argument("--history", required=True, help="comma-separated item ids, oldest first")
     r.add_argument("--k", type=int, default=10)
-    r.add_argument("--policy", default="", help="beam, specgr, nezha, strict, relaxed or sample (default: the server's)")
+    r.add_argument(
+        "--policy", default="", help="beam, specgr, nezha, strict, relaxed or sample (default: the server's)"
+    )
     r.add_argument("--budget-ms", type=float, default=0.0, help="latency budget (0 = the server's default)")
     r.add_argument("--param", action="append", metavar="NAME=VALUE", help="policy parameter (repeatable)")
     r.add_argument("--target", default="127.0.0.1:50050", help="gateway address")

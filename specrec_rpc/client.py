@@ -25,8 +25,14 @@ class Client:
 
     def recommend(self, history: list[str], k: int = 10, policy: str = "", budget_ms: float = 0.0,
                   params: dict | None = None, user_id: str = "") -> recommender_pb2.RecommendResponse:
-        req = recommender_pb2.RecommendRequest(history=[str(h) for h in history], k=k, policy=policy, budget_ms=budget_ms,
-                                               params={k_: str(v) for k_, v in (params or {}).items()}, user_id=user_id)
+        req = recommender_pb2.RecommendRequest(
+            history=[str(h) for h in history],
+            k=k,
+            policy=policy,
+            budget_ms=budget_ms,
+            params={k_: str(v) for k_, v in (params or {}).items()},
+            user_id=user_id,
+        )
         return self.stub.Recommend(req, timeout=self.timeout_s)
 
     def close(self) -> None:
@@ -39,13 +45,17 @@ class Client:
         self.close()
 
 
-def format_response(resp: recommender_pb2.RecommendResponse, latency_ms: float | None = None, history_titles=None) -> str:
+def format_response(
+    resp: recommender_pb2.RecommendResponse, latency_ms: float | None = None, history_titles=None
+) -> str:
     st = resp.stats
     lines = []
     if history_titles:
         lines.append("history: " + " | ".join(t[:40] for t in history_titles[-5:]))
-    head = (f"policy {st.policy}  exit {st.exit_reason}  rounds {st.rounds}  drafted {st.drafted}  accepted {st.accepted}  "
-            f"verifier calls {st.verifier_calls}  catalogue v{st.catalogue_version}  server {st.total_ms:.1f} ms")
+    head = (
+        f"policy {st.policy}  exit {st.exit_reason}  rounds {st.rounds}  drafted {st.drafted}  accepted {st.accepted}  "
+        f"verifier calls {st.verifier_calls}  catalogue v{st.catalogue_version}  server {st.total_ms:.1f} ms"
+    )
     if latency_ms is not None:
         head += f"  client {latency_ms:.1f} ms"
     lines.append(head)

@@ -22,7 +22,6 @@ import asyncio
 import functools
 import inspect
 import uuid
-
 from enum import Enum
 
 import grpc

@@ -185,11 +185,20 @@ def service_env(bundle: Path, redis_url: str, namespace: str, token: str, ports:
     """Environment wiring the four services to one another, the bundle and Redis."""
     addrs = {n: f"127.0.0.1:{p}" for n, p in ports.items()}
     env = dict(os.environ if base is None else base)
-    env.update(PYTHONUNBUFFERED="1", SPECREC_ITEMSET_REDIS_URL=redis_url, SPECREC_ITEMSET_NAMESPACE=namespace,
-               SPECREC_ITEMSET_WRITE_TOKEN=token, SPECREC_ITEMSET_BUNDLE=str(bundle), SPECREC_DRAFTER_BUNDLE=str(bundle),
-               SPECREC_VERIFIER_BUNDLE=str(bundle), SPECREC_DRAFTER_ITEMSET_ADDR=addrs["itemset"],
-               SPECREC_VERIFIER_ITEMSET_ADDR=addrs["itemset"], SPECREC_GATEWAY_ITEMSET_ADDR=addrs["itemset"],
-               SPECREC_GATEWAY_DRAFTER_ADDR=addrs["drafter"], SPECREC_GATEWAY_VERIFIER_ADDR=addrs["verifier"])
+    env.update(
+        PYTHONUNBUFFERED="1",
+        SPECREC_ITEMSET_REDIS_URL=redis_url,
+        SPECREC_ITEMSET_NAMESPACE=namespace,
+        SPECREC_ITEMSET_WRITE_TOKEN=token,
+        SPECREC_ITEMSET_BUNDLE=str(bundle),
+        SPECREC_DRAFTER_BUNDLE=str(bundle),
+        SPECREC_VERIFIER_BUNDLE=str(bundle),
+        SPECREC_DRAFTER_ITEMSET_ADDR=addrs["itemset"],
+        SPECREC_VERIFIER_ITEMSET_ADDR=addrs["itemset"],
+        SPECREC_GATEWAY_ITEMSET_ADDR=addrs["itemset"],
+        SPECREC_GATEWAY_DRAFTER_ADDR=addrs["drafter"],
+        SPECREC_GATEWAY_VERIFIER_ADDR=addrs["verifier"],
+    )
     if max_history is not None:
         env["SPECREC_GATEWAY_MAX_HISTORY"] = str(max_history)
     for n in ORDER:
@@ -258,8 +267,14 @@ class ServiceProcs:
         env[f"SPECREC_{service.upper()}_METRICS_PORT"] = str(self.metrics_ports.get(name, 0))
         env.update(self.env)
         with open(self.log_path(name), "a" if append_log else "w") as log:
-            p = subprocess.Popen([sys.executable, "-m", MODULES[service]], env=env, stdout=log, stderr=subprocess.STDOUT,
-                                 cwd=ROOT, start_new_session=True)
+            p = subprocess.Popen(
+                [sys.executable, "-m", MODULES[service]],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+                start_new_session=True,
+            )
         self.procs[name] = p
         if on_started:
             on_started(name, p.pid)

@@ -133,7 +133,9 @@ class Replicas:
         with self._lock:
             options = [r for a, r in self.replicas.items() if a not in exclude]
         if not options:
-            raise NoReplica(f"no replica of {self.target} to call" + (f" (excluded {sorted(exclude)})" if exclude else ""))
+            raise NoReplica(
+                f"no replica of {self.target} to call" + (f" (excluded {sorted(exclude)})" if exclude else "")
+            )
         if len(options) == 1:
             return options[0]
         a, b = random.sample(options, 2)

@@ -136,9 +136,13 @@ def server_options(settings: ServiceSettings) -> list[tuple[str, int]]:
 
 # Process-wide metrics, labelled by service (tests run several services in one process).
 RPC_REQUESTS = Counter("specrec_rpc_requests", "RPCs handled, by method and status code", ["service", "method", "code"])
-RPC_LATENCY = Histogram("specrec_rpc_latency_seconds", "RPC latency by method", ["service", "method"], buckets=LATENCY_BUCKETS)
+RPC_LATENCY = Histogram(
+    "specrec_rpc_latency_seconds", "RPC latency by method", ["service", "method"], buckets=LATENCY_BUCKETS
+)
 RPC_INFLIGHT = Gauge("specrec_rpc_inflight", "RPCs in progress", ["service"])
-BUILD_INFO = Info("specrec_build", "What this service runs: version, backend, ONNX Runtime provider, bundle fingerprint")
+BUILD_INFO = Info(
+    "specrec_build", "What this service runs: version, backend, ONNX Runtime provider, bundle fingerprint"
+)
 
 
 class RpcMetrics:
@@ -300,7 +304,11 @@ class Runner:
         svc.add_to_server(self.server)
         if s.reflection:
             reflection.enable_server_reflection(
-                (*svc.grpc_services, health_pb2.DESCRIPTOR.services_by_name["Health"].full_name, reflection.SERVICE_NAME),
+                (
+                    *svc.grpc_services,
+                    health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                    reflection.SERVICE_NAME,
+                ),
                 self.server,
             )
         creds = server_credentials(s)

@@ -18,7 +18,9 @@ class ServiceSettings(BaseSettings):
     port: int = Field(50050, ge=0, le=65535, description="gRPC port")
     metrics_port: int = Field(9100, ge=0, le=65535, description="Prometheus /metrics HTTP port (0 = off)")
     max_message_mb: int = Field(16, ge=1, le=1024, description="largest gRPC message a caller may send, MiB")
-    keepalive_s: int = Field(30, ge=1, le=3600, description="HTTP/2 keepalive ping interval, seconds (clients send, servers accept)")
+    keepalive_s: int = Field(
+        30, ge=1, le=3600, description="HTTP/2 keepalive ping interval, seconds (clients send, servers accept)"
+    )
     max_connection_age_s: float = Field(300.0, gt=0, le=86_400, description="a server closes connections older than "
                                         "this (gracefully), so clients re-resolve and spread over new replicas")
     max_connection_age_grace_s: float = Field(10.0, ge=0, le=3600, description="time in-flight calls get when a "
@@ -37,8 +39,11 @@ class ServiceSettings(BaseSettings):
     tls_server_name: str = Field("", description="name checked in the servers' certificates (clients dial pod IPs; "
                                  "e.g. the chart's service name); empty: the address dialled")
     reflection: bool = Field(True, description="gRPC server reflection (the chart turns it off)")
-    otlp_endpoint: str = Field("", description="OpenTelemetry: export traces (a span per RPC, context carried to the "
-                               "other services) to this OTLP/gRPC endpoint, e.g. http://otel-collector:4317; empty: off")
+    otlp_endpoint: str = Field(
+        "",
+        description="OpenTelemetry: export traces (a span per RPC, context carried to the "
+        "other services) to this OTLP/gRPC endpoint, e.g. http://otel-collector:4317; empty: off",
+    )
     log_json: bool = Field(True, description="structured JSON logs (false: human-readable)")
 
     @classmethod

@@ -21,10 +21,16 @@ def to_msg(x) -> common_pb2.Tensor:
     name = {np.dtype(v): k for k, v in _DTYPES.items()}.get(a.dtype)
     if name is None:
         raise TensorError(f"unsupported dtype {a.dtype}")
-    return common_pb2.Tensor(shape=list(a.shape), dtype=name, data=np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<"), copy=False).tobytes())
+    return common_pb2.Tensor(
+        shape=list(a.shape),
+        dtype=name,
+        data=np.ascontiguousarray(a).astype(a.dtype.newbyteorder("<"), copy=False).tobytes(),
+    )
 
 
-def from_msg(m: common_pb2.Tensor, field: str = "tensor", dtype: str | None = None, ndim: int | None = None) -> np.ndarray:
+def from_msg(
+    m: common_pb2.Tensor, field: str = "tensor", dtype: str | None = None, ndim: int | None = None
+) -> np.ndarray:
     """Decode and validate (errors name ``field``)."""
     if dtype is not None and m.dtype != dtype:
         raise TensorError(f"{field}: dtype must be {dtype}, got {m.dtype or 'none'}")
@@ -42,5 +48,7 @@ def from_msg(m: common_pb2.Tensor, field: str = "tensor", dtype: str | None = No
     return np.frombuffer(m.data, dtype=dt).reshape(shape).astype(dt.newbyteorder("="), copy=False)
 
 
-def to_torch(m: common_pb2.Tensor, field: str = "tensor", dtype: str | None = None, ndim: int | None = None) -> torch.Tensor:
+def to_torch(
+    m: common_pb2.Tensor, field: str = "tensor", dtype: str | None = None, ndim: int | None = None
+) -> torch.Tensor:
     return torch.from_numpy(np.array(from_msg(m, field, dtype, ndim)))

@@ -31,7 +31,9 @@ def setup(service: str, endpoint: str, exporter=None) -> bool:
         return True
     from opentelemetry import trace
     from opentelemetry.instrumentation.grpc import (
-        GrpcAioInstrumentorClient, GrpcAioInstrumentorServer, GrpcInstrumentorClient,
+        GrpcAioInstrumentorClient,
+        GrpcAioInstrumentorServer,
+        GrpcInstrumentorClient,
     )
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider

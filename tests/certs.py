@@ -45,8 +45,11 @@ def make_certs(d: Path, names: tuple[str, ...] = ("localhost",)) -> dict[str, Pa
         out[f"{stem}.key"] = d / f"{stem}.key"
         out[f"{stem}.crt"] = d / f"{stem}.crt"
         if k is not None:
-            out[f"{stem}.key"].write_bytes(k.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                           serialization.NoEncryption()))
+            out[f"{stem}.key"].write_bytes(
+                k.private_bytes(
+                    serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+                )
+            )
         out[f"{stem}.crt"].write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
     write("ca", None, ca)

@@ -100,9 +100,23 @@ def export_onnx(model: Tiger, out_dir: str | Path, head=None, drafter=None) -> P
     cache_k, cache_v = fused.empty_cache(r * 2)
     args = (torch.randint(2, cfg.vocab_size, (r, b)), torch.tensor(1), torch.randint(0, r * 2, (r * b,)),
             keep, ck, cv, cache_k + 0.5, cache_v + 0.5)
-    _export(_Fn(fused.step), args, ["tokens", "start", "parent", *ENC, "cache_k", "cache_v"], ["logp", "new_k", "new_v"],
-            {"tokens": {0: "R", 1: "B"}, "parent": {0: "N"}, **ENC_AXES, "cache_k": {1: "Nc"}, "cache_v": {1: "Nc"},
-             "logp": {0: "N"}, "new_k": {1: "N"}, "new_v": {1: "N"}}, out / "step.onnx")
+    _export(
+        _Fn(fused.step),
+        args,
+        ["tokens", "start", "parent", *ENC, "cache_k", "cache_v"],
+        ["logp", "new_k", "new_v"],
+        {
+            "tokens": {0: "R", 1: "B"},
+            "parent": {0: "N"},
+            **ENC_AXES,
+            "cache_k": {1: "Nc"},
+            "cache_v": {1: "Nc"},
+            "logp": {0: "N"},
+            "new_k": {1: "N"},
+            "new_v": {1: "N"},
+        },
+        out / "step.onnx",
+    )
     mask = torch.rand(r, t, t) > 0.5
     mask |= torch.eye(t, dtype=torch.bool)
     args = (torch.randint(2, cfg.vocab_size, (r, t)), torch.randint(0, cfg.sid_len, (r, t)), mask, keep, ck, cv)
@@ -242,7 +256,11 @@ class OrtBackend(Backend):
     def _whole(self, kind: str, enc, trie, width: int, n: int | None = None):
         """Run whole-search graph ``kind`` (exported on first use): its outputs, or None where it cannot run."""
         tables = self._tables_of(trie)
-        if tables is None or (kind == "head" and self.head is None) or (kind in ("draft", "strict") and self.drafter is None):
+        if (
+            tables is None
+            or (kind == "head" and self.head is None)
+            or (kind in ("draft", "strict") and self.drafter is None)
+        ):
             return None
         name = search_name(kind, width, n)
         if name not in self.sessions and not (self.onnx_dir / f"{name}.onnx").exists():

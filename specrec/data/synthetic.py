@@ -66,7 +66,9 @@ def synthetic_dataset(
     pop = 1.0 / np.arange(1, n_items + 1) ** 1.1
     pop = pop[rng.permutation(n_items)]
     members = [np.nonzero(cluster == c)[0] for c in range(n_cat)]
-    successors = [rng.choice(members[cluster[i]], size=min(3, len(members[cluster[i]])), replace=False) for i in range(n_items)]
+    successors = [
+        rng.choice(members[cluster[i]], size=min(3, len(members[cluster[i]])), replace=False) for i in range(n_items)
+    ]
 
     # Release times: late items appear only after the late quantile of time.
     horizon = 1_000_000
@@ -98,5 +100,7 @@ def synthetic_dataset(
                 w = pop[pool]
                 cand = int(rng.choice(pool, p=w / w.sum()))
             items.append(cand)
-        sequences.append(Sequence(user=str(u + 1), items=np.asarray(items, np.int64), timestamps=times.astype(np.int64)))
+        sequences.append(
+            Sequence(user=str(u + 1), items=np.asarray(items, np.int64), timestamps=times.astype(np.int64))
+        )
     return Dataset(name=name, catalogue=catalogue, sequences=sequences)

@@ -25,7 +25,6 @@ from ..models.tiger import BOS_TOKEN, EncoderState
 from .topk import constrained_topk
 
 
-
 @dataclass
 class Beams:
     codes: torch.Tensor  # [R, B, l] prefix codes (levels 0..l-1)
@@ -40,8 +39,8 @@ class Beams:
 
     def items(self, trie: SidTrie) -> torch.Tensor:
         """Item index of each complete beam [R, B]; -1 for dead beams."""
-        r, b, l = self.codes.shape
-        items = trie.lookup(self.codes.reshape(r * b, l)).view(r, b)
+        r, b, depth = self.codes.shape
+        items = trie.lookup(self.codes.reshape(r * b, depth)).view(r, b)
         return torch.where(self.alive, items, torch.full_like(items, -1))
 
     def select(self, idx: torch.Tensor) -> "Beams":
@@ -62,8 +61,10 @@ class Beams:
         """Trie node of every beam (walked when not carried)."""
         if self.nodes is not None:
             return self.nodes
-        r, b, l = self.codes.shape
-        nodes = trie.walk(self.codes.reshape(r * b, l)).view(r, b) if l else torch.zeros(r, b, dtype=torch.int64)
+        r, b, depth = self.codes.shape
+        nodes = (
+            trie.walk(self.codes.reshape(r * b, depth)).view(r, b) if depth else torch.zeros(r, b, dtype=torch.int64)
+        )
         return torch.where(self.alive, nodes, torch.full_like(nodes, -1))
 
 
@@ -143,7 +144,9 @@ class BeamSearch:
         b = self.beams
         got = self.known(b) if self.known is not None else None
         if got is None and self.cache is not False:  # nothing verified: a KV-cached step
-            logp, self.cache = self.backend.step(self.enc, beam_tokens(b, self.offsets), b.level, self.parent, self.cache)
+            logp, self.cache = self.backend.step(
+                self.enc, beam_tokens(b, self.offsets), b.level, self.parent, self.cache
+            )
             self.covered = torch.zeros(b.alive.shape[0], dtype=torch.int64)
             self.computed = b.alive.sum(1)
             return logp

@@ -83,14 +83,14 @@ class VerifiedPrefixes:
     def read(self, prefixes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Next-level log-probs of prefixes [R, B, l] where known: (logp [R, B, V], known [R, B])."""
         c = _np(prefixes)
-        r, b, l = c.shape
-        logp = torch.zeros(r, b, self.level_sizes[l])
+        r, b, depth = c.shape
+        logp = torch.zeros(r, b, self.level_sizes[depth])
         known = np.zeros((r, b), dtype=bool)
         for tree, out, rows in reversed(self.passes):
             cols = tree.lookup(c, rows)
             hit = (cols >= 0) & ~known
             if hit.any():
-                got = read_level(out, cols, l, self.level_sizes, rows)
+                got = read_level(out, cols, depth, self.level_sizes, rows)
                 h = torch.from_numpy(hit)
                 logp[h] = got[h]
                 known |= hit

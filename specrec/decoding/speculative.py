@@ -27,7 +27,9 @@ from typing import Callable
 import torch
 
 
-def transform(logits: torch.Tensor, allowed: torch.Tensor | None = None, temperature: float = 1.0, top_k: int = 0) -> torch.Tensor:
+def transform(
+    logits: torch.Tensor, allowed: torch.Tensor | None = None, temperature: float = 1.0, top_k: int = 0
+) -> torch.Tensor:
     """Sampling distribution from logits (or log-probs): divide by the
     temperature, drop codes not ``allowed``, keep the ``top_k`` best (0 = all),
     renormalise. Applied identically to target and draft."""

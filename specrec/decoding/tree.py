@@ -60,13 +60,13 @@ class PrefixTree:
     def was_drafted(self, prefixes: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
         """[R, B, V] bool: code c after prefix ``prefixes[r, b]`` [R, B, l] extends a drafted SID."""
         prefixes = np.asarray(prefixes, dtype=np.int64)
-        r, b, l = prefixes.shape
-        v = self.level_sizes[l]
+        r, b, depth = prefixes.shape
+        v = self.level_sizes[depth]
         if self.drafted is None or not len(self.drafted):
             return np.zeros((r, b, v), dtype=bool)
         rows = np.arange(r) if rows is None else np.asarray(rows)
         pk = prefix_keys(prefixes, self.level_sizes)[:, :, None] * v + np.arange(v)
-        key = _drafted_key(rows[:, None, None], l + 1, pk, self.level_sizes)
+        key = _drafted_key(rows[:, None, None], depth + 1, pk, self.level_sizes)
         pos = np.searchsorted(self.drafted, key).clip(max=len(self.drafted) - 1)
         return self.drafted[pos] == key
 

@@ -77,7 +77,9 @@ class RetrievalDrafter(VectorDrafter):
                 rows = rows[itemset.active[rows]]
                 text = topn_excluding(self._text_unit[rows] @ queries[i], rows, n_text[i], taken)
             else:
-                want = min(len(self._text_unit), n_text[i] + len(taken) + len(itemset.active) - int(itemset.active.sum()))
+                want = min(
+                    len(self._text_unit), n_text[i] + len(taken) + len(itemset.active) - int(itemset.active.sum())
+                )
                 scores, rows = self.text_index.search(queries[i : i + 1], want)
                 ok = rows[0] >= 0
                 rows, scores = rows[0][ok], scores[0][ok]

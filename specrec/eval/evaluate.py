@@ -88,7 +88,7 @@ def compare(
     they are timed under the same conditions. A few warm-up requests per
     ranker are run first and not timed."""
     hists = ex.histories()
-    for name, rank in rankers.items():
+    for rank in rankers.values():
         for h in hists[:warmup]:
             rank([h], k)
     out = {name: (np.full((len(ex), k), -1, dtype=np.int64), np.zeros(len(ex))) for name in rankers}

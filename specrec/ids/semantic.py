@@ -114,7 +114,9 @@ class SemanticIds:
             residual = residual - self.codebooks[lvl][codes[:, lvl]]
         return codes
 
-    def with_collision_digits(self, codes: np.ndarray, existing: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def with_collision_digits(
+        self, codes: np.ndarray, existing: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Append collision digits. Items take the lowest digit not used by
         ``existing`` SIDs or by earlier rows with the same codes.
         Returns (sids, collided)."""
@@ -148,7 +150,11 @@ class SemanticIds:
     def assign(self, emb: np.ndarray, existing: np.ndarray) -> Assignment:
         """Inductive SIDs for new items, given the catalogue's current SIDs."""
         sids, collided = self.with_collision_digits(self.encode(emb), existing)
-        report = {"new_items": int(len(sids)), "collided": int(collided.sum()), "max_digit": int(sids[:, -1].max(initial=0))}
+        report = {
+            "new_items": int(len(sids)),
+            "collided": int(collided.sum()),
+            "max_digit": int(sids[:, -1].max(initial=0)),
+        }
         return Assignment(sids, collided, report)
 
     # -- reporting -------------------------------------------------------

@@ -130,20 +130,39 @@ class FusedHotPath(nn.Module):
             return torch.cat([t(a.q.weight) * scale, t(a.k.weight), t(a.v.weight)], dim=1)
 
         self.enc_layers = nn.ModuleList(
-            _Layer([copy_ln(l.ln1), copy_ln(l.ln2)], qkv(l.attn), t(l.attn.o.weight), l.ff) for l in model.enc_layers)
+            _Layer([copy_ln(layer.ln1), copy_ln(layer.ln2)], qkv(layer.attn), t(layer.attn.o.weight), layer.ff)
+            for layer in model.enc_layers
+        )
         self.dec_layers = nn.ModuleList(
-            _Layer([copy_ln(l.ln1), copy_ln(l.ln2), copy_ln(l.ln3)], qkv(l.self_attn), t(l.self_attn.o.weight), l.ff,
-                   t(l.cross_attn.q.weight) * scale, t(l.cross_attn.o.weight)) for l in model.dec_layers)
+            _Layer(
+                [copy_ln(layer.ln1), copy_ln(layer.ln2), copy_ln(layer.ln3)],
+                qkv(layer.self_attn),
+                t(layer.self_attn.o.weight),
+                layer.ff,
+                t(layer.cross_attn.q.weight) * scale,
+                t(layer.cross_attn.o.weight),
+            )
+            for layer in model.dec_layers
+        )
         # cross-attention keys/values of every decoder layer in one product: [d, n_layers * 2 * inner]
-        self.cross_kv = nn.Parameter(torch.cat([torch.cat([t(l.cross_attn.k.weight), t(l.cross_attn.v.weight)], 1)
-                                                for l in model.dec_layers], 1), requires_grad=False)
+        self.cross_kv = nn.Parameter(
+            torch.cat(
+                [
+                    torch.cat([t(layer.cross_attn.k.weight), t(layer.cross_attn.v.weight)], 1)
+                    for layer in model.dec_layers
+                ],
+                1,
+            ),
+            requires_grad=False,
+        )
         self.enc_ln, self.dec_ln = copy_ln(model.enc_ln), copy_ln(model.dec_ln)
         self.tok = nn.Parameter(model.tok.weight.detach().clone(), requires_grad=False)
         self.enc_pos = nn.Parameter(model.enc_pos.weight.detach().clone(), requires_grad=False)
         self.dec_pos = nn.Parameter(model.dec_pos.weight.detach().clone(), requires_grad=False)
         w, b = _stacked_heads(model)
         self.head_w = nn.Parameter(w.transpose(1, 2).contiguous(), requires_grad=False)  # [L, d, Vmax]
-        self.head_flat = nn.Parameter(w.permute(2, 0, 1).reshape(self.d, -1).contiguous(), requires_grad=False)  # [d, L*Vmax]
+        # [d, L*Vmax]
+        self.head_flat = nn.Parameter(w.permute(2, 0, 1).reshape(self.d, -1).contiguous(), requires_grad=False)
         self.head_b = nn.Parameter(b, requires_grad=False)
         self.register_buffer("offsets", torch.tensor(cfg.offsets(), dtype=torch.int64), persistent=False)
         self.head = _FusedHead(head, model) if head is not None else None
@@ -171,7 +190,11 @@ class FusedHotPath(nn.Module):
     def _cross_block(self, layer: _Layer, x, ck_t, cv, cbias, r: int):
         """x [N, T, d] with N = r * M: a request's M sequences fold into the query axis."""
         n, tq, _ = x.shape
-        q = (layer.ln[1](x).reshape(r, (n // r) * tq, self.d) @ layer.cross_q).view(r, -1, self.h, self.dk).transpose(1, 2)
+        q = (
+            (layer.ln[1](x).reshape(r, (n // r) * tq, self.d) @ layer.cross_q)
+            .view(r, -1, self.h, self.dk)
+            .transpose(1, 2)
+        )
         a = self._attend(q, ck_t, cv, cbias).transpose(1, 2).reshape(n, tq, self.inner)
         return x + a @ layer.cross_o
 
@@ -196,18 +219,20 @@ class FusedHotPath(nn.Module):
 
     # -- encoder ---------------------------------------------------------------------------------
     def encode(self, hist_sids):
-        r, s, l = hist_sids.shape
+        r, s, levels = hist_sids.shape
         tokens = torch.where(hist_sids < 0, PAD_TOKEN, hist_sids + self.offsets)
         emb = self.tok[tokens]  # [R, S, L, d]; PAD embeds to zero
         if self.items_input:
             x, keep = emb.sum(2), hist_sids[:, :, 0] >= 0
         else:
-            x, keep = emb.reshape(r, s * l, self.d), (tokens != PAD_TOKEN).reshape(r, s * l)
+            x, keep = emb.reshape(r, s * levels, self.d), (tokens != PAD_TOKEN).reshape(r, s * levels)
         n = x.shape[1]
         idx = torch.arange(n, device=x.device)
         if self.causal:
             pos = (keep.long().cumsum(1) - 1).clamp(min=0)
-            allowed = ((idx.view(1, n, 1) >= idx.view(1, 1, n)) & keep[:, None, :]) | (idx.view(1, n, 1) == idx.view(1, 1, n))
+            allowed = ((idx.view(1, n, 1) >= idx.view(1, 1, n)) & keep[:, None, :]) | (
+                idx.view(1, n, 1) == idx.view(1, 1, n)
+            )
         else:
             pos = idx + (self.enc_pos.shape[0] - n)
             allowed = keep[:, None, :].expand(r, n, n)
@@ -392,8 +417,12 @@ class FusedHotPath(nn.Module):
             return (a.unsqueeze(-1) * vg).sum(2).reshape(r, t, self.inner)
 
         hid = self.decoder(x, r, enc_mask, cross_k, cross_v, ancestors)
-        node_logp = [torch.log_softmax(hid[:, starts[j] : starts[j] + sizes[j]] @ self.head_w[j + 1] + self.head_b[j + 1],
-                                       dim=-1) for j in range(L - 1)]
+        node_logp = [
+            torch.log_softmax(
+                hid[:, starts[j] : starts[j] + sizes[j]] @ self.head_w[j + 1] + self.head_b[j + 1], dim=-1
+            )
+            for j in range(L - 1)
+        ]
         # the target's own beam search over the pass: level 0 is exact (states[0]), later levels read the
         # node of each kept prefix (found by key among the drafted prefixes of that length)
         target = states[0]
@@ -466,8 +495,12 @@ class _FusedHead(nn.Module):
                                        for g in head.transitions)
         self.gru_hh = nn.ParameterList(nn.Parameter(g.weight_hh.detach().t().contiguous(), requires_grad=False)
                                        for g in head.transitions)
-        self.gru_bih = nn.ParameterList(nn.Parameter(g.bias_ih.detach().clone(), requires_grad=False) for g in head.transitions)
-        self.gru_bhh = nn.ParameterList(nn.Parameter(g.bias_hh.detach().clone(), requires_grad=False) for g in head.transitions)
+        self.gru_bih = nn.ParameterList(
+            nn.Parameter(g.bias_ih.detach().clone(), requires_grad=False) for g in head.transitions
+        )
+        self.gru_bhh = nn.ParameterList(
+            nn.Parameter(g.bias_hh.detach().clone(), requires_grad=False) for g in head.transitions
+        )
 
     def level_logprobs(self, h, s, level: int):
         """h [R, d], s [R, B, d] -> [R, B, Vmax]."""

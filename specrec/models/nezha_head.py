@@ -123,18 +123,20 @@ class NezhaHead(nn.Module):
     def advance(self, gr: Tiger, s: torch.Tensor, level: int, codes: torch.Tensor) -> torch.Tensor:
         """s: [R, M, d], codes: [R, M] chosen at ``level`` -> next states [R, M, d]."""
         g = self.transitions[level]
-        return gru_cell(self.code_embedding(gr, level, codes), s, g.weight_ih.t(), g.weight_hh.t(), g.bias_ih, g.bias_hh)
+        return gru_cell(
+            self.code_embedding(gr, level, codes), s, g.weight_ih.t(), g.weight_hh.t(), g.bias_ih, g.bias_hh
+        )
 
     def prefix_logprobs(self, gr: Tiger, h: torch.Tensor, prefixes: torch.Tensor) -> list[torch.Tensor]:
         """q at every level along given prefixes [R, M, l]: a list of l+1
         tensors [R, M, V_j] (level j's distribution after prefix[:j]); the last
         one is omitted when l == L."""
-        r, m, l = prefixes.shape
+        r, m, depth = prefixes.shape
         s = h.new_zeros(r, m, h.shape[-1])
         out = []
-        for j in range(min(l + 1, self.L)):
+        for j in range(min(depth + 1, self.L)):
             out.append(self.level_logprobs(h[:, j], s, j))
-            if j < l and j < self.L - 1:
+            if j < depth and j < self.L - 1:
                 s = self.advance(gr, s, j, prefixes[:, :, j])
         return out
 
@@ -151,7 +153,9 @@ class NezhaHead(nn.Module):
         return head_search(h, self.level_logprobs, lambda s, level, codes: self.advance(gr, s, level, codes), select,
                            root_beams(r))
 
-    def loss(self, gr: Tiger, enc: EncoderState, target: torch.Tensor, teacher: list[torch.Tensor] | None) -> torch.Tensor:
+    def loss(
+        self, gr: Tiger, enc: EncoderState, target: torch.Tensor, teacher: list[torch.Tensor] | None
+    ) -> torch.Tensor:
         """target: [B, L] true next SIDs; teacher: the GR's per-level log-probs
         along the target (or None to train on cross-entropy alone)."""
         h = self.hidden(gr, enc)

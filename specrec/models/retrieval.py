@@ -55,7 +55,9 @@ class RetrievalModel(nn.Module):
         self.pos = nn.Embedding(cfg.max_history, cfg.d_model)
         # item vectors are unit-norm (~0.12 per dimension): N(0, 1) positions would drown them
         nn.init.normal_(self.pos.weight, std=0.02)
-        layer = nn.TransformerEncoderLayer(cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout, batch_first=True, norm_first=True)
+        layer = nn.TransformerEncoderLayer(
+            cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout, batch_first=True, norm_first=True
+        )
         self.encoder = nn.TransformerEncoder(layer, cfg.n_layers, enable_nested_tensor=False)
         self.ln = nn.LayerNorm(cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)

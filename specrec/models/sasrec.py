@@ -36,7 +36,9 @@ class SASRec(nn.Module):
         nn.init.normal_(self.pos.weight, std=0.02)
         with torch.no_grad():
             self.item.weight[0].zero_()
-        layer = nn.TransformerEncoderLayer(cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout, batch_first=True, norm_first=True)
+        layer = nn.TransformerEncoderLayer(
+            cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout, batch_first=True, norm_first=True
+        )
         self.encoder = nn.TransformerEncoder(layer, cfg.n_layers, enable_nested_tensor=False)
         self.ln = nn.LayerNorm(cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
@@ -64,7 +66,9 @@ class SASRec(nn.Module):
         return F.cross_entropy(self.scores(states[m]), tgt[m])
 
     @torch.inference_mode()
-    def rank(self, histories: torch.Tensor, k: int, ban: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    def rank(
+        self, histories: torch.Tensor, k: int, ban: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> torch.Tensor:
         """[B, H] histories (left-padded, -1) -> [B, k] best items; ``ban`` (rows, items): pairs never ranked."""
         self.eval()
         scores = self.scores(self.sequence(histories)[:, -1])

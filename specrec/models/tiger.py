@@ -32,7 +32,9 @@ N_SPECIAL = 2
 class TigerConfig(BaseModel):
     """Model hyper-parameters. Defaults are TIGER's published size."""
 
-    level_sizes: list[int] = Field(default_factory=lambda: [256, 256, 256, 256], description="codes per SID level (last = collision digit)")
+    level_sizes: list[int] = Field(
+        default_factory=lambda: [256, 256, 256, 256], description="codes per SID level (last = collision digit)"
+    )
     d_model: int = 128
     n_heads: int = 6
     d_kv: int = 64
@@ -83,10 +85,10 @@ class SidTokens:
 
     def history_tokens(self, hist_sids: torch.Tensor) -> torch.Tensor:
         """[R, H, L] per-level codes (rows of -1 = padding) -> [R, H*L] token ids."""
-        r, h, l = hist_sids.shape
-        tok = hist_sids + self.offsets.view(1, 1, l)
+        r, h, levels = hist_sids.shape
+        tok = hist_sids + self.offsets.view(1, 1, levels)
         tok = torch.where(hist_sids < 0, torch.full_like(tok, PAD_TOKEN), tok)
-        return tok.reshape(r, h * l)
+        return tok.reshape(r, h * levels)
 
     def decoder_tokens(self, codes: torch.Tensor, level0: int = 0) -> torch.Tensor:
         """Per-level codes ``[..., t]`` starting at ``level0`` -> token ids."""
@@ -232,7 +234,9 @@ class Tiger(SidTokens, nn.Module):
         self.enc_ln, self.dec_ln = nn.LayerNorm(d), nn.LayerNorm(d)
         # untied: one output layer per level; tied: a per-level bias only, weights are the code embeddings
         self.heads = nn.ModuleList(nn.Linear(d, v, bias=True) for v in cfg.level_sizes) if not cfg.tie_output else None
-        self.head_bias = nn.ParameterList(nn.Parameter(torch.zeros(v)) for v in cfg.level_sizes) if cfg.tie_output else None
+        self.head_bias = (
+            nn.ParameterList(nn.Parameter(torch.zeros(v)) for v in cfg.level_sizes) if cfg.tie_output else None
+        )
         self.drop = nn.Dropout(cfg.dropout)
         self.register_buffer("offsets", torch.tensor(cfg.offsets(), dtype=torch.int64), persistent=False)
         self.apply(self._init)
@@ -254,8 +258,8 @@ class Tiger(SidTokens, nn.Module):
         tokens = self.history_tokens(hist_sids)
         if self.cfg.encoder_input == "tokens":
             return self.tok(tokens), tokens != PAD_TOKEN
-        r, h, l = hist_sids.shape
-        return self.tok(tokens).view(r, h, l, -1).sum(2), hist_sids[:, :, 0] >= 0  # PAD embeds to zero
+        r, h, levels = hist_sids.shape
+        return self.tok(tokens).view(r, h, levels, -1).sum(2), hist_sids[:, :, 0] >= 0  # PAD embeds to zero
 
     def _self_mask(self, keep: torch.Tensor) -> torch.Tensor:
         if not self.cfg.causal_encoder:

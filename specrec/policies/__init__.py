@@ -11,4 +11,14 @@ from .auto import Overloaded
 from .base import POLICIES, Engine, Policy, RecRequest, RecResult, make_policy
 from .metrics import RequestStats, SpecMetrics
 
-__all__ = ["POLICIES", "Engine", "Overloaded", "Policy", "RecRequest", "RecResult", "RequestStats", "SpecMetrics", "make_policy"]
+__all__ = [
+    "POLICIES",
+    "Engine",
+    "Overloaded",
+    "Policy",
+    "RecRequest",
+    "RecResult",
+    "RequestStats",
+    "SpecMetrics",
+    "make_policy",
+]

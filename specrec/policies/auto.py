@@ -76,8 +76,10 @@ class AutoPolicy(Policy):
                 costs.tried(name, now)
                 costs.relearn(name)  # its estimate is replaced by this request's time
                 return name
-        raise Overloaded(f"no policy fits the {max(0.0, req.deadline.left(now)) * 1000:.1f} ms left "
-                         f"(queue ahead: verifier {eng.load('beam') * 1000:.1f} ms, drafter {eng.load('drafter') * 1000:.1f} ms)")
+        raise Overloaded(
+            f"no policy fits the {max(0.0, req.deadline.left(now)) * 1000:.1f} ms left "
+            f"(queue ahead: verifier {eng.load('beam') * 1000:.1f} ms, drafter {eng.load('drafter') * 1000:.1f} ms)"
+        )
 
     def _cheapest(self, tier: list[str]) -> str:
         costs = [(self._cost(n), n) for n in tier]

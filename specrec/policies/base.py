@@ -41,7 +41,9 @@ class PolicyConfig(BaseModel):
 class RecRequest:
     history: np.ndarray  # item indices, oldest first (non-empty)
     k: int = 10
-    deadline: Deadline | None = None  # on the engine's clock; a number is taken as Deadline(at=number); None = no budget
+    deadline: Deadline | None = (
+        None  # on the engine's clock; a number is taken as Deadline(at=number); None = no budget
+    )
     exclude_history: bool = False  # never recommend an item of ``history`` (masked inside the trie constraint)
 
     def __post_init__(self) -> None:
@@ -246,14 +248,18 @@ def fill_to_k(
             for it in itemset.items_with_prefix(pfx).tolist():
                 if it not in taken:
                     taken.add(it)
-                    items.append(it); scores.append(pscore); sources.append("fill")
+                    items.append(it)
+                    scores.append(pscore)
+                    sources.append("fill")
                     if len(items) >= k:
                         return items, scores, sources
     if len(items) < k:
         for it in itemset.order[0].tolist():
             if it not in taken:
                 taken.add(it)
-                items.append(it); scores.append(float("-inf")); sources.append("fill")
+                items.append(it)
+                scores.append(float("-inf"))
+                sources.append("fill")
                 if len(items) >= k:
                     break
     return items, scores, sources
@@ -375,12 +381,23 @@ class Policy(ABC):
     def _run(self, batch: LiveBatch) -> None:
         """Fill ``batch.results`` for every request (phases of the policy)."""
 
-    def _result(self, k: int, items, scores, sources, stats: RequestStats, prefixes: Beams | None = None, request: int = 0,
-                exclude: frozenset[int] = frozenset()) -> RecResult:
+    def _result(
+        self,
+        k: int,
+        items,
+        scores,
+        sources,
+        stats: RequestStats,
+        prefixes: Beams | None = None,
+        request: int = 0,
+        exclude: frozenset[int] = frozenset(),
+    ) -> RecResult:
         n = k + len(exclude)  # excluded items are dropped before the cut
         items, scores, sources = fill_to_k(k, self.engine.itemset, list(items)[:n], list(scores)[:n], list(sources)[:n],
                                            prefixes, request, exclude)
-        return RecResult(np.asarray(items[:k], dtype=np.int64), np.asarray(scores[:k], dtype=np.float64), sources[:k], stats)
+        return RecResult(
+            np.asarray(items[:k], dtype=np.int64), np.asarray(scores[:k], dtype=np.float64), sources[:k], stats
+        )
 
     def _exit_late(self, batch: LiveBatch, stage: CostStage, result_fn) -> None:
         """Finish (exit reason ``budget``) the requests whose next ``stage`` would not fit their deadline."""

@@ -47,8 +47,20 @@ class BeamPolicy(Policy):
         eng = self.engine
         eng.verifier.beam_start(batch.session, batch.trie, width)
         for _ in eng.itemset.level_sizes:
-            self._exit_late(batch, CostStage.STEP, lambda j: self._result(
-                batch.requests[batch.active[j]].k, [], [], [], batch.stats[batch.active[j]], batch.beams, j, exclude=batch.exclude))
+            self._exit_late(
+                batch,
+                CostStage.STEP,
+                lambda j: self._result(
+                    batch.requests[batch.active[j]].k,
+                    [],
+                    [],
+                    [],
+                    batch.stats[batch.active[j]],
+                    batch.beams,
+                    j,
+                    exclude=batch.exclude,
+                ),
+            )
             if not batch.active:
                 return
             with Stage(eng.clock, batch.active_stats, "beam") as t:

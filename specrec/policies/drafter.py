@@ -31,4 +31,9 @@ class DrafterPolicy(Policy):
             d = drafts[j]
             st.rounds = 1
             st.exit_reason = "complete"
-            batch.finish(j, self._result(req.k, d.items.tolist(), d.scores.tolist(), ["draft"] * len(d.items), st, exclude=batch.exclude))
+            batch.finish(
+                j,
+                self._result(
+                    req.k, d.items.tolist(), d.scores.tolist(), ["draft"] * len(d.items), st, exclude=batch.exclude
+                ),
+            )

@@ -30,8 +30,8 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from ..drafters.base import DraftRequest
 from ..decoding.tree import prefix_keys
+from ..drafters.base import DraftRequest
 from ..verifier import SelectRule
 from .base import LiveBatch, Policy, PolicyConfig, Stage, charge
 
@@ -122,5 +122,12 @@ class LevelwisePolicy(Policy):
             st.observe_items(len(np.unique(prefix_keys(drafted, sizes))),
                              int(np.isin(prefix_keys(final, sizes), prefix_keys(drafted, sizes)).sum()))
             st.exit_reason = "complete"
-            sources = ["draft" if s else "beam" for s in np.isin(prefix_keys(final, sizes), prefix_keys(drafted, sizes))]
-            batch.finish(j, self._result(req.k, items[j][a].tolist(), beams.scores[j][a].tolist(), sources, st, exclude=batch.exclude))
+            sources = [
+                "draft" if s else "beam" for s in np.isin(prefix_keys(final, sizes), prefix_keys(drafted, sizes))
+            ]
+            batch.finish(
+                j,
+                self._result(
+                    req.k, items[j][a].tolist(), beams.scores[j][a].tolist(), sources, st, exclude=batch.exclude
+                ),
+            )

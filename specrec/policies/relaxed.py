@@ -21,7 +21,9 @@ from .levelwise import LevelwiseConfig, LevelwisePolicy
 
 class RelaxedConfig(LevelwiseConfig):
     threshold: float = Field(0.02, ge=0.0, le=1.0, description="minimum target probability of an accepted drafted code")
-    top_k: int = Field(10, ge=1, le=1000, description="an accepted drafted code is within the target's top-k valid codes")
+    top_k: int = Field(
+        10, ge=1, le=1000, description="an accepted drafted code is within the target's top-k valid codes"
+    )
 
 
 @register

@@ -62,8 +62,10 @@ class SamplePolicy(Policy):
         def p_fn(seq: torch.Tensor) -> list[torch.Tensor]:
             full = ver.score(sess, seq.view(R, M, L), full=True).full
             charge(stats)
-            return [transform(full[j].reshape(R * M, -1), self._allowed(trie, seq[:, :j], j), cfg.temperature, cfg.top_k)
-                    for j in range(L)]
+            return [
+                transform(full[j].reshape(R * M, -1), self._allowed(trie, seq[:, :j], j), cfg.temperature, cfg.top_k)
+                for j in range(L)
+            ]
 
         return p_fn, q_next
 
@@ -85,7 +87,9 @@ class SamplePolicy(Policy):
         for j, i, r, st in batch.rows():
             its = list(lists[i])[: r.k]
             st.exit_reason = "complete" if len(its) >= r.k else "max_batches"
-            batch.finish(j, self._result(r.k, its, [lists[i][x] for x in its], ["sample"] * len(its), st, exclude=batch.exclude))
+            batch.finish(
+                j, self._result(r.k, its, [lists[i][x] for x in its], ["sample"] * len(its), st, exclude=batch.exclude)
+            )
 
     def _collect(self, lists: list[dict[int, float]], seq: torch.Tensor, logp: torch.Tensor, R: int, M: int) -> None:
         """Distinct valid items of each request's streams, in draw order (stream rows are request-major)."""

@@ -33,8 +33,10 @@ class StrictConfig(PolicyConfig):
     n_drafts: int | None = Field(default=None, ge=1, le=4096,
                                  description="drafted prefixes per level (default: adaptive, see base.DraftSizer)")
     drafter: Literal["auto", "distilled", "head", "drafter"] = Field(
-        default="auto", description="draft with the distilled drafter (one call), the NEZHA head or the engine's drafter; "
-        "auto: the distilled drafter where the verifier has one, else the head")
+        default="auto",
+        description="draft with the distilled drafter (one call), the NEZHA head or the engine's drafter; "
+        "auto: the distilled drafter where the verifier has one, else the head",
+    )
 
 
 @register

@@ -56,15 +56,16 @@ class AlignConfig(BaseModel):
 
 @dataclass
 class TargetBeams:
-    """The target's top-K beams of some examples: ``examples`` rows of the split, ``codes`` [N, K, L], ``alive`` [N, K]."""
+    """The target's top-K beams of some examples: ``examples`` rows of the split, ``codes`` [N, K, L],
+    ``alive`` [N, K]."""
 
     examples: Examples
     codes: np.ndarray
     alive: np.ndarray
 
     def items(self, trie: SidTrie) -> np.ndarray:
-        n, k, l = self.codes.shape
-        items = trie.lookup(self.codes.reshape(-1, l)).numpy().reshape(n, k)
+        n, k, levels = self.codes.shape
+        items = trie.lookup(self.codes.reshape(-1, levels)).numpy().reshape(n, k)
         return np.where(self.alive, items, -1)
 
 

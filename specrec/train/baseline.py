@@ -46,7 +46,17 @@ def train_sasrec(split: Split, sequences: list[np.ndarray], n_items: int, cfg: S
         top = model.rank(torch.from_numpy(valid.history), 10)
         return ndcg_at_k(target_ranks(top.numpy(), valid.target), 10)
 
-    best, state, hist = _loop(list(model.parameters()), tcfg, len(seqs), lengths, step, validate, "sasrec", log, progress,
-                              lambda: {k: v.clone() for k, v in model.state_dict().items()})
+    best, state, hist = _loop(
+        list(model.parameters()),
+        tcfg,
+        len(seqs),
+        lengths,
+        step,
+        validate,
+        "sasrec",
+        log,
+        progress,
+        lambda: {k: v.clone() for k, v in model.state_dict().items()},
+    )
     model.load_state_dict(state)
     return model.eval(), {"best_valid_ndcg@10": best, "epochs": hist}

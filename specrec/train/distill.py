@@ -48,9 +48,13 @@ class DistillConfig(BaseModel):
     weight_decay: float = Field(default=0.01, ge=0)
     own_weight: float = Field(default=0.5, ge=0, description="weight of the KL at the drafter's own prefixes (0: off)")
     own_from: int = Field(default=2, ge=1, description="epochs on the target's prefixes before the drafter's own join")
-    own_examples: int = Field(default=12_000, ge=1, description="training histories whose drafter prefixes are verified")
+    own_examples: int = Field(
+        default=12_000, ge=1, description="training histories whose drafter prefixes are verified"
+    )
     keep_top: int = Field(default=10, ge=1, description="per step, KL at the target's best this many kept prefixes ...")
-    sample_rest: int = Field(default=10, ge=0, description="... and at this many others of its frontier, drawn at random")
+    sample_rest: int = Field(
+        default=10, ge=0, description="... and at this many others of its frontier, drawn at random"
+    )
     select_k: int = Field(default=10, ge=1, description="frontier width K used for model selection")
     select_n: int = Field(default=20, ge=1, description="drafter beams N per level used for model selection")
     seed: int = 0
@@ -342,13 +346,16 @@ def train_sid_mlp(gr: Tiger, split: Split, sids: np.ndarray, cfg: DistillConfig 
     best, history = -1.0, []
     best_state = {k: v.clone() for k, v in drafter.state_dict().items()}
     own: Frontier | None = None
-    own_rows = np.sort(np.random.default_rng(cfg.seed + 2).choice(len(fr), min(cfg.own_examples, len(fr)), replace=False))
+    own_rows = np.sort(
+        np.random.default_rng(cfg.seed + 2).choice(len(fr), min(cfg.own_examples, len(fr)), replace=False)
+    )
 
     def batch_loss(f: Frontier, idx: np.ndarray, rng: np.random.Generator) -> torch.Tensor:
         w = f.codes[0].shape[1]
         rest = np.arange(min(cfg.keep_top, w), w)
-        cols = np.concatenate([np.arange(min(cfg.keep_top, w)), np.sort(rng.choice(rest, min(cfg.sample_rest, len(rest)),
-                                                                                   replace=False))])
+        cols = np.concatenate(
+            [np.arange(min(cfg.keep_top, w)), np.sort(rng.choice(rest, min(cfg.sample_rest, len(rest)), replace=False))]
+        )
         return distill_loss(drafter, torch.from_numpy(f.h0[idx]).float(),
                             [torch.from_numpy(c[idx][:, cols]) for c in f.codes],
                             [torch.from_numpy(a[idx][:, cols]) for a in f.alive],

@@ -19,7 +19,12 @@ from ..models.retrieval import RetrievalConfig, RetrievalModel
 from ..models.self_draft import SelfDraftHead
 from ..models.tiger import EncoderState, Tiger
 from .align import (
-    AlignConfig, coverage, head_alignment_loss, sample_for_alignment, self_draft_alignment_loss, target_beams,
+    AlignConfig,
+    coverage,
+    head_alignment_loss,
+    sample_for_alignment,
+    self_draft_alignment_loss,
+    target_beams,
     target_logprobs,
 )
 from .trainer import bucketed_batches, history_batch

@@ -133,8 +133,16 @@ def causal_chunks(ex: Examples, stride: int | None = None) -> tuple[np.ndarray, 
 
 
 @torch.inference_mode()
-def evaluate_beam(model: Tiger, sids: torch.Tensor, trie: SidTrie, ex: Examples, width: int, ks=(10,), batch_size: int = 256,
-                  shard: tuple[int, int] = (0, 1)) -> dict:
+def evaluate_beam(
+    model: Tiger,
+    sids: torch.Tensor,
+    trie: SidTrie,
+    ex: Examples,
+    width: int,
+    ks=(10,),
+    batch_size: int = 256,
+    shard: tuple[int, int] = (0, 1),
+) -> dict:
     """Recall/NDCG@ks of beam search on ``ex``; with ``shard`` (rank, world)
     under data-parallel training each worker ranks its share and the ranks
     are gathered, so every worker gets the same figures."""
@@ -185,7 +193,9 @@ class Trainer:
         self.valid = sample_examples(valid, cfg.valid_limit, cfg.seed)
         # the learning curve's test users: a fixed seeded sample, scored for the record, never used to choose
         self.test_all = test
-        self.curve = sample_examples(test, cfg.curve_limit, cfg.seed + 1) if test is not None and cfg.curve_limit else None
+        self.curve = (
+            sample_examples(test, cfg.curve_limit, cfg.seed + 1) if test is not None and cfg.curve_limit else None
+        )
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.log = log
@@ -377,9 +387,16 @@ class Trainer:
             torch.distributed.barrier()  # rank 0 has written best_model.pt
         self.model.load_state_dict(torch.load(self.best_path, weights_only=True))
         self.model.eval()
-        return {"epochs": self.epoch, "steps": self.step, "best_epoch": self.best_epoch, f"best_valid.{c.metric}": self.best,
-                "stopped": stopped, "session_seconds": round(time.time() - t_start, 1), "workers": c.workers,
-                "planned_epochs": self.planned_epochs}
+        return {
+            "epochs": self.epoch,
+            "steps": self.step,
+            "best_epoch": self.best_epoch,
+            f"best_valid.{c.metric}": self.best,
+            "stopped": stopped,
+            "session_seconds": round(time.time() - t_start, 1),
+            "workers": c.workers,
+            "planned_epochs": self.planned_epochs,
+        }
 
     def _codes(self, items: torch.Tensor) -> torch.Tensor:
         """[B, T] item indices (-1 = none) -> [B, T, L] codes (rows of -1)."""
@@ -438,7 +455,9 @@ class Trainer:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
         args = (self.mcfg, self.cfg, self.sids_np, self.train_ex, self.valid_all, str(self.out))
-        mp.spawn(_worker, args=(self.cfg.workers, port, args, progress, self.test_all), nprocs=self.cfg.workers, join=True)
+        mp.spawn(
+            _worker, args=(self.cfg.workers, port, args, progress, self.test_all), nprocs=self.cfg.workers, join=True
+        )
         summary = json.loads((self.out / "fit_summary.json").read_text())
         self.resume()  # epochs, history and the rest, as the workers left them
         self.model.load_state_dict(torch.load(self.best_path, weights_only=True))

@@ -35,7 +35,9 @@ def alerts() -> list[dict]:
 
 
 def test_docs_copies_are_the_charts_files():
-    assert RULES_DOC.read_text() == RULES.read_text(), "cp helm/specrec/files/prometheus-rules.yaml docs/prometheus/specrec.rules.yaml"
+    assert RULES_DOC.read_text() == RULES.read_text(), (
+        "cp helm/specrec/files/prometheus-rules.yaml docs/prometheus/specrec.rules.yaml"
+    )
     assert DASHBOARD_DOC.read_text() == DASHBOARD.read_text(), \
         "cp helm/specrec/files/grafana-dashboard.json docs/grafana/specrec-dashboard.json"
 

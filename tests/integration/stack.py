@@ -19,7 +19,11 @@ from itemset_svc.service import ItemSetService
 from itemset_svc.settings import ItemSetSettings
 from specrec_rpc.server import Runner
 from specrec_rpc.v1 import (
-    drafter_pb2_grpc, itemset_pb2_grpc, recommender_pb2, recommender_pb2_grpc, verifier_pb2_grpc,
+    drafter_pb2_grpc,
+    itemset_pb2_grpc,
+    recommender_pb2,
+    recommender_pb2_grpc,
+    verifier_pb2_grpc,
 )
 from verifier_svc.service import VerifierService, VerifierSettings
 
@@ -77,14 +81,24 @@ class Stack:
                                     warmup_k=[10])
         if name == "drafter":
             return DrafterSettings(**common, bundle=self.bundle, itemset_addr=self.addr("itemset"))
-        gw = dict(itemset_addr=self.addr("itemset"), drafter_addr=self.addr("drafter"), verifier_addr=self.addr("verifier"),
-                  max_history=8, workers=8)
+        gw = dict(
+            itemset_addr=self.addr("itemset"),
+            drafter_addr=self.addr("drafter"),
+            verifier_addr=self.addr("verifier"),
+            max_history=8,
+            workers=8,
+        )
         return GatewaySettings(**{**common, **gw, **self.gateway_overrides})
 
     async def start_one(self, name: str, replica: str = "") -> None:
         """Start a service; ``replica`` (e.g. "2") starts another replica of it, keyed ``name + replica``."""
         key = name + replica
-        cls = {"itemset": ItemSetService, "verifier": VerifierService, "drafter": DrafterService, "gateway": GatewayService}[name]
+        cls = {
+            "itemset": ItemSetService,
+            "verifier": VerifierService,
+            "drafter": DrafterService,
+            "gateway": GatewayService,
+        }[name]
         settings = self._settings(name)
         if replica:
             settings = settings.model_copy(update={"port": self.ports.get(key, 0)})
@@ -133,9 +147,14 @@ class Stack:
 
     async def recommend(self, history, k=10, policy="", budget_ms=1000.0, params=None, timeout=30.0,
                         exclude_history=False):
-        req = recommender_pb2.RecommendRequest(history=[str(h) for h in history], k=k, policy=policy, budget_ms=budget_ms,
-                                               params={a: str(b) for a, b in (params or {}).items()},
-                                               exclude_history=exclude_history)
+        req = recommender_pb2.RecommendRequest(
+            history=[str(h) for h in history],
+            k=k,
+            policy=policy,
+            budget_ms=budget_ms,
+            params={a: str(b) for a, b in (params or {}).items()},
+            exclude_history=exclude_history,
+        )
         return await self.gateway.Recommend(req, timeout=timeout)
 
 

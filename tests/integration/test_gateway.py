@@ -71,7 +71,9 @@ async def test_gateway_equals_in_process_policy(stack, serving_bundle, policy):
         assert st.served_by == policy and st.request_id
         assert st.encoder_calls == int(policy != "drafter") and st.catalogue_version
         # every item is valid in the catalogue version named in the response, no duplicates
-        r = await stack.itemset.Lookup(itemset_pb2.LookupRequest(sids=[it.sid for it in got.items], version=st.catalogue_version))
+        r = await stack.itemset.Lookup(
+            itemset_pb2.LookupRequest(sids=[it.sid for it in got.items], version=st.catalogue_version)
+        )
         assert all(r.valid) and list(r.item_ids) == [it.item_id for it in got.items]
         assert len({it.item_id for it in got.items}) == 10
 
@@ -142,8 +144,9 @@ async def test_bad_inputs_get_clear_statuses(stack, serving_bundle):
 @pytest.mark.asyncio(loop_scope="session")
 async def test_upserted_item_becomes_recommendable(stack, serving_bundle):
     text = "Aurel velvet lipstick, long-wear matte red, 0.5 oz"
-    r = await stack.itemset.Upsert(itemset_pb2.UpsertRequest(items=[itemset_pb2.UpsertItem(item_id="new-1", text=text, title=text)]),
-                                   metadata=AUTH)
+    r = await stack.itemset.Upsert(
+        itemset_pb2.UpsertRequest(items=[itemset_pb2.UpsertItem(item_id="new-1", text=text, title=text)]), metadata=AUTH
+    )
     version, sid = r.version, list(r.items[0].sid.codes)
     t0 = time.monotonic()
     while True:  # gateway, drafter and verifier follow the new version
@@ -173,13 +176,17 @@ async def test_upserted_item_becomes_recommendable(stack, serving_bundle):
     r = await stack.itemset.Upsert(itemset_pb2.UpsertRequest(items=[itemset_pb2.UpsertItem(item_id=f"near-{i}", text=t)
                                                                     for i, t in enumerate(near)]), metadata=AUTH)
     t0 = time.monotonic()
-    while (await stack.recommend(serving_bundle.catalogue.ids[:2], k=3, policy="beam")).stats.catalogue_version != r.version:
+    while (
+        await stack.recommend(serving_bundle.catalogue.ids[:2], k=3, policy="beam")
+    ).stats.catalogue_version != r.version:
         assert time.monotonic() - t0 < 10.0, "new version not picked up within 10 s"
         await asyncio.sleep(0.05)
     near_ids = [f"near-{i}" for i in range(3)]
     while True:  # the drafter follows on its own poll (and embeds the texts): wait until it knows them
         try:
-            d = await stack.drafter.Draft(drafter_pb2.DraftRequest(queries=[drafter_pb2.DraftQuery(history=near_ids, n=10)]))
+            d = await stack.drafter.Draft(
+                drafter_pb2.DraftRequest(queries=[drafter_pb2.DraftQuery(history=near_ids, n=10)])
+            )
             if d.version == r.version:
                 break
         except grpc.aio.AioRpcError as e:
@@ -313,7 +320,9 @@ async def test_degraded_failed_and_sampled_requests_are_logged_as_one_json_line(
     assert [e["outcome"] for e in lines] == ["degraded", "failed"], lines
     d, f = lines
     assert d["request_id"] == "req-degraded-1" and d["reason"] == deg.stats.degraded_reason and "breaker" in d["reason"]
-    assert d["served_by"] == "drafter" and d["policy"] == "beam" and d["user_id"] == "u-42" and d["log_level"] == "warning"
+    assert (
+        d["served_by"] == "drafter" and d["policy"] == "beam" and d["user_id"] == "u-42" and d["log_level"] == "warning"
+    )
     assert f["request_id"] == "req-bad-2" and f["code"] == "INVALID_ARGUMENT" and f["reason"].startswith("history:")
     # rendered as the services render (log_json): one line of JSON
     text = structlog.processors.JSONRenderer()(None, "warning", dict(d))

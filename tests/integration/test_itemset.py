@@ -18,16 +18,15 @@ import pytest
 import redis.asyncio as aioredis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from itemset_svc.keys import version_counter
 from itemset_svc.service import ItemSetService
 from itemset_svc.settings import ItemSetSettings
-from itemset_svc.keys import version_counter
-from itemset_svc.store import RedisCatalogue, Record
+from itemset_svc.store import Record, RedisCatalogue
 from specrec.itemset import LocalItemSet
 from specrec_rpc.catalogue import CatalogueWatcher
+from specrec_rpc.localstack import free_port
 from specrec_rpc.server import Runner
 from specrec_rpc.v1 import common_pb2, itemset_pb2, itemset_pb2_grpc
-
-from specrec_rpc.localstack import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "s3cret-token"
@@ -55,7 +54,9 @@ class Harness:
         return (await self.stub.GetVersion(itemset_pb2.GetVersionRequest())).version
 
     async def snapshot(self, version: str = "", chunk_size: int = 0) -> tuple[list, list]:
-        chunks = [c async for c in self.stub.Snapshot(itemset_pb2.SnapshotRequest(version=version, chunk_size=chunk_size))]
+        chunks = [
+            c async for c in self.stub.Snapshot(itemset_pb2.SnapshotRequest(version=version, chunk_size=chunk_size))
+        ]
         return chunks, [it for c in chunks for it in c.items]
 
     async def upsert(self, *items, **kw):
@@ -285,7 +286,9 @@ async def test_collisions_replacement_and_explicit_sids(itemset, tiny_bundle):
     # two items may swap SIDs in one write
     s0, s1 = b.sids[0].tolist(), b.sids[1].tolist()
     id0, id1 = b.catalogue.ids[0], b.catalogue.ids[1]
-    resp = await itemset.upsert(Item(item_id=id0, sid=Sid(codes=s1), text="x"), Item(item_id=id1, sid=Sid(codes=s0), text="y"))
+    resp = await itemset.upsert(
+        Item(item_id=id0, sid=Sid(codes=s1), text="x"), Item(item_id=id1, sid=Sid(codes=s0), text="y")
+    )
     look = await stub.Lookup(itemset_pb2.LookupRequest(sids=[Sid(codes=s0), Sid(codes=s1)]))
     assert list(look.item_ids) == [id1, id0] and version_counter(resp.version) > version_counter(v)
 
@@ -560,8 +563,13 @@ async def test_bad_input_names_the_field(itemset):
         (itemset.upsert(Item(item_id="t1", sid=Sid(codes=[1, 2]))), IA, "items[0].sid.codes: expected 4 codes"),
         (itemset.upsert(Item(item_id="t1", sid=Sid(codes=[1, 2, 3, 64]))), IA, "items[0].sid.codes[3]"),
         (itemset.upsert(*[Item(item_id=i, text="t") for i in many]), IA, "items: 10001 entries"),
-        (itemset.upsert(Item(item_id="t1", sid=Sid(codes=[5, 5, 5, 5])), Item(item_id="t2", sid=Sid(codes=[5, 5, 5, 5]))),
-         IA, "items[1].sid"),
+        (
+            itemset.upsert(
+                Item(item_id="t1", sid=Sid(codes=[5, 5, 5, 5])), Item(item_id="t2", sid=Sid(codes=[5, 5, 5, 5]))
+            ),
+            IA,
+            "items[1].sid",
+        ),
         (stub.Delete(itemset_pb2.DeleteRequest(), metadata=AUTH), IA, "item_ids: empty"),
         (stub.Delete(itemset_pb2.DeleteRequest(item_ids=["a", "b", ""]), metadata=AUTH), IA, "item_ids[2]: empty"),
         (stub.Rollback(itemset_pb2.RollbackRequest(), metadata=AUTH), IA, "version: required"),
@@ -583,8 +591,9 @@ async def test_write_auth(redis_url, namespace, itemset):
     await expect_status(stub.Upsert(req, metadata=(("authorization", "Bearer wrong"),)), denied, "invalid write token")
     await expect_status(stub.Upsert(req, metadata=(("authorization", f"Bearer {TOKEN}x"),)), denied)
     await expect_status(stub.Delete(itemset_pb2.DeleteRequest(item_ids=["1"])), unauth)
-    await expect_status(stub.Delete(itemset_pb2.DeleteRequest(item_ids=["1"]), metadata=(("authorization", "Bearer no"),)),
-                        denied)
+    await expect_status(
+        stub.Delete(itemset_pb2.DeleteRequest(item_ids=["1"]), metadata=(("authorization", "Bearer no"),)), denied
+    )
     await expect_status(stub.Rollback(itemset_pb2.RollbackRequest(version="1")), unauth)
     assert (await stub.GetVersion(itemset_pb2.GetVersionRequest())).n_items == N
     # no token configured: every write is refused, reads still work

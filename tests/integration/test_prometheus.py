@@ -61,9 +61,12 @@ def metric_names(expr: str) -> set[str]:
 
 def test_metric_names_finds_every_selector():
     """The check below can fail: it sees the metrics of a query, and only those."""
-    q = ('sum by (policy) (rate(specrec_a_total{x="y(z)",namespace=~"$namespace"}[$__rate_interval])) / ignoring(policy) '
-         'group_left sum(label_replace(rate(specrec_b_total[5m]), "p", "$1", "served_by", "(.*)")) > bool 0.01 '
-         'or histogram_quantile(0.99, sum by (le) (rate(nope_seconds_bucket[1m]))) and on (job) up == 0')
+    q = (
+        'sum by (policy) (rate(specrec_a_total{x="y(z)",namespace=~"$namespace"}[$__rate_interval])) '
+        "/ ignoring(policy) "
+        'group_left sum(label_replace(rate(specrec_b_total[5m]), "p", "$1", "served_by", "(.*)")) > bool 0.01 '
+        "or histogram_quantile(0.99, sum by (le) (rate(nope_seconds_bucket[1m]))) and on (job) up == 0"
+    )
     assert metric_names(q) == {"specrec_a_total", "specrec_b_total", "nope_seconds_bucket", "up"}
 
 

@@ -31,9 +31,19 @@ async def _serving(target: str, creds=None) -> str:
 @pytest.mark.parametrize("mtls", [False, True])
 async def test_tls_and_mtls(tmp_path, redis_url, namespace, mtls):
     c = make_certs(tmp_path)
-    s = ItemSetSettings(host="127.0.0.1", port=0, metrics_port=0, redis_url=redis_url, namespace=namespace,
-                        load_if_empty=False, log_json=False, tls_cert_file=c["server.crt"], tls_key_file=c["server.key"],
-                        tls_ca_file=c["ca.crt"] if mtls else None, tls_require_client_auth=mtls)
+    s = ItemSetSettings(
+        host="127.0.0.1",
+        port=0,
+        metrics_port=0,
+        redis_url=redis_url,
+        namespace=namespace,
+        load_if_empty=False,
+        log_json=False,
+        tls_cert_file=c["server.crt"],
+        tls_key_file=c["server.key"],
+        tls_ca_file=c["ca.crt"] if mtls else None,
+        tls_require_client_auth=mtls,
+    )
     runner = Runner(ItemSetService(s))
     port = await runner.start()
     target = f"localhost:{port}"
@@ -83,7 +93,9 @@ async def test_the_whole_stack_over_mtls(tmp_path, redis_url, serving_bundle_dir
     try:
         hist = histories(serving_bundle, 1, seed=3)[0]
         for policy in ("beam", "specgr"):
-            r = await st.recommend(hist, k=10, policy=policy, budget_ms=1000, params={"delta": 20} if policy == "specgr" else None)
+            r = await st.recommend(
+                hist, k=10, policy=policy, budget_ms=1000, params={"delta": 20} if policy == "specgr" else None
+            )
             assert r.stats.served_by == policy and not r.stats.degraded, (policy, r.stats.degraded_reason)
             assert r.stats.verifier_calls > 0 and len(r.items) == 10
             if policy == "specgr":

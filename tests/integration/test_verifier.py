@@ -206,10 +206,18 @@ async def test_bad_requests_name_the_field(vstack):
     IA = grpc.StatusCode.INVALID_ARGUMENT
     bad = [
         (verifier_pb2.EncodeRequest(history_sids=to_msg(np.zeros((1, 3, 2), np.int64))), IA, "history_sids"),
-        (verifier_pb2.EncodeRequest(history_sids=to_msg(np.full((1, 3, 4), 99, np.int64))), IA, "history_sids: code out of range"),
+        (
+            verifier_pb2.EncodeRequest(history_sids=to_msg(np.full((1, 3, 4), 99, np.int64))),
+            IA,
+            "history_sids: code out of range",
+        ),
         (verifier_pb2.EncodeRequest(history_sids=to_msg(np.full((1, 3, 4), -1, np.int64))), IA, "at least one item"),
         (verifier_pb2.EncodeRequest(history_sids=to_msg(np.zeros((1, 3, 4), np.float32))), IA, "dtype"),
-        (verifier_pb2.EncodeRequest(history_sids=common_pb2.Tensor(shape=[1, 2, 4], dtype="int64", data=b"123")), IA, "bytes"),
+        (
+            verifier_pb2.EncodeRequest(history_sids=common_pb2.Tensor(shape=[1, 2, 4], dtype="int64", data=b"123")),
+            IA,
+            "bytes",
+        ),
     ]
     for req, code, frag in bad:
         with pytest.raises(grpc.aio.AioRpcError) as ei:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from specrec.backends import Backend, make_backend
 from specrec.drafters.vector import VectorDrafter
 from specrec.itemset import LocalItemSet
 from specrec.models.nezha_head import NezhaHead
+from specrec.models.sid_mlp import SidMlpConfig, SidMlpDrafter
 from specrec.models.tiger import Tiger
 from specrec.policies import Engine
-from specrec.backends import Backend, make_backend
-from specrec.models.sid_mlp import SidMlpConfig, SidMlpDrafter
 from specrec.verifier import LocalVerifier
 
 from ..conftest import random_sids, sharpen, tiny_config

@@ -44,7 +44,9 @@ def test_changed_proto_makes_code_stale(fresh_copy, tmp_path, monkeypatch):
     protos = tmp_path / "protos"
     shutil.copytree(codegen.PROTO_ROOT, protos)
     p = protos / "specrec" / "v1" / "itemset.proto"
-    p.write_text(p.read_text().replace("message GetVersionRequest {}", "message GetVersionRequest { bool verbose = 1; }"))
+    p.write_text(
+        p.read_text().replace("message GetVersionRequest {}", "message GetVersionRequest { bool verbose = 1; }")
+    )
     monkeypatch.setattr(codegen, "PROTO_ROOT", protos)
     monkeypatch.setattr(codegen, "PROTO_DIR", protos / "specrec" / "v1")
     assert "itemset_pb2.py" in codegen.check(out=fresh_copy)

@@ -37,7 +37,9 @@ def histories(backend, sids, n, seed=0):
 def flat_scores(model, enc, sids):
     """The reference: N x L flat teacher-forced tokens through Tiger.decode (no tree, no backend)."""
     per_level, _ = model.next_logprobs(enc, model.decoder_input(sids[..., :-1]))
-    return torch.stack([lp.gather(-1, sids[..., t : t + 1]).squeeze(-1) for t, lp in enumerate(per_level)], -1), per_level
+    return torch.stack(
+        [lp.gather(-1, sids[..., t : t + 1]).squeeze(-1) for t, lp in enumerate(per_level)], -1
+    ), per_level
 
 
 @torch.inference_mode()

@@ -14,7 +14,11 @@ from specrec.models.hotpath import FusedHotPath, child_tables
 from specrec.models.sid_mlp import SidMlpConfig, SidMlpDrafter
 from specrec.policies import RecRequest, make_policy
 from specrec.train.distill import (
-    distill_loss, drafter_beams, frontier_coverage, run_frontier, teacher_frontier,
+    distill_loss,
+    drafter_beams,
+    frontier_coverage,
+    run_frontier,
+    teacher_frontier,
 )
 
 from .policy_fixtures import histories, make_engine

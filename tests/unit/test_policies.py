@@ -3,6 +3,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from specrec.costs import CostStage
 from specrec.policies import POLICIES, RecRequest, make_policy
@@ -20,7 +21,7 @@ def test_registry_names_every_policy():
     assert sorted(POLICIES) == sorted(ALL)
     with pytest.raises(ValueError, match="unknown policy"):
         make_policy("nope", make_engine())
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError):
         make_policy("specgr", make_engine(), no_such_parameter=1)
 
 
@@ -158,9 +159,9 @@ def test_specgr_redrafts_per_request_prefixes():
     for batch in guided:
         drafts = eng.drafter.draft(batch)
         for req, d in zip(batch, drafts):
-            l = req.prefixes.shape[1]
+            depth = req.prefixes.shape[1]
             pref = {tuple(p) for p in req.prefixes.tolist()}
-            assert all(tuple(x[:l]) in pref for x in eng.itemset.sids_of(d.items).tolist())
+            assert all(tuple(x[:depth]) in pref for x in eng.itemset.sids_of(d.items).tolist())
 
 
 def test_specgr_accepts_strictly_above_gamma_and_applies_unseen_rule():

@@ -27,7 +27,9 @@ def test_import_specrec_stays_light():
     import subprocess
     import sys
 
-    code = "import sys, specrec; assert 'torch' not in sys.modules, 'import specrec pulled in torch'; specrec.Recommender"
+    code = (
+        "import sys, specrec; assert 'torch' not in sys.modules, 'import specrec pulled in torch'; specrec.Recommender"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 

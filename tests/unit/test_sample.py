@@ -24,12 +24,12 @@ def random_tables(seed, sizes=SIZES, zeros=True):
     """Target and draft distributions for every prefix, with some zeros."""
     rng = np.random.default_rng(seed)
     p, q = {}, {}
-    for l in range(len(sizes)):
-        for prefix in itertools.product(*[range(s) for s in sizes[:l]]):
+    for level in range(len(sizes)):
+        for prefix in itertools.product(*[range(s) for s in sizes[:level]]):
             for tab in (p, q):
-                w = rng.random(sizes[l]) ** 2
+                w = rng.random(sizes[level]) ** 2
                 if zeros and rng.random() < 0.5:
-                    w[rng.integers(sizes[l])] = 0.0
+                    w[rng.integers(sizes[level])] = 0.0
                 tab[prefix] = torch.tensor(w / w.sum(), dtype=torch.float32)
     return p, q
 
@@ -201,7 +201,10 @@ def test_temperature_and_topk_exactness():
     """With temperature and top-k applied to both p and q, the output is
     exactly the processed target."""
     p_raw, q_raw = random_tables(6, zeros=False)
-    proc = lambda tab: {k: transform(torch.log(v).unsqueeze(0), None, 0.7, 2)[0] for k, v in tab.items()}
+
+    def proc(tab):
+        return {k: transform(torch.log(v).unsqueeze(0), None, 0.7, 2)[0] for k, v in tab.items()}
+
     p, q = proc(p_raw), proc(q_raw)
     got, want = exact_output(p, q), target_dist(p)
     assert max(abs(got.get(s, 0) - want[s]) for s in want) < 1e-6

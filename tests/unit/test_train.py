@@ -8,7 +8,7 @@ from specrec.bundle import Bundle, round_to_half
 from specrec.data import leave_one_out
 from specrec.decoding.beam import beam_search
 from specrec.ids import SemanticIds
-from specrec.train.trainer import Trainer, TrainConfig, evaluate_beam
+from specrec.train.trainer import TrainConfig, Trainer, evaluate_beam
 
 from ..conftest import clustered_embeddings, tiny_config
 
@@ -39,7 +39,7 @@ def test_training_learns(setup, tmp_path):
     losses = [h["loss"] for h in tr.history]
     assert losses[-1] < losses[0]
     assert summary["best_epoch"] >= 1
-    log = [json.loads(l) for l in (tmp_path / "train_log.jsonl").read_text().splitlines()]
+    log = [json.loads(line) for line in (tmp_path / "train_log.jsonl").read_text().splitlines()]
     assert len(log) == 6 and "valid.ndcg@10" in log[0]
 
 
