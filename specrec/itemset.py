@@ -49,7 +49,8 @@ class LocalItemSet:
     seen: np.ndarray  # [N] bool
     level_sizes: list[int]
     version: str = "0"
-    active: np.ndarray | None = None  # [N] bool; None = all active
+    # [N] bool; None = all active (the default, which __post_init__ replaces by an array)
+    active: np.ndarray = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         self.sids = np.ascontiguousarray(self.sids, dtype=np.int64)

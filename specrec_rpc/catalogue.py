@@ -166,6 +166,7 @@ class CatalogueWatcher:
                 await asyncio.sleep(1.0)
         self.last_ok = time.monotonic()
         self._task = asyncio.create_task(self._poll())
+        assert self.current is not None  # _install set it
         return self.current
 
     async def _poll(self) -> None:
@@ -193,6 +194,8 @@ class CatalogueWatcher:
 
     async def get(self, version: str = "") -> Snapshot:
         if not version or (self.current is not None and version == self.current.version):
+            if self.current is None:
+                raise Unavailable("no catalogue version yet: start() has not finished")
             return self.current
         snap = self.snapshots.get(version)
         if snap is None:

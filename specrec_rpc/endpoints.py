@@ -13,9 +13,12 @@ grants ``list``/``watch`` on endpointslices when discovery is ``k8s``).
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import structlog
+
+if TYPE_CHECKING:
+    from kubernetes import watch
 
 
 def ready_addresses(slices: dict[str, dict], port: int | str) -> list[str]:
@@ -49,7 +52,7 @@ class EndpointSliceWatcher:
         self.slices: dict[str, dict] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._watch = None
+        self._watch: watch.Watch | None = None
         self.log = structlog.get_logger("endpoints").bind(namespace=namespace, service=service)
 
     @classmethod
@@ -90,9 +93,9 @@ class EndpointSliceWatcher:
                 self.slices = {it["metadata"]["name"]: it for it in body.get("items", [])}
                 self._publish()
                 delay = self.retry_s  # the API answered: the next failure starts the backoff afresh
-                self._watch = watch.Watch()
+                self._watch = w = watch.Watch()
                 version = body.get("metadata", {}).get("resourceVersion")
-                for ev in self._watch.stream(api.list_namespaced_endpoint_slice, self.namespace,
+                for ev in w.stream(api.list_namespaced_endpoint_slice, self.namespace,
                                              label_selector=selector, resource_version=version, timeout_seconds=300):
                     if self._stop.is_set():
                         return

@@ -26,6 +26,7 @@ import random
 import socket
 import threading
 import time
+from collections.abc import Set
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -70,7 +71,8 @@ def resolve_dns(hostport: str) -> list[str]:
     infos = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)
     out = []
     for family, _, _, _, addr in infos:
-        a = f"[{addr[0]}]:{addr[1]}" if family == socket.AF_INET6 else f"{addr[0]}:{addr[1]}"
+        ip, port_no = str(addr[0]), str(addr[1])  # (IP address string, port int) for AF_INET and AF_INET6
+        a = f"[{ip}]:{port_no}" if family == socket.AF_INET6 else f"{ip}:{port_no}"
         if a not in out:
             out.append(a)
     return out
@@ -128,7 +130,7 @@ class Replicas:
             self._refresh_dns()
 
     # -- choosing -----------------------------------------------------------------------
-    def pick(self, exclude: set[str] = frozenset()) -> Replica:
+    def pick(self, exclude: Set[str] = frozenset()) -> Replica:
         """Power of two choices on outstanding requests."""
         with self._lock:
             options = [r for a, r in self.replicas.items() if a not in exclude]

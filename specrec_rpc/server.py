@@ -45,7 +45,7 @@ def configure_logging(level: str = "INFO", json_logs: bool = True, service: str 
     redis, ...) alike, JSON by default, each with the service's name and, inside an RPC, its
     request id."""
     lvl = getattr(logging, level.upper(), logging.INFO)
-    shared = [
+    shared: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso"),
@@ -106,7 +106,7 @@ def channel_credentials(settings: ServiceSettings) -> grpc.ChannelCredentials | 
 
 def make_channel(address: str, settings: ServiceSettings, aio: bool = False):
     """A channel to another service: TLS when configured, our options either way."""
-    opts = channel_options(settings)
+    opts: list[tuple[str, int | str]] = [*channel_options(settings)]
     creds = channel_credentials(settings)
     mod = grpc.aio if aio else grpc
     if creds is None:

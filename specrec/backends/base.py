@@ -200,12 +200,13 @@ class Backend:
         if tables is None:
             return None
         tables = [x.to(self.device) for x in tables]
-        args = self._to(*self._fused_encoder(enc))
+        enc_mask, cross_k, cross_v = self._to(*self._fused_encoder(enc))
         with torch.inference_mode():
             if kind == "verify":
-                out = self.fused.draft_verify(*args, tables, width, n)
+                assert n is not None  # draft_verify is asked with its draft count
+                out = self.fused.draft_verify(enc_mask, cross_k, cross_v, tables, width, n)
             else:
-                out = self.fused.draft_search(*args, tables, width)
+                out = self.fused.draft_search(enc_mask, cross_k, cross_v, tables, width)
         return [self._back(x) for x in out]
 
     def _fused_encoder(self, enc: EncoderState):
@@ -220,7 +221,7 @@ class Backend:
         return n
 
     # -- decoding-side calls -----------------------------------------------------------
-    def _enc_inputs(self, enc: EncoderState, rows: int):
+    def _enc_inputs(self, enc: EncoderState, rows: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return _pad(enc.keep, rows), _pad(enc.cross_k, rows, 1), _pad(enc.cross_v, rows, 1)
 
     @torch.inference_mode()
@@ -246,6 +247,7 @@ class Backend:
             cache = StepCache(*self._empty_cache(rp * bp), bp, b)
             rows = torch.arange(rp * bp)
         else:  # beam j of request q continues cache row q * row_width + (its parent's index within q)
+            assert parent is not None  # every step after the first has parents
             q = torch.arange(r).view(-1, 1)
             rows = q * cache.row_width + (parent.view(r, b) - q * cache.beams)
             rows = _pad(_pad(rows, bp, 1), rp).reshape(-1)

@@ -23,6 +23,7 @@ import json
 import os
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -32,6 +33,9 @@ from ..decoding.beam import Beams
 from ..models.hotpath import FusedHotPath, child_tables
 from ..models.tiger import Tiger
 from .base import DRAFT_FACTORS, Backend, draft_count
+
+if TYPE_CHECKING:
+    import onnxruntime as ort
 
 OPSET = 18
 ENC = ["enc_mask", "cross_k", "cross_v"]
@@ -119,8 +123,8 @@ def export_onnx(model: Tiger, out_dir: str | Path, head=None, drafter=None) -> P
     )
     mask = torch.rand(r, t, t) > 0.5
     mask |= torch.eye(t, dtype=torch.bool)
-    args = (torch.randint(2, cfg.vocab_size, (r, t)), torch.randint(0, cfg.sid_len, (r, t)), mask, keep, ck, cv)
-    _export(_Fn(fused.tree), args, ["tokens", "positions", "tree_mask", *ENC], ["logp"],
+    tree_args = (torch.randint(2, cfg.vocab_size, (r, t)), torch.randint(0, cfg.sid_len, (r, t)), mask, keep, ck, cv)
+    _export(_Fn(fused.tree), tree_args, ["tokens", "positions", "tree_mask", *ENC], ["logp"],
             {"tokens": {0: "R", 1: "T"}, "positions": {0: "R", 1: "T"}, "tree_mask": {0: "R", 1: "T", 2: "T"},
              **ENC_AXES, "logp": {0: "R", 1: "T"}}, out / "tree.onnx")
     if head is not None:
@@ -136,11 +140,12 @@ def weights_fingerprint(*modules) -> str:
     from (this file, the hot path, the head's functions and the constrained top-k): exported graphs
     belong to exactly these."""
     import hashlib
+    import inspect
 
     from ..decoding import topk
     from ..models import hotpath, nezha_head
 
-    h = hashlib.sha256(b"".join(Path(m.__file__).read_bytes() for m in (hotpath, nezha_head, topk))
+    h = hashlib.sha256(b"".join(Path(inspect.getfile(m)).read_bytes() for m in (hotpath, nezha_head, topk))
                        + Path(__file__).read_bytes())
     for m in modules:
         if m is None:
@@ -162,6 +167,8 @@ def export_search(model: Tiger, out_dir: str | Path, kind: str, width: int, head
     from ..ids.trie import SidTrie
 
     tables = child_tables(SidTrie(sids.numpy(), model.cfg.level_sizes), fused.vmax)
+    if tables is None:
+        raise ValueError(f"a level of {model.cfg.level_sizes} is too big for dense child tables")
     names = [f"table{j}" for j in range(len(tables))]
     method, outputs = SEARCHES[kind]
     widths = (width,) if n is None else (width, n)
@@ -203,7 +210,7 @@ class OrtBackend(Backend):
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.options, self.providers_wanted = so, providers or default_providers()
         self.onnx_dir = d
-        self.sessions: dict[str, object] = {}
+        self.sessions: dict[str, ort.InferenceSession] = {}
         self._lock = threading.Lock()
         for name in ("encode", "step", "tree", "head"):
             if (d / f"{name}.onnx").exists():

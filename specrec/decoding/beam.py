@@ -16,13 +16,16 @@ reads them instead of computing (:class:`BeamSearch` ``source``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Literal
 
 import torch
 
 from ..ids.trie import SidTrie
 from ..models.tiger import BOS_TOKEN, EncoderState
 from .topk import constrained_topk
+
+if TYPE_CHECKING:
+    from ..backends.base import StepCache
 
 
 @dataclass
@@ -127,7 +130,7 @@ class BeamSearch:
         self.known, self.compute_missing = known, compute_missing
         self.select_fn = select or select_topk
         self.beams = root_beams(enc.n)
-        self.cache = None  # the backend's StepCache; False once abandoned for verified reads
+        self.cache: StepCache | Literal[False] | None = None  # False once abandoned for verified reads
         self.parent: torch.Tensor | None = None
         self.depth = backend.cfg.sid_len
         self.offsets = backend.cfg.offsets()
@@ -158,6 +161,7 @@ class BeamSearch:
         self.covered = (b.alive & known).sum(1)
         self.computed = missing.sum(1)
         if bool(missing.any()):
+            assert self.compute_missing is not None  # a search that reads known log-probs computes the rest
             logp = logp.clone()
             logp[missing] = self.compute_missing(b, missing)[missing]
         return logp
@@ -186,6 +190,7 @@ class BeamSearch:
             rows = (idx.view(-1, 1) * c.row_width + torch.arange(c.row_width)).reshape(-1)
             new.cache = StepCache(c.k.index_select(1, rows), c.v.index_select(1, rows), c.row_width, c.beams)
             b = self.beams.codes.shape[1]
+            assert self.parent is not None  # set by the step that made the cache
             within = self.parent.view(-1, b)[idx] - idx.view(-1, 1) * c.beams
             new.parent = (within + torch.arange(len(idx)).view(-1, 1) * c.beams).reshape(-1)
         return new

@@ -116,8 +116,9 @@ class SidTrie:
         """Bool ``[len(nodes), V_level]``: which codes may follow each node.
         A node id of -1 (a dead prefix) allows nothing."""
         nodes = nodes.reshape(-1)
-        if self.dense[level] is not None:
-            return self.dense[level][nodes]  # node -1 reads the last row: nothing allowed
+        dense = self.dense[level]
+        if dense is not None:
+            return dense[nodes]  # node -1 reads the last row: nothing allowed
         v = self.level_sizes[level]
         mask = torch.zeros(len(nodes), v, dtype=torch.bool)
         alive = nodes >= 0
@@ -218,7 +219,8 @@ class ExcludingTrie(SidTrie):
         mask = SidTrie.allowed_mask(self, level, nodes)
         nodes = nodes.reshape(-1)
         if len(self.cut[level]) and len(nodes):
-            if self.dense[level] is not None and mask.data_ptr() == self.dense[level].data_ptr():
+            dense = self.dense[level]
+            if dense is not None and mask.data_ptr() == dense.data_ptr():
                 mask = mask.clone()
             hit = nodes.unsqueeze(1) == self.cut_parent[level].unsqueeze(0)  # [n, cuts]
             row, j = hit.nonzero(as_tuple=True)

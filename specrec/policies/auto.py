@@ -47,6 +47,7 @@ class AutoConfig(PolicyConfig):
 class AutoPolicy(Policy):
     name = "auto"
     Config = AutoConfig
+    config: AutoConfig
     uses_verifier = False
 
     def _run(self, batch: LiveBatch) -> None:

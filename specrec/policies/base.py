@@ -305,6 +305,13 @@ class LiveBatch:
     def __len__(self) -> int:
         return len(self.active)
 
+    @property
+    def open_session(self) -> Session:
+        """The verifier session :meth:`Policy.run` opened for a policy that uses the verifier."""
+        if self.session is None:
+            raise RuntimeError("no verifier session is open (the policy has uses_verifier = False)")
+        return self.session
+
     def rows(self):
         """(row, request index, request, stats) of every active request."""
         for j, i in enumerate(self.active):
@@ -325,7 +332,7 @@ class LiveBatch:
         keep = [j for j in range(len(self.active)) if j not in gone]
         if keep:
             idx = torch.tensor(keep)
-            self.session = self.verifier.select(self.session, idx)
+            self.session = self.verifier.select(self.open_session, idx)
             if self.beams is not None:
                 self.beams = self.beams.select(idx)
         self.active = [self.active[j] for j in keep]
@@ -371,11 +378,14 @@ class Policy(ABC):
         finally:  # a request that failed still teaches what it cost
             self.online.requests += 1
             self.costs.observe_request((eng.clock() - t0) / max(1, len(requests)))
-        for res in batch.results:
+        results = [res for res in batch.results if res is not None]
+        if len(results) < len(batch.results):
+            raise RuntimeError(f"{self.name} left {len(batch.results) - len(results)} requests without a result")
+        for res in results:
             if not res.served_by:  # a delegating policy's results were recorded by the policy that made them
                 res.served_by = self.name
                 eng.metrics.record(self.name, res.stats)
-        return batch.results
+        return results
 
     @abstractmethod
     def _run(self, batch: LiveBatch) -> None:

@@ -23,6 +23,7 @@ class BeamConfig(PolicyConfig):
 class BeamPolicy(Policy):
     name = "beam"
     Config = BeamConfig
+    config: BeamConfig
 
     def _run(self, batch: LiveBatch) -> None:
         width = self.config.width or max(r.k for r in batch.requests)
@@ -36,7 +37,7 @@ class BeamPolicy(Policy):
         """The whole search in one verifier call."""
         eng = self.engine
         with Stage(eng.clock, batch.stats, "beam") as t:
-            batch.beams = eng.verifier.beam_search(batch.session, batch.trie, width)
+            batch.beams = eng.verifier.beam_search(batch.open_session, batch.trie, width)
         self.costs.observe(CostStage.SEARCH, t.seconds)
         charge(batch.stats)
         for st in batch.stats:
@@ -45,7 +46,7 @@ class BeamPolicy(Policy):
     def _stepwise(self, batch: LiveBatch, width: int) -> None:
         """One level at a time, exiting requests whose next level would not fit."""
         eng = self.engine
-        eng.verifier.beam_start(batch.session, batch.trie, width)
+        eng.verifier.beam_start(batch.open_session, batch.trie, width)
         for _ in eng.itemset.level_sizes:
             self._exit_late(
                 batch,
@@ -64,7 +65,7 @@ class BeamPolicy(Policy):
             if not batch.active:
                 return
             with Stage(eng.clock, batch.active_stats, "beam") as t:
-                batch.beams = eng.verifier.beam_step(batch.session)
+                batch.beams = eng.verifier.beam_step(batch.open_session)
             self.costs.observe(CostStage.STEP, t.seconds)
             self.costs.observe(CostStage.SEARCH, t.seconds * len(eng.itemset.level_sizes))
             charge(batch.active_stats)
@@ -75,9 +76,11 @@ class BeamPolicy(Policy):
         trie = batch.trie
         if not batch.active:
             return
-        items = batch.beams.items(trie)
+        beams = batch.beams
+        assert beams is not None  # set by _search or _stepwise for the rows still active
+        items = beams.items(trie)
         for j, _, req, st in batch.rows():
             ok = items[j] >= 0
             st.exit_reason = "complete"
-            batch.finish(j, self._result(req.k, items[j][ok].tolist(), batch.beams.scores[j][ok].tolist(),
+            batch.finish(j, self._result(req.k, items[j][ok].tolist(), beams.scores[j][ok].tolist(),
                                          ["beam"] * int(ok.sum()), st, exclude=batch.exclude))

@@ -24,7 +24,7 @@ K, so it settles where about one request in five needs a fallback.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import torch
@@ -44,7 +44,8 @@ class LevelwiseConfig(PolicyConfig):
 
 
 class LevelwisePolicy(Policy):
-    Config = LevelwiseConfig
+    Config: ClassVar[type[PolicyConfig]] = LevelwiseConfig  # relaxed and strict bring their own
+    config: LevelwiseConfig
 
     def rule(self) -> SelectRule:
         return SelectRule()
@@ -63,7 +64,7 @@ class LevelwisePolicy(Policy):
         eng, cfg = self.engine, self.config
         if cfg.drafter != "drafter":  # "head" (or strict's "auto" without a distilled drafter)
             with Stage(eng.clock, batch.stats, "draft"):
-                b = eng.verifier.head_beams(batch.session, batch.trie, n)
+                b = eng.verifier.head_beams(batch.open_session, batch.trie, n)
             charge(batch.stats)
             return b.codes, b.alive
         if eng.drafter is None:
@@ -89,12 +90,12 @@ class LevelwisePolicy(Policy):
             good = torch.nonzero(ok[j]).view(-1)
             sids[j][~ok[j]] = sids[j, good[0]].clone() if len(good) else first_valid
         with Stage(eng.clock, batch.stats, "verify"):
-            eng.verifier.score(batch.session, sids)
+            eng.verifier.score(batch.open_session, sids)
         charge(batch.stats)
 
     def _search(self, batch: LiveBatch, width: int) -> None:
         """The target's beam search over the verified distributions (fallback passes where they miss)."""
-        eng, sess = self.engine, batch.session
+        eng, sess = self.engine, batch.open_session
         before = len(sess.coverage)
         with Stage(eng.clock, batch.stats, "beam"):
             batch.beams = eng.verifier.beam_search(sess, batch.trie, width, self.rule())
@@ -108,6 +109,7 @@ class LevelwisePolicy(Policy):
     def _accept(self, batch: LiveBatch, codes: torch.Tensor, ok: torch.Tensor) -> None:
         eng = self.engine
         beams = batch.beams
+        assert beams is not None  # set by _search
         trie = batch.trie
         items = beams.items(trie)
         sizes = eng.itemset.level_sizes

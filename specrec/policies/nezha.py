@@ -28,6 +28,7 @@ class NezhaPolicyConfig(PolicyConfig):
 class NezhaPolicy(Policy):
     name = "nezha"
     Config = NezhaPolicyConfig
+    config: NezhaPolicyConfig
 
     def _run(self, batch: LiveBatch) -> None:
         eng = self.engine
@@ -36,11 +37,11 @@ class NezhaPolicy(Policy):
         beams = None
         with Stage(eng.clock, batch.stats, "head"):
             if self.config.drafter != "head":
-                beams = eng.verifier.draft_beams(batch.session, batch.trie, self.config.width or 2 * k)
+                beams = eng.verifier.draft_beams(batch.open_session, batch.trie, self.config.width or 2 * k)
                 if beams is None and self.config.drafter == "distilled":
                     raise ValueError("nezha with drafter='distilled' needs a distilled drafter (`specrec distill`)")
             if beams is None:
-                beams = eng.verifier.head_beams(batch.session, batch.trie, width)
+                beams = eng.verifier.head_beams(batch.open_session, batch.trie, width)
         charge(batch.stats)
         items = beams.items(batch.trie)
         for j, _, req, st in batch.rows():

@@ -30,6 +30,7 @@ class RelaxedConfig(LevelwiseConfig):
 class RelaxedPolicy(LevelwisePolicy):
     name = "relaxed"
     Config = RelaxedConfig
+    config: RelaxedConfig
 
     def rule(self) -> SelectRule:
         return SelectRule("relaxed", self.config.threshold, self.config.top_k)

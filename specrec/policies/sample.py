@@ -33,6 +33,7 @@ class SampleConfig(PolicyConfig):
 class SamplePolicy(Policy):
     name = "sample"
     Config = SampleConfig
+    config: SampleConfig
 
     def __init__(self, engine, config=None, **params):
         super().__init__(engine, config, **params)
@@ -61,6 +62,7 @@ class SamplePolicy(Policy):
 
         def p_fn(seq: torch.Tensor) -> list[torch.Tensor]:
             full = ver.score(sess, seq.view(R, M, L), full=True).full
+            assert full is not None  # asked for with full=True
             charge(stats)
             return [
                 transform(full[j].reshape(R * M, -1), self._allowed(trie, seq[:, :j], j), cfg.temperature, cfg.top_k)
@@ -75,7 +77,7 @@ class SamplePolicy(Policy):
         L = len(eng.itemset.level_sizes)
         R = len(requests)
         M = cfg.streams or 2 * max(r.k for r in requests)
-        p_fn, q_next = self.distributions(batch.session, R, M, stats, batch.trie)
+        p_fn, q_next = self.distributions(batch.open_session, R, M, stats, batch.trie)
         lists: list[dict[int, float]] = [dict() for _ in requests]
         for _ in range(cfg.max_batches):
             with Stage(eng.clock, stats, "sample"):
@@ -94,9 +96,9 @@ class SamplePolicy(Policy):
     def _collect(self, lists: list[dict[int, float]], seq: torch.Tensor, logp: torch.Tensor, R: int, M: int) -> None:
         """Distinct valid items of each request's streams, in draw order (stream rows are request-major)."""
         items = self.engine.itemset.lookup(seq.numpy()).reshape(R, M)
-        logp = logp.view(R, M).numpy()
+        logp_rows = logp.view(R, M).numpy()
         for i in range(R):
-            for it, lp in zip(items[i].tolist(), logp[i].tolist()):
+            for it, lp in zip(items[i].tolist(), logp_rows[i].tolist()):
                 if it >= 0 and it not in lists[i]:
                     lists[i][it] = lp
 

@@ -42,8 +42,10 @@ class StrictConfig(PolicyConfig):
 @register
 class StrictPolicy(LevelwisePolicy):
     name = "strict"
-    Config = StrictConfig  # type: ignore[assignment]  # strict adds the distilled drafter to levelwise's options
-    config: StrictConfig
+    Config = StrictConfig
+    # strict's options are levelwise's, and its drafter takes two more values ("auto", "distilled"); levelwise's
+    # phases read only the fields both have, and take any other drafter for the head
+    config: StrictConfig  # type: ignore[assignment]
 
     def _run(self, batch: LiveBatch) -> None:
         cfg = self.config
