@@ -47,7 +47,7 @@ async def load_bundle(bundle: str | Path, store: RedisCatalogue | None = None, *
     records, level_sizes = await asyncio.to_thread(bundle_records, bundle)
     fingerprint = sid_space_fingerprint(bundle)
     own = store is None
-    if own:
+    if store is None:
         from .settings import ItemSetSettings
 
         s = settings if settings is not None else ItemSetSettings()

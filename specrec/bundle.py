@@ -29,6 +29,7 @@ import json
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -58,7 +59,10 @@ def save_weights(module: nn.Module, path: Path, half: bool = True) -> None:
     save_file(state, str(path))
 
 
-def load_weights(module: nn.Module, path: Path) -> nn.Module:
+M = TypeVar("M", bound=nn.Module)
+
+
+def load_weights(module: M, path: Path) -> M:
     from safetensors.torch import load_file
 
     ref = module.state_dict()
@@ -67,7 +71,7 @@ def load_weights(module: nn.Module, path: Path) -> nn.Module:
     return module.eval()
 
 
-def round_to_half(module: nn.Module) -> nn.Module:
+def round_to_half(module: M) -> M:
     """Round float weights through float16, as saving and loading would."""
     with torch.no_grad():
         for p in module.state_dict().values():

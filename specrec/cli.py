@@ -359,11 +359,11 @@ def cmd_export(a: argparse.Namespace) -> int:
     ort_be, ref = OrtBackend(bundle.model, bundle.nezha_head, onnx_dir=out), Backend(bundle.model, bundle.nezha_head)
     hist = bundle.history_sids([bundle.sids_t.new_tensor([0, 1, 2]).numpy()])
     with torch.inference_mode():
-        a = beam_search(ref, ref.encode(hist), bundle.trie, 10)
-        b = beam_search(ort_be, ort_be.encode(hist), bundle.trie, 10)
-    diff = float((a.scores - b.scores).abs().max())
+        eager_beams = beam_search(ref, ref.encode(hist), bundle.trie, 10)
+        onnx_beams = beam_search(ort_be, ort_be.encode(hist), bundle.trie, 10)
+    diff = float((eager_beams.scores - onnx_beams.scores).abs().max())
     print(f"exported to {out} (providers {ort_be.providers}); beam search max |eager - onnx| = {diff:.2e}, "
-          f"same beams: {bool(torch.equal(a.codes, b.codes))}")
+          f"same beams: {bool(torch.equal(eager_beams.codes, onnx_beams.codes))}")
     return 0
 
 
@@ -509,8 +509,8 @@ def build_parser() -> argparse.ArgumentParser:
     try:  # serving subcommands (stack, recommend) when the serving code is installed
         from specrec_rpc.cli import register
     except ImportError:
-        register = None
-    if register is not None:
+        pass
+    else:
         register(sub)
     return p
 

@@ -187,10 +187,11 @@ def train_drafters(
         info["retrieval"] = {**rep, "minutes": round((time.time() - t0) / 60, 1)}
     if "self" in which:
         t0 = time.time()
-        head, rep = train_self_draft(bundle.model, split, bundle.sids,
-                                     tcfg=DrafterTrainConfig(epochs=epochs.get("self", 8), batch_size=256, lr=2e-3),
-                                     log=log, progress=progress, align=align, cache=cache_dir() / "beams")
-        bundle.self_draft = round_to_half(head)
+        self_head, rep = train_self_draft(bundle.model, split, bundle.sids,
+                                          tcfg=DrafterTrainConfig(epochs=epochs.get("self", 8), batch_size=256,
+                                                                  lr=2e-3),
+                                          log=log, progress=progress, align=align, cache=cache_dir() / "beams")
+        bundle.self_draft = round_to_half(self_head)
         info["self_draft"] = {**rep, "minutes": round((time.time() - t0) / 60, 1)}
     if "nezha" in which:
         t0 = time.time()

@@ -217,8 +217,9 @@ class ServiceProcs:
     redis_url: str
     namespace: str
     log_dir: Path
-    ports: dict[str, int] | None = None  # None: free ports
-    metrics_ports: dict[str, int] | None = None  # None: metrics off
+    # None (the defaults, which __post_init__ replaces by dicts): free ports; metrics off
+    ports: dict[str, int] = None  # type: ignore[assignment]
+    metrics_ports: dict[str, int] = None  # type: ignore[assignment]
     token: str = field(default_factory=lambda: secrets.token_urlsafe(16))
     max_history: int | None = None  # the gateway's history window (None: the service's default)
     env: dict[str, str] = field(default_factory=dict)  # extra variables (e.g. SPECREC_VERIFIER_THREADS)

@@ -159,13 +159,15 @@ def temporal(ds: Dataset, max_history: int = 20, quantile: float = 0.8, cutoff: 
         raise ValueError(f"dataset {ds.name!r} has no timestamps: the temporal protocol needs them")
     tr, va, te = _Builder(max_history), _Builder(max_history), _Builder(max_history)
     for u, s in enumerate(ds.sequences):
-        before = np.nonzero(s.timestamps < cutoff)[0]
+        ts = s.timestamps
+        assert ts is not None  # has_timestamps, checked above
+        before = np.nonzero(ts < cutoff)[0]
         before = before[before >= 1]
         if len(before):
             va.add(u, s.items, int(before[-1]))
             for i in before[:-1]:
                 tr.add(u, s.items, int(i))
-        after = np.nonzero(s.timestamps >= cutoff)[0]
+        after = np.nonzero(ts >= cutoff)[0]
         after = after[after >= 1]
         if len(after):
             te.add(u, s.items, int(after[0]))

@@ -121,7 +121,9 @@ def speculative_sample(
             if not bool(rows.any()):
                 continue
             idx = torch.nonzero(rows).squeeze(1)
-            p, q = P[j][idx], qs[j][idx]
+            q_j = qs[j]
+            assert q_j is not None  # drafted this round: j is at or past the shortest active stream
+            p, q = P[j][idx], q_j[idx]
             y = seq[idx, j]
             a = accept_prob(p.gather(1, y[:, None]).squeeze(1), q.gather(1, y[:, None]).squeeze(1))
             u = torch.rand(len(idx), generator=generator)

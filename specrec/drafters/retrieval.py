@@ -80,6 +80,7 @@ class RetrievalDrafter(VectorDrafter):
                 want = min(
                     len(self._text_unit), n_text[i] + len(taken) + len(itemset.active) - int(itemset.active.sum())
                 )
+                assert self.text_index is not None  # n_text > 0 only with a text share
                 scores, rows = self.text_index.search(queries[i : i + 1], want)
                 ok = rows[0] >= 0
                 rows, scores = rows[0][ok], scores[0][ok]

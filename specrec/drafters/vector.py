@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Sequence
+from typing import Sequence, cast
 
 import numpy as np
 
@@ -33,12 +33,14 @@ def build_index(vectors: np.ndarray, exact_limit: int = 200_000, hnsw_m: int = 3
     import faiss
 
     d = vectors.shape[1]
+    index: faiss.Index
     if len(vectors) <= exact_limit:
         index = faiss.IndexFlatIP(d)
     else:
-        index = faiss.IndexHNSWFlat(d, hnsw_m, faiss.METRIC_INNER_PRODUCT)
-        index.hnsw.efConstruction = 200
-        index.hnsw.efSearch = ef_search
+        hnsw = faiss.IndexHNSWFlat(d, hnsw_m, faiss.METRIC_INNER_PRODUCT)
+        hnsw.hnsw.efConstruction = 200
+        hnsw.hnsw.efSearch = ef_search
+        index = hnsw
     index.add(np.ascontiguousarray(vectors, dtype=np.float32))
     return index
 
@@ -110,4 +112,4 @@ class VectorDrafter:
                 r_rows, r_scores = rows[j][ok], scores[j][ok]
                 act = itemset.active[r_rows]
                 out[i] = topn_excluding(r_scores[act], r_rows[act], requests[i].n, requests[i].exclude)
-        return out
+        return cast("list[Draft]", out)  # every request is one of the two kinds above

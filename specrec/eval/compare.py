@@ -40,7 +40,7 @@ def compare_policies(policies: dict, ex: Examples, k: int, progress: bool = True
         for h in hists[:warmup]:
             pol.run([RecRequest(np.asarray(h, dtype=np.int64), k, exclude_history=excl)])
     runs = {n: Run(np.full((len(ex), k), -1, dtype=np.int64), np.zeros(len(ex))) for n in policies}
-    stages = {n: defaultdict(float) for n in policies}
+    stages: dict[str, defaultdict[str, float]] = {n: defaultdict(float) for n in policies}
     for i in tqdm(range(len(ex)), desc="requests", disable=not progress, leave=False):
         req = RecRequest(np.asarray(hists[i], dtype=np.int64), k, exclude_history=excl)
         for name, pol in policies.items():

@@ -32,6 +32,7 @@ def _kmeans(x: np.ndarray, k: int, seed: int, niter: int) -> np.ndarray:
         max_points_per_centroid=max(256, (len(x) + k - 1) // k), min_points_per_centroid=1,
     )
     km.train(np.ascontiguousarray(x, dtype=np.float32))
+    assert km.centroids is not None  # set by train
     return km.centroids.copy()
 
 

@@ -31,8 +31,10 @@ class SelfDraftHead(nn.Module):
         self.item = nn.Sequential(nn.Linear(d, d), nn.GELU(), nn.Linear(d, self.cfg.d_out))
 
     def user_vectors(self, enc: EncoderState) -> torch.Tensor:
-        mem = enc.memory  # [R, S, d]
-        keep = enc.mask[:, 0, 0, :].unsqueeze(-1).to(mem.dtype)
+        mem, mask = enc.memory, enc.mask  # [R, S, d], [R, 1, 1, S]
+        if mem is None or mask is None:
+            raise ValueError("the self-draft head reads the encoder memory: an encoder state from Tiger.encode")
+        keep = mask[:, 0, 0, :].unsqueeze(-1).to(mem.dtype)
         mean = (mem * keep).sum(1) / keep.sum(1).clamp(min=1)
         return F.normalize(self.user(torch.cat([mean, mem[:, -1]], dim=-1)), dim=-1)
 

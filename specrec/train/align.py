@@ -111,7 +111,7 @@ def head_alignment_loss(mode: str, q: list[torch.Tensor], p: list[torch.Tensor],
     """q, p: per level [B, K, V_j] log-probs along the target beams ``codes`` [B, K, L]; mean over alive beams."""
     w = alive.float()
     n = w.sum().clamp(min=1)
-    total = 0.0
+    total = w.new_zeros(())
     for j, (lq, lp) in enumerate(zip(q, p)):
         if mode == "strict":
             per = (lq.exp() * (lq - lp)).sum(-1)  # reverse KL(q || p)
