@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 from specrec_rpc.errors import FailedPrecondition, Unavailable
 
-from .keys import EMPTY_FINGERPRINT, Record, parse_mask
+from .keys import EMPTY_FINGERPRINT, Keys, Record, parse_mask
 from .metrics import REDIS_SECONDS
 
 
@@ -37,6 +37,14 @@ class CatalogueInfo:
 
 class CatalogueReads:
     """The read half of :class:`~.store.RedisCatalogue` (needs ``r``, ``keys``, ``ns``, ``_t``)."""
+
+    # what RedisCatalogue provides
+    r: Any  # the redis.asyncio client (standalone, Sentinel or cluster)
+    keys: Keys
+    ns: str
+    default_level_sizes: list[int] | None
+    pipe: Callable[..., Any]  # a pipeline on the client (MULTI by default)
+    _t: Callable[[str, Awaitable[Any]], Awaitable[Any]]  # the awaitable, timed under the operation's name
 
     async def state(self) -> tuple[str | None, list[int] | None]:
         """(current version or None, level sizes or None), in one round trip."""
@@ -77,7 +85,7 @@ class CatalogueReads:
         """Run ``fill(pipe, v)``'s commands on version ``v`` ("" = current) in one
         MULTI, together with the check that ``v`` is published and stored."""
         for _ in range(3):
-            v = version
+            v: str | None = version
             if not v:
                 v, _ls = await self.state()
                 if v is None:

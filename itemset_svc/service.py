@@ -363,8 +363,17 @@ class ItemSetService(Service):
     def add_to_server(self, server: grpc.aio.Server) -> None:
         itemset_pb2_grpc.add_ItemSetServicer_to_server(ItemSetServicer(self), server)
 
+    @property
+    def live_store(self) -> RedisCatalogue:
+        """The store, from start() until stop()."""
+        if self.store is None:
+            raise Unavailable("the item set is not started, or is stopping")
+        return self.store
+
     async def encode(self, texts: list[str]):
-        return await asyncio.to_thread(self.tokenizer.codes, texts)
+        tok = self.tokenizer
+        assert tok is not None  # the servicer encodes only when there is a tokenizer
+        return await asyncio.to_thread(tok.codes, texts)
 
     async def start(self) -> None:
         s = self.settings
@@ -433,6 +442,7 @@ class ItemSetService(Service):
                     from .load import load_bundle
 
                     t0 = time.perf_counter()
+                    version: str | None
                     try:
                         version = await load_bundle(s.bundle, store)
                     except NotAcknowledged as e:  # published; the bundle can load it again if it is lost
@@ -450,10 +460,10 @@ class ItemSetService(Service):
     # -- catalogue integrity ------------------------------------------------------------------
     async def refresh_mirror(self) -> None:
         """Copy the current catalogue into the mirror (a full read; after a rollback or another replica's write)."""
-        info = await self.store.info()
+        info = await self.live_store.info()
         if not info.version:
             return
-        v, ls, records, fp = await self.store.snapshot(info.version)
+        v, ls, records, fp = await self.live_store.snapshot(info.version)
         self.mirror = Mirror(v, fp, ls, {r.item_id: r for r in records}, info.bundle)
 
     def mirror_write(self, res: WriteResult) -> None:
@@ -484,7 +494,8 @@ class ItemSetService(Service):
         """Publish the mirror again, in a new epoch (after a loss there is none; after a rollback the old
         counter would repeat names). One replica restores (a lock in Redis); the others follow it: a
         write waits for that restore, the watch loop sees the new version on its next look."""
-        m, store = self.mirror, self.store
+        m, store = self.mirror, self.live_store
+        assert m is not None  # called only with a mirror to publish
         token = await store.try_lock("restoring", 60)
         if token is None:
             if locked:
@@ -509,14 +520,14 @@ class ItemSetService(Service):
 
     async def _wait_restored(self, timeout_s: float = 30.0) -> None:
         t0 = time.monotonic()
-        while (await self.store.state())[0] is None:
+        while (await self.live_store.state())[0] is None:
             if time.monotonic() - t0 > timeout_s:
                 raise Unavailable("the catalogue is being restored by another item-set replica: retry")
             await asyncio.sleep(0.05)
 
     async def check_integrity(self) -> str:
         """One look at Redis against the mirror; what was done ("" when nothing)."""
-        store, m = self.store, self.mirror
+        store, m = self.live_store, self.mirror
         cur, _ = await store.state()
         if m is None:
             if cur is not None:

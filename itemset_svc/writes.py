@@ -33,7 +33,7 @@ import json
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Sequence
 
 import numpy as np
 
@@ -44,6 +44,7 @@ from .keys import (
     DATA_KEYS,
     EMPTY_FINGERPRINT,
     STAGING_TTL_S,
+    Keys,
     Record,
     build_masks,
     bump,
@@ -57,6 +58,9 @@ from .keys import (
     version_name,
 )
 from .metrics import CATALOGUE_ITEMS, COLLISIONS, ITEMS_WRITTEN, WRITES
+
+if TYPE_CHECKING:
+    from .reads import VersionNotFound
 
 
 class WriteConflict(RuntimeError):
@@ -145,6 +149,27 @@ return 0
 
 class CatalogueWrites:
     """The write half of :class:`~.store.RedisCatalogue`."""
+
+    # what RedisCatalogue provides (its own attributes, and the read half's methods)
+    r: Any  # the redis.asyncio client (standalone, Sentinel or cluster)
+    keys: Keys
+    ns: str
+    keep: int
+    cluster: bool
+    max_attempts: int
+    write_replicas: int
+    wait_ms: int
+    default_level_sizes: list[int] | None
+    log: Any  # structlog logger
+    _lock: asyncio.Lock
+    _commit: Any  # registered Lua scripts
+    _unlock: Any
+    _drop_staged: Any
+    pipe: Callable[..., Any]
+    _t: Callable[[str, Awaitable[Any]], Awaitable[Any]]
+    state: Callable[[], Awaitable[tuple[str | None, list[int] | None]]]
+    stored_versions: Callable[[], Awaitable[list[str]]]
+    _not_found: Callable[[str], Awaitable[VersionNotFound]]
 
     # -- versions -------------------------------------------------------------------
     async def _new_version(self, new_epoch: bool = False) -> str:
