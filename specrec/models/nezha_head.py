@@ -22,7 +22,7 @@ whole search traces (:meth:`specrec.models.hotpath.FusedHotPath.head_beam_search
 
 from __future__ import annotations
 
-from typing import Callable, Protocol, TypeVar
+from typing import Callable, Protocol, TypeVar, cast
 
 import torch
 from pydantic import BaseModel
@@ -96,7 +96,8 @@ class NezhaHead(nn.Module):
         self.ln = nn.LayerNorm(d)
         self.heads = nn.ModuleList(nn.Linear(d, v) for v in g.level_sizes)
         with torch.no_grad():  # start from the GR's own output layers
-            for lvl, mine in enumerate(self.heads):
+            for lvl, layer in enumerate(self.heads):
+                mine = cast(nn.Linear, layer)
                 eye = torch.eye(d)
                 mine.weight.copy_(gr.level_logits(eye, lvl).T - gr.level_logits(torch.zeros(1, d), lvl).T)
                 mine.bias.copy_(gr.level_logits(torch.zeros(1, d), lvl)[0])
@@ -117,12 +118,12 @@ class NezhaHead(nn.Module):
 
     def level_logprobs(self, h: torch.Tensor, s: torch.Tensor, level: int) -> torch.Tensor:
         """h: [R, d] hidden at this level, s: [R, M, d] states -> [R, M, V]."""
-        head = self.heads[level]
+        head = cast(nn.Linear, self.heads[level])
         return head_level_logprobs(h, s, self.ln, head.weight.t(), head.bias)
 
     def advance(self, gr: Tiger, s: torch.Tensor, level: int, codes: torch.Tensor) -> torch.Tensor:
         """s: [R, M, d], codes: [R, M] chosen at ``level`` -> next states [R, M, d]."""
-        g = self.transitions[level]
+        g = cast(nn.GRUCell, self.transitions[level])
         return gru_cell(
             self.code_embedding(gr, level, codes), s, g.weight_ih.t(), g.weight_hh.t(), g.bias_ih, g.bias_hh
         )
@@ -160,11 +161,11 @@ class NezhaHead(nn.Module):
         along the target (or None to train on cross-entropy alone)."""
         h = self.hidden(gr, enc)
         q = self.prefix_logprobs(gr, h, target[:, None, :])
-        loss = 0.0
+        terms = []
         for j, lq in enumerate(q):
             lq = lq[:, 0]
-            loss = loss + nn.functional.nll_loss(lq, target[:, j])
+            terms.append(nn.functional.nll_loss(lq, target[:, j]))
             if teacher is not None and self.cfg.distill_weight:
                 p = teacher[j].exp()
-                loss = loss + self.cfg.distill_weight * (p * (teacher[j] - lq)).sum(-1).mean()
-        return loss / self.L
+                terms.append(self.cfg.distill_weight * (p * (teacher[j] - lq)).sum(-1).mean())
+        return sum(terms[1:], terms[0]) / self.L  # summed in level order

@@ -17,7 +17,7 @@ Tensor shapes used across the decoding code:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -210,7 +210,8 @@ class EncoderState:
     @staticmethod
     def cat(states: list["EncoderState"]) -> "EncoderState":
         """Stack the requests of several states (same history length)."""
-        mem = None if any(s.memory is None for s in states) else torch.cat([s.memory for s in states])
+        mems = [s.memory for s in states if s.memory is not None]
+        mem = torch.cat(mems) if len(mems) == len(states) else None
         return EncoderState(mem, torch.cat([s.mask for s in states]), torch.cat([s.cross_k for s in states], dim=1),
                             torch.cat([s.cross_v for s in states], dim=1))
 
@@ -288,11 +289,11 @@ class Tiger(SidTokens, nn.Module):
         return EncoderState(mem, keep[:, None, None, :], *self._cross(mem))
 
     def _cross(self, mem: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        ks, vs = zip(*(layer.cross_attn.kv(mem) for layer in self.dec_layers))
+        ks, vs = zip(*(cast(DecoderLayer, layer).cross_attn.kv(mem) for layer in self.dec_layers))
         return torch.stack(ks), torch.stack(vs)
 
     # -- decoder -----------------------------------------------------------
-    def decode(self, enc: EncoderState, tokens: torch.Tensor, start=0, embeds: torch.Tensor | None = None):
+    def decode(self, enc: EncoderState, tokens: torch.Tensor | None, start=0, embeds: torch.Tensor | None = None):
         """Teacher-forced decoder pass. tokens: [R, M, T] decoder input ids at positions start..start+T-1
         (or ``embeds`` [R, M, T, d] given directly, e.g. learned placeholders), causal over the T positions.
         Returns hidden [R, M, T, d] (after the final norm) and per layer (k, v) [R*M, h, T, dk]."""
@@ -312,6 +313,7 @@ class Tiger(SidTokens, nn.Module):
             return self.heads[level](hidden)
         off = self.cfg.offsets()[level]
         w = self.tok.weight[off : off + self.cfg.level_sizes[level]]
+        assert self.head_bias is not None  # tied output layers keep a bias per level
         return torch.nn.functional.linear(hidden, w, self.head_bias[level])
 
     def level_logprobs(self, hidden: torch.Tensor, level: int) -> torch.Tensor:
@@ -356,19 +358,20 @@ class Tiger(SidTokens, nn.Module):
             hidden, _ = self.decode(EncoderState(mem, mask, *self._cross(mem)),
                                     self.decoder_input(tgt_sids.clamp(min=0)[..., :-1]))
             hidden = hidden[valid]  # [N, L, d]
-        loss = 0.0
-        for lvl in range(L):
-            loss = loss + F.cross_entropy(self.level_logits(hidden[:, lvl], lvl), tgt[:, lvl],
-                                          label_smoothing=self.cfg.label_smoothing)
-        return loss / L
+        return self._mean_level_loss(hidden, tgt, L)
 
     def forward(self, hist_sids: torch.Tensor, target_sids: torch.Tensor) -> torch.Tensor:
         """Mean token cross-entropy of ``target_sids`` [B, L] given histories."""
         enc = self.encode(hist_sids)
         hidden, _ = self.decode(enc, self.decoder_input(target_sids[:, None, :-1]))
         hidden = hidden[:, 0]
-        loss = 0.0
-        for lvl in range(self.cfg.sid_len):
-            loss = loss + F.cross_entropy(self.level_logits(hidden[:, lvl], lvl), target_sids[:, lvl],
-                                          label_smoothing=self.cfg.label_smoothing)
-        return loss / self.cfg.sid_len
+        return self._mean_level_loss(hidden, target_sids, self.cfg.sid_len)
+
+    def _mean_level_loss(self, hidden: torch.Tensor, target: torch.Tensor, levels: int) -> torch.Tensor:
+        """Token cross-entropy of ``target`` [N, L] from ``hidden`` [N, L, d], averaged over the first ``levels``."""
+        losses = [
+            F.cross_entropy(self.level_logits(hidden[:, lvl], lvl), target[:, lvl],
+                            label_smoothing=self.cfg.label_smoothing)
+            for lvl in range(levels)
+        ]
+        return sum(losses[1:], losses[0]) / levels  # summed in level order

@@ -24,7 +24,7 @@ import os
 import socket
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -69,7 +69,7 @@ def bucketed_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Genera
     """Shuffle, sort within chunks of ``chunk`` batches by length, then shuffle batches."""
     order = rng.permutation(len(lengths))
     span = batch_size * chunk
-    batches = []
+    batches: list[np.ndarray] = []
     for s in range(0, len(order), span):
         part = order[s : s + span]
         part = part[np.argsort(lengths[part], kind="stable")]
@@ -81,9 +81,9 @@ def bucketed_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Genera
 def history_batch(sids: torch.Tensor, hist: np.ndarray) -> torch.Tensor:
     """[B, H] item indices (-1 pad, left) -> [B, h, L] codes trimmed to the longest history."""
     n = int((hist != PAD).sum(1).max())
-    hist = torch.from_numpy(hist[:, hist.shape[1] - n :])
-    out = sids[hist.clamp(min=0)]
-    return torch.where((hist < 0).unsqueeze(-1), torch.full_like(out, -1), out)
+    rows = torch.from_numpy(hist[:, hist.shape[1] - n :])
+    out = sids[rows.clamp(min=0)]
+    return torch.where((rows < 0).unsqueeze(-1), torch.full_like(out, -1), out)
 
 
 def causal_chunks(ex: Examples, stride: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -232,6 +232,7 @@ class Trainer:
         the first epoch and again after each one, at the pace of the last three: a busier machine
         shortens the plan, and it grows back when the machine is quiet again."""
         c = self.cfg
+        assert c.budget_minutes is not None  # planned only with a time budget
         train = [h["train_s"] for h in self.history[-3:]] or [0.0]
         valid = [h.get("valid_s", 0.0) + h.get("test_s", 0.0) for h in self.history if "valid_s" in h] or [0.0]
         epoch_s = sum(train) / len(train) + (sum(valid) / len(valid)) / c.valid_every
@@ -359,8 +360,8 @@ class Trainer:
                     bar.set_postfix(loss=f"{tot / max(n, 1):.4f}", lr=f"{self.sched.get_last_lr()[0]:.2e}")
             train_s = time.time() - t0
             self.epoch += 1
-            rec = {"epoch": self.epoch, "step": self.step, "loss": tot / max(n, 1), "lr": self.sched.get_last_lr()[0],
-                   "train_s": round(train_s, 1)}
+            rec: dict[str, Any] = {"epoch": self.epoch, "step": self.step, "loss": tot / max(n, 1),
+                                   "lr": self.sched.get_last_lr()[0], "train_s": round(train_s, 1)}
             self.elapsed_s += train_s
             first_plan = c.budget_minutes is not None and self.planned_epochs is None
             if first_plan or self.epoch % c.valid_every == 0 or self.epoch >= self.max_epochs:
@@ -426,7 +427,7 @@ class Trainer:
                 val, best_state, which = ev, self.ema, "ema"
         rec["valid_s"] = round(time.time() - t1, 1)
         if self.curve is not None:  # the test curve scores the weights validation just chose between
-            best_model = self.ema if which == "ema" else self.model
+            best_model = self.ema if which == "ema" and self.ema is not None else self.model
             t2 = time.time()
             tv = evaluate_beam(best_model, self.sids, self.trie, self.curve, c.valid_beam, shard=shard)
             rec.update({f"test.{k}": v for k, v in tv.items()})
@@ -465,7 +466,10 @@ class Trainer:
         return summary
 
 
-def _worker(rank: int, world: int, port: int, args, progress: bool, test: Examples | None = None) -> None:
+WorkerArgs = tuple[TigerConfig, TrainConfig, np.ndarray, Examples, Examples, str]  # Trainer's positional arguments
+
+
+def _worker(rank: int, world: int, port: int, args: WorkerArgs, progress: bool, test: Examples | None = None) -> None:
     import torch.distributed as dist
 
     cfg: TrainConfig = args[1]
