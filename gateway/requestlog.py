@@ -22,7 +22,8 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import grpc
 

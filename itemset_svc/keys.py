@@ -42,8 +42,8 @@ and anyone holding the items can check it.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 from specrec_rpc.fingerprint import EMPTY_FINGERPRINT, fingerprint  # noqa: F401 (re-exported)
 
@@ -144,7 +144,7 @@ class Record:
                            "unseen": self.unseen}, ensure_ascii=False, separators=(",", ":"))
 
     @classmethod
-    def loads(cls, item_id: str, raw: str) -> "Record":
+    def loads(cls, item_id: str, raw: str) -> Record:
         o = json.loads(raw)
         return cls(
             item_id, int(o["row"]), parse_sid(o["sid"]), o.get("title", ""), o.get("text", ""), bool(o.get("unseen"))

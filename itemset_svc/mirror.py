@@ -16,8 +16,8 @@ and dropped whenever the mirror changes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from .keys import Record, build_masks, records_fingerprint, sid_str
 from .reads import CatalogueInfo

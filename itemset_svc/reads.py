@@ -8,8 +8,9 @@ same MULTI; a version pruned in between is resolved again.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any
 
 from specrec_rpc.errors import FailedPrecondition, Unavailable
 

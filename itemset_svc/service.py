@@ -151,7 +151,7 @@ def stream(fn):
 
 
 class ItemSetServicer(itemset_pb2_grpc.ItemSetServicer):
-    def __init__(self, service: "ItemSetService"):
+    def __init__(self, service: ItemSetService):
         self.svc = service
         self.log = service.log
 

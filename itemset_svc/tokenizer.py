@@ -4,9 +4,9 @@ chosen by the store, per version)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 
@@ -32,7 +32,7 @@ class SidTokenizer:
     embedder: Callable[[Sequence[str]], np.ndarray] | None = field(default=None, repr=False)
 
     @classmethod
-    def from_bundle(cls, path: str | Path, embedder=None) -> "SidTokenizer":
+    def from_bundle(cls, path: str | Path, embedder=None) -> SidTokenizer:
         sem, level_sizes = bundle_semantic_ids(path)
         return cls(sem, level_sizes, embedder)
 

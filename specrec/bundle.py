@@ -230,7 +230,7 @@ class Bundle:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> "Bundle":
+    def load(cls, path: str | Path) -> Bundle:
         path = Path(path)
         meta = read_meta(path)
         ids, titles, texts, sids, seen = [], [], [], [], []

@@ -132,7 +132,7 @@ class LocalItemSet:
 
     def with_items(
         self, new_sids: np.ndarray, new_seen: np.ndarray | None = None, version: str | None = None
-    ) -> "LocalItemSet":
+    ) -> LocalItemSet:
         """A new snapshot with items appended (new items are unseen by default)."""
         new_sids = np.asarray(new_sids, dtype=np.int64).reshape(-1, len(self.level_sizes))
         seen = np.zeros(len(new_sids), bool) if new_seen is None else np.asarray(new_seen, bool)

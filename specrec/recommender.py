@@ -45,9 +45,9 @@ the field, as the gateway's INVALID_ARGUMENT does.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -126,7 +126,7 @@ class Recommender:
 
     @classmethod
     def load(cls, path: str | Path, drafter: str | None = "default", backend: str | None = None,
-             threads: int | None = None) -> "Recommender":
+             threads: int | None = None) -> Recommender:
         """Load the bundle at ``path`` (``specrec train`` writes one; ``bundles/beauty-loo`` is committed).
 
         ``drafter``: "retrieval", "self", None (no drafter: ``specgr`` and ``drafter`` then refuse), or

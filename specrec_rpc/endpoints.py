@@ -13,7 +13,8 @@ grants ``list``/``watch`` on endpointslices when discovery is ``k8s``).
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -56,7 +57,7 @@ class EndpointSliceWatcher:
         self.log = structlog.get_logger("endpoints").bind(namespace=namespace, service=service)
 
     @classmethod
-    def from_target(cls, rest: str, on_change: Callable[[list[str]], None]) -> "EndpointSliceWatcher":
+    def from_target(cls, rest: str, on_change: Callable[[list[str]], None]) -> EndpointSliceWatcher:
         """``namespace/service:port`` with in-cluster credentials."""
         from kubernetes import client, config
 

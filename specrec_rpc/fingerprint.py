@@ -9,7 +9,7 @@ anyone holding the items can recompute it.
 from __future__ import annotations
 
 import hashlib
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 EMPTY_FINGERPRINT = "0" * 32
 

@@ -79,7 +79,7 @@ class LocalSentinel:
                 raise RuntimeError(f"local sentinel: {what} not ready within {timeout_s:g} s (logs in {self.workdir})")
             time.sleep(0.05)
 
-    def start(self) -> "LocalSentinel":
+    def start(self) -> LocalSentinel:
         server = shutil.which("redis-server")
         sentinel = sentinel_command()
         if server is None or sentinel is None:

@@ -33,9 +33,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 ORDER = ("itemset", "verifier", "drafter", "gateway")  # start order; stopped in reverse
@@ -245,7 +245,7 @@ class ServiceProcs:
         return self.log_dir / f"{name}.log"
 
     def start(self, timeout: float = 300.0, say: Callable[[str], None] = print,
-              on_started: Callable[[str, int], None] | None = None) -> "ServiceProcs":
+              on_started: Callable[[str, int], None] | None = None) -> ServiceProcs:
         """Start item set -> verifier -> drafter -> gateway, each waited on
         until SERVING (SystemExit with its log tail otherwise; what was
         started keeps running: call :meth:`stop`)."""

@@ -26,9 +26,8 @@ import random
 import socket
 import threading
 import time
-from collections.abc import Set
+from collections.abc import Callable, Set
 from dataclasses import dataclass, field
-from typing import Callable
 
 import grpc
 import structlog
@@ -43,7 +42,7 @@ class Replica:
     calls: int = 0  # requests picked onto it (for the scale-out benchmark)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def __enter__(self) -> "Replica":
+    def __enter__(self) -> Replica:
         with self.lock:
             self.outstanding += 1
             self.calls += 1

@@ -23,7 +23,7 @@ import logging
 import signal
 import sys
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 import grpc
 import structlog

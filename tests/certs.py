@@ -15,7 +15,7 @@ def make_certs(d: Path, names: tuple[str, ...] = ("localhost",)) -> dict[str, Pa
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
 
     def key():
         return ec.generate_private_key(ec.SECP256R1())

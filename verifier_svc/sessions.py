@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from specrec.verifier import Session
 from specrec_rpc.catalogue import Snapshot

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
@@ -86,7 +86,7 @@ class Catalogue:
         return self.index[str(item_id)]
 
     @classmethod
-    def from_jsonl(cls, path: str | Path) -> "Catalogue":
+    def from_jsonl(cls, path: str | Path) -> Catalogue:
         ids, titles, texts = [], [], []
         for lineno, obj in iter_jsonl(path):
             if "item_id" not in obj:

@@ -41,12 +41,12 @@ class Examples:
     def __len__(self) -> int:
         return len(self.target)
 
-    def head(self, n: int | None) -> "Examples":
+    def head(self, n: int | None) -> Examples:
         if n is None:
             return self
         return Examples(self.history[:n], self.target[:n], self.user[:n], self.position[:n])
 
-    def take(self, idx: np.ndarray) -> "Examples":
+    def take(self, idx: np.ndarray) -> Examples:
         return Examples(self.history[idx], self.target[idx], self.user[idx], self.position[idx])
 
     def histories(self) -> list[np.ndarray]:

@@ -15,8 +15,9 @@ reads them instead of computing (:class:`BeamSearch` ``source``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 
@@ -46,11 +47,11 @@ class Beams:
         items = trie.lookup(self.codes.reshape(r * b, depth)).view(r, b)
         return torch.where(self.alive, items, torch.full_like(items, -1))
 
-    def select(self, idx: torch.Tensor) -> "Beams":
+    def select(self, idx: torch.Tensor) -> Beams:
         nodes = None if self.nodes is None else self.nodes[idx]
         return Beams(self.codes[idx], self.scores[idx], self.token_logp[idx], self.alive[idx], nodes)
 
-    def replace_rows(self, rows: torch.Tensor, other: "Beams") -> "Beams":
+    def replace_rows(self, rows: torch.Tensor, other: Beams) -> Beams:
         """These beams with rows ``rows`` taken from ``other`` (one row per entry of ``rows``; up to this width,
         the rest of those rows dead)."""
         codes, scores, tlp, alive = self.codes.clone(), self.scores.clone(), self.token_logp.clone(), self.alive.clone()
@@ -178,7 +179,7 @@ class BeamSearch:
             self.step()
         return self.beams
 
-    def select_requests(self, idx: torch.Tensor, enc: EncoderState) -> "BeamSearch":
+    def select_requests(self, idx: torch.Tensor, enc: EncoderState) -> BeamSearch:
         """The same search restricted to requests ``idx`` (``enc`` already selected)."""
         new = BeamSearch(self.backend, enc, self.trie, self.width, self.known, self.compute_missing, self.select_fn)
         new.beams = self.beams.select(idx)

@@ -74,7 +74,7 @@ class VerifiedPrefixes:
         """Remember a pass; ``rows`` are this session's rows in it (default: all, in order)."""
         self.passes.append((tree, out, np.arange(tree.tokens.shape[0]) if rows is None else np.asarray(rows)))
 
-    def select(self, idx: torch.Tensor) -> "VerifiedPrefixes":
+    def select(self, idx: torch.Tensor) -> VerifiedPrefixes:
         new = VerifiedPrefixes(self.level_sizes)
         ix = _np(idx)
         new.passes = [(t, o, rows[ix]) for t, o, rows in self.passes]

@@ -21,8 +21,8 @@ loop runs on the GR model (policy ``sample``) and on small explicit tables
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

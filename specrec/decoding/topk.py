@@ -17,7 +17,8 @@ Shapes: ``R`` requests, ``B`` beams in, ``W`` beams out (``min(width, B*V)``),
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 

@@ -22,8 +22,8 @@ looking up are vectorised (numpy), no Python loop per node.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 import torch

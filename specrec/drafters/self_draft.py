@@ -3,7 +3,7 @@ small contrastively trained projection; new items are drafted from their SID."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 

@@ -91,7 +91,7 @@ class SemanticIds:
         collision_size: int = 256,
         seed: int = 0,
         niter: int = 30,
-    ) -> "SemanticIds":
+    ) -> SemanticIds:
         emb = np.asarray(emb, dtype=np.float32)
         residual = emb.copy()
         books = np.zeros((n_levels, codebook_size, emb.shape[1]), dtype=np.float32)
@@ -186,5 +186,5 @@ class SemanticIds:
         return {"codebooks": self.codebooks, "collision_size": np.int64(self.collision_size)}
 
     @classmethod
-    def from_state(cls, state) -> "SemanticIds":
+    def from_state(cls, state) -> SemanticIds:
         return cls(np.asarray(state["codebooks"]), int(state["collision_size"]))

@@ -103,7 +103,7 @@ class SidTrie:
             self._child_tables[vmax] = out
         return self._child_tables[vmax]
 
-    def excluding(self, sids) -> "SidTrie":
+    def excluding(self, sids) -> SidTrie:
         """This trie without the items whose SIDs are given (rows of ``sids``; ones not in the trie are
         ignored): a per-request view, see :class:`ExcludingTrie`. Returns ``self`` when nothing is cut."""
         sids = np.asarray(sids, dtype=np.int64).reshape(-1, self.depth)

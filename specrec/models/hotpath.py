@@ -52,7 +52,7 @@ each code, -1 where invalid; the last row, read by a dead beam, is all -1).
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -464,7 +464,7 @@ class SearchState:
         self.codes, self.scores, self.token_logp, self.nodes = codes, scores, token_logp, nodes
 
     @staticmethod
-    def root(r: int, device: torch.device | None = None) -> "SearchState":
+    def root(r: int, device: torch.device | None = None) -> SearchState:
         return SearchState(torch.zeros(r, 1, 0, dtype=torch.int64, device=device), torch.zeros(r, 1, device=device),
                            torch.zeros(r, 1, 0, device=device), torch.zeros(r, 1, dtype=torch.int64, device=device))
 

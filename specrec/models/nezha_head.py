@@ -22,7 +22,8 @@ whole search traces (:meth:`specrec.models.hotpath.FusedHotPath.head_beam_search
 
 from __future__ import annotations
 
-from typing import Callable, Protocol, TypeVar, cast
+from collections.abc import Callable
+from typing import Protocol, TypeVar, cast
 
 import torch
 from pydantic import BaseModel

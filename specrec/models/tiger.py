@@ -208,14 +208,14 @@ class EncoderState:
         return [(self.cross_k[i], self.cross_v[i]) for i in range(self.cross_k.shape[0])]
 
     @staticmethod
-    def cat(states: list["EncoderState"]) -> "EncoderState":
+    def cat(states: list[EncoderState]) -> EncoderState:
         """Stack the requests of several states (same history length)."""
         mems = [s.memory for s in states if s.memory is not None]
         mem = torch.cat(mems) if len(mems) == len(states) else None
         return EncoderState(mem, torch.cat([s.mask for s in states]), torch.cat([s.cross_k for s in states], dim=1),
                             torch.cat([s.cross_v for s in states], dim=1))
 
-    def select(self, idx: torch.Tensor) -> "EncoderState":
+    def select(self, idx: torch.Tensor) -> EncoderState:
         """A state for a subset (or repetition) of the requests."""
         mem = None if self.memory is None else self.memory[idx]
         return EncoderState(mem, self.mask[idx], self.cross_k[:, idx], self.cross_v[:, idx])

@@ -15,8 +15,9 @@ from __future__ import annotations
 import threading
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar, Sequence, final
+from typing import ClassVar, final
 
 import numpy as np
 import torch

@@ -20,7 +20,7 @@ in a fallback teaches the cost model what the next requests keep back for it.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

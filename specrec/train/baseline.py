@@ -8,7 +8,7 @@ seeded sample of validation users is kept (early stopping).
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch

