@@ -42,9 +42,8 @@ class PolicyConfig(BaseModel):
 class RecRequest:
     history: np.ndarray  # item indices, oldest first (non-empty)
     k: int = 10
-    deadline: Deadline | None = (
-        None  # on the engine's clock; a number is taken as Deadline(at=number); None = no budget
-    )
+    # on the engine's clock; a number is taken as Deadline(at=number); None = no budget
+    deadline: Deadline | None = None
     exclude_history: bool = False  # never recommend an item of ``history`` (masked inside the trie constraint)
 
     def __post_init__(self) -> None:
