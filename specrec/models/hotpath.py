@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -60,7 +61,7 @@ from torch import nn
 
 from ..decoding.topk import constrained_topk
 from .nezha_head import gru_cell, head_level_logprobs, head_search
-from .tiger import BOS_TOKEN, PAD_TOKEN, Tiger
+from .tiger import BOS_TOKEN, PAD_TOKEN, DecoderLayer, EncoderLayer, Tiger
 
 NEG_INF = float("-inf")
 
@@ -77,8 +78,10 @@ def _stacked_heads(model: Tiger) -> tuple[torch.Tensor, torch.Tensor]:
     with torch.no_grad():
         for lvl, v in enumerate(cfg.level_sizes):
             if model.heads is not None:
-                w, b = model.heads[lvl].weight, model.heads[lvl].bias
+                head = cast(nn.Linear, model.heads[lvl])
+                w, b = head.weight, head.bias
             else:
+                assert model.head_bias is not None  # tied output layers keep a bias per level
                 off = cfg.offsets()[lvl]
                 w, b = model.tok.weight[off : off + v], model.head_bias[lvl]
             ws.append(F.pad(w.detach(), (0, 0, 0, vmax - v)))
@@ -112,6 +115,8 @@ class _Layer(nn.Module):
 class FusedHotPath(nn.Module):
     """The same functions with fused weights, for graph backends."""
 
+    offsets: torch.Tensor  # [L] each level's first token id (a buffer)
+
     def __init__(self, model: Tiger, head=None, drafter=None):
         super().__init__()
         model = model.eval()
@@ -129,9 +134,11 @@ class FusedHotPath(nn.Module):
         def qkv(a):
             return torch.cat([t(a.q.weight) * scale, t(a.k.weight), t(a.v.weight)], dim=1)
 
+        enc_layers = [cast(EncoderLayer, m) for m in model.enc_layers]
+        dec_layers = [cast(DecoderLayer, m) for m in model.dec_layers]
         self.enc_layers = nn.ModuleList(
             _Layer([copy_ln(layer.ln1), copy_ln(layer.ln2)], qkv(layer.attn), t(layer.attn.o.weight), layer.ff)
-            for layer in model.enc_layers
+            for layer in enc_layers
         )
         self.dec_layers = nn.ModuleList(
             _Layer(
@@ -142,14 +149,14 @@ class FusedHotPath(nn.Module):
                 t(layer.cross_attn.q.weight) * scale,
                 t(layer.cross_attn.o.weight),
             )
-            for layer in model.dec_layers
+            for layer in dec_layers
         )
         # cross-attention keys/values of every decoder layer in one product: [d, n_layers * 2 * inner]
         self.cross_kv = nn.Parameter(
             torch.cat(
                 [
                     torch.cat([t(layer.cross_attn.k.weight), t(layer.cross_attn.v.weight)], 1)
-                    for layer in model.dec_layers
+                    for layer in dec_layers
                 ],
                 1,
             ),
@@ -202,7 +209,8 @@ class FusedHotPath(nn.Module):
         """The decoder layers over x [N, T, d] (embedded inputs of N = r * M sequences) -> the final norm's
         states [N, T, d]: every decoder pass, each with its own ``self_attention``."""
         cbias = self._bias(enc_mask)[:, None, None, :]
-        for i, layer in enumerate(self.dec_layers):
+        for i, module in enumerate(self.dec_layers):
+            layer = cast(_Layer, module)
             x = x + self_attention(i, layer, layer.ln[0](x)) @ layer.o
             x = self._cross_block(layer, x, cross_k[i], cross_v[i], cbias, r)
             x = x + layer.ff(layer.ln[2](x))
@@ -321,6 +329,7 @@ class FusedHotPath(nn.Module):
     def head_beam_search(self, enc_mask, cross_k, cross_v, tables: list[torch.Tensor], width: int):
         """The NEZHA head's constrained beam search (its decoder pass included) in one graph."""
         hd = self.head
+        assert hd is not None  # a hot path made with a NEZHA head
         hid = self.head_hidden(enc_mask, cross_k, cross_v)  # [R, L, d]
         state = head_search(hid, hd.level_logprobs,
                             lambda s, level, codes: hd.advance(s, level, codes + self.offsets[level], self.tok),
@@ -389,7 +398,8 @@ class FusedHotPath(nn.Module):
         sizes = [s.codes.shape[1] for s in states]
         starts = [sum(sizes[:j]) for j in range(L - 1)]
         t = sum(sizes)
-        anc, tok = [], []
+        anc_parts: list[torch.Tensor] = []
+        tok: list[torch.Tensor] = []
         chain = None  # per depth: each node's ancestor columns (1-based: column 0 is the root)
         for j, s in enumerate(states):
             own = torch.arange(sizes[j], device=dev).view(1, -1).expand(r, -1) + (1 + starts[j])
@@ -398,9 +408,9 @@ class FusedHotPath(nn.Module):
             else:
                 chain = torch.cat([chain.gather(1, parents[j].unsqueeze(-1).expand(-1, -1, chain.shape[-1])),
                                    own.unsqueeze(-1)], -1)
-            anc.append(F.pad(torch.cat([torch.zeros_like(own).unsqueeze(-1), chain], -1), (0, L - 2 - j)))
+            anc_parts.append(F.pad(torch.cat([torch.zeros_like(own).unsqueeze(-1), chain], -1), (0, L - 2 - j)))
             tok.append(self.tok[s.codes[:, :, -1].clamp(min=0) + self.offsets[j]] + self.dec_pos[j + 1])
-        anc = torch.cat(anc, 1)  # [R, T, L]: ancestor columns (root, depth 1.., self), then padding
+        anc = torch.cat(anc_parts, 1)  # [R, T, L]: ancestor columns (root, depth 1.., self), then padding
         depth = torch.cat([torch.full((sizes[j],), j + 1, dtype=torch.int64, device=dev) for j in range(L - 1)])
         slot_ok = torch.arange(L, device=dev).view(1, L) <= depth.view(-1, 1)  # [T, L]
         abias = self._bias(slot_ok).view(1, t, L, 1)
