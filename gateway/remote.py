@@ -6,10 +6,11 @@ worker thread, and these adapters use blocking stubs from there. Every call
 carries the request's remaining budget as its gRPC deadline.
 
 Round trips are few: ``encode`` sends nothing; the history travels with the
-first verifier call (which creates the session), and ``beam`` is one
-``BeamSearch``. A policy that drafts before it verifies (``specgr``) calls
-:meth:`RemoteVerifier.prepare`, which starts the encode in the background so
-that it runs while the drafter works. A session the verifier lost (restart,
+first verifier call (which creates the session), ``beam`` is one
+``BeamSearch``, and a ``specgr`` round is one ``Score`` that also takes the
+beam step (``score_step``). A policy that drafts before it verifies
+(``specgr``) calls :meth:`RemoteVerifier.prepare`, which starts the encode in
+the background so that it runs while the drafter works. A session the verifier lost (restart,
 eviction) is re-created once from the history, wherever the call does not
 depend on the session's beam state; otherwise the request degrades. A lost
 session is known by the status's ``google.rpc.ErrorInfo`` reason
@@ -101,7 +102,6 @@ class RemoteVerifier:
     def encode(self, hist_sids: torch.Tensor) -> Session:
         sess = Session(n=hist_sids.shape[0], state=RemoteState(hist_sids))
         self._use(sess.state, self._pick(set()))
-        sess.calls["encode"] += 1
         return sess
 
     def _pick(self, exclude: set):
@@ -183,13 +183,20 @@ class RemoteVerifier:
 
     # -- verification ---------------------------------------------------------------------
     def score(self, sess: Session, sids: torch.Tensor, full: bool = False, with_frontier: bool = False) -> Scores:
-        sess.calls["score"] += 1
         r = self._session_call(sess, "Score", lambda ref: verifier_pb2.ScoreRequest(
             ref=ref, sids=to_msg(sids), full=full, with_frontier=with_frontier), stateful=with_frontier)
         return Scores(to_torch(r.token_logp, "token_logp"), [to_torch(f, "full") for f in r.full] if full else None)
 
+    def score_step(self, sess: Session, sids: torch.Tensor) -> tuple[Scores, Beams]:
+        """One ``Score`` that also takes the beam step from its pass (starting the search on the verifier
+        with ``beam_start``'s width, rule and trie view when it has none yet)."""
+        st: RemoteState = sess.state
+        step = verifier_pb2.BeamOptions(width=st.width, rule=_rule(st.rule))
+        r = self._session_call(sess, "Score", lambda ref: verifier_pb2.ScoreRequest(
+            ref=_excluding(ref, st.trie), sids=to_msg(sids), with_frontier=True, step=step), stateful=bool(st.session))
+        return Scores(to_torch(r.token_logp, "token_logp")), _beams(r.beams, sess)
+
     def next_logprobs(self, sess: Session, prefixes: torch.Tensor) -> torch.Tensor:
-        sess.calls["expand"] += 1
         r = self._session_call(sess, "Expand", lambda ref: verifier_pb2.ExpandRequest(ref=ref, prefixes=to_msg(prefixes)))
         return to_torch(r.logp[0], "logp")
 
@@ -198,14 +205,12 @@ class RemoteVerifier:
         sess.state.width, sess.state.rule, sess.state.trie = width, rule, trie
 
     def beam_step(self, sess: Session) -> Beams:
-        sess.calls["step"] += 1
         st: RemoteState = sess.state
         r = self._session_call(sess, "BeamStep", lambda ref: verifier_pb2.BeamStepRequest(
             ref=_excluding(ref, st.trie), width=st.width, rule=_rule(st.rule)), stateful=bool(st.session))
         return _beams(r, sess)
 
     def beam_search(self, sess: Session, trie, width: int, rule: SelectRule | None = None) -> Beams:
-        sess.calls["step"] += 1
         r = self._session_call(sess, "BeamSearch", lambda ref: verifier_pb2.BeamSearchRequest(
             ref=_excluding(ref, trie), width=width, rule=_rule(rule)), keep=False)
         return _beams(r, sess)
@@ -217,7 +222,6 @@ class RemoteVerifier:
         return [to_torch(x, "logp") for x in r.logp]
 
     def head_beams(self, sess: Session, trie, width: int) -> Beams:
-        sess.calls["head"] += 1
         r = self._session_call(sess, "HeadDrafts", lambda ref: verifier_pb2.HeadDraftsRequest(ref=_excluding(ref, trie),
                                                                                               width=width))
         return _beams(r, sess)
@@ -244,7 +248,6 @@ class RemoteVerifier:
                                                                                             width=width, distilled=True))
         if r is None:
             return None
-        sess.calls["draft"] += 1
         return _beams(r, sess)
 
     def draft_verify(self, sess: Session, trie, width: int, n: int) -> Drafted | None:
@@ -252,6 +255,5 @@ class RemoteVerifier:
                                                                                               width=width, n=n))
         if r is None:
             return None
-        sess.calls["draft_verify"] += 1
         return Drafted(_beams(r.beams, sess), to_torch(r.covered, "covered").numpy().astype(bool),
                        to_torch(r.frontier, "frontier").numpy(), to_torch(r.resumed, "resumed").numpy().astype(bool))

@@ -36,9 +36,8 @@ class CostStage(str, Enum):
 
     ROUND = "round"  # specgr: one round (draft, verify, beam step), from rounds that ran to their end
     DRAFT = "draft"  # one drafting call (the engine's drafter or the distilled one)
-    VERIFY = "verify"  # one verify pass over the drafts and the beam frontier
-    BEAM_STEP = "beam_step"  # one beam step that computes its distributions
-    BEAM_READ = "beam_read"  # one beam step that reads the distributions a verify pass computed
+    VERIFY = "verify"  # one verify call: a pass over the drafts and the beam frontier, and the beam step read from it
+    BEAM_STEP = "beam_step"  # one beam step that computes its distributions (a round without a verify pass)
     SEARCH = "search"  # beam: a whole beam search in one call
     STEP = "step"  # beam: one level of a level-by-level search
 

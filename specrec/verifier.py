@@ -8,6 +8,8 @@ encoder work, for
   unique prefixes (a prefix tree); with ``with_frontier`` the pass also
   evaluates the session's current beam prefixes, so the next beam step costs
   nothing;
+- ``score_step``: ``score`` with the frontier and the beam step read from the
+  same pass, in one call (a ``specgr`` round: one verifier round trip);
 - ``next_logprobs``: next-level distributions after given prefixes;
 - ``beam_step``: one more level of the session's own constrained beam search,
   or ``beam_search`` for all of it. A step reads the distributions earlier
@@ -19,16 +21,16 @@ encoder work, for
   per session, cached).
 
 :class:`LocalVerifier` runs in-process on a :mod:`backend <specrec.backends>`.
-The verifier service exposes the same operations over gRPC and the gateway's
-remote verifier implements this interface against it, so policies run
-unchanged. Every implementation counts its work in :attr:`Session.calls` and
-reports, per beam step, how many beams were read from verified passes
-(:attr:`Session.coverage`).
+Its batched operations have one path, :func:`run_jobs` (which the verifier
+service's batcher also runs over the jobs of many callers): an in-process call
+is a batch of one job. The verifier service exposes the same operations over
+gRPC and the gateway's remote verifier implements this interface against it,
+so policies run unchanged. Every implementation reports, per beam step, how
+many beams were read from verified passes (:attr:`Session.coverage`).
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -64,13 +66,10 @@ class StepCoverage:
 
 @dataclass
 class Session:
-    """Per-batch verifier state. ``calls`` counts operations by kind
-    ("encode", "score", "step", "expand", "head"); ``coverage`` has one entry
-    per beam step; ``state`` is the implementation's own."""
+    """Per-batch verifier state: ``coverage`` has one entry per beam step; ``state`` is the implementation's own."""
 
     n: int
     state: Any = None
-    calls: Counter = field(default_factory=Counter)
     coverage: list[StepCoverage] = field(default_factory=list)
 
 
@@ -86,6 +85,10 @@ class Verifier(Protocol):
     def select(self, sess: Session, idx: torch.Tensor) -> Session: ...
 
     def score(self, sess: Session, sids: torch.Tensor, full: bool = False, with_frontier: bool = False) -> Scores: ...
+
+    def score_step(self, sess: Session, sids: torch.Tensor) -> tuple[Scores, Beams]:
+        """``score`` of ``sids`` [R, M, L] with the frontier, and the session's next beam step read from that
+        same pass, in one call (after :meth:`beam_start`; the search must not be complete)."""
 
     def next_logprobs(self, sess: Session, prefixes: torch.Tensor) -> torch.Tensor: ...
 
@@ -155,7 +158,9 @@ def relaxed_select(verified: VerifiedPrefixes, rule: SelectRule):
 class LocalVerifier:
     """In-process verifier on a backend (:mod:`specrec.backends`) and,
     optionally, a NEZHA draft head (its level transitions run in eager torch
-    on the GR model ``head_model``)."""
+    on the GR model ``head_model``). Its batched operations are batches of one
+    job through :func:`run_jobs`, the path the verifier service batches many
+    callers' jobs on."""
 
     def __init__(self, backend, head=None, head_model=None):
         self.backend = backend
@@ -163,6 +168,13 @@ class LocalVerifier:
         self.head = head
         self.head_model = head_model if head_model is not None else getattr(backend, "model", None)
         self.level_sizes = list(self.cfg.level_sizes)
+
+    def _one(self, job: Job) -> Any:
+        """One job through the batched path; its error is raised here."""
+        (out,) = run_jobs(self, [job])
+        if isinstance(out, BaseException):
+            raise out
+        return out
 
     # -- sessions -------------------------------------------------------------------
     def encode(self, hist_sids: torch.Tensor) -> Session:
@@ -172,9 +184,7 @@ class LocalVerifier:
         """Nothing to do: encoding is eager in-process."""
 
     def session(self, enc: EncoderState) -> Session:
-        sess = Session(n=enc.n, state=LocalState(enc, VerifiedPrefixes(self.level_sizes)))
-        sess.calls["encode"] += 1
-        return sess
+        return Session(n=enc.n, state=LocalState(enc, VerifiedPrefixes(self.level_sizes)))
 
     def select(self, sess: Session, idx: torch.Tensor) -> Session:
         st: LocalState = sess.state
@@ -185,31 +195,28 @@ class LocalVerifier:
         if st.beam is not None:
             new.beam, new.rule = st.beam.select_requests(idx, enc), st.rule
             self._bind(new)
-        return Session(n=len(idx), state=new, calls=sess.calls, coverage=sess.coverage)
+        return Session(n=len(idx), state=new, coverage=sess.coverage)
 
     def release(self, sess: Session) -> None:
         sess.state = None
 
     # -- verification --------------------------------------------------------------------
-    def _frontier(self, st: LocalState):
+    def _frontier(self, st: LocalState) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The session's current beam prefixes (codes [R, B, l], alive [R, B]), while its search is not complete."""
         b = st.beam.beams if st.beam is not None and not st.beam.done else None
         return [] if b is None or b.level >= len(self.level_sizes) else [(b.codes, b.alive)]
 
-    @torch.inference_mode()
     def score(self, sess: Session, sids: torch.Tensor, full: bool = False, with_frontier: bool = False) -> Scores:
-        sess.calls["score"] += 1
+        return self._one(ScoreJob(sess, sids, full, with_frontier))
+
+    def score_step(self, sess: Session, sids: torch.Tensor) -> tuple[Scores, Beams]:
         st: LocalState = sess.state
-        groups = [(sids, np.ones(sids.shape[:2], dtype=bool))]
-        if with_frontier:
-            groups += self._frontier(st)
-        tree, out = tree_pass(self.backend, st.enc, groups, drafts=1)
-        st.verified.add(tree, out)
-        token, per_level = token_logprobs(out, tree, sids.numpy(), full)
-        return Scores(token, per_level)
+        if st.beam is None:
+            raise RuntimeError("beam_start first")
+        return self._one(ScoreJob(sess, sids, with_frontier=True, step=SearchSpec(st.beam.trie, st.beam.width, st.rule)))
 
     @torch.inference_mode()
     def next_logprobs(self, sess: Session, prefixes: torch.Tensor) -> torch.Tensor:
-        sess.calls["expand"] += 1
         return prefix_logprobs(self.backend, sess.state.enc, prefixes)
 
     # -- beam search ------------------------------------------------------------------------
@@ -237,22 +244,22 @@ class LocalVerifier:
         st: LocalState = sess.state
         if st.beam is None:
             raise RuntimeError("beam_start first")
-        sess.calls["step"] += 1
+        return self._step(sess)
+
+    def _step(self, sess: Session) -> Beams:
+        """One level of the session's started search, its coverage recorded."""
+        st: LocalState = sess.state
         beams = st.beam.step()
         sess.coverage.append(StepCoverage(st.beam.covered.tolist(), st.beam.computed.tolist()))
         return beams
 
-    @torch.inference_mode()
     def beam_search(self, sess: Session, trie: SidTrie, width: int, rule: SelectRule | None = None) -> Beams:
+        return self._one(BeamJob(sess, SearchSpec(trie, width, rule), whole=True))
+
+    def _stepwise_search(self, sess: Session, search: SearchSpec) -> Beams:
+        """The whole search level by level (reading what the session verified), from a fresh start."""
+        self.beam_start(sess, search.trie, search.width, search.rule)
         st: LocalState = sess.state
-        if not st.verified and (rule is None or rule.kind == "exact"):
-            beams = self.backend.search(st.enc, trie, width)  # one call where the backend has a whole-search graph
-            if beams is not None:
-                sess.calls["step"] += 1
-                n = beams.alive.shape[0]
-                sess.coverage.extend(StepCoverage([0] * n, beams.alive.sum(1).tolist()) for _ in self.level_sizes)
-                return beams
-        self.beam_start(sess, trie, width, rule)
         while not st.beam.done:
             self.beam_step(sess)
         return st.beam.beams
@@ -263,7 +270,6 @@ class LocalVerifier:
             raise RuntimeError("this verifier has no NEZHA draft head")
         st: LocalState = sess.state
         if st.head_h is None:
-            sess.calls["head"] += 1
             st.head_h = self.backend.head_hidden(st.enc)
         return st.head_h
 
@@ -271,36 +277,25 @@ class LocalVerifier:
     def head_logprobs(self, sess: Session, prefixes: torch.Tensor) -> list[torch.Tensor]:
         return self.head.prefix_logprobs(self.head_model, self._head_h(sess), prefixes)
 
-    @torch.inference_mode()
     def head_beams(self, sess: Session, trie: SidTrie, width: int) -> Beams:
         """NEZHA drafts: the head's constrained beams (valid SIDs only)."""
         if self.head is None:
             raise RuntimeError("this verifier has no NEZHA draft head")
-        beams = self.backend.head_search(sess.state.enc, trie, width)  # decoder pass and head search in one call
-        if beams is not None:
-            sess.calls["head"] += 1
-            return beams
+        return self._one(HeadJob(sess, trie, width))
+
+    def _head_beams_eager(self, sess: Session, trie: SidTrie, width: int) -> Beams:
+        """The head's search in eager torch (a backend without a whole head-search call)."""
         return self.head.beam_search(self.head_model, self._head_h(sess), trie, width)
 
     # -- the distilled drafter ----------------------------------------------------------------------------
     def has_distilled(self) -> bool:
         return self.backend.drafter is not None
 
-    @torch.inference_mode()
     def draft_verify(self, sess: Session, trie: SidTrie, width: int, n: int) -> Drafted | None:
-        out = self.backend.draft_verify(sess.state.enc, trie, width, n)
-        if out is None:
-            return None
-        beams, covered, frontier, resumed = out
-        sess.calls["draft_verify"] += 1
-        return Drafted(beams, np.asarray(covered, dtype=bool), np.asarray(frontier), np.asarray(resumed, dtype=bool))
+        return self._one(DraftVerifyJob(sess, trie, width, n)) if self.has_distilled() else None
 
-    @torch.inference_mode()
     def draft_beams(self, sess: Session, trie: SidTrie, width: int) -> Beams | None:
-        beams = self.backend.draft_search(sess.state.enc, trie, width)
-        if beams is not None:
-            sess.calls["draft"] += 1
-        return beams
+        return self._one(HeadJob(sess, trie, width, distilled=True)) if self.has_distilled() else None
 
 
 # -- batches of jobs from several callers (the verifier service's batcher) ---------------------------
@@ -309,28 +304,37 @@ class EncodeJob:
     hist: np.ndarray  # [R, H, L] codes, rows of -1 = padding
 
 
+@dataclass
+class SearchSpec:
+    """A constrained beam search: the valid SIDs (a catalogue's trie, or a request's view of it), the width
+    and how a step picks its beams (None: the exact top-k)."""
+
+    trie: SidTrie
+    width: int
+    rule: SelectRule | None = None
+
+
 @dataclass(eq=False)
 class ScoreJob:
+    """Scores of ``sids``; with ``step`` (the verify-and-step of a ``specgr`` round) also the session's next
+    beam step, read from the same pass (which then holds the frontier): the result is (scores, beams). A
+    session with no beam search starts ``step``'s first; one with a search keeps its own (as a :class:`BeamJob`)."""
+
     session: Session | EncodeJob  # an EncodeJob: encode first, in the same batch
     sids: torch.Tensor  # [R, M, L]
     full: bool = False
     with_frontier: bool = False
+    step: SearchSpec | None = None
 
 
 @dataclass(eq=False)
-class SearchJob:
-    session: Session | EncodeJob
-    trie: SidTrie
-    width: int
-    rule: SelectRule | None = None
+class BeamJob:
+    """The session's beam search: one more level (the first step starts ``search``; later ones keep the
+    session's own), or, ``whole``, all of it from a fresh start."""
 
-
-@dataclass(eq=False)
-class StepJob:
     session: Session | EncodeJob
-    trie: SidTrie
-    width: int
-    rule: SelectRule | None = None
+    search: SearchSpec
+    whole: bool = False
 
 
 @dataclass(eq=False)
@@ -356,17 +360,33 @@ class ExpandJob:
     head: bool = False  # the NEZHA head's distributions instead of the target's
 
 
-Job = EncodeJob | ScoreJob | SearchJob | StepJob | HeadJob | DraftVerifyJob | ExpandJob
+Job = EncodeJob | ScoreJob | BeamJob | HeadJob | DraftVerifyJob | ExpandJob
+
+
+def _group_key(n: int, job: Job) -> tuple:
+    """Jobs with equal keys share one computation; ``("single", n)`` runs alone."""
+    if isinstance(job, EncodeJob):
+        return ("encode",)
+    if isinstance(job, ScoreJob):
+        return ("score", job.full)
+    if isinstance(job, BeamJob) and job.whole and not job.session.state.verified and \
+            (job.search.rule is None or job.search.rule.kind == "exact"):
+        return ("search", id(job.search.trie), job.search.width)
+    if isinstance(job, HeadJob):
+        return ("head", id(job.trie), job.width, job.distilled)
+    if isinstance(job, DraftVerifyJob):
+        return ("draft_verify", id(job.trie), job.width, job.n)
+    return ("single", n)
 
 
 def run_jobs(verifier: LocalVerifier, jobs: list[Job]) -> list[Any]:
     """Execute the jobs of several callers, batching what can share a pass:
     encodes together (also the encodes of jobs that carry an :class:`EncodeJob`
     as their session: ``job.session`` is then the new session); scores
-    together (one tree pass over every caller's rows); whole beam searches and
-    head searches of the same catalogue and width together. Exactly one
-    result per job, in order; a failing job gets its exception as its result
-    and the others are unaffected."""
+    together (one tree pass over every caller's rows and frontiers); whole beam
+    searches, head searches and draft-and-verify calls of the same catalogue and
+    width together. Exactly one result per job, in order; a failing job gets its
+    exception as its result and the others are unaffected."""
     out: list[Any] = [None] * len(jobs)
     # jobs that carry a history instead of a session: encode them first, all in one batch
     embedded = [j for j in jobs if isinstance(getattr(j, "session", None), EncodeJob)]
@@ -383,19 +403,7 @@ def run_jobs(verifier: LocalVerifier, jobs: list[Job]) -> list[Any]:
         if isinstance(getattr(job, "session", None), Exception):
             out[n] = job.session
             continue
-        if isinstance(job, EncodeJob):
-            key = ("encode",)
-        elif isinstance(job, ScoreJob) and not job.with_frontier:
-            key = ("score", job.full)
-        elif isinstance(job, SearchJob) and not job.session.state.verified and (job.rule is None or job.rule.kind == "exact"):
-            key = ("search", id(job.trie), job.width)
-        elif isinstance(job, HeadJob):
-            key = ("head", id(job.trie), job.width, job.distilled)
-        elif isinstance(job, DraftVerifyJob):
-            key = ("draft_verify", id(job.trie), job.width, job.n)
-        else:
-            key = ("single", n)
-        groups.setdefault(key, []).append(n)
+        groups.setdefault(_group_key(n, job), []).append(n)
     with torch.inference_mode():
         for key, idx in groups.items():
             try:
@@ -415,72 +423,125 @@ def _split(enc_rows: list[int]) -> list[tuple[int, int]]:
     return spans
 
 
+def _attempt(fn, *args) -> Any:
+    """``fn(*args)``, or the exception it raised (one job's result)."""
+    try:
+        return fn(*args)
+    except Exception as exc:  # noqa: BLE001 - attached to this job's result
+        return exc
+
+
+def _cat_encoders(jobs: list) -> EncoderState:
+    encs = [j.session.state.enc for j in jobs]
+    return encs[0] if len(encs) == 1 else EncoderState.cat(encs)
+
+
 def _run_group(ver: LocalVerifier, kind: str, jobs: list) -> list[Any]:
     if kind == "encode":
         enc = ver.backend.encode(torch.from_numpy(np.concatenate([j.hist for j in jobs])))
         return [ver.session(enc.select(torch.arange(a, b))) for a, b in _split([len(j.hist) for j in jobs])]
-    if kind == "score":  # one tree pass over every caller's rows; each session remembers its rows of it
-        encs = [j.session.state.enc for j in jobs]
-        m = max(j.sids.shape[1] for j in jobs)
-        sids = torch.cat([torch.cat([j.sids, j.sids[:, :1].expand(-1, m - j.sids.shape[1], -1)], 1) for j in jobs])
-        tree, out = tree_pass(ver.backend, EncoderState.cat(encs), [(sids, np.ones(sids.shape[:2], bool))], drafts=1)
-        token, full = token_logprobs(out, tree, sids.numpy(), any(j.full for j in jobs))
-        res = []
-        for j, (a, b) in zip(jobs, _split([len(j.sids) for j in jobs])):
-            j.session.state.verified.add(tree, out, rows=np.arange(a, b))
-            j.session.calls["score"] += 1
-            mm = j.sids.shape[1]
-            res.append(Scores(token[a:b, :mm], [f[a:b, :mm] for f in full] if j.full else None))
-        return res
+    if kind == "score":
+        return _score_group(ver, jobs)
     if kind == "draft_verify":
-        enc = EncoderState.cat([j.session.state.enc for j in jobs])
         first = jobs[0]
-        out = ver.backend.draft_verify(enc, first.trie, first.width, first.n)
-        if out is None:
-            raise SessionStateError("this verifier has no distilled drafter")
+        out = ver.backend.draft_verify(_cat_encoders(jobs), first.trie, first.width, first.n)
+        if out is None:  # no distilled drafter (or no dense tables for this catalogue)
+            return [None] * len(jobs)
         beams, covered, frontier, resumed = out
-        res = []
-        for j, (a, b) in zip(jobs, _split([j.session.n for j in jobs])):
-            j.session.calls["draft_verify"] += 1
-            res.append(Drafted(beams.select(torch.arange(a, b)), np.asarray(covered[a:b], dtype=bool),
-                               np.asarray(frontier[a:b]), np.asarray(resumed[a:b], dtype=bool)))
-        return res
+        return [Drafted(beams.select(torch.arange(a, b)), np.asarray(covered[a:b], dtype=bool),
+                        np.asarray(frontier[a:b]), np.asarray(resumed[a:b], dtype=bool))
+                for a, b in _split([j.session.n for j in jobs])]
     if kind in ("search", "head"):
-        enc = EncoderState.cat([j.session.state.enc for j in jobs])
-        first = jobs[0]
-        if kind == "search":
-            beams = ver.backend.search(enc, first.trie, first.width)
-            if beams is None:
-                return [ver.beam_search(j.session, j.trie, j.width, j.rule) for j in jobs]
-        elif first.distilled:
-            beams = ver.backend.draft_search(enc, first.trie, first.width)
-            if beams is None:
-                raise SessionStateError("this verifier has no distilled drafter")
-        else:
-            beams = ver.backend.head_search(enc, first.trie, first.width)
-            if beams is None:
-                return [ver.head_beams(j.session, j.trie, j.width) for j in jobs]
-        res = []
-        for j, (a, b) in zip(jobs, _split([j.session.n for j in jobs])):
-            part = beams.select(torch.arange(a, b))
-            j.session.calls["step" if kind == "search" else "head"] += 1
-            if kind == "search":
-                j.session.coverage.extend(StepCoverage([0] * (b - a), part.alive.sum(1).tolist()) for _ in ver.level_sizes)
-            res.append(part)
-        return res
+        return _search_group(ver, kind, jobs)
     return [_run_one(ver, j) for j in jobs]
+
+
+def _score_group(ver: LocalVerifier, jobs: list[ScoreJob]) -> list[Any]:
+    """One tree pass over every caller's candidate rows (and the beam frontiers of the jobs that ask); each
+    session remembers its rows of it; a job with ``step`` then takes its beam step, reading the pass."""
+    res: list[Any] = [None] * len(jobs)
+    live: list[int] = []
+    for n, j in enumerate(jobs):
+        st: LocalState = j.session.state
+        if j.step is not None:
+            if st.beam is None:  # started before the pass, so that the pass holds its root frontier too
+                err = _attempt(ver.beam_start, j.session, j.step.trie, j.step.width, j.step.rule)
+                if err is not None:
+                    res[n] = err
+                    continue
+            elif st.beam.done:
+                res[n] = SessionStateError("session: its beam search is already complete")
+                continue
+        live.append(n)
+    if not live:
+        return res
+    batch = [jobs[n] for n in live]
+    m = max(j.sids.shape[1] for j in batch)
+    sids = torch.cat([torch.cat([j.sids, j.sids[:, :1].expand(-1, m - j.sids.shape[1], -1)], 1) for j in batch])
+    spans = _split([len(j.sids) for j in batch])
+    rows = len(sids)
+    groups = [(sids, np.ones(sids.shape[:2], dtype=bool))]
+    for j, (a, _) in zip(batch, spans):
+        if j.with_frontier or j.step is not None:
+            groups += [_rows_of(codes, alive, a, rows) for codes, alive in ver._frontier(j.session.state)]
+    tree, out = tree_pass(ver.backend, _cat_encoders(batch), groups, drafts=1)
+    token, full = token_logprobs(out, tree, sids.numpy(), any(j.full for j in batch))
+    for n, j, (a, b) in zip(live, batch, spans):
+        j.session.state.verified.add(tree, out, rows=np.arange(a, b))
+        mm = j.sids.shape[1]
+        scores = Scores(token[a:b, :mm], [f[a:b, :mm] for f in full] if j.full else None)
+        if j.step is None:
+            res[n] = scores
+        else:
+            beams = _attempt(ver._step, j.session)  # part of this one call (not a call of its own)
+            res[n] = beams if isinstance(beams, BaseException) else (scores, beams)
+    return res
+
+
+def _rows_of(codes: torch.Tensor, alive: torch.Tensor, start: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One session's prefixes (codes [n, B, l], alive [n, B]) as rows ``start``.. of a pass over ``rows`` rows."""
+    n = codes.shape[0]
+    if start == 0 and n == rows:
+        return codes, alive
+    c = torch.zeros((rows, *codes.shape[1:]), dtype=codes.dtype)
+    ok = torch.zeros((rows, codes.shape[1]), dtype=torch.bool)
+    c[start : start + n], ok[start : start + n] = codes, alive
+    return c, ok
+
+
+def _search_group(ver: LocalVerifier, kind: str, jobs: list) -> list[Any]:
+    """Whole beam searches (``search``) or draft-head searches (``head``) of one catalogue and width, in one
+    backend call where the backend has one."""
+    enc, first = _cat_encoders(jobs), jobs[0]
+    if kind == "search":
+        beams = ver.backend.search(enc, first.search.trie, first.search.width)
+        if beams is None:
+            return [_attempt(ver._stepwise_search, j.session, j.search) for j in jobs]
+    elif first.distilled:
+        beams = ver.backend.draft_search(enc, first.trie, first.width)
+        if beams is None:  # no distilled drafter (or no dense tables for this catalogue)
+            return [None] * len(jobs)
+    else:
+        beams = ver.backend.head_search(enc, first.trie, first.width)
+        if beams is None:
+            return [_attempt(ver._head_beams_eager, j.session, j.trie, j.width) for j in jobs]
+    res = []
+    for j, (a, b) in zip(jobs, _split([j.session.n for j in jobs])):
+        part = beams.select(torch.arange(a, b)) if len(jobs) > 1 else beams
+        if kind == "search":  # every level computed in the one call, none read from a verified pass
+            j.session.coverage.extend(StepCoverage([0] * (b - a), part.alive.sum(1).tolist()) for _ in ver.level_sizes)
+        res.append(part)
+    return res
 
 
 def _run_one(ver: LocalVerifier, job) -> Any:
     try:
-        if isinstance(job, ScoreJob):
-            return ver.score(job.session, job.sids, job.full, job.with_frontier)
-        if isinstance(job, SearchJob):
-            return ver.beam_search(job.session, job.trie, job.width, job.rule)
-        if isinstance(job, StepJob):
+        if isinstance(job, BeamJob):
+            if job.whole:
+                return ver._stepwise_search(job.session, job.search)
             st = job.session.state
             if st.beam is None:
-                ver.beam_start(job.session, job.trie, job.width, job.rule)
+                ver.beam_start(job.session, job.search.trie, job.search.width, job.search.rule)
             elif st.beam.done:
                 raise SessionStateError("session: its beam search is already complete")
             return ver.beam_step(job.session)

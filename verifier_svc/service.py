@@ -28,7 +28,8 @@ from pydantic_settings import SettingsConfigDict
 
 from specrec.bundle import Bundle, sid_space_fingerprint
 from specrec.verifier import (
-    DraftVerifyJob, EncodeJob, ExpandJob, HeadJob, LocalVerifier, ScoreJob, SearchJob, SelectRule, SessionStateError, StepJob, run_jobs,
+    BeamJob, DraftVerifyJob, EncodeJob, ExpandJob, HeadJob, LocalVerifier, ScoreJob, SearchSpec, SelectRule, Session,
+    SessionStateError, run_jobs,
 )
 from specrec_rpc.catalogue import CatalogueWatcher, Snapshot
 from specrec_rpc.errors import FailedPrecondition, InvalidArgument, Reason, Unimplemented, handle_errors, register, require
@@ -43,6 +44,8 @@ from .sessions import Entry, SessionNotFound, SessionStore
 register(Expired, grpc.StatusCode.DEADLINE_EXCEEDED)  # a job whose caller's deadline passed while it queued
 # the session is gone (restart, eviction, expiry): the gateway reads the reason and re-sends the history
 register(SessionNotFound, grpc.StatusCode.FAILED_PRECONDITION, reason=Reason.SESSION_LOST)
+
+NO_DISTILLED = "this verifier has no distilled drafter"
 
 SESSIONS = Gauge("specrec_verifier_sessions", "Live encoder sessions")
 
@@ -126,7 +129,7 @@ class VerifierService(Service):
             h = np.full((1, self.max_history, len(self.level_sizes)), -1, dtype=np.int64)
             h[0, self.max_history - n :] = snap.itemset.sids[rng.choice(rows, size=min(len(rows), n))]
             for width in self.s.warmup_k:
-                await self.batcher.submit(SearchJob(EncodeJob(h), snap.itemset.trie, width), None)
+                await self.batcher.submit(BeamJob(EncodeJob(h), SearchSpec(snap.itemset.trie, width), whole=True), None)
                 if self.local.head is not None:
                     await self.batcher.submit(HeadJob(EncodeJob(h), snap.itemset.trie, width), None)
                 if self.local.backend.drafter is not None:
@@ -134,7 +137,8 @@ class VerifierService(Service):
                     await self.batcher.submit(DraftVerifyJob(EncodeJob(h), snap.itemset.trie, width, 2 * width), None)
             sids = torch.from_numpy(snap.itemset.sids[rows[: 2 + 4 * n]])[None]
             await self.batcher.submit(ScoreJob(EncodeJob(h), sids), None)
-            await self.batcher.submit(StepJob(EncodeJob(h), snap.itemset.trie, 10), None)
+            await self.batcher.submit(ScoreJob(EncodeJob(h), sids, step=SearchSpec(snap.itemset.trie, 10)), None)
+            await self.batcher.submit(BeamJob(EncodeJob(h), SearchSpec(snap.itemset.trie, 10)), None)
 
     async def stop(self) -> None:
         self._gc.cancel()
@@ -158,6 +162,11 @@ class VerifierService(Service):
             return await self.batcher.submit(job, _deadline(context))
         except SessionStateError as e:
             raise FailedPrecondition(str(e)) from None
+
+
+def _steps_before(target) -> int:
+    """Beam steps the session had recorded before a call (a session the call encodes had none)."""
+    return len(target.coverage) if isinstance(target, Session) else 0
 
 
 def beams_msg(b, session: str = "", coverage=()) -> verifier_pb2.Beams:
@@ -212,18 +221,23 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
         self._check_codes(a, field)
         return torch.from_numpy(np.array(a))
 
-    def _width(self, width: int) -> int:
-        require(1 <= width <= self.svc.s.max_width, "width", f"must be 1..{self.svc.s.max_width}")
+    def _width(self, width: int, field: str = "width") -> int:
+        require(1 <= width <= self.svc.s.max_width, field, f"must be 1..{self.svc.s.max_width}")
         return width
 
     @staticmethod
-    def _rule(m) -> SelectRule | None:
+    def _rule(m, field: str = "rule") -> SelectRule | None:
         if not m.kind or m.kind == "exact":
             return None
-        require(m.kind == "relaxed", "rule.kind", f"'exact' or 'relaxed', not {m.kind!r}")
-        require(0.0 <= m.threshold <= 1.0, "rule.threshold", "must be within [0, 1]")
-        require(1 <= m.top_k <= 4096, "rule.top_k", "must be 1..4096")
+        require(m.kind == "relaxed", f"{field}.kind", f"'exact' or 'relaxed', not {m.kind!r}")
+        require(0.0 <= m.threshold <= 1.0, f"{field}.threshold", "must be within [0, 1]")
+        require(1 <= m.top_k <= 4096, f"{field}.top_k", "must be 1..4096")
         return SelectRule("relaxed", float(m.threshold), int(m.top_k))
+
+    def _search(self, snap: Snapshot, ref, rows: int, m, field: str = "") -> SearchSpec:
+        """The beam search a call asks for (``m`` holds its width and rule; ``field`` their message's name)."""
+        at = f"{field}." if field else ""
+        return SearchSpec(self._trie(snap, ref, rows), self._width(m.width, f"{at}width"), self._rule(m.rule, f"{at}rule"))
 
     def _trie(self, snap: Snapshot, ref, rows: int):
         """The catalogue's trie, or this call's view of it without ``ref.exclude_sids``."""
@@ -268,10 +282,15 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
     @handle_errors
     async def Score(self, request, context):
         target, snap, n = await self._ref(request.ref)
-        job = ScoreJob(target, self._codes(request.sids, "sids", n), request.full, request.with_frontier)
-        sc = await self.svc.run(job, context)
-        return verifier_pb2.ScoreResponse(token_logp=to_msg(sc.token_logp), full=[to_msg(f) for f in sc.full or []],
-                                          session=self._session_id(job, request.ref, snap))
+        step = self._search(snap, request.ref, n, request.step, "step") if request.HasField("step") else None
+        job = ScoreJob(target, self._codes(request.sids, "sids", n), request.full, request.with_frontier, step)
+        before = _steps_before(target)
+        out = await self.svc.run(job, context)
+        sc, beams = out if step is not None else (out, None)
+        return verifier_pb2.ScoreResponse(
+            token_logp=to_msg(sc.token_logp), full=[to_msg(f) for f in sc.full or []],
+            session=self._session_id(job, request.ref, snap),
+            beams=None if beams is None else beams_msg(beams, coverage=job.session.coverage[before:]))
 
     @handle_errors
     async def Expand(self, request, context):
@@ -283,21 +302,22 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
         out = out if isinstance(out, list) else [out]
         return verifier_pb2.ExpandResponse(logp=[to_msg(x) for x in out], session=self._session_id(job, request.ref, snap))
 
-    @handle_errors
-    async def BeamStep(self, request, context):
+    async def _beams(self, request, context, whole: bool) -> verifier_pb2.Beams:
+        """BeamStep (one more level; the first starts the search) and BeamSearch (all of it): the beams and
+        the coverage of the steps this call took."""
         target, snap, n = await self._ref(request.ref)
-        job = StepJob(target, self._trie(snap, request.ref, n), self._width(request.width), self._rule(request.rule))
-        before = len(target.coverage) if not isinstance(target, EncodeJob) else 0
+        job = BeamJob(target, self._search(snap, request.ref, n, request), whole)
+        before = _steps_before(target)
         beams = await self.svc.run(job, context)
         return beams_msg(beams, self._session_id(job, request.ref, snap), job.session.coverage[before:])
 
     @handle_errors
+    async def BeamStep(self, request, context):
+        return await self._beams(request, context, whole=False)
+
+    @handle_errors
     async def BeamSearch(self, request, context):
-        target, snap, n = await self._ref(request.ref)
-        job = SearchJob(target, self._trie(snap, request.ref, n), self._width(request.width), self._rule(request.rule))
-        before = len(target.coverage) if not isinstance(target, EncodeJob) else 0
-        beams = await self.svc.run(job, context)
-        return beams_msg(beams, self._session_id(job, request.ref, snap), job.session.coverage[before:])
+        return await self._beams(request, context, whole=True)
 
     @handle_errors
     async def HeadDrafts(self, request, context):
@@ -308,6 +328,8 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
         target, snap, n = await self._ref(request.ref)
         job = HeadJob(target, self._trie(snap, request.ref, n), self._width(request.width), request.distilled)
         beams = await self.svc.run(job, context)
+        if beams is None:  # the backend's distilled search could not answer (no dense tables)
+            raise FailedPrecondition(NO_DISTILLED)
         return beams_msg(beams, self._session_id(job, request.ref, snap))
 
     @handle_errors
@@ -318,6 +340,8 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
         require(1 <= request.n <= self.svc.s.max_width, "n", f"must be 1..{self.svc.s.max_width}")
         job = DraftVerifyJob(target, self._trie(snap, request.ref, n), self._width(request.width), int(request.n))
         d = await self.svc.run(job, context)
+        if d is None:  # the backend's draft-and-verify could not answer (no dense tables)
+            raise FailedPrecondition(NO_DISTILLED)
         return verifier_pb2.DraftVerifyResponse(beams=beams_msg(d.beams), covered=to_msg(torch.from_numpy(d.covered)),
                                                 frontier=to_msg(torch.from_numpy(d.frontier.astype(np.int32))),
                                                 resumed=to_msg(torch.from_numpy(np.asarray(d.resumed, dtype=bool))),

@@ -6,14 +6,15 @@ A round, in phases:
 1. ``_draft_round``: the drafter proposes ``delta`` items per request (never
    one already verified for it; after round 0 only items under *this
    request's* beam prefixes);
-2. ``_verify``: one decoder pass over the unique prefixes of the drafts *and*
-   of the current beams (a prefix tree); the score V is the length-normalised
-   log-likelihood, over L-1 levels for items the catalogue flags unseen (the
-   L-1 rule);
+2. ``_verify``: one verifier call (``score_step``): one decoder pass over the
+   unique prefixes of the drafts *and* of the current beams (a prefix tree),
+   and the beam search's next level read from that pass (no second pass, no
+   second round trip); the score V is the length-normalised log-likelihood,
+   over L-1 levels for items the catalogue flags unseen (the L-1 rule);
 3. ``_accept``: items with V > gamma (strictly) are accepted; a request with K
-   accepted exits (``accepted``);
-4. ``_advance_beams``: the request's beam search advances one level, reading
-   the distributions the verify pass already computed (no second pass).
+   accepted exits (``accepted``) with the beams it had before the step;
+4. the others go on with the stepped beams; a round that drafted nothing
+   (``_advance_beams``) takes a plain beam step instead.
 
 Drafting is skipped for a round when it does not pay (``adaptive``, the
 seed's alpha > rho condition, per round index): it pays when the estimated
@@ -39,6 +40,7 @@ import torch
 from pydantic import Field
 
 from ..costs import CostStage
+from ..decoding.beam import Beams
 from ..drafters.base import Draft, DraftRequest
 from .base import Candidates, LiveBatch, Policy, PolicyConfig, RecResult, Stage, charge, length_normalised, register
 
@@ -96,16 +98,20 @@ class SpecGRPolicy(Policy):
             for st in batch.active_stats:
                 st.rounds += 1
             delta = self._delta(rnd, k, explore)
+            complete = batch.beams is not None and batch.beams.level >= L  # the search ended in an earlier round
             try:
+                stepped = False
                 if delta:
-                    drafted = self._draft_and_verify(batch, pools, delta, rnd)
-                    if drafted:
-                        self._observe_exits(batch, pools, rnd, k)
+                    verified, beams = self._draft_and_verify(batch, pools, delta, rnd, step=not complete)
+                    if verified:
+                        self._observe_exits(batch, pools, rnd, k, beams)
                         if not batch.active:
                             return
-                if batch.beams is not None and batch.beams.level >= L:
+                        stepped = beams is not None
+                if complete:
                     break
-                self._advance_beams(batch, drafted=bool(delta))
+                if not stepped:
+                    self._advance_beams(batch)
             finally:  # what a round costs, learned from every round that ran to its end (the budget hook reads
                 # it); a round cut short by a dependency that failed says nothing about the next one's cost
                 if sys.exc_info()[0] is None:
@@ -134,13 +140,15 @@ class SpecGRPolicy(Policy):
         L = len(self.engine.itemset.level_sizes)
         costs = self.costs
         step = costs.estimate(CostStage.BEAM_STEP)
-        draft = costs.estimate(CostStage.DRAFT) + costs.estimate(CostStage.VERIFY) - costs.estimate(CostStage.BEAM_READ)
+        draft = costs.estimate(CostStage.DRAFT) + costs.estimate(CostStage.VERIFY)  # the verify call holds the step
         p_exit = self.online.rate(f"specgr.exit@{rnd}", 1.0)  # optimistic until measured
         saved = (L - rnd) * step  # an exit at this round saves the beam steps from here on
         return delta if p_exit * saved > draft or not step else 0
 
-    def _observe_exits(self, batch: LiveBatch, pools: list[RequestPool], rnd: int, k: int) -> None:
-        """Finish requests with K accepted; learn the exit rate of this round."""
+    def _observe_exits(self, batch: LiveBatch, pools: list[RequestPool], rnd: int, k: int,
+                       stepped: Beams | None) -> None:
+        """Finish requests with K accepted (with the beams before this round's step); learn the exit rate of
+        this round; the others go on with ``stepped``, the beams the verify call stepped to (None: none)."""
         done = [j for j, i, req, _ in batch.rows() if pools[i].accepted >= req.k]
         n = len(batch.active)
         for j in done:
@@ -149,6 +157,8 @@ class SpecGRPolicy(Policy):
             batch.finish(j, self._final(batch, pools, j, complete=False))
         if n:
             self.online.observe_rate(f"specgr.exit@{rnd}", len(done) / n)
+        if stepped is not None:
+            batch.beams = stepped
         batch.drop(done)
 
     # -- phases ----------------------------------------------------------------------------
@@ -156,18 +166,21 @@ class SpecGRPolicy(Policy):
         """Round 0 drafts with the verifier's distilled drafter (where it has one)."""
         return self.config.first_drafter != "engine" and self.engine.verifier.has_distilled()
 
-    def _draft_and_verify(self, batch: LiveBatch, pools: list[RequestPool], delta: int, rnd: int = 1) -> bool:
+    def _draft_and_verify(self, batch: LiveBatch, pools: list[RequestPool], delta: int, rnd: int = 1,
+                          step: bool = True) -> tuple[bool, Beams | None]:
+        """Draft, verify and accept: (whether anything was verified, the beams the verify call stepped to,
+        with ``step``)."""
         drafts = self._distilled_round(batch, pools, delta) if rnd == 0 and self._distilled_first() else None
         if drafts is None or (self.config.first_drafter == "auto" and self.engine.drafter is not None):
             if self.engine.drafter is None:
-                return False
+                return False, None
             more = self._draft_round(batch, pools, delta)
             drafts = more if drafts is None else [_union(a, b) for a, b in zip(drafts, more)]
         if not any(len(d.items) for d in drafts):
-            return False
-        values = self._verify(batch, drafts)
+            return False, None
+        values, beams = self._verify(batch, drafts, step)
         self._accept(batch, pools, drafts, values)
-        return True
+        return True, beams
 
     def _draft_round(self, batch: LiveBatch, pools: list[RequestPool], delta: int) -> list[Draft]:
         eng = self.engine
@@ -198,8 +211,9 @@ class SpecGRPolicy(Policy):
             out.append(Draft(items[j][ok].numpy(), beams.scores[j][ok].numpy()))
         return out
 
-    def _verify(self, batch: LiveBatch, drafts: list[Draft]) -> list[np.ndarray]:
-        """One pass over the drafts and the beam frontier -> V per draft."""
+    def _verify(self, batch: LiveBatch, drafts: list[Draft], step: bool) -> tuple[list[np.ndarray], Beams | None]:
+        """One verifier call: one pass over the drafts and the beam frontier -> V per draft, and, with
+        ``step``, the beams one level on, read from that pass."""
         eng = self.engine
         m = max(len(d.items) for d in drafts)
         L = len(eng.itemset.level_sizes)
@@ -210,8 +224,12 @@ class SpecGRPolicy(Policy):
                 sids[j, len(d.items) :] = sids[j, 0]
             else:  # a request with no drafts this round repeats any valid item (adds nothing to the pass)
                 sids[j] = eng.itemset.sids[eng.itemset.order[0][0]]
+        beams = None
         with Stage(eng.clock, batch.active_stats, "verify") as t:
-            scores = eng.verifier.score(batch.session, torch.from_numpy(sids), with_frontier=True)
+            if step:
+                scores, beams = eng.verifier.score_step(batch.session, torch.from_numpy(sids))
+            else:  # the search is complete: nothing to step
+                scores = eng.verifier.score(batch.session, torch.from_numpy(sids), with_frontier=True)
         self.costs.observe(CostStage.VERIFY, t.seconds)
         charge(batch.active_stats)
         unseen_fn = eng.itemset.is_unseen
@@ -220,7 +238,7 @@ class SpecGRPolicy(Policy):
             tl = scores.token_logp[j, : len(d.items)]
             v = length_normalised(tl, unseen_fn(d.items)) if self.config.unseen_rule else tl.mean(-1)
             out.append(v.numpy())
-        return out
+        return out, beams
 
     def _accept(self, batch: LiveBatch, pools: list[RequestPool], drafts: list[Draft], values: list[np.ndarray]) -> None:
         for j, i, _, st in batch.rows():
@@ -231,12 +249,12 @@ class SpecGRPolicy(Policy):
             pools[i].accepted += acc
             st.observe_items(len(d.items), acc)
 
-    def _advance_beams(self, batch: LiveBatch, drafted: bool) -> None:
+    def _advance_beams(self, batch: LiveBatch) -> None:
+        """A round without a verify pass: a beam step that computes its distributions."""
         eng = self.engine
         with Stage(eng.clock, batch.active_stats, "beam") as t:
             batch.beams = eng.verifier.beam_step(batch.session)
-        # a step after a verify pass only reads the frontier; one without computes it
-        self.costs.observe(CostStage.BEAM_READ if drafted else CostStage.BEAM_STEP, t.seconds)
+        self.costs.observe(CostStage.BEAM_STEP, t.seconds)
         charge(batch.active_stats)
 
     def _final(self, batch: LiveBatch, pools: list[RequestPool], row: int, complete: bool) -> RecResult:

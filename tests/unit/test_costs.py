@@ -25,16 +25,15 @@ def test_stage_costs_are_kept_per_policy_under_enum_names():
     """beam and specgr time the same verifier call (a beam step) as different stages of their own."""
     eng = make_engine(3)
     t = fake_clock(eng)
-    slow_calls(eng, t, {"beam_step": 0.01, "score": 0.02})
+    slow_calls(eng, t, {"beam_step": 0.01, "score_step": 0.03})
     h = histories(eng, 1, 3)[0]
     make_policy("beam", eng).run([RecRequest(h, 5)])
     make_policy("specgr", eng, delta=5, gamma=0.0).run([RecRequest(h, 5)])
     costs = eng.costs
     assert costs.stage("beam", CostStage.SEARCH) == pytest.approx(0.04)  # 4 levels of 10 ms, one call
     assert costs.stage("specgr", CostStage.SEARCH) is None and costs.stage("beam", CostStage.ROUND) is None
-    assert costs.stage("specgr", CostStage.VERIFY) == pytest.approx(0.02)
-    assert costs.stage("specgr", CostStage.BEAM_READ) == pytest.approx(0.01)  # a step after a verify pass
-    # a round is a verify pass and a step (30 ms), or a step alone where drafting found nothing new (10 ms)
+    assert costs.stage("specgr", CostStage.VERIFY) == pytest.approx(0.03)  # one call: the pass and the step
+    # a round is one verify-and-step call (30 ms), or a step alone where drafting found nothing new (10 ms)
     assert 0.01 <= costs.stage("specgr", CostStage.ROUND) <= 0.03
     assert CostStage("round") is CostStage.ROUND  # the stage names are one Enum
 
@@ -42,7 +41,7 @@ def test_stage_costs_are_kept_per_policy_under_enum_names():
 def test_the_budget_hook_reads_what_running_taught():
     eng = make_engine(4)
     t = fake_clock(eng)
-    slow_calls(eng, t, {"score": 0.01, "beam_step": 0.01})
+    slow_calls(eng, t, {"score_step": 0.02, "beam_step": 0.02})
     pol = make_policy("specgr", eng, delta=5, gamma=0.0)
     assert pol.costs.fits(Deadline(t[0] + 1e-6), CostStage.ROUND)  # nothing measured yet: costs 0
     pol.run([RecRequest(histories(eng, 1, 4)[0], 5)])

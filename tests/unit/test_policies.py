@@ -190,7 +190,7 @@ def test_specgr_budget_exit_returns_best_list_so_far():
     hists = histories(eng, 3, 7)
     t = [0.0]
     eng.clock = lambda: t[0]
-    slow_calls(eng, t, {"score": 0.5, "beam_step": 0.5})  # a round costs 1 s
+    slow_calls(eng, t, {"score_step": 1.0, "beam_step": 1.0})  # a round (one verifier call) costs 1 s
     pol = make_policy("specgr", eng, delta=5, gamma=0.0)
     pol.run([RecRequest(hists[2], 10)])  # learns what a round costs
     assert pol.costs.estimate(CostStage.ROUND) == pytest.approx(1.0)
@@ -201,13 +201,14 @@ def test_specgr_budget_exit_returns_best_list_so_far():
 
 
 def test_specgr_stops_before_a_round_it_cannot_finish_with_costs_learned_by_running():
-    """No cost is set by hand: a fake clock advances 10 ms per verifier call, specgr learns what a round
-    costs from requests without a deadline, then stops before a round that would end past its deadline."""
+    """No cost is set by hand: a fake clock advances 20 ms per verifier call (a round is one: verify and step),
+    specgr learns what a round costs from requests without a deadline, then stops before a round that would end
+    past its deadline."""
     eng = make_engine(7)
     hists = histories(eng, 4, 7)
     t = [0.0]
     eng.clock = lambda: t[0]
-    slow_calls(eng, t, {"score": 0.01, "beam_step": 0.01})
+    slow_calls(eng, t, {"score_step": 0.02, "beam_step": 0.02})
     pol = make_policy("specgr", eng, delta=5, gamma=0.0)  # nothing is accepted: every round runs
     for h in hists[:3]:
         assert pol.run([RecRequest(h, 10)])[0].stats.rounds == 4
@@ -264,7 +265,7 @@ def test_session_released_when_a_call_raises(name):
     def boom(*a, **kw):
         raise RuntimeError("verifier fell over")
 
-    for op in ("beam_search", "beam_step", "head_beams", "score"):
+    for op in ("beam_search", "beam_step", "head_beams", "score", "score_step"):
         setattr(eng.verifier, op, boom)
     with pytest.raises(RuntimeError, match="fell over"):
         run(eng, name, histories(eng, 2, 10), k=5, **({"seed": 0} if name == "sample" else {}))
@@ -394,16 +395,16 @@ def test_specgr_does_not_learn_round_cost_from_a_failed_round():
     pol = make_policy("specgr", eng, delta=5, gamma=0.0)
     pol.run([RecRequest(hists[0], 10)])
     learned = pol.costs.estimate(CostStage.ROUND)
-    real = eng.verifier.score
+    real = eng.verifier.score_step
 
     def down(*a, **kw):
         t[0] += 0.5  # half a second waiting on a verifier that is gone
         raise RuntimeError("verifier unavailable")
 
-    eng.verifier.score = down
+    eng.verifier.score_step = down
     with pytest.raises(RuntimeError):
         pol.run([RecRequest(hists[1], 10)])
-    eng.verifier.score = real
+    eng.verifier.score_step = real
     assert pol.costs.estimate(CostStage.ROUND) == learned
 
 
