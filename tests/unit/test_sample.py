@@ -232,7 +232,7 @@ def test_sample_policy_streams_follow_the_gr_model():
     for r in range(R):
         probs = torch.ones(len(sids))
         for j in range(4):
-            allowed = pol._allowed(sids[:, :j], j)
+            allowed = pol._allowed(eng.itemset.trie, sids[:, :j], j)
             probs *= transform(full[j][r], allowed, 1.3, 0).gather(1, sids[:, j : j + 1]).squeeze(1)
         assert abs(float(probs.sum()) - 1.0) < 1e-4
         want.append({tuple(s): float(pr) for s, pr in zip(sids.tolist(), probs)})
