@@ -385,6 +385,9 @@ class Policy(ABC):
             if not res.served_by:  # a delegating policy's results were recorded by the policy that made them
                 res.served_by = self.name
                 eng.metrics.record(self.name, res.stats)
+            if not res.degraded and not res.stats.rounds and res.sources and all(src == "fill" for src in res.sources):
+                # no round ran (the first did not fit the budget), so no model scored anything: flagged
+                res.degraded = f"catalogue fill: {res.served_by} scored no item (exit {res.stats.exit_reason or '?'})"
         return results
 
     @abstractmethod

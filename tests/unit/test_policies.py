@@ -232,6 +232,10 @@ def test_beam_budget_exit():
     res = pol.run([RecRequest(h, 7, deadline=t[0] + 0.5) for h in hists[:2]])
     assert all(r.stats.exit_reason == "budget" and len(set(r.items.tolist())) == 7 for r in res)
     assert all(r.stats.rounds == 1 for r in res) and pol.costs.estimate(CostStage.STEP) == 1.0
+    assert not any(r.degraded for r in res)  # one level ran: the fill is under the model's own prefixes
+    # no time even for a step: nothing is scored, the list is all catalogue fill, and it says so
+    res = pol.run([RecRequest(hists[0], 7, deadline=t[0] + 0.1)])[0]
+    assert set(res.sources) == {"fill"} and res.degraded.startswith("catalogue fill: beam scored no item")
 
 
 @pytest.mark.parametrize("seed", range(4))
