@@ -137,6 +137,13 @@ class LocalState:
     head_h: torch.Tensor | None = None
 
 
+def _search_of(st: LocalState) -> BeamSearch:
+    """The session's started beam search."""
+    if st.beam is None:
+        raise RuntimeError("beam_start first")
+    return st.beam
+
+
 PREFER = 1e4  # added to preferred (relaxed-accepted) extensions when choosing beams, never kept in scores
 
 
@@ -211,9 +218,8 @@ class LocalVerifier:
 
     def score_step(self, sess: Session, sids: torch.Tensor) -> tuple[Scores, Beams]:
         st: LocalState = sess.state
-        if st.beam is None:
-            raise RuntimeError("beam_start first")
-        return self._one(ScoreJob(sess, sids, with_frontier=True, step=SearchSpec(st.beam.trie, st.beam.width, st.rule)))
+        beam = _search_of(st)
+        return self._one(ScoreJob(sess, sids, with_frontier=True, step=SearchSpec(beam.trie, beam.width, st.rule)))
 
     @torch.inference_mode()
     def next_logprobs(self, sess: Session, prefixes: torch.Tensor) -> torch.Tensor:
@@ -228,10 +234,11 @@ class LocalVerifier:
 
     def _bind(self, st: LocalState) -> None:
         """Point the session's beam search at the session's verified passes (again after a select)."""
-        st.beam.known = lambda b: st.verified.read(b.codes) if st.verified else None
-        st.beam.compute_missing = lambda b, missing: self._compute_missing(st, b, missing)
+        beam = _search_of(st)
+        beam.known = lambda b: st.verified.read(b.codes) if st.verified else None
+        beam.compute_missing = lambda b, missing: self._compute_missing(st, b, missing)
         if st.rule.kind == "relaxed":
-            st.beam.select_fn = relaxed_select(st.verified, st.rule)
+            beam.select_fn = relaxed_select(st.verified, st.rule)
 
     def _compute_missing(self, st: LocalState, beams: Beams, missing: torch.Tensor) -> torch.Tensor:
         """One tree pass over the missing beams' prefixes (remembered like any pass)."""
@@ -241,16 +248,15 @@ class LocalVerifier:
 
     @torch.inference_mode()
     def beam_step(self, sess: Session) -> Beams:
-        st: LocalState = sess.state
-        if st.beam is None:
-            raise RuntimeError("beam_start first")
+        _search_of(sess.state)
         return self._step(sess)
 
     def _step(self, sess: Session) -> Beams:
         """One level of the session's started search, its coverage recorded."""
-        st: LocalState = sess.state
-        beams = st.beam.step()
-        sess.coverage.append(StepCoverage(st.beam.covered.tolist(), st.beam.computed.tolist()))
+        beam = _search_of(sess.state)
+        beams = beam.step()
+        assert beam.covered is not None and beam.computed is not None  # every step sets them
+        sess.coverage.append(StepCoverage(beam.covered.tolist(), beam.computed.tolist()))
         return beams
 
     def beam_search(self, sess: Session, trie: SidTrie, width: int, rule: SelectRule | None = None) -> Beams:
@@ -259,10 +265,10 @@ class LocalVerifier:
     def _stepwise_search(self, sess: Session, search: SearchSpec) -> Beams:
         """The whole search level by level (reading what the session verified), from a fresh start."""
         self.beam_start(sess, search.trie, search.width, search.rule)
-        st: LocalState = sess.state
-        while not st.beam.done:
+        beam = _search_of(sess.state)
+        while not beam.done:
             self.beam_step(sess)
-        return st.beam.beams
+        return beam.beams
 
     # -- NEZHA draft head ----------------------------------------------------------------------
     def _head_h(self, sess: Session) -> torch.Tensor:
@@ -363,13 +369,21 @@ class ExpandJob:
 Job = EncodeJob | ScoreJob | BeamJob | HeadJob | DraftVerifyJob | ExpandJob
 
 
+def _session(job: Any) -> Session:
+    """A job's session (:func:`run_jobs` put the session it encoded in place of an :class:`EncodeJob`)."""
+    sess = job.session
+    if not isinstance(sess, Session):
+        raise TypeError(f"the job's session is a {type(sess).__name__}")
+    return sess
+
+
 def _group_key(n: int, job: Job) -> tuple:
     """Jobs with equal keys share one computation; ``("single", n)`` runs alone."""
     if isinstance(job, EncodeJob):
         return ("encode",)
     if isinstance(job, ScoreJob):
         return ("score", job.full)
-    if isinstance(job, BeamJob) and job.whole and not job.session.state.verified and \
+    if isinstance(job, BeamJob) and job.whole and not _session(job).state.verified and \
             (job.search.rule is None or job.search.rule.kind == "exact"):
         return ("search", id(job.search.trie), job.search.width)
     if isinstance(job, HeadJob):
@@ -389,7 +403,7 @@ def run_jobs(verifier: LocalVerifier, jobs: list[Job]) -> list[Any]:
     exception as its result and the others are unaffected."""
     out: list[Any] = [None] * len(jobs)
     # jobs that carry a history instead of a session: encode them first, all in one batch
-    embedded = [j for j in jobs if isinstance(getattr(j, "session", None), EncodeJob)]
+    embedded: list[Any] = [j for j in jobs if isinstance(getattr(j, "session", None), EncodeJob)]
     if embedded:
         try:
             with torch.inference_mode():
@@ -400,8 +414,9 @@ def run_jobs(verifier: LocalVerifier, jobs: list[Job]) -> list[Any]:
             j.session = s
     groups: dict[tuple, list[int]] = {}
     for n, job in enumerate(jobs):
-        if isinstance(getattr(job, "session", None), Exception):
-            out[n] = job.session
+        failed = getattr(job, "session", None)
+        if isinstance(failed, Exception):  # its encode failed
+            out[n] = failed
             continue
         groups.setdefault(_group_key(n, job), []).append(n)
     with torch.inference_mode():
@@ -432,7 +447,7 @@ def _attempt(fn, *args) -> Any:
 
 
 def _cat_encoders(jobs: list) -> EncoderState:
-    encs = [j.session.state.enc for j in jobs]
+    encs = [_session(j).state.enc for j in jobs]
     return encs[0] if len(encs) == 1 else EncoderState.cat(encs)
 
 
@@ -450,7 +465,7 @@ def _run_group(ver: LocalVerifier, kind: str, jobs: list) -> list[Any]:
         beams, covered, frontier, resumed = out
         return [Drafted(beams.select(torch.arange(a, b)), np.asarray(covered[a:b], dtype=bool),
                         np.asarray(frontier[a:b]), np.asarray(resumed[a:b], dtype=bool))
-                for a, b in _split([j.session.n for j in jobs])]
+                for a, b in _split([_session(j).n for j in jobs])]
     if kind in ("search", "head"):
         return _search_group(ver, kind, jobs)
     return [_run_one(ver, j) for j in jobs]
@@ -462,10 +477,11 @@ def _score_group(ver: LocalVerifier, jobs: list[ScoreJob]) -> list[Any]:
     res: list[Any] = [None] * len(jobs)
     live: list[int] = []
     for n, j in enumerate(jobs):
-        st: LocalState = j.session.state
+        sess = _session(j)
+        st: LocalState = sess.state
         if j.step is not None:
             if st.beam is None:  # started before the pass, so that the pass holds its root frontier too
-                err = _attempt(ver.beam_start, j.session, j.step.trie, j.step.width, j.step.rule)
+                err = _attempt(ver.beam_start, sess, j.step.trie, j.step.width, j.step.rule)
                 if err is not None:
                     res[n] = err
                     continue
@@ -480,20 +496,20 @@ def _score_group(ver: LocalVerifier, jobs: list[ScoreJob]) -> list[Any]:
     sids = torch.cat([torch.cat([j.sids, j.sids[:, :1].expand(-1, m - j.sids.shape[1], -1)], 1) for j in batch])
     spans = _split([len(j.sids) for j in batch])
     rows = len(sids)
-    groups = [(sids, np.ones(sids.shape[:2], dtype=bool))]
+    groups: list[tuple[torch.Tensor | np.ndarray, torch.Tensor | np.ndarray]] = [(sids, np.ones(sids.shape[:2], bool))]
     for j, (a, _) in zip(batch, spans):
         if j.with_frontier or j.step is not None:
-            groups += [_rows_of(codes, alive, a, rows) for codes, alive in ver._frontier(j.session.state)]
+            groups += [_rows_of(codes, alive, a, rows) for codes, alive in ver._frontier(_session(j).state)]
     tree, out = tree_pass(ver.backend, _cat_encoders(batch), groups, drafts=1)
     token, full = token_logprobs(out, tree, sids.numpy(), any(j.full for j in batch))
     for n, j, (a, b) in zip(live, batch, spans):
-        j.session.state.verified.add(tree, out, rows=np.arange(a, b))
+        _session(j).state.verified.add(tree, out, rows=np.arange(a, b))
         mm = j.sids.shape[1]
         scores = Scores(token[a:b, :mm], [f[a:b, :mm] for f in full] if j.full else None)
         if j.step is None:
             res[n] = scores
         else:
-            beams = _attempt(ver._step, j.session)  # part of this one call (not a call of its own)
+            beams = _attempt(ver._step, _session(j))  # part of this one call (not a call of its own)
             res[n] = beams if isinstance(beams, BaseException) else (scores, beams)
     return res
 
@@ -516,7 +532,7 @@ def _search_group(ver: LocalVerifier, kind: str, jobs: list) -> list[Any]:
     if kind == "search":
         beams = ver.backend.search(enc, first.search.trie, first.search.width)
         if beams is None:
-            return [_attempt(ver._stepwise_search, j.session, j.search) for j in jobs]
+            return [_attempt(ver._stepwise_search, _session(j), j.search) for j in jobs]
     elif first.distilled:
         beams = ver.backend.draft_search(enc, first.trie, first.width)
         if beams is None:  # no distilled drafter (or no dense tables for this catalogue)
@@ -524,32 +540,33 @@ def _search_group(ver: LocalVerifier, kind: str, jobs: list) -> list[Any]:
     else:
         beams = ver.backend.head_search(enc, first.trie, first.width)
         if beams is None:
-            return [_attempt(ver._head_beams_eager, j.session, j.trie, j.width) for j in jobs]
+            return [_attempt(ver._head_beams_eager, _session(j), j.trie, j.width) for j in jobs]
     res = []
-    for j, (a, b) in zip(jobs, _split([j.session.n for j in jobs])):
+    for j, (a, b) in zip(jobs, _split([_session(j).n for j in jobs])):
         part = beams.select(torch.arange(a, b)) if len(jobs) > 1 else beams
         if kind == "search":  # every level computed in the one call, none read from a verified pass
-            j.session.coverage.extend(StepCoverage([0] * (b - a), part.alive.sum(1).tolist()) for _ in ver.level_sizes)
+            _session(j).coverage.extend(StepCoverage([0] * (b - a), part.alive.sum(1).tolist()) for _ in ver.level_sizes)
         res.append(part)
     return res
 
 
 def _run_one(ver: LocalVerifier, job) -> Any:
     try:
+        if not isinstance(job, (BeamJob, ExpandJob)):
+            raise TypeError(f"not a verifier job: {type(job).__name__}")
+        sess = _session(job)
         if isinstance(job, BeamJob):
             if job.whole:
-                return ver._stepwise_search(job.session, job.search)
-            st = job.session.state
+                return ver._stepwise_search(sess, job.search)
+            st: LocalState = sess.state
             if st.beam is None:
-                ver.beam_start(job.session, job.search.trie, job.search.width, job.search.rule)
+                ver.beam_start(sess, job.search.trie, job.search.width, job.search.rule)
             elif st.beam.done:
                 raise SessionStateError("session: its beam search is already complete")
-            return ver.beam_step(job.session)
-        if isinstance(job, ExpandJob):
-            if job.head:
-                return ver.head_logprobs(job.session, job.prefixes)
-            return ver.next_logprobs(job.session, job.prefixes)
-        raise TypeError(f"not a verifier job: {type(job).__name__}")
+            return ver.beam_step(sess)
+        if job.head:
+            return ver.head_logprobs(sess, job.prefixes)
+        return ver.next_logprobs(sess, job.prefixes)
     except Exception as exc:  # noqa: BLE001 - attached to this job's result
         return exc
 

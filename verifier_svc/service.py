@@ -120,7 +120,7 @@ class VerifierService(Service):
 
     async def _warmup(self) -> None:
         """Run every path (and every whole-search graph of the configured widths) before SERVING."""
-        snap = self.catalogue.current
+        snap = await self.catalogue.get()  # the current version (start() installed it)
         await asyncio.get_running_loop().run_in_executor(self.executor, self.local.backend.warmup, snap.itemset.trie,
                                                          self.s.warmup_k)
         rows = np.nonzero(snap.itemset.active)[0]
@@ -164,9 +164,15 @@ class VerifierService(Service):
             raise FailedPrecondition(str(e)) from None
 
 
-def _steps_before(target) -> int:
+def _steps_before(target: Session | EncodeJob) -> int:
     """Beam steps the session had recorded before a call (a session the call encodes had none)."""
     return len(target.coverage) if isinstance(target, Session) else 0
+
+
+def _steps_since(job, before: int) -> list:
+    """The coverage of the beam steps a job took (its session is the one it encoded, if it carried a history)."""
+    sess = job.session
+    return sess.coverage[before:] if isinstance(sess, Session) else []
 
 
 def beams_msg(b, session: str = "", coverage=()) -> verifier_pb2.Beams:
@@ -255,7 +261,7 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
         self._check_codes(a[None], field)
         return snap.itemset.trie.excluding(np.array(a))
 
-    async def _ref(self, ref) -> tuple[object, Snapshot, int]:
+    async def _ref(self, ref) -> tuple[Session | EncodeJob, Snapshot, int]:
         """The session a call works on: an existing one, or an :class:`EncodeJob` to run with the call."""
         if ref.session:
             e: Entry = self.svc.sessions.get(ref.session)  # SessionNotFound: FAILED_PRECONDITION, SESSION_LOST
@@ -290,7 +296,7 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
         return verifier_pb2.ScoreResponse(
             token_logp=to_msg(sc.token_logp), full=[to_msg(f) for f in sc.full or []],
             session=self._session_id(job, request.ref, snap),
-            beams=None if beams is None else beams_msg(beams, coverage=job.session.coverage[before:]))
+            beams=None if beams is None else beams_msg(beams, coverage=_steps_since(job, before)))
 
     @handle_errors
     async def Expand(self, request, context):
@@ -309,7 +315,7 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
         job = BeamJob(target, self._search(snap, request.ref, n, request), whole)
         before = _steps_before(target)
         beams = await self.svc.run(job, context)
-        return beams_msg(beams, self._session_id(job, request.ref, snap), job.session.coverage[before:])
+        return beams_msg(beams, self._session_id(job, request.ref, snap), _steps_since(job, before))
 
     @handle_errors
     async def BeamStep(self, request, context):

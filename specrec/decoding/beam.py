@@ -107,7 +107,7 @@ def beam_tokens(beams: Beams, offsets: list[int]) -> torch.Tensor:
 
 
 #: reads known next-level log-probs for some beams: (beams) -> (logp [R, B, V], known [R, B] bool)
-KnownSource = Callable[[Beams], tuple[torch.Tensor, torch.Tensor]]
+KnownSource = Callable[[Beams], tuple[torch.Tensor, torch.Tensor] | None]  # None: nothing verified yet
 
 
 class BeamSearch:

@@ -76,6 +76,7 @@ class RequestPool:
 class SpecGRPolicy(Policy):
     name = "specgr"
     Config = SpecGRConfig
+    config: SpecGRConfig
 
     def _run(self, batch: LiveBatch) -> None:
         eng, cfg = self.engine, self.config
@@ -86,8 +87,8 @@ class SpecGRPolicy(Policy):
         L = len(eng.itemset.level_sizes)
         k = max(r.k for r in batch.requests)
         pools = [RequestPool() for _ in batch.requests]
-        eng.verifier.beam_start(batch.session, batch.trie, cfg.beta or k)
-        eng.verifier.prepare(batch.session)  # a remote verifier encodes while the drafter drafts round 0
+        eng.verifier.beam_start(batch.open_session, batch.trie, cfg.beta or k)
+        eng.verifier.prepare(batch.open_session)  # a remote verifier encodes while the drafter drafts round 0
         phase = self.online.requests % EXPLORE_EVERY  # 0: always draft (learns exit rates), 1: never (learns step cost)
         explore = {0: True, 1: False}.get(phase)
         for rnd in range(cfg.max_rounds or L):
@@ -190,6 +191,8 @@ class SpecGRPolicy(Policy):
             if batch.beams is not None:
                 prefixes = batch.beams.codes[j][batch.beams.alive[j]].numpy()
             dreqs.append(DraftRequest(req.history, delta, prefixes, frozenset(pools[i].verified) | req.excluded()))
+        if eng.drafter is None:
+            raise RuntimeError("specgr drafts with the engine's drafter, and this engine has none")
         with Stage(eng.clock, batch.active_stats, "draft") as t:
             drafts = eng.drafter.draft(dreqs)
         self.costs.observe(CostStage.DRAFT, t.seconds)
@@ -199,7 +202,7 @@ class SpecGRPolicy(Policy):
         """Round 0 from the distilled drafter: its ``delta`` beams (level 0 exact), valid SIDs only."""
         eng = self.engine
         with Stage(eng.clock, batch.active_stats, "draft") as t:
-            beams = eng.verifier.draft_beams(batch.session, batch.trie, delta)
+            beams = eng.verifier.draft_beams(batch.open_session, batch.trie, delta)
         if beams is None:  # a remote verifier just learned that it has none
             return None
         self.costs.observe(CostStage.DRAFT, t.seconds)
@@ -227,9 +230,9 @@ class SpecGRPolicy(Policy):
         beams = None
         with Stage(eng.clock, batch.active_stats, "verify") as t:
             if step:
-                scores, beams = eng.verifier.score_step(batch.session, torch.from_numpy(sids))
+                scores, beams = eng.verifier.score_step(batch.open_session, torch.from_numpy(sids))
             else:  # the search is complete: nothing to step
-                scores = eng.verifier.score(batch.session, torch.from_numpy(sids), with_frontier=True)
+                scores = eng.verifier.score(batch.open_session, torch.from_numpy(sids), with_frontier=True)
         self.costs.observe(CostStage.VERIFY, t.seconds)
         charge(batch.active_stats)
         unseen_fn = eng.itemset.is_unseen
@@ -253,7 +256,7 @@ class SpecGRPolicy(Policy):
         """A round without a verify pass: a beam step that computes its distributions."""
         eng = self.engine
         with Stage(eng.clock, batch.active_stats, "beam") as t:
-            batch.beams = eng.verifier.beam_step(batch.session)
+            batch.beams = eng.verifier.beam_step(batch.open_session)
         self.costs.observe(CostStage.BEAM_STEP, t.seconds)
         charge(batch.active_stats)
 
@@ -266,10 +269,11 @@ class SpecGRPolicy(Policy):
         beams = batch.beams
         if complete and beams is not None:
             ok = beams.alive[row]
-            items = beams.items(trie)[row][ok].numpy()
+            complete_items = beams.items(trie)[row][ok].numpy()
             tl = beams.token_logp[row][ok]
-            v = length_normalised(tl, eng.itemset.is_unseen(items)) if self.config.unseen_rule else tl.mean(-1)
-            pool.add(items, v.numpy(), "beam")
+            unseen = eng.itemset.is_unseen(complete_items)
+            v = length_normalised(tl, unseen) if self.config.unseen_rule else tl.mean(-1)
+            pool.add(complete_items, v.numpy(), "beam")
         items, scores, sources = pool.top(req.k)
         return self._result(req.k, items, scores, sources, st, None if complete else beams, row, exclude=batch.exclude)
 
