@@ -30,11 +30,11 @@ import grpc
 import numpy as np
 import torch
 
-from specrec.decoding.beam import Beams
 from specrec.deadline import Deadline
+from specrec.decoding.beam import Beams
 from specrec.decoding.scoring import Scores
-from specrec.verifier import Drafted, SelectRule, Session, StepCoverage
 from specrec.policies.errors import BudgetExceeded, DependencyDown
+from specrec.verifier import Drafted, SelectRule, Session, StepCoverage
 from specrec_rpc.catalogue import Snapshot
 from specrec_rpc.tensors import to_msg, to_torch
 from specrec_rpc.v1 import verifier_pb2
@@ -163,8 +163,13 @@ class RemoteVerifier:
         for attempt in (0, 1):
             fresh = attempt > 0
             try:
-                resp = _call("verifier", getattr(st.replica.stub, method), make(self._ref(st, keep, fresh)), self._until(),
-                             self.metadata)
+                resp = _call(
+                    "verifier",
+                    getattr(st.replica.stub, method),
+                    make(self._ref(st, keep, fresh)),
+                    self._until(),
+                    self.metadata,
+                )
             except SessionLost as e:
                 if fresh or stateful:
                     raise DependencyDown("verifier", f"session lost: {e}") from None
@@ -197,7 +202,9 @@ class RemoteVerifier:
         return Scores(to_torch(r.token_logp, "token_logp")), _beams(r.beams, sess)
 
     def next_logprobs(self, sess: Session, prefixes: torch.Tensor) -> torch.Tensor:
-        r = self._session_call(sess, "Expand", lambda ref: verifier_pb2.ExpandRequest(ref=ref, prefixes=to_msg(prefixes)))
+        r = self._session_call(
+            sess, "Expand", lambda ref: verifier_pb2.ExpandRequest(ref=ref, prefixes=to_msg(prefixes))
+        )
         return to_torch(r.logp[0], "logp")
 
     # -- beam search --------------------------------------------------------------------------
@@ -244,8 +251,11 @@ class RemoteVerifier:
             return None
 
     def draft_beams(self, sess: Session, trie, width: int) -> Beams | None:
-        r = self._distilled(sess, "HeadDrafts", lambda ref: verifier_pb2.HeadDraftsRequest(ref=_excluding(ref, trie),
-                                                                                            width=width, distilled=True))
+        r = self._distilled(
+            sess,
+            "HeadDrafts",
+            lambda ref: verifier_pb2.HeadDraftsRequest(ref=_excluding(ref, trie), width=width, distilled=True),
+        )
         if r is None:
             return None
         return _beams(r, sess)

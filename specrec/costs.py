@@ -24,9 +24,9 @@ one lock.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Callable
 
 from .deadline import Deadline
 

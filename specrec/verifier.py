@@ -545,7 +545,9 @@ def _search_group(ver: LocalVerifier, kind: str, jobs: list) -> list[Any]:
     for j, (a, b) in zip(jobs, _split([_session(j).n for j in jobs])):
         part = beams.select(torch.arange(a, b)) if len(jobs) > 1 else beams
         if kind == "search":  # every level computed in the one call, none read from a verified pass
-            _session(j).coverage.extend(StepCoverage([0] * (b - a), part.alive.sum(1).tolist()) for _ in ver.level_sizes)
+            _session(j).coverage.extend(
+                StepCoverage([0] * (b - a), part.alive.sum(1).tolist()) for _ in ver.level_sizes
+            )
         res.append(part)
     return res
 

@@ -28,11 +28,29 @@ from pydantic_settings import SettingsConfigDict
 
 from specrec.bundle import Bundle, sid_space_fingerprint
 from specrec.verifier import (
-    BeamJob, DraftVerifyJob, EncodeJob, ExpandJob, HeadJob, LocalVerifier, ScoreJob, SearchSpec, SelectRule, Session,
-    SessionStateError, run_jobs,
+    BeamJob,
+    DraftVerifyJob,
+    EncodeJob,
+    ExpandJob,
+    HeadJob,
+    LocalVerifier,
+    ScoreJob,
+    SearchSpec,
+    SelectRule,
+    Session,
+    SessionStateError,
+    run_jobs,
 )
 from specrec_rpc.catalogue import CatalogueWatcher, Snapshot
-from specrec_rpc.errors import FailedPrecondition, InvalidArgument, Reason, Unimplemented, handle_errors, register, require
+from specrec_rpc.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    Reason,
+    Unimplemented,
+    handle_errors,
+    register,
+    require,
+)
 from specrec_rpc.server import Service, make_channel
 from specrec_rpc.settings import ServiceSettings
 from specrec_rpc.tensors import TensorError, from_msg, to_msg
@@ -67,12 +85,21 @@ class VerifierSettings(ServiceSettings):
                                  "threads intra-op threads each); a job that arrives while every thread computes waits "
                                  "and is batched with the others")
     max_batch: int = Field(64, ge=1, le=4096, description="most jobs computed in one batch")
-    session_ttl_s: float = Field(30.0, gt=0, le=3600, description="an idle session is forgotten after this many seconds")
-    max_sessions: int = Field(20_000, ge=1, le=10_000_000, description="at most this many sessions (oldest evicted first)")
+    session_ttl_s: float = Field(
+        30.0, gt=0, le=3600, description="an idle session is forgotten after this many seconds"
+    )
+    max_sessions: int = Field(
+        20_000, ge=1, le=10_000_000, description="at most this many sessions (oldest evicted first)"
+    )
     max_width: int = Field(1000, ge=1, le=10_000, description="largest beam width accepted")
-    max_candidates: int = Field(4096, ge=1, le=100_000, description="largest number of candidates per session row in one Score")
-    require_gpu: bool = Field(False, description="fail at start unless ONNX Runtime runs on the CUDA execution provider "
-                              "(a GPU verifier that silently fell back to the CPU would miss every budget)")
+    max_candidates: int = Field(
+        4096, ge=1, le=100_000, description="largest number of candidates per session row in one Score"
+    )
+    require_gpu: bool = Field(
+        False,
+        description="fail at start unless ONNX Runtime runs on the CUDA execution provider "
+        "(a GPU verifier that silently fell back to the CPU would miss every budget)",
+    )
     warmup_k: list[int] = Field([10, 50], description="list lengths K whose graphs (beam search of width K, the head's "
                                 "searches of every draft count) are ready before SERVING")
 
@@ -180,8 +207,15 @@ def beams_msg(b, session: str = "", coverage=()) -> verifier_pb2.Beams:
     shape = (len(cov), -1) if cov else (0, 0)  # a head search has no per-level coverage
     covered = np.asarray([c.covered for c in cov], dtype=np.int32).reshape(shape)
     computed = np.asarray([c.computed for c in cov], dtype=np.int32).reshape(shape)
-    return verifier_pb2.Beams(codes=to_msg(b.codes), scores=to_msg(b.scores.float()), token_logp=to_msg(b.token_logp.float()),
-                              alive=to_msg(b.alive), covered=to_msg(covered), computed=to_msg(computed), session=session)
+    return verifier_pb2.Beams(
+        codes=to_msg(b.codes),
+        scores=to_msg(b.scores.float()),
+        token_logp=to_msg(b.token_logp.float()),
+        alive=to_msg(b.alive),
+        covered=to_msg(covered),
+        computed=to_msg(computed),
+        session=session,
+    )
 
 
 class Servicer(verifier_pb2_grpc.VerifierServicer):
@@ -243,7 +277,9 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
     def _search(self, snap: Snapshot, ref, rows: int, m, field: str = "") -> SearchSpec:
         """The beam search a call asks for (``m`` holds its width and rule; ``field`` their message's name)."""
         at = f"{field}." if field else ""
-        return SearchSpec(self._trie(snap, ref, rows), self._width(m.width, f"{at}width"), self._rule(m.rule, f"{at}rule"))
+        return SearchSpec(
+            self._trie(snap, ref, rows), self._width(m.width, f"{at}width"), self._rule(m.rule, f"{at}rule")
+        )
 
     def _trie(self, snap: Snapshot, ref, rows: int):
         """The catalogue's trie, or this call's view of it without ``ref.exclude_sids``."""
@@ -306,7 +342,9 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
         job = ExpandJob(target, self._codes(request.prefixes, "prefixes", n, full_len=False), request.head)
         out = await self.svc.run(job, context)
         out = out if isinstance(out, list) else [out]
-        return verifier_pb2.ExpandResponse(logp=[to_msg(x) for x in out], session=self._session_id(job, request.ref, snap))
+        return verifier_pb2.ExpandResponse(
+            logp=[to_msg(x) for x in out], session=self._session_id(job, request.ref, snap)
+        )
 
     async def _beams(self, request, context, whole: bool) -> verifier_pb2.Beams:
         """BeamStep (one more level; the first starts the search) and BeamSearch (all of it): the beams and

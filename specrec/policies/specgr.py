@@ -54,7 +54,9 @@ class SpecGRConfig(PolicyConfig):
     gamma: float = Field(-1.0, ge=-100.0, le=0.0,
                          description="accept a draft when its length-normalised log-likelihood V > gamma")
     unseen_rule: bool = Field(True, description="score unseen items over the first L-1 levels")
-    max_rounds: int | None = Field(None, ge=1, le=16, description="draft rounds at most (default: L, one per beam level)")
+    max_rounds: int | None = Field(
+        None, ge=1, le=16, description="draft rounds at most (default: L, one per beam level)"
+    )
     adaptive: bool = Field(True, description="skip drafting in a round where the online estimate says it does not pay")
     first_drafter: Literal["auto", "distilled", "engine"] = Field(
         "auto", description="who drafts round 0: the distilled drafter on the verifier (its beams of delta SIDs, one "
@@ -118,7 +120,7 @@ class SpecGRPolicy(Policy):
                 if sys.exc_info()[0] is None:
                     self.costs.observe(CostStage.ROUND, eng.clock() - t0)
         complete = batch.beams is not None and batch.beams.level >= L
-        for j, _, _, st in batch.rows():
+        for st in batch.active_stats:
             st.exit_reason = "beams_complete" if complete else "max_rounds"
         for j in range(len(batch.active)):
             batch.finish(j, self._final(batch, pools, j, complete=complete))
@@ -243,7 +245,9 @@ class SpecGRPolicy(Policy):
             out.append(v.numpy())
         return out, beams
 
-    def _accept(self, batch: LiveBatch, pools: list[RequestPool], drafts: list[Draft], values: list[np.ndarray]) -> None:
+    def _accept(
+        self, batch: LiveBatch, pools: list[RequestPool], drafts: list[Draft], values: list[np.ndarray]
+    ) -> None:
         for j, i, _, st in batch.rows():
             d, v = drafts[j], values[j]
             acc = int((v > self.config.gamma).sum())
