@@ -199,7 +199,7 @@ def cmd_eval(a: argparse.Namespace) -> int:
             f"p99 {res.latency['p99_ms']:.1f} ms; n = {res.n}\n"
         )
         (Path(a.results_dir) / f"{name}.md").write_text(md)
-        keys = {f"{ds_name}.{split.protocol}{tag.replace('_', '.')}.{a.ranker}.{k}": v for k, v in res.overall.items()
+        keys = {f"{ds_name}.{split.protocol}.{a.ranker}{tag.replace('_', '.')}.{k}": v for k, v in res.overall.items()
                 if k.split("@")[1] in ("5", "10")}
         tr = bundle.meta.get("training", {})
         if split.protocol == "loo" and a.ranker == "beam" and a.sample is None and a.limit is None:
@@ -261,7 +261,7 @@ def _eval_policies(a: argparse.Namespace, bundle, split, ex, exclude=None) -> in
         (results / f"{name}.md").write_text(md)
         plot_stages(table, results / f"{name}_stages.png",
                     f"{ds_name} {split.protocol}, K={k}: mean time per request by stage ({len(ex)} requests)")
-        keys = summary_keys(table, ds_name, split.protocol + tag.replace("_", "."), k)
+        keys = summary_keys(table, ds_name, split.protocol, k, tag.replace("_", "."))
         if keys:
             update_summary(keys, results / "summary.json")
     return 0

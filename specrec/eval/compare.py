@@ -90,10 +90,11 @@ def comparison_table(runs: dict[str, Run], ex: Examples, split: Split, ks, metri
     return table, rows
 
 
-def summary_keys(table: dict, dataset: str, protocol: str, k: int) -> dict:
-    """Summary keys: ``<dataset>.<protocol>.<policy>[.k<K>].<figure>`` (no infix at K = 10)."""
+def summary_keys(table: dict, dataset: str, protocol: str, k: int, tag: str = "") -> dict:
+    """Summary keys: ``<dataset>.<protocol>.<policy>[.k<K>][<tag>].<figure>`` (no infix at K = 10; ``tag``:
+    ``.excl`` for requests that exclude their history)."""
     keys = {}
-    infix = "" if k == 10 else f".k{k}"
+    infix = ("" if k == 10 else f".k{k}") + tag
     for n, r in table.items():
         if "@" in n:
             continue
