@@ -105,6 +105,42 @@ async def test_history_travels_with_the_first_call_and_frontier_saves_a_pass(vst
 
 
 @pytest.mark.asyncio(loop_scope="session")
+async def test_score_with_step_is_score_then_beam_step_in_one_call(vstack, vbundle_dir):
+    """specgr's round over gRPC: the history travels with the first Score, which starts the search and takes
+    its first step from its pass; every step reads the pass (computes nothing); the scores and beams are those of
+    a Score with the frontier followed by a BeamStep."""
+    b = Bundle.load(vbundle_dir)
+    stub = vstack.verifier
+    h = hist_tensor(b, [[4, 2, 8, 9]])
+    L = len(b.cfg.level_sizes)
+    rounds = [torch.from_numpy(b.sids[np.arange(6 * i, 6 * i + 6)])[None] for i in range(L)]  # [1, 6, L] each
+    enc = await stub.Encode(verifier_pb2.EncodeRequest(history_sids=to_msg(h)))
+    want = []
+    for s in rounds:  # two calls a round, on a session of its own
+        sc = await stub.Score(verifier_pb2.ScoreRequest(ref=ref(enc.session), sids=to_msg(s), with_frontier=True))
+        want.append((sc, await stub.BeamStep(verifier_pb2.BeamStepRequest(ref=ref(enc.session), width=5))))
+    session = ""
+    for s, (sc, step) in zip(rounds, want):
+        r = await stub.Score(verifier_pb2.ScoreRequest(ref=ref(session) if session else ref(hist=h, keep=True),
+                                                       sids=to_msg(s), step=verifier_pb2.BeamOptions(width=5)))
+        session = session or r.session
+        assert session and torch.allclose(to_torch(r.token_logp), to_torch(sc.token_logp), atol=1e-5)
+        assert torch.equal(to_torch(r.beams.codes), to_torch(step.codes))
+        assert torch.allclose(to_torch(r.beams.scores), to_torch(step.scores), atol=1e-5)
+        assert to_torch(r.beams.covered).shape == (1, 1) and int(to_torch(r.beams.computed).sum()) == 0
+    with pytest.raises(grpc.aio.AioRpcError) as ei:  # the search is complete: nothing left to step
+        await stub.Score(verifier_pb2.ScoreRequest(ref=ref(session), sids=to_msg(rounds[0]),
+                                                   step=verifier_pb2.BeamOptions(width=5)))
+    assert ei.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    with pytest.raises(grpc.aio.AioRpcError) as ei:
+        await stub.Score(verifier_pb2.ScoreRequest(ref=ref(hist=h), sids=to_msg(rounds[0]),
+                                                   step=verifier_pb2.BeamOptions(width=0)))
+    assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "step.width" in ei.value.details()
+    for sid in (enc.session, session):
+        await stub.Release(verifier_pb2.ReleaseRequest(session=sid))
+
+
+@pytest.mark.asyncio(loop_scope="session")
 async def test_draft_verify_over_grpc_equals_beam_search(vstack, vbundle_dir):
     """strict over gRPC in one call: where DraftVerify says covered, its beams are BeamSearch's; concurrent
     calls share a batch and keep their own rows; HeadDrafts(distilled) answers valid SIDs."""
