@@ -183,6 +183,16 @@ class DecoderLayer(nn.Module):
         return x, (k, v)
 
 
+def _left_pad(x: torch.Tensor, n: int, dim: int) -> torch.Tensor:
+    """``x`` with zeros (False) before it along ``dim``, to size ``n``."""
+    have = x.shape[dim]
+    if have >= n:
+        return x
+    shape = list(x.shape)
+    shape[dim] = n - have
+    return torch.cat([x.new_zeros(shape), x], dim=dim)
+
+
 @dataclass
 class EncoderState:
     """Encoder output for R requests: the decoder's cross-attention mask and
@@ -209,11 +219,17 @@ class EncoderState:
 
     @staticmethod
     def cat(states: list[EncoderState]) -> EncoderState:
-        """Stack the requests of several states (same history length)."""
-        mems = [s.memory for s in states if s.memory is not None]
-        mem = torch.cat(mems) if len(mems) == len(states) else None
-        return EncoderState(mem, torch.cat([s.mask for s in states]), torch.cat([s.cross_k for s in states], dim=1),
-                            torch.cat([s.cross_v for s in states], dim=1))
+        """Stack the requests of several states. Shorter histories are left-padded (as the encoder pads) to the
+        longest, masked out with zero keys/values: cross-attention gives them weight 0, and every row keeps
+        its own real positions, so no row is all padding. cross_k may be [.., dk, S] (the ONNX backend keeps
+        the fused layout); where lengths differ, its axis 3 then differs from S in some state."""
+        s = max(st.mask.shape[-1] for st in states)
+        k_axis = 4 if any(st.cross_k.shape[3] != st.mask.shape[-1] for st in states) else 3
+        mems = [st.memory for st in states if st.memory is not None]
+        mem = torch.cat([_left_pad(m, s, 1) for m in mems]) if len(mems) == len(states) else None
+        return EncoderState(mem, torch.cat([_left_pad(st.mask, s, -1) for st in states]),
+                            torch.cat([_left_pad(st.cross_k, s, k_axis) for st in states], dim=1),
+                            torch.cat([_left_pad(st.cross_v, s, 3) for st in states], dim=1))
 
     def select(self, idx: torch.Tensor) -> EncoderState:
         """A state for a subset (or repetition) of the requests."""

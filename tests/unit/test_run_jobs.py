@@ -38,7 +38,7 @@ def hist(eng, n: int, seed: int) -> np.ndarray:
 
 def full_hist(eng, n: int, seed: int) -> np.ndarray:
     """Histories of the full window: sessions encoded apart keep the same history length (the encoder trims
-    padding per batch, and sessions of different lengths cannot share a pass, see the xfail below)."""
+    padding per batch)."""
     rng = np.random.default_rng(seed)
     items = [rng.integers(0, eng.itemset.n_rows, eng.max_history) for _ in range(n)]
     return eng.history_sids(items).numpy()
@@ -113,13 +113,22 @@ def test_a_failed_group_gives_its_jobs_the_error_and_leaves_the_others_alone(eng
     assert isinstance(out[1], Beams) and out[1].codes.shape[:2] == (1, 3)
 
 
-@pytest.mark.xfail(strict=True, reason="known: score jobs of sessions encoded to different history lengths fail "
-                   "together (EncoderState.cat needs one length); the verifier service batches such jobs")
-def test_score_jobs_of_sessions_with_different_history_lengths_share_a_pass(eng):
+def test_jobs_of_sessions_with_different_history_lengths_share_a_pass_and_equal_each_alone(eng, monkeypatch):
     short, long = full_hist(eng, 1, 21)[:, -1:], full_hist(eng, 1, 22)  # 1 item vs the full window
     short = np.concatenate([np.full_like(long[:, :-1], -1), short], 1)
     sessions = [eng.verifier.encode(torch.from_numpy(h)) for h in (short, long)]
     assert sessions[0].state.enc.cross_k.shape[3] != sessions[1].state.enc.cross_k.shape[3]
-    jobs = [ScoreJob(sessions[0], sids(eng, 1, 3, 23)), ScoreJob(sessions[1], sids(eng, 1, 3, 24))]
-    out = run_jobs(eng.verifier, jobs)
-    assert all(isinstance(x, Scores) for x in out), out
+    s1, s2 = sids(eng, 1, 3, 23), sids(eng, 1, 3, 24)
+    want = [alone(eng, short, s1), alone(eng, long, s2)]
+    trees = Calls(monkeypatch, eng.verifier.backend, "tree")
+    out = run_jobs(eng.verifier, [ScoreJob(sessions[0], s1), ScoreJob(sessions[1], s2)])
+    assert trees.n == 1
+    for got, w in zip(out, want):
+        assert isinstance(got, Scores), got
+        torch.testing.assert_close(got.token_logp, w.token_logp, atol=1e-5, rtol=1e-5)
+    heads = run_jobs(eng.verifier, [HeadJob(s, eng.itemset.trie, 4) for s in sessions])
+    for got, s in zip(heads, sessions):
+        assert isinstance(got, Beams), got
+        w = run_jobs(eng.verifier, [HeadJob(s, eng.itemset.trie, 4)])[0]
+        assert torch.equal(got.codes, w.codes)
+        torch.testing.assert_close(got.scores, w.scores, atol=1e-5, rtol=1e-5)
