@@ -250,11 +250,12 @@ class RemoteVerifier:
             self.replicas.distilled = False
             return None
 
-    def draft_beams(self, sess: Session, trie, width: int) -> Beams | None:
+    def draft_beams(self, sess: Session, trie, width: int, target_scores: bool = False) -> Beams | None:
         r = self._distilled(
             sess,
             "HeadDrafts",
-            lambda ref: verifier_pb2.HeadDraftsRequest(ref=_excluding(ref, trie), width=width, distilled=True),
+            lambda ref: verifier_pb2.HeadDraftsRequest(ref=_excluding(ref, trie), width=width, distilled=True,
+                                                       target_scores=target_scores),
         )
         if r is None:
             return None

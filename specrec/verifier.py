@@ -110,8 +110,10 @@ class Verifier(Protocol):
         pass over them and the target's beam search of ``width`` read from it; None without a distilled
         drafter."""
 
-    def draft_beams(self, sess: Session, trie: SidTrie, width: int) -> Beams | None:
-        """The distilled drafter's own constrained beams (level 0 exact); None without one."""
+    def draft_beams(self, sess: Session, trie: SidTrie, width: int, target_scores: bool = False) -> Beams | None:
+        """The distilled drafter's own constrained beams (level 0 exact); None without one. With
+        ``target_scores`` their ``token_logp`` are the target's log-probabilities of each code, from one tree
+        pass over the beams in the same call (``specgr``'s first round: drafted and verified at once)."""
 
     def release(self, sess: Session) -> None: ...
 
@@ -300,8 +302,10 @@ class LocalVerifier:
     def draft_verify(self, sess: Session, trie: SidTrie, width: int, n: int) -> Drafted | None:
         return self._one(DraftVerifyJob(sess, trie, width, n)) if self.has_distilled() else None
 
-    def draft_beams(self, sess: Session, trie: SidTrie, width: int) -> Beams | None:
-        return self._one(HeadJob(sess, trie, width, distilled=True)) if self.has_distilled() else None
+    def draft_beams(self, sess: Session, trie: SidTrie, width: int, target_scores: bool = False) -> Beams | None:
+        if not self.has_distilled():
+            return None
+        return self._one(HeadJob(sess, trie, width, distilled=True, target_scores=target_scores))
 
 
 # -- batches of jobs from several callers (the verifier service's batcher) ---------------------------
@@ -349,6 +353,7 @@ class HeadJob:
     trie: SidTrie
     width: int
     distilled: bool = False  # the distilled drafter's beams instead of the NEZHA head's
+    target_scores: bool = False  # (distilled) their token_logp the target's, from a tree pass in the same call
 
 
 @dataclass(eq=False)
@@ -387,7 +392,7 @@ def _group_key(n: int, job: Job) -> tuple:
             (job.search.rule is None or job.search.rule.kind == "exact"):
         return ("search", id(job.search.trie), job.search.width)
     if isinstance(job, HeadJob):
-        return ("head", id(job.trie), job.width, job.distilled)
+        return ("head", id(job.trie), job.width, job.distilled, job.target_scores)
     if isinstance(job, DraftVerifyJob):
         return ("draft_verify", id(job.trie), job.width, job.n)
     return ("single", n)
@@ -534,7 +539,8 @@ def _search_group(ver: LocalVerifier, kind: str, jobs: list) -> list[Any]:
         if beams is None:
             return [_attempt(ver._stepwise_search, _session(j), j.search) for j in jobs]
     elif first.distilled:
-        beams = ver.backend.draft_search(enc, first.trie, first.width)
+        search = ver.backend.draft_score if first.target_scores else ver.backend.draft_search
+        beams = search(enc, first.trie, first.width)
         if beams is None:  # no distilled drafter (or no dense tables for this catalogue)
             return [None] * len(jobs)
     else:

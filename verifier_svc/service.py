@@ -161,6 +161,7 @@ class VerifierService(Service):
                     await self.batcher.submit(HeadJob(EncodeJob(h), snap.itemset.trie, width), None)
                 if self.local.backend.drafter is not None:
                     await self.batcher.submit(HeadJob(EncodeJob(h), snap.itemset.trie, 2 * width, True), None)
+                    await self.batcher.submit(HeadJob(EncodeJob(h), snap.itemset.trie, 2 * width, True, True), None)
                     await self.batcher.submit(DraftVerifyJob(EncodeJob(h), snap.itemset.trie, width, 2 * width), None)
             sids = torch.from_numpy(snap.itemset.sids[rows[: 2 + 4 * n]])[None]
             await self.batcher.submit(ScoreJob(EncodeJob(h), sids), None)
@@ -370,7 +371,10 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
         if not request.distilled and self.svc.local.head is None:
             raise FailedPrecondition("this verifier's bundle has no NEZHA draft head")
         target, snap, n = await self._ref(request.ref)
-        job = HeadJob(target, self._trie(snap, request.ref, n), self._width(request.width), request.distilled)
+        if request.target_scores and not request.distilled:
+            raise InvalidArgument("target_scores", "applies to the distilled drafter's beams (distilled = true)")
+        job = HeadJob(target, self._trie(snap, request.ref, n), self._width(request.width), request.distilled,
+                      request.target_scores)
         beams = await self.svc.run(job, context)
         if beams is None:  # the backend's distilled search could not answer (no dense tables)
             raise FailedPrecondition(NO_DISTILLED)

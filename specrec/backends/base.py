@@ -192,6 +192,16 @@ class Backend:
         codes, scores, tlp, alive = out
         return Beams(codes, scores, tlp, alive.bool(), None)
 
+    def draft_score(self, enc: EncoderState, trie, width: int):
+        """The distilled drafter's own beams, their ``token_logp`` the *target's* log-probability of each code
+        (one tree pass over the beams' kept prefixes in the same call; ``scores`` stay the drafter's), one call
+        (:meth:`FusedHotPath.draft_score`); None without a distilled drafter."""
+        out = self._drafted("score", enc, trie, width, None)
+        if out is None:
+            return None
+        codes, scores, tlp, alive = out
+        return Beams(codes, scores, tlp, alive.bool(), None)
+
     def _drafted(self, kind: str, enc: EncoderState, trie, width: int, n: int | None):
         """Eager: the fused functions themselves, in torch (what the graph backends export)."""
         if self.drafter is None:
@@ -205,6 +215,8 @@ class Backend:
             if kind == "verify":
                 assert n is not None  # draft_verify is asked with its draft count
                 out = self.fused.draft_verify(enc_mask, cross_k, cross_v, tables, width, n)
+            elif kind == "score":
+                out = self.fused.draft_score(enc_mask, cross_k, cross_v, tables, width)
             else:
                 out = self.fused.draft_search(enc_mask, cross_k, cross_v, tables, width)
         return [self._back(x) for x in out]

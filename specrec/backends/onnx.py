@@ -67,6 +67,7 @@ SEARCHES = {
     "beam": ("beam_search", ["codes", "scores", "token_logp", "alive"]),
     "head": ("head_beam_search", ["codes", "scores", "token_logp", "alive"]),
     "draft": ("draft_search", ["codes", "scores", "token_logp", "alive"]),
+    "score": ("draft_score", ["codes", "scores", "token_logp", "alive"]),
     "strict": ("draft_verify", ["codes", "scores", "token_logp", "alive", "covered", "frontier", "upper", "last_codes",
                                 "last_scores", "last_token_logp", "last_nodes", "last_logp", "last_found"]),
 }
@@ -266,7 +267,7 @@ class OrtBackend(Backend):
         if (
             tables is None
             or (kind == "head" and self.head is None)
-            or (kind in ("draft", "strict") and self.drafter is None)
+            or (kind in ("draft", "score", "strict") and self.drafter is None)
         ):
             return None
         name = search_name(kind, width, n)
@@ -294,18 +295,20 @@ class OrtBackend(Backend):
         return torch.from_numpy(tables[level])
 
     def _drafted(self, kind: str, enc, trie, width: int, n: int | None):
-        return self._whole("strict" if kind == "verify" else "draft", enc, trie, width, n)
+        return self._whole({"verify": "strict", "search": "draft", "score": "score"}[kind], enc, trie, width, n)
 
     def warmup(self, trie, ks=(10,), drafts=DRAFT_FACTORS) -> None:
         """Export and load, before serving, the whole-search graphs a list length K uses: the beam search
         of width K, and, for every draft count ``m * K`` (m in ``drafts``) the policies use, the head's
-        searches and ``strict``'s draft-and-verify graphs; the distilled drafter's searches of width K and 2K."""
+        searches and ``strict``'s draft-and-verify graphs; the distilled drafter's searches of width K and 2K,
+        and its scored search of width 2K (``specgr``'s first round)."""
         enc = self.encode(torch.zeros(1, 4, self.cfg.sid_len, dtype=torch.int64))
         for k in ks:
             self.search(enc, trie, k)
-            if self.drafter is not None:  # nezha and specgr's first round draft 2K beams
+            if self.drafter is not None:  # nezha drafts K and 2K beams; specgr's first round scores 2K
                 self.draft_search(enc, trie, k)
                 self.draft_search(enc, trie, 2 * k)
+                self.draft_score(enc, trie, 2 * k)
             for m in drafts:
                 if self.head is not None:
                     self.head_search(enc, trie, draft_count(m, k))

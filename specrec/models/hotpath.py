@@ -381,6 +381,26 @@ class FusedHotPath(nn.Module):
         s = states[-1]
         return s.codes, s.scores, s.token_logp, s.nodes >= 0
 
+    def draft_score(self, enc_mask, cross_k, cross_v, tables: list[torch.Tensor], width: int):
+        """``specgr``'s first round in one graph: the distilled drafter's ``width`` beams (level 0 exact) and
+        the target's log-probability of every code of each, from one tree pass over the beams' kept prefixes
+        -> codes [R, W, L], the drafter's scores [R, W], the target's token_logp [R, W, L], alive [R, W]."""
+        L = self.L
+        _, root_kv, states, parents = self._draft(enc_mask, cross_k, cross_v, tables, [width] * L)
+        node_logp = self._ancestor_tree(states, parents, root_kv, enc_mask, cross_k, cross_v)
+        final = states[-1]
+        codes = final.codes.clamp(min=0)
+        target = [final.token_logp[:, :, 0]]  # level 0 is the target's own
+        levels = []
+        at = parents[L - 1]  # [R, W]: each final beam's prefix of length L-1 among states[L-2]
+        for j in range(L - 1, 0, -1):  # level j's code, read at the node of the beam's prefix of length j
+            lp = node_logp[j - 1].gather(1, at.unsqueeze(-1).expand(-1, -1, self.vmax))
+            levels.append(lp.gather(2, codes[:, :, j : j + 1]).squeeze(-1))
+            if j > 1:
+                at = parents[j - 1].gather(1, at)
+        target += levels[::-1]
+        return final.codes, final.scores, torch.stack(target, -1), final.nodes >= 0
+
     def draft_verify(self, enc_mask, cross_k, cross_v, tables: list[torch.Tensor], width: int, n: int):
         """``strict`` in one graph: the drafter's beams (the target's exact top-``width`` at level 0, then ``n``
         drafted prefixes per level), one tree pass over all of them, and the target's own beam search of
@@ -394,6 +414,41 @@ class FusedHotPath(nn.Module):
         r, dev = enc_mask.shape[0], enc_mask.device
         L = self.L
         h0, root_kv, states, parents = self._draft(enc_mask, cross_k, cross_v, tables, [width] + [n] * (L - 2))
+        node_logp = self._ancestor_tree(states, parents, root_kv, enc_mask, cross_k, cross_v)
+        # the target's own beam search over the pass: level 0 is exact (states[0]), later levels read the
+        # node of each kept prefix (found by key among the drafted prefixes of that length)
+        target = states[0]
+        covered = upper = torch.ones(r, dtype=torch.bool, device=dev)
+        found = target.nodes >= -1
+        frontier = [torch.stack([target.nodes.ge(0).sum(1), target.nodes.ge(0).sum(1)], -1)]
+        last = target
+        logp = node_logp[0]
+        for j in range(1, L):
+            if j > 1:
+                d = states[j - 1]
+                match = (self._keys(target.codes).unsqueeze(2) == self._keys(d.codes).unsqueeze(1))  # [R, W, n]
+                found = match.any(-1)
+                alive = target.nodes >= 0
+                upper = covered
+                covered = covered & (found | ~alive).all(1)
+                frontier.append(torch.stack([alive.sum(1), (found & alive).sum(1)], -1))
+                col = match.float().argmax(-1)
+                logp = node_logp[j - 1].gather(1, col.unsqueeze(-1).expand(-1, -1, self.vmax))
+            last = target
+            target, _ = target.advance(logp, tables[j], width)
+        # where only the last level missed (``upper``), the caller computes the missing prefixes' last level and
+        # finishes the search from ``last`` (exact up to there) without a whole new search
+        return (target.codes, target.scores, target.token_logp, target.nodes >= 0, covered, torch.stack(frontier, 1),
+                upper, last.codes, last.scores, last.token_logp, last.nodes, logp, found)
+
+    def _ancestor_tree(self, states, parents, root_kv, enc_mask, cross_k, cross_v) -> list[torch.Tensor]:
+        """One decoder pass over kept prefixes: ``states[j]`` the prefixes of length j+1 (j = 0..L-2), each
+        beam's parent in ``parents[j]``. Each node attends to its ancestors only (the root, whose keys/values
+        come from the root pass, and at most L-1 more), and only its own level's output layer is computed:
+        per depth j+1, the next level's log-probs [R, B_j, Vmax] after each kept prefix."""
+        r, dev = enc_mask.shape[0], enc_mask.device
+        L = self.L
+        states = states[: L - 1]
         # nodes: depth j+1 = states[j] (j = 0..L-2), laid out depth after depth
         sizes = [s.codes.shape[1] for s in states]
         starts = [sum(sizes[:j]) for j in range(L - 1)]
@@ -433,31 +488,7 @@ class FusedHotPath(nn.Module):
             )
             for j in range(L - 1)
         ]
-        # the target's own beam search over the pass: level 0 is exact (states[0]), later levels read the
-        # node of each kept prefix (found by key among the drafted prefixes of that length)
-        target = states[0]
-        covered = upper = torch.ones(r, dtype=torch.bool, device=dev)
-        found = target.nodes >= -1
-        frontier = [torch.stack([target.nodes.ge(0).sum(1), target.nodes.ge(0).sum(1)], -1)]
-        last = target
-        logp = node_logp[0]
-        for j in range(1, L):
-            if j > 1:
-                d = states[j - 1]
-                match = (self._keys(target.codes).unsqueeze(2) == self._keys(d.codes).unsqueeze(1))  # [R, W, n]
-                found = match.any(-1)
-                alive = target.nodes >= 0
-                upper = covered
-                covered = covered & (found | ~alive).all(1)
-                frontier.append(torch.stack([alive.sum(1), (found & alive).sum(1)], -1))
-                col = match.float().argmax(-1)
-                logp = node_logp[j - 1].gather(1, col.unsqueeze(-1).expand(-1, -1, self.vmax))
-            last = target
-            target, _ = target.advance(logp, tables[j], width)
-        # where only the last level missed (``upper``), the caller computes the missing prefixes' last level and
-        # finishes the search from ``last`` (exact up to there) without a whole new search
-        return (target.codes, target.scores, target.token_logp, target.nodes >= 0, covered, torch.stack(frontier, 1),
-                upper, last.codes, last.scores, last.token_logp, last.nodes, logp, found)
+        return node_logp
 
     def _keys(self, codes):
         """Mixed-radix key of each prefix codes [R, B, j] (codes of dead beams may be anything)."""

@@ -51,18 +51,19 @@ class SpecGRConfig(PolicyConfig):
     delta: int | None = Field(None, ge=0, le=4096, description="items drafted per request per round "
                               "(default: adaptive, about 2K)")
     beta: int | None = Field(None, ge=1, le=1000, description="beam width of guided re-drafting (default: K)")
-    gamma: float = Field(-1.0, ge=-100.0, le=0.0,
-                         description="accept a draft when its length-normalised log-likelihood V > gamma")
+    gamma: float = Field(-2.0, ge=-100.0, le=0.0,
+                         description="accept a draft when its length-normalised log-likelihood V > gamma (-2: "
+                         "chosen on validation users with the distilled drafter, see bench/results/README.md)")
     unseen_rule: bool = Field(True, description="score unseen items over the first L-1 levels")
     max_rounds: int | None = Field(
         None, ge=1, le=16, description="draft rounds at most (default: L, one per beam level)"
     )
     adaptive: bool = Field(True, description="skip drafting in a round where the online estimate says it does not pay")
-    first_drafter: Literal["auto", "distilled", "engine"] = Field(
-        "auto", description="who drafts round 0: the distilled drafter on the verifier (its beams of delta SIDs, one "
-        "call: the target's own near-frontier), the engine's drafter (text-aware: it reaches new items), or, auto, "
-        "both where both exist (their union is verified in one pass). Later rounds, guided by the beam prefixes, "
-        "use the engine's drafter")
+    first_drafter: Literal["auto", "distilled", "engine", "both"] = Field(
+        "auto", description="who drafts round 0: the distilled drafter on the verifier (its beams of delta SIDs, "
+        "drafted and verified in one call: the target's own near-frontier), the engine's drafter (text-aware: it "
+        "reaches new items), or both (their union verified in one pass); auto: the distilled drafter where the "
+        "verifier has one, else the engine's. Later rounds, guided by the beam prefixes, use the engine's drafter")
 
 
 @dataclass
@@ -173,8 +174,15 @@ class SpecGRPolicy(Policy):
                           step: bool = True) -> tuple[bool, Beams | None]:
         """Draft, verify and accept: (whether anything was verified, the beams the verify call stepped to,
         with ``step``)."""
+        alone = rnd == 0 and self._distilled_first() and self.config.first_drafter != "both"
+        if alone:  # drafted and verified in one call
+            scored = self._distilled_round(batch, pools, delta, scored=True)
+            if scored is not None:
+                drafts, values = scored
+                self._accept(batch, pools, drafts, values)
+                return True, None
         drafts = self._distilled_round(batch, pools, delta) if rnd == 0 and self._distilled_first() else None
-        if drafts is None or (self.config.first_drafter == "auto" and self.engine.drafter is not None):
+        if drafts is None or (self.config.first_drafter == "both" and self.engine.drafter is not None):
             if self.engine.drafter is None:
                 return False, None
             more = self._draft_round(batch, pools, delta)
@@ -200,21 +208,26 @@ class SpecGRPolicy(Policy):
         self.costs.observe(CostStage.DRAFT, t.seconds)
         return drafts
 
-    def _distilled_round(self, batch: LiveBatch, pools: list[RequestPool], delta: int) -> list[Draft] | None:
-        """Round 0 from the distilled drafter: its ``delta`` beams (level 0 exact), valid SIDs only."""
+    def _distilled_round(self, batch: LiveBatch, pools: list[RequestPool], delta: int, scored: bool = False):
+        """Round 0 from the distilled drafter: its ``delta`` beams (level 0 exact), valid SIDs only; with
+        ``scored``, verified in the same call: (drafts, V per draft). None where the verifier has no distilled
+        drafter."""
         eng = self.engine
-        with Stage(eng.clock, batch.active_stats, "draft") as t:
-            beams = eng.verifier.draft_beams(batch.open_session, batch.trie, delta)
+        with Stage(eng.clock, batch.active_stats, "draft_verify" if scored else "draft") as t:
+            beams = eng.verifier.draft_beams(batch.open_session, batch.trie, delta, target_scores=scored)
         if beams is None:  # a remote verifier just learned that it has none
             return None
         self.costs.observe(CostStage.DRAFT, t.seconds)
         charge(batch.active_stats)
         items = beams.items(batch.trie)
-        out = []
+        out, values = [], []
         for j in range(len(batch.active)):
-            ok = items[j] >= 0
-            out.append(Draft(items[j][ok].numpy(), beams.scores[j][ok].numpy()))
-        return out
+            ok = (items[j] >= 0) & beams.alive[j]
+            d = Draft(items[j][ok].numpy(), beams.scores[j][ok].numpy())
+            out.append(d)
+            if scored:
+                values.append(self._value(beams.token_logp[j][ok], d.items))
+        return (out, values) if scored else out
 
     def _verify(self, batch: LiveBatch, drafts: list[Draft], step: bool) -> tuple[list[np.ndarray], Beams | None]:
         """One verifier call: one pass over the drafts and the beam frontier -> V per draft, and, with
@@ -237,13 +250,14 @@ class SpecGRPolicy(Policy):
                 scores = eng.verifier.score(batch.open_session, torch.from_numpy(sids), with_frontier=True)
         self.costs.observe(CostStage.VERIFY, t.seconds)
         charge(batch.active_stats)
-        unseen_fn = eng.itemset.is_unseen
-        out = []
-        for j, d in enumerate(drafts):
-            tl = scores.token_logp[j, : len(d.items)]
-            v = length_normalised(tl, unseen_fn(d.items)) if self.config.unseen_rule else tl.mean(-1)
-            out.append(v.numpy())
-        return out, beams
+        return [self._value(scores.token_logp[j, : len(d.items)], d.items) for j, d in enumerate(drafts)], beams
+
+    def _value(self, token_logp: torch.Tensor, items: np.ndarray) -> np.ndarray:
+        """V of each item from its target token log-probs [n, L]: length-normalised (over L-1 levels for
+        unseen items, with the unseen rule)."""
+        if self.config.unseen_rule:
+            return length_normalised(token_logp, self.engine.itemset.is_unseen(items)).numpy()
+        return token_logp.mean(-1).numpy()
 
     def _accept(
         self, batch: LiveBatch, pools: list[RequestPool], drafts: list[Draft], values: list[np.ndarray]

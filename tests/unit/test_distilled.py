@@ -148,3 +148,40 @@ def test_specgr_drafts_round_zero_with_the_distilled_drafter():
     for res in run(eng, "specgr", hists[:2], 4, first_drafter="engine", gamma=-100.0):
         assert res.stats.rounds == 1
     assert len(eng.drafter.calls) == 2 and len(calls) == 5
+
+
+@pytest.mark.parametrize("backend", ["eager", "onnx"])
+def test_draft_beams_with_target_scores_are_the_targets_teacher_forced_logprobs(backend, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECREC_CACHE", str(tmp_path))
+    eng = make_engine(5, n_items=70, distilled=True, backend=backend)
+    ver, trie = eng.verifier, eng.itemset.trie
+    hists = histories(eng, 4, 5)
+    for width in (3, 9):
+        sess = ver.encode(eng.history_sids(hists))
+        drafted = ver.draft_beams(sess, trie, width)
+        scored = ver.draft_beams(sess, trie, width, target_scores=True)
+        assert torch.equal(scored.codes, drafted.codes) and torch.equal(scored.alive, drafted.alive)
+        assert torch.allclose(scored.scores[scored.alive], drafted.scores[drafted.alive], atol=1e-5)
+        ref = ver.score(ver.encode(eng.history_sids(hists)), scored.codes).token_logp  # teacher-forced, its own pass
+        a = scored.alive
+        assert not torch.allclose(drafted.token_logp[a][:, 1:], ref[a][:, 1:], atol=1e-3)  # the drafter's differ
+        assert torch.allclose(scored.token_logp[a], ref[a], atol=1e-5)
+
+
+def test_specgr_round_zero_on_the_distilled_drafter_is_one_call_with_the_targets_values():
+    from specrec.policies.base import length_normalised
+
+    eng = make_engine(8, n_items=60, distilled=True)
+    ver = eng.verifier
+    hists = histories(eng, 5, 8)
+    asked = []
+    orig = ver.draft_beams
+    ver.draft_beams = lambda *a, **kw: asked.append(kw.get("target_scores")) or orig(*a, **kw)
+    for h, res in zip(hists, run(eng, "specgr", hists, 4, gamma=-100.0)):
+        assert res.stats.verifier_calls == 1 + res.stats.encoder_calls and res.stats.exit_reason == "accepted"
+        assert "verify" not in res.stats.stage_ms and set(res.sources) == {"draft"}
+        sids = torch.from_numpy(eng.itemset.sids_of(res.items))[None]
+        tl = ver.score(ver.encode(eng.history_sids([h])), sids).token_logp[0]  # teacher-forced, its own pass
+        v = length_normalised(tl, eng.itemset.is_unseen(res.items)).numpy()
+        assert np.allclose(res.scores, v, atol=1e-5)
+    assert asked == [True] * 5
