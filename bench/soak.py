@@ -136,8 +136,8 @@ def main(argv=None) -> int:
     try:
         procs.start(a.startup_timeout, say=say)
         target = procs.addr("gateway")
-        capacity(target, users, a.budget_ms, a.clients, 2.0)  # warm-up
-        cap = capacity(target, users, a.budget_ms, a.clients, a.capacity_seconds)
+        capacity(target, users, a.clients, 2.0)  # warm-up
+        cap = capacity(target, users, a.clients, a.capacity_seconds)
         rate = a.load * cap
         say(f"capacity {cap:.1f} answers/s; soaking at {rate:.1f} rps for {a.minutes} min, an upsert every "
             f"{a.upsert_every_s:g} s")

@@ -10,6 +10,7 @@ own gRPC deadline when that comes first. :class:`Admitted` is what admission
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +51,25 @@ class Admitted:
     request: ValidRequest
     policy: str  # what runs (``auto`` has already chosen)
     params: dict[str, Any]  # the request's parameters when it runs the policy asked, else none
+    state: str = "queued"  # -> "running" (a worker took it) or "abandoned" (its caller left while it queued)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def begin(self) -> bool:
+        """A worker takes it: False when it was abandoned while it queued (then nothing runs)."""
+        with self._lock:
+            if self.state != "queued":
+                return False
+            self.state = "running"
+            return True
+
+    def abandon(self) -> bool:
+        """Its caller left (cancelled, deadline): True when no worker had taken it, so that it never will
+        and whoever counted it busy must count it done now."""
+        with self._lock:
+            if self.state != "queued":
+                return False
+            self.state = "abandoned"
+            return True
 
     @property
     def resource(self) -> Resource:

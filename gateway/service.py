@@ -25,6 +25,7 @@ queue model and the reserve.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -101,13 +102,12 @@ class GatewayService(Service):
         assert snap is not None and snap.itemset.active is not None  # start() waited for the first version
         rows = np.nonzero(snap.itemset.active)[0]
         rng = np.random.default_rng(0)
-        loop = asyncio.get_running_loop()
         for policy in WARMUP_POLICIES:
             for _ in range(3):
                 hist = rng.choice(rows, size=min(len(rows), 5))
                 valid = ValidRequest(policy, {}, hist, 10, 1000.0, snap, Deadline(time.monotonic() + 1.0))
                 try:
-                    res = await loop.run_in_executor(self.pool, self.run_policy, self.admit(valid))
+                    res = await self.serve(self.admit(valid))
                 except Exception as e:  # pragma: no cover - logged, not fatal
                     self.log.warning("warm-up failed", policy=policy, error=str(e))
                     break
@@ -152,8 +152,22 @@ class GatewayService(Service):
         self.queue.take(run.resource)
         return run
 
+    async def serve(self, run: Admitted, ctx: contextvars.Context | None = None) -> RecResult:
+        """Run an admitted request on a worker thread (in ``ctx``, so the trace span and log bindings follow).
+        A request whose caller leaves while it still queues for a worker never runs, and its count at its
+        resource is returned at once: a queue of abandoned requests must not read as load forever."""
+        fn = self.run_policy if ctx is None else (lambda r: ctx.run(self.run_policy, r))
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.pool, fn, run)
+        except asyncio.CancelledError:
+            if run.abandon():
+                self.queue.done(run.resource, served=False)
+            raise
+
     def run_policy(self, run: Admitted) -> RecResult:
         """In a worker thread: the admitted policy answers, or a fallback does."""
+        if not run.begin():  # its caller left while it queued (serve returned its count)
+            raise RuntimeError("abandoned before it ran")
         t0 = time.monotonic()
         valid = run.request
         try:

@@ -86,8 +86,7 @@ class Servicer(recommender_pb2_grpc.RecommenderServicer):
             run = self.svc.admit(valid)
         except Overloaded as e:
             raise ResourceExhausted(f"overloaded: {e}") from None
-        ctx = contextvars.copy_context()  # the worker thread runs in a copy: the trace span and log bindings follow
-        res = await asyncio.get_running_loop().run_in_executor(self.svc.pool, lambda: ctx.run(self.svc.run_policy, run))
+        res = await self.svc.serve(run, contextvars.copy_context())
         return respond(valid, res, t0)
 
     @handle_errors

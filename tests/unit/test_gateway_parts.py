@@ -79,8 +79,8 @@ def test_admitted_keeps_the_params_only_for_the_policy_asked(snap):
 
 def test_the_queue_wait_is_the_requests_ahead_at_the_cost_learned_by_running(eng):
     costs = CostModel(resource_alpha=1.0)  # the last request's time is the cost: the arithmetic stays plain
-    q = QueueModel(costs, reserve_s=0.006, drafter=Cooldown(1.0))
     t = [0.0]
+    q = QueueModel(costs, reserve_s=0.006, drafter=Cooldown(1.0), alpha=1.0, clock=lambda: t[0])
     eng.clock = lambda: t[0]
     real = eng.verifier.encode
 
@@ -101,8 +101,34 @@ def test_the_queue_wait_is_the_requests_ahead_at_the_cost_learned_by_running(eng
     q.take(Resource.DRAFTER)
     assert q.wait("beam") == pytest.approx(2 * 0.005)  # two admitted ahead of the newest one
     assert q.wait("auto") == q.wait("beam") and q.wait("drafter") == 0.0
+    t[0] += 0.004
+    q.done(Resource.VERIFIER)  # once one completed, its busy time per completion is the time per request
+    assert q.wait("beam") == pytest.approx(0.004)
+
+
+def test_the_queue_wait_follows_completions_when_requests_run_at_once():
+    """Four requests that run together, each 20 ms of wall time, complete every 5 ms: the wait of the
+    ones ahead is 5 ms each (the queue over the throughput), not 20 ms each as if they ran in turn."""
+    costs = CostModel(resource_alpha=1.0)
+    t = [0.0]
+    q = QueueModel(costs, 0.006, Cooldown(1.0), alpha=1.0, clock=lambda: t[0])
+    costs.observe_resource(Resource.VERIFIER, 0.020)  # each request's own wall time
+    for _ in range(4):
+        q.take(Resource.VERIFIER)
+    assert q.wait("beam") == pytest.approx(3 * 0.020)  # nothing completed yet: the cost model stands in
+    for _ in range(4):  # arrivals keep the queue at four while completions come every 5 ms
+        t[0] += 0.005
+        q.done(Resource.VERIFIER)
+        q.take(Resource.VERIFIER)
+    assert q.per_request(Resource.VERIFIER) == pytest.approx(0.005)
+    assert q.wait("beam") == pytest.approx(3 * 0.005)
+    for _ in range(4):
+        q.done(Resource.VERIFIER)
+    t[0] += 1.0  # idle for a second: that time is not busy time
+    q.take(Resource.VERIFIER)
+    t[0] += 0.005
     q.done(Resource.VERIFIER)
-    assert q.wait("beam") == pytest.approx(0.005)
+    assert q.per_request(Resource.VERIFIER) == pytest.approx(0.005)
 
 
 def test_the_reserve_for_the_drafters_answer():
@@ -125,3 +151,40 @@ def test_the_response_names_the_version_the_request_and_what_it_ignored(eng, sna
     st = resp.stats
     assert st.catalogue_version == "v7" and st.request_id == "abc" and list(st.ignored_history) == ["nope"]
     assert st.policy == "auto" and st.served_by == "beam" and not st.degraded
+
+
+def test_a_request_abandoned_while_it_queues_never_runs_and_stops_counting_as_load(eng, snap):
+    """Callers that leave while their requests wait for a worker (deadline, cancel) must not leave their
+    requests counted busy: under overload that count would read as load for ever and shed everything."""
+    import asyncio
+    import threading
+    import types
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gateway.service import GatewayService
+
+    queue = QueueModel(CostModel(), 0.006, Cooldown(1.0))
+    gate, ran = threading.Event(), []
+    fake = types.SimpleNamespace(pool=ThreadPoolExecutor(1), queue=queue)
+    fake.run_policy = lambda run: ran.append(run) if run.begin() else None  # run_policy's first step
+    valid = validate(req(), settings(), snap, 0.0)
+
+    async def main():
+        fake.pool.submit(gate.wait)  # the only worker is busy
+        queued = Admitted(valid, "beam", {})
+        queue.take(queued.resource)
+        task = asyncio.ensure_future(GatewayService.serve(fake, queued))
+        await asyncio.sleep(0.05)
+        assert queue.pending[Resource.VERIFIER] == 1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert queue.pending[Resource.VERIFIER] == 0 and queued.state == "abandoned"
+        gate.set()
+        running = Admitted(valid, "beam", {})
+        queue.take(running.resource)
+        await GatewayService.serve(fake, running)  # one that a worker took runs, and keeps its count
+        assert ran == [running] and running.state == "running" and queue.pending[Resource.VERIFIER] == 1
+
+    asyncio.run(main())
+    fake.pool.shutdown()
