@@ -267,4 +267,4 @@ class RemoteVerifier:
         if r is None:
             return None
         return Drafted(_beams(r.beams, sess), to_torch(r.covered, "covered").numpy().astype(bool),
-                       to_torch(r.frontier, "frontier").numpy(), to_torch(r.resumed, "resumed").numpy().astype(bool))
+                       to_torch(r.frontier, "frontier").numpy())

@@ -122,12 +122,11 @@ class Verifier(Protocol):
 class Drafted:
     """What :meth:`Verifier.draft_verify` returns: the target's beams (equal to its beam search in every row
     where ``covered``), ``covered`` [R] bool, per level 0..L-2 the target's kept prefixes and how many of
-    them the drafter held (``frontier`` [R, L-1, 2]), and ``resumed`` [R] (covered after a last-level miss)."""
+    them the tree held (``frontier`` [R, L-1, 2])."""
 
     beams: Beams
     covered: np.ndarray
     frontier: np.ndarray
-    resumed: np.ndarray  # [R] rows whose drafts missed only the last level, finished from the verified ones
 
 
 @dataclass
@@ -467,9 +466,9 @@ def _run_group(ver: LocalVerifier, kind: str, jobs: list) -> list[Any]:
         out = ver.backend.draft_verify(_cat_encoders(jobs), first.trie, first.width, first.n)
         if out is None:  # no distilled drafter (or no dense tables for this catalogue)
             return [None] * len(jobs)
-        beams, covered, frontier, resumed = out
+        beams, covered, frontier = out
         return [Drafted(beams.select(torch.arange(a, b)), np.asarray(covered[a:b], dtype=bool),
-                        np.asarray(frontier[a:b]), np.asarray(resumed[a:b], dtype=bool))
+                        np.asarray(frontier[a:b]))
                 for a, b in _split([_session(j).n for j in jobs])]
     if kind in ("search", "head"):
         return _search_group(ver, kind, jobs)

@@ -392,7 +392,6 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
             raise FailedPrecondition(NO_DISTILLED)
         return verifier_pb2.DraftVerifyResponse(beams=beams_msg(d.beams), covered=to_msg(torch.from_numpy(d.covered)),
                                                 frontier=to_msg(torch.from_numpy(d.frontier.astype(np.int32))),
-                                                resumed=to_msg(torch.from_numpy(np.asarray(d.resumed, dtype=bool))),
                                                 session=self._session_id(job, request.ref, snap))
 
     @handle_errors

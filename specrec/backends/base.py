@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from ..decoding.beam import Beams
 from ..decoding.tree import PrefixTree
-from ..models.hotpath import FusedHotPath, SearchState, child_tables
+from ..models.hotpath import FusedHotPath, child_tables
 from ..models.tiger import EncoderState, Tiger
 
 
@@ -144,45 +144,13 @@ class Backend:
 
     def draft_verify(self, enc: EncoderState, trie, width: int, n: int):
         """``strict``'s draft and verification in one call (:meth:`FusedHotPath.draft_verify`): the target's
-        beams (exact where ``covered``), ``covered`` [R], ``frontier`` [R, L-1, 2] (kept, drafted) per level, and
-        ``resumed`` [R]: rows whose drafts missed only at the last level, finished here from the verified
-        levels (one small tree pass over the missing prefixes and the last top-k) and so covered too. None
-        without a distilled drafter or dense tables."""
+        beams (exact where ``covered``), ``covered`` [R] and ``frontier`` [R, L-1, 2] (kept, held) per level.
+        None without a distilled drafter or dense tables."""
         out = self._drafted("verify", enc, trie, width, n)
         if out is None:
             return None
-        codes, scores, tlp, alive, covered, frontier, upper, lc, ls, lt, ln, llp, lf = out
-        covered, upper = covered.bool(), upper.bool()
-        beams = Beams(codes, scores, tlp, alive.bool(), None)
-        resumed = upper & ~covered
-        if resumed.any():
-            rows = torch.nonzero(resumed).view(-1)
-            beams = beams.replace_rows(rows, self._finish_last_level(
-                enc.select(rows), trie, width, lc[rows], ls[rows], lt[rows], ln[rows], llp[rows], lf[rows].bool()))
-            covered = covered | resumed
-        return beams, covered, frontier, resumed
-
-    def _finish_last_level(self, enc: EncoderState, trie, width: int, codes, scores, tlp, nodes, logp, found) -> Beams:
-        """The last level of the target's search from its exact beams before it (``codes`` [R, W, L-1]):
-        distributions of the prefixes the drafts missed from one tree pass, the others' as verified."""
-        from ..decoding.scoring import tree_pass
-        from ..decoding.tree import read_level
-
-        L = len(self.cfg.level_sizes)
-        missing = (~found) & (nodes >= 0)
-        tree, out = tree_pass(self, enc, [(codes, missing)], drafts=0)
-        got = read_level(out, tree.lookup(codes.numpy()), L - 1, self.cfg.level_sizes)
-        vmax = logp.shape[-1]
-        if got.shape[-1] < vmax:
-            got = F.pad(got, (0, vmax - got.shape[-1]), value=float("-inf"))
-        logp = torch.where(missing.unsqueeze(-1), got, logp)
-        state, _ = SearchState(codes, scores, tlp, nodes).advance(logp, self._table(trie, L - 1), width)
-        return Beams(state.codes, state.scores, state.token_logp, state.nodes >= 0, None)
-
-    def _table(self, trie, level: int) -> torch.Tensor:
-        tables = child_tables(trie, max(self.cfg.level_sizes))
-        assert tables is not None
-        return tables[level]
+        codes, scores, tlp, alive, covered, frontier = out
+        return Beams(codes, scores, tlp, alive.bool(), None), covered.bool(), frontier
 
     def draft_search(self, enc: EncoderState, trie, width: int):
         """The distilled drafter's own beams (level 0 exact), one call; None without a distilled drafter."""

@@ -68,8 +68,7 @@ SEARCHES = {
     "head": ("head_beam_search", ["codes", "scores", "token_logp", "alive"]),
     "draft": ("draft_search", ["codes", "scores", "token_logp", "alive"]),
     "score": ("draft_score", ["codes", "scores", "token_logp", "alive"]),
-    "strict": ("draft_verify", ["codes", "scores", "token_logp", "alive", "covered", "frontier", "upper", "last_codes",
-                                "last_scores", "last_token_logp", "last_nodes", "last_logp", "last_found"]),
+    "strict": ("draft_verify", ["codes", "scores", "token_logp", "alive", "covered", "frontier"]),
 }
 
 

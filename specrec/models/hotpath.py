@@ -401,57 +401,21 @@ class FusedHotPath(nn.Module):
         target += levels[::-1]
         return final.codes, final.scores, torch.stack(target, -1), final.nodes >= 0
 
-    def draft_verify(self, enc_mask, cross_k, cross_v, tables: list[torch.Tensor], width: int, n: int):
-        """``strict`` in one graph: the drafter's beams (the target's exact top-``width`` at level 0, then ``n``
-        drafted prefixes per level), one tree pass over all of them, and the target's own beam search of
-        ``width`` read from that pass.
-
-        Tree nodes are the kept prefixes of lengths 1..L-1; each attends to its ancestors only (the root,
-        whose keys/values come from the root pass, and at most L-1 more), and only its own level's output
-        layer is computed. Returns the target's beams (codes, scores, token_logp, alive: exactly ``beam``'s
-        where ``covered``), ``covered`` [R] (every beam the target kept at every level was in the tree), and
-        ``frontier`` [R, L-1, 2]: per level, the target's kept prefixes and how many of them were drafted."""
+    def _ancestor_tree(self, states, parents, root_kv, enc_mask, cross_k, cross_v, keep: list | None = None,
+                       chains: list | None = None) -> list[torch.Tensor]:
+        """One decoder pass over kept prefixes: ``states[j]`` the prefixes of length j+1 (j = 0..D-1, D <= L-1),
+        each beam's parent in ``parents[j]``. Each node attends to its ancestors only (the root, whose
+        keys/values come from the root pass, and at most D more), and only its own level's output layer is
+        computed: per depth j+1, the next level's log-probs [R, B_j, Vmax] after each kept prefix. With
+        ``keep``/``chains`` (lists), each layer's keys and values [R, 1 + T, inner] (the root first) and, per
+        depth, each node's ancestor columns into them [R, B_j, j+1] are appended there (for a later pass
+        that attends to these nodes)."""
         r, dev = enc_mask.shape[0], enc_mask.device
-        L = self.L
-        h0, root_kv, states, parents = self._draft(enc_mask, cross_k, cross_v, tables, [width] + [n] * (L - 2))
-        node_logp = self._ancestor_tree(states, parents, root_kv, enc_mask, cross_k, cross_v)
-        # the target's own beam search over the pass: level 0 is exact (states[0]), later levels read the
-        # node of each kept prefix (found by key among the drafted prefixes of that length)
-        target = states[0]
-        covered = upper = torch.ones(r, dtype=torch.bool, device=dev)
-        found = target.nodes >= -1
-        frontier = [torch.stack([target.nodes.ge(0).sum(1), target.nodes.ge(0).sum(1)], -1)]
-        last = target
-        logp = node_logp[0]
-        for j in range(1, L):
-            if j > 1:
-                d = states[j - 1]
-                match = (self._keys(target.codes).unsqueeze(2) == self._keys(d.codes).unsqueeze(1))  # [R, W, n]
-                found = match.any(-1)
-                alive = target.nodes >= 0
-                upper = covered
-                covered = covered & (found | ~alive).all(1)
-                frontier.append(torch.stack([alive.sum(1), (found & alive).sum(1)], -1))
-                col = match.float().argmax(-1)
-                logp = node_logp[j - 1].gather(1, col.unsqueeze(-1).expand(-1, -1, self.vmax))
-            last = target
-            target, _ = target.advance(logp, tables[j], width)
-        # where only the last level missed (``upper``), the caller computes the missing prefixes' last level and
-        # finishes the search from ``last`` (exact up to there) without a whole new search
-        return (target.codes, target.scores, target.token_logp, target.nodes >= 0, covered, torch.stack(frontier, 1),
-                upper, last.codes, last.scores, last.token_logp, last.nodes, logp, found)
-
-    def _ancestor_tree(self, states, parents, root_kv, enc_mask, cross_k, cross_v) -> list[torch.Tensor]:
-        """One decoder pass over kept prefixes: ``states[j]`` the prefixes of length j+1 (j = 0..L-2), each
-        beam's parent in ``parents[j]``. Each node attends to its ancestors only (the root, whose keys/values
-        come from the root pass, and at most L-1 more), and only its own level's output layer is computed:
-        per depth j+1, the next level's log-probs [R, B_j, Vmax] after each kept prefix."""
-        r, dev = enc_mask.shape[0], enc_mask.device
-        L = self.L
-        states = states[: L - 1]
-        # nodes: depth j+1 = states[j] (j = 0..L-2), laid out depth after depth
+        states = states[: self.L - 1]
+        D = len(states)
+        # nodes: depth j+1 = states[j], laid out depth after depth
         sizes = [s.codes.shape[1] for s in states]
-        starts = [sum(sizes[:j]) for j in range(L - 1)]
+        starts = [sum(sizes[:j]) for j in range(D)]
         t = sum(sizes)
         anc_parts: list[torch.Tensor] = []
         tok: list[torch.Tensor] = []
@@ -463,32 +427,106 @@ class FusedHotPath(nn.Module):
             else:
                 chain = torch.cat([chain.gather(1, parents[j].unsqueeze(-1).expand(-1, -1, chain.shape[-1])),
                                    own.unsqueeze(-1)], -1)
-            anc_parts.append(F.pad(torch.cat([torch.zeros_like(own).unsqueeze(-1), chain], -1), (0, L - 2 - j)))
+            if chains is not None:
+                chains.append(chain)
+            anc_parts.append(F.pad(torch.cat([torch.zeros_like(own).unsqueeze(-1), chain], -1), (0, D - 1 - j)))
             tok.append(self.tok[s.codes[:, :, -1].clamp(min=0) + self.offsets[j]] + self.dec_pos[j + 1])
-        anc = torch.cat(anc_parts, 1)  # [R, T, L]: ancestor columns (root, depth 1.., self), then padding
-        depth = torch.cat([torch.full((sizes[j],), j + 1, dtype=torch.int64, device=dev) for j in range(L - 1)])
-        slot_ok = torch.arange(L, device=dev).view(1, L) <= depth.view(-1, 1)  # [T, L]
-        abias = self._bias(slot_ok).view(1, t, L, 1)
+        anc = torch.cat(anc_parts, 1)  # [R, T, D+1]: ancestor columns (root, depth 1.., self), then padding
+        depth = torch.cat([torch.full((sizes[j],), j + 1, dtype=torch.int64, device=dev) for j in range(D)])
+        slot_ok = torch.arange(D + 1, device=dev).view(1, D + 1) <= depth.view(-1, 1)  # [T, D+1]
+        abias = self._bias(slot_ok).view(1, t, D + 1, 1)
         flat = (anc + torch.arange(r, device=dev).view(r, 1, 1) * (t + 1)).reshape(-1)
         x = torch.cat(tok, 1)  # [R, T, d]
 
         def ancestors(i, layer, h):  # each node attends to the root (its keys/values from the root pass) and its chain
             qkv = (h @ layer.qkv).view(r, t, 3, self.h, self.dk)
-            keys = torch.cat([root_kv[i][0].unsqueeze(1), qkv[:, :, 1]], 1).reshape(r * (t + 1), self.inner)
-            vals = torch.cat([root_kv[i][1].unsqueeze(1), qkv[:, :, 2]], 1).reshape(r * (t + 1), self.inner)
-            kg = keys.index_select(0, flat).view(r, t, L, self.h, self.dk)
-            vg = vals.index_select(0, flat).view(r, t, L, self.h, self.dk)
-            a = torch.softmax((qkv[:, :, 0].unsqueeze(2) * kg).sum(-1) + abias, dim=2)  # [R, T, L, h]
+            keys = torch.cat([root_kv[i][0].unsqueeze(1), qkv[:, :, 1]], 1).reshape(r, t + 1, self.inner)
+            vals = torch.cat([root_kv[i][1].unsqueeze(1), qkv[:, :, 2]], 1).reshape(r, t + 1, self.inner)
+            if keep is not None:
+                keep.append((keys, vals))
+            kg = keys.reshape(r * (t + 1), self.inner).index_select(0, flat).view(r, t, D + 1, self.h, self.dk)
+            vg = vals.reshape(r * (t + 1), self.inner).index_select(0, flat).view(r, t, D + 1, self.h, self.dk)
+            a = torch.softmax((qkv[:, :, 0].unsqueeze(2) * kg).sum(-1) + abias, dim=2)  # [R, T, D+1, h]
             return (a.unsqueeze(-1) * vg).sum(2).reshape(r, t, self.inner)
 
         hid = self.decoder(x, r, enc_mask, cross_k, cross_v, ancestors)
-        node_logp = [
+        return [
             torch.log_softmax(
                 hid[:, starts[j] : starts[j] + sizes[j]] @ self.head_w[j + 1] + self.head_b[j + 1], dim=-1
             )
-            for j in range(L - 1)
+            for j in range(D)
         ]
-        return node_logp
+
+    def _leaf_pass(self, codes, anc, kept, enc_mask, cross_k, cross_v):
+        """A second pass over the target's own beams of length L-1 (``codes`` [R, W, L-1]), whose ancestors are
+        nodes of an earlier :meth:`_ancestor_tree` pass: ``anc`` [R, W, L-1] their columns in its keys/values
+        ``kept`` (root, depth 1 .. L-2); each attends to those and itself. -> level L-1's log-probs [R, W, Vmax]."""
+        r, w, _ = codes.shape
+        L = self.L
+        x = self.tok[codes[:, :, -1].clamp(min=0) + self.offsets[L - 2]] + self.dec_pos[L - 1]
+        t1 = kept[0][0].shape[1]
+        own = torch.arange(w, device=codes.device).view(1, w, 1).expand(r, -1, -1) + t1
+        flat = (torch.cat([anc, own], -1) + torch.arange(r, device=codes.device).view(r, 1, 1) * (t1 + w)).reshape(-1)
+
+        def ancestors(i, layer, h):
+            qkv = (h @ layer.qkv).view(r, w, 3, self.h, self.dk)
+            keys = torch.cat([kept[i][0], qkv[:, :, 1].reshape(r, w, self.inner)], 1).reshape(-1, self.inner)
+            vals = torch.cat([kept[i][1], qkv[:, :, 2].reshape(r, w, self.inner)], 1).reshape(-1, self.inner)
+            kg = keys.index_select(0, flat).view(r, w, L, self.h, self.dk)
+            vg = vals.index_select(0, flat).view(r, w, L, self.h, self.dk)
+            a = torch.softmax((qkv[:, :, 0].unsqueeze(2) * kg).sum(-1), dim=2)  # [R, W, L, h]
+            return (a.unsqueeze(-1) * vg).sum(2).reshape(r, w, self.inner)
+
+        hid = self.decoder(x, r, enc_mask, cross_k, cross_v, ancestors)
+        return torch.log_softmax(hid @ self.head_w[L - 1] + self.head_b[L - 1], dim=-1)
+
+    def draft_verify(self, enc_mask, cross_k, cross_v, tables: list[torch.Tensor], width: int, n: int):
+        """``strict`` in one graph: the drafter's beams (the target's exact top-``width`` at level 0, then ``n``
+        drafted prefixes per level up to L-2), one tree pass over them, the target's own beam search of
+        ``width`` read from it up to level L-2, then one small pass over the target's own ``width`` beams of
+        length L-1 (their ancestors are nodes of the first pass) for the last level.
+
+        Tree nodes attend to their ancestors only (the root, whose keys/values come from the root pass, and
+        at most L-1 more), and only their own level's output layer is computed. The last level needs no
+        drafts: drafting it (N more nodes) cost more than the small pass (measured: ``bench/results/README.md``).
+        Returns the target's beams (codes, scores, token_logp, alive: exactly ``beam``'s where ``covered``),
+        ``covered`` [R] (every beam the target kept at levels 1..L-2 was drafted) and ``frontier``
+        [R, L-1, 2]: per level, the target's kept prefixes and how many of them the tree held (at level 0 and
+        the last level, all: they are the target's own)."""
+        r, dev = enc_mask.shape[0], enc_mask.device
+        L = self.L
+        if L < 3:
+            raise ValueError(f"draft_verify needs SIDs of 3 levels or more (these have {L})")
+        _, root_kv, states, parents = self._draft(enc_mask, cross_k, cross_v, tables, [width] + [n] * (L - 3))
+        kept: list = []
+        chains: list = []
+        node_logp = self._ancestor_tree(states, parents, root_kv, enc_mask, cross_k, cross_v, kept, chains)
+        target = states[0]
+        covered = torch.ones(r, dtype=torch.bool, device=dev)
+        held0 = target.nodes.ge(0).sum(1)
+        frontier = [torch.stack([held0, held0], -1)]
+        col = torch.arange(width, device=dev).view(1, -1).expand(r, -1)[:, : target.codes.shape[1]]
+        logp = node_logp[0]
+        for j in range(1, L - 1):
+            if j > 1:
+                d = states[j - 1]
+                match = (self._keys(target.codes).unsqueeze(2) == self._keys(d.codes).unsqueeze(1))  # [R, W, n]
+                found = match.any(-1)
+                alive = target.nodes >= 0
+                covered = covered & (found | ~alive).all(1)
+                frontier.append(torch.stack([alive.sum(1), (found & alive).sum(1)], -1))
+                col = match.float().argmax(-1)
+                logp = node_logp[j - 1].gather(1, col.unsqueeze(-1).expand(-1, -1, self.vmax))
+            target, par = target.advance(logp, tables[j], width)
+            col = col.gather(1, par)  # each new beam's parent node at depth j
+        ch = chains[L - 3]  # the ancestor columns of the first pass's deepest nodes
+        anc = torch.cat([torch.zeros_like(col).unsqueeze(-1),
+                         ch.gather(1, col.unsqueeze(-1).expand(-1, -1, ch.shape[-1]))], -1)
+        last = self._leaf_pass(target.codes, anc, kept, enc_mask, cross_k, cross_v)
+        alive = target.nodes >= 0
+        frontier.append(torch.stack([alive.sum(1), alive.sum(1)], -1))
+        target, _ = target.advance(last, tables[L - 1], width)
+        return target.codes, target.scores, target.token_logp, target.nodes >= 0, covered, torch.stack(frontier, 1)
 
     def _keys(self, codes):
         """Mixed-radix key of each prefix codes [R, B, j] (codes of dead beams may be anything)."""

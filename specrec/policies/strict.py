@@ -3,12 +3,11 @@
 With a distilled drafter (the bundle's ``sid_mlp``; ``drafter`` "auto" or
 "distilled") a request is one encode and one verifier call: the drafter's
 beams (the target's exact top-K at level 0, then N drafted prefixes per
-level), one tree pass over all of them, and the target's own beam search read
-from that pass (:meth:`~specrec.verifier.Verifier.draft_verify`). A request
-whose drafts missed only prefixes of the last level is finished inside the
-same call from the verified levels (one small tree pass over the missed
-prefixes, then the last top-k: ``resumed``); one that missed earlier falls
-back to the target's whole beam search, one more call. Without a distilled drafter
+level up to L-2), one tree pass over all of them, the target's own beam search
+read from that pass, and its last level from one small pass over the target's
+own beams (:meth:`~specrec.verifier.Verifier.draft_verify`). A request whose
+drafts missed a prefix the target kept falls back to the target's whole beam
+search, one more call. Without a distilled drafter
 it verifies the NEZHA head's or the engine drafter's SIDs level by level
 (:mod:`.levelwise`).
 
@@ -88,10 +87,8 @@ class StrictPolicy(LevelwisePolicy):
                 st.observe_frontier(lvl, kept, held)
                 st.observe_tokens(lvl, width if lvl == 0 else n, held)  # drafted prefixes that became target beams
             st.rounds = 1
-            st.fallback_steps = int((fr[:, 1] < fr[:, 0]).sum())  # levels the drafts missed (resumed or not)
-            if drafted.resumed[j]:
-                st.exit_reason = "resumed"
-            st.exit_reason = st.exit_reason or "complete"
+            st.fallback_steps = int((fr[:, 1] < fr[:, 0]).sum())  # levels the drafts missed
+            st.exit_reason = "complete"
             a = beams.alive[j]
             src = "beam" if j in miss else "draft"
             batch.finish(j, self._result(req.k, items[j][a].tolist(), beams.scores[j][a].tolist(),

@@ -36,7 +36,6 @@ def test_draft_verify_equals_beam_search_where_covered(backend, tmp_path, monkey
     ver, trie = eng.verifier, eng.itemset.trie
     hists = histories(eng, 6, 3)
     sess = ver.encode(eng.history_sids(hists))
-    resumed_any: list[bool] = []
     for k in (1, 4, 7):
         beam = ver.beam_search(ver.encode(eng.history_sids(hists)), trie, k)
         seen_cover = set()
@@ -44,10 +43,8 @@ def test_draft_verify_equals_beam_search_where_covered(backend, tmp_path, monkey
             d = ver.draft_verify(sess, trie, k, n)
             assert d.covered.shape == (len(hists),) and d.frontier.shape == (len(hists), 3, 2)
             assert (d.frontier[:, 0, 0] == d.frontier[:, 0, 1]).all()  # level 0 is the target's own
-            full = (d.frontier[:, :, 1] == d.frontier[:, :, 0]).all(1)
-            upper = (d.frontier[:, :-1, 1] == d.frontier[:, :-1, 0]).all(1)
-            assert (d.resumed == (upper & ~full)).all() and ((full | d.resumed) == d.covered).all()
-            resumed_any.append(bool(d.resumed.any()))
+            assert (d.frontier[:, -1, 0] == d.frontier[:, -1, 1]).all()  # the last level is the target's own
+            assert ((d.frontier[:, :, 1] == d.frontier[:, :, 0]).all(1) == d.covered).all()
             for j in np.nonzero(d.covered)[0]:
                 a = beam.alive[j]
                 assert torch.equal(d.beams.codes[j][a], beam.codes[j][a])
@@ -55,8 +52,7 @@ def test_draft_verify_equals_beam_search_where_covered(backend, tmp_path, monkey
             seen_cover.add(bool(d.covered.all()))
             if n == 120:
                 assert d.covered.all()
-        assert True in seen_cover
-    assert any(resumed_any)  # some rows were finished from their verified levels (and equal the beam search)
+        assert True in seen_cover and (k == 1 or False in seen_cover)
 
 
 @pytest.mark.parametrize("backend", ["eager", "onnx"])
