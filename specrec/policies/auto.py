@@ -20,7 +20,10 @@ Estimates of a tier that was not chosen for a while go stale (they were
 learned under load, or while the verifier was paused), so a better tier that
 was skipped for ``probe_s`` seconds is tried once anyway when its estimate
 misses the time left by less than 2x; its estimate is then replaced by that
-request's time (requests meanwhile still see the old one). After a fault the verifier's tiers come back within about
+request's time (requests meanwhile still see the old one). The last tier is
+probed like that however far its estimate is off: otherwise one burst that
+taught it a cost above the budget would refuse every request from then on
+(nothing would run to teach it otherwise). After a fault the verifier's tiers come back within about
 ``probe_s``, and while the fault lasts one request in ``probe_s`` pays for the
 probe (it falls back to the drafter like any verifier call that misses).
 """
@@ -73,7 +76,7 @@ class AutoPolicy(Policy):
             if cost is None or cost <= left:
                 costs.tried(name, now)
                 return name
-            if n + 1 < len(cfg.tiers) and now - last >= cfg.probe_s and 0 < left and cost <= 2 * left:
+            if now - last >= cfg.probe_s and 0 < left and (cost <= 2 * left or n + 1 == len(cfg.tiers)):
                 costs.tried(name, now)
                 costs.relearn(name)  # its estimate is replaced by this request's time
                 return name

@@ -375,6 +375,27 @@ def test_auto_probes_a_skipped_tier_and_relearns_its_cost():
     assert auto.choose(RecRequest(h, 5, deadline=t[0] + 0.15)) == "beam"
 
 
+def test_auto_probes_its_last_tier_however_stale_so_one_burst_cannot_refuse_everything_after():
+    """A burst taught every tier a cost far above the budget (the drafter 80 ms for a 30 ms budget): auto
+    refuses, but once per probe_s it tries the drafter anyway, and a fast answer brings it back."""
+    from specrec.policies import Overloaded
+
+    eng = make_engine(19)
+    t = [100.0]
+    eng.clock = lambda: t[0]
+    teach_costs(eng, t, {"beam": 0.5, "strict": 0.5, "nezha": 0.5, "drafter": 0.08})
+    auto = make_policy("auto", eng, probe_s=1.0)
+    h = histories(eng, 1, 19)[0]
+    with pytest.raises(Overloaded):
+        auto.choose(RecRequest(h, 5, deadline=t[0] + 0.03))
+    t[0] += 1.5
+    assert auto.choose(RecRequest(h, 5, deadline=t[0] + 0.03)) == "drafter"  # the probe
+    with pytest.raises(Overloaded):  # one probe per probe_s
+        auto.choose(RecRequest(h, 5, deadline=t[0] + 0.03))
+    make_policy("drafter", eng).run([RecRequest(h, 5, deadline=None)])  # the fake clock does not move: 0 s
+    assert auto.choose(RecRequest(h, 5, deadline=t[0] + 0.03)) == "drafter"
+
+
 def test_draft_sizer_settles_on_the_cheapest_count_and_keeps_trying_its_neighbours():
     from specrec.policies.base import DraftSizer
 
