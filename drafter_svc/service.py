@@ -61,7 +61,8 @@ class DrafterService(Service):
         self.bundle = await asyncio.to_thread(Bundle.load, self.s.bundle)
         self.channel = make_channel(self.s.itemset_addr, self.s, aio=True)
         # a catalogue of another bundle (another SID space) is refused: the service waits NOT_SERVING for its own
-        self.catalogue = CatalogueWatcher(self.channel, expect_bundle=sid_space_fingerprint(self.s.bundle))
+        self.catalogue = CatalogueWatcher(self.channel, expect_bundle=sid_space_fingerprint(self.s.bundle),
+                                          min_reload_s=self.s.catalogue_min_reload_s)
         snap = await self.catalogue.start()
         await asyncio.to_thread(self._build, snap)
         self.catalogue.listeners.append(self._on_version)

@@ -81,7 +81,7 @@ class GatewayService(Service):
     async def start(self) -> None:
         s = self.s
         self.itemset_channel = make_channel(s.itemset_addr, s, aio=True)
-        self.catalogue = CatalogueWatcher(self.itemset_channel)
+        self.catalogue = CatalogueWatcher(self.itemset_channel, min_reload_s=s.catalogue_min_reload_s)
         await self.catalogue.start()
         # blocking channels (policies run in worker threads), one per replica
         self.verifiers = Replicas(s.verifier_addr, verifier_pb2_grpc.VerifierStub, self.client_channel)

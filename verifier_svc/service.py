@@ -137,7 +137,8 @@ class VerifierService(Service):
         self.max_history = self.bundle.cfg.max_history
         self.channel = make_channel(s.itemset_addr, s, aio=True)
         # a catalogue of another bundle (another SID space) is refused: the service waits NOT_SERVING for its own
-        self.catalogue = CatalogueWatcher(self.channel, expect_bundle=sid_space_fingerprint(s.bundle))
+        self.catalogue = CatalogueWatcher(self.channel, expect_bundle=sid_space_fingerprint(s.bundle),
+                                          min_reload_s=s.catalogue_min_reload_s)
         await self.catalogue.start()
         self.batcher: Batcher = Batcher("verifier", lambda jobs: run_jobs(self.local, jobs), self.executor, s.max_batch,
                                         concurrency=s.compute_threads)

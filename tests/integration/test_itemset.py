@@ -441,6 +441,28 @@ async def test_catalogue_watcher_sees_upsert(itemset):
         await watcher.stop()
 
 
+async def test_catalogue_watcher_coalesces_versions_written_faster_than_its_min_reload(itemset):
+    """Three upserts in quick succession: a watcher with min_reload_s installs one version for all three
+    (each install fetches and indexes the whole catalogue), no sooner than min_reload_s after the last."""
+    watcher = CatalogueWatcher(itemset.channel, poll_s=0.05, min_reload_s=1.0)
+    await watcher.start(wait_s=10)
+    seen: list[str] = []
+    watcher.listeners.append(lambda snap, old: seen.append(snap.version))
+    try:
+        t0 = watcher.installed_at
+        last = None
+        for i in range(3):
+            last = await itemset.upsert(Item(item_id=f"burst-{i}", text=f"Lumi lip balm, shade {i}"))
+        while "burst-2" not in watcher.current.index:
+            assert time.monotonic() - t0 < 10.0, "the watcher did not install the burst within 10 s"
+            await asyncio.sleep(0.02)
+        assert seen == [last.version] and watcher.current.version == last.version
+        assert watcher.installed_at - t0 >= 1.0
+        assert {f"burst-{i}" for i in range(3)} <= set(watcher.current.index)
+    finally:
+        await watcher.stop()
+
+
 # -- lifecycle -----------------------------------------------------------------------
 
 
