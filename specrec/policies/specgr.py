@@ -91,7 +91,8 @@ class SpecGRPolicy(Policy):
         k = max(r.k for r in batch.requests)
         pools = [RequestPool() for _ in batch.requests]
         eng.verifier.beam_start(batch.open_session, batch.trie, cfg.beta or k)
-        eng.verifier.prepare(batch.open_session)  # a remote verifier encodes while the drafter drafts round 0
+        if not self._distilled_alone():  # a remote verifier encodes while the engine's drafter drafts round 0
+            eng.verifier.prepare(batch.open_session)  # (the distilled drafter's round 0 carries the history itself)
         phase = self.online.requests % EXPLORE_EVERY  # 0: always draft (learns exit rates), 1: never (learns step cost)
         explore = {0: True, 1: False}.get(phase)
         for rnd in range(cfg.max_rounds or L):
@@ -166,6 +167,10 @@ class SpecGRPolicy(Policy):
         batch.drop(done)
 
     # -- phases ----------------------------------------------------------------------------
+    def _distilled_alone(self) -> bool:
+        """Round 0 is the distilled drafter's alone (drafted and verified in one verifier call)."""
+        return self._distilled_first() and self.config.first_drafter != "both"
+
     def _distilled_first(self) -> bool:
         """Round 0 drafts with the verifier's distilled drafter (where it has one)."""
         return self.config.first_drafter != "engine" and self.engine.verifier.has_distilled()
@@ -174,8 +179,7 @@ class SpecGRPolicy(Policy):
                           step: bool = True) -> tuple[bool, Beams | None]:
         """Draft, verify and accept: (whether anything was verified, the beams the verify call stepped to,
         with ``step``)."""
-        alone = rnd == 0 and self._distilled_first() and self.config.first_drafter != "both"
-        if alone:  # drafted and verified in one call
+        if rnd == 0 and self._distilled_alone():  # drafted and verified in one call
             scored = self._distilled_round(batch, pools, delta, scored=True)
             if scored is not None:
                 drafts, values = scored
