@@ -475,24 +475,24 @@ def _run_group(ver: LocalVerifier, kind: str, jobs: list) -> list[Any]:
     return [_run_one(ver, j) for j in jobs]
 
 
+def _ready_to_step(ver: LocalVerifier, job: ScoreJob) -> BaseException | None:
+    """A job with ``step``: its session's search started (before the pass, so that the pass holds its root
+    frontier too), or why it cannot step."""
+    sess = _session(job)
+    st: LocalState = sess.state
+    assert job.step is not None  # asked only for jobs that step
+    if st.beam is None:
+        return _attempt(ver.beam_start, sess, job.step.trie, job.step.width, job.step.rule)
+    if st.beam.done:
+        return SessionStateError("session: its beam search is already complete")
+    return None
+
+
 def _score_group(ver: LocalVerifier, jobs: list[ScoreJob]) -> list[Any]:
     """One tree pass over every caller's candidate rows (and the beam frontiers of the jobs that ask); each
     session remembers its rows of it; a job with ``step`` then takes its beam step, reading the pass."""
-    res: list[Any] = [None] * len(jobs)
-    live: list[int] = []
-    for n, j in enumerate(jobs):
-        sess = _session(j)
-        st: LocalState = sess.state
-        if j.step is not None:
-            if st.beam is None:  # started before the pass, so that the pass holds its root frontier too
-                err = _attempt(ver.beam_start, sess, j.step.trie, j.step.width, j.step.rule)
-                if err is not None:
-                    res[n] = err
-                    continue
-            elif st.beam.done:
-                res[n] = SessionStateError("session: its beam search is already complete")
-                continue
-        live.append(n)
+    res: list[Any] = [_ready_to_step(ver, j) if j.step is not None else None for j in jobs]
+    live = [n for n, r in enumerate(res) if r is None]
     if not live:
         return res
     batch = [jobs[n] for n in live]

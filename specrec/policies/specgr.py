@@ -83,10 +83,7 @@ class SpecGRPolicy(Policy):
 
     def _run(self, batch: LiveBatch) -> None:
         eng, cfg = self.engine, self.config
-        if cfg.delta and eng.drafter is None and not self._distilled_first():
-            raise ValueError("specgr needs a drafter (delta > 0)")
-        if cfg.first_drafter == "distilled" and not eng.verifier.has_distilled():
-            raise ValueError("specgr with first_drafter='distilled' needs a distilled drafter (`specrec distill`)")
+        self._check_drafters()
         L = len(eng.itemset.level_sizes)
         k = max(r.k for r in batch.requests)
         pools = [RequestPool() for _ in batch.requests]
@@ -121,7 +118,18 @@ class SpecGRPolicy(Policy):
                 # it); a round cut short by a dependency that failed says nothing about the next one's cost
                 if sys.exc_info()[0] is None:
                     self.costs.observe(CostStage.ROUND, eng.clock() - t0)
-        complete = batch.beams is not None and batch.beams.level >= L
+        self._finish_rest(batch, pools)
+
+    def _check_drafters(self) -> None:
+        eng, cfg = self.engine, self.config
+        if cfg.delta and eng.drafter is None and not self._distilled_first():
+            raise ValueError("specgr needs a drafter (delta > 0)")
+        if cfg.first_drafter == "distilled" and not eng.verifier.has_distilled():
+            raise ValueError("specgr with first_drafter='distilled' needs a distilled drafter (`specrec distill`)")
+
+    def _finish_rest(self, batch: LiveBatch, pools: list[RequestPool]) -> None:
+        """The requests still active after the last round: their lists, from complete beams if the search ended."""
+        complete = batch.beams is not None and batch.beams.level >= len(self.engine.itemset.level_sizes)
         for st in batch.active_stats:
             st.exit_reason = "beams_complete" if complete else "max_rounds"
         for j in range(len(batch.active)):
