@@ -65,6 +65,8 @@ class DrafterService(Service):
                                           min_reload_s=self.s.catalogue_min_reload_s)
         snap = await self.catalogue.start()
         await asyncio.to_thread(self._build, snap)
+        if "retrieval" in self.drafters:  # it embeds the texts of new items
+            await asyncio.to_thread(self.embedder.load)
         self.catalogue.listeners.append(self._on_version)
         # warm up every mode
         for d in self.drafters.values():

@@ -38,6 +38,7 @@ import contextlib
 import hmac
 import re
 import time
+from collections import OrderedDict
 
 import grpc
 from redis.exceptions import ReadOnlyError
@@ -122,6 +123,20 @@ def check_sid(field: str, codes, level_sizes: list[int], prefix: bool = False) -
     return codes
 
 
+def _chunks(version: str, level_sizes: list[int], items: list, fingerprint: str, size: int) -> list:
+    """A snapshot as its stream of chunks (the first one carries the level sizes, the count and the
+    fingerprint)."""
+    out = []
+    for lo in range(0, max(len(items), 1), size):
+        chunk = itemset_pb2.SnapshotChunk(version=version, items=items[lo: lo + size])
+        if lo == 0:
+            chunk.level_sizes.extend(level_sizes)
+            chunk.n_items = len(items)
+            chunk.fingerprint = fingerprint
+        out.append(chunk)
+    return out
+
+
 def to_pb(r: Record) -> common_pb2.Item:
     return common_pb2.Item(item_id=r.item_id, sid=common_pb2.Sid(codes=list(r.sid)), title=r.title, text=r.text,
                            unseen=r.unseen, row=r.row)
@@ -154,6 +169,33 @@ class ItemSetServicer(itemset_pb2_grpc.ItemSetServicer):
     def __init__(self, service: ItemSetService):
         self.svc = service
         self.log = service.log
+        # snapshot messages: per record object (unchanged records are the same objects from one version of
+        # the mirror to the next), and the chunks of the last versions served
+        self._pb: dict[int, tuple[Record, common_pb2.Item]] = {}
+        self._chunks: OrderedDict[tuple[str, int], list] = OrderedDict()
+
+    def _item_pb(self, r: Record) -> common_pb2.Item:
+        got = self._pb.get(id(r))
+        if got is None or got[0] is not r:
+            got = self._pb[id(r)] = (r, to_pb(r))
+        return got[1]
+
+    def _mirror_chunks(self, version: str, size: int) -> list | None:
+        """A snapshot of ``version`` from the mirror, when the mirror holds exactly that version (versions
+        never change, and the watchers check the content fingerprint): no read of the whole catalogue from
+        Redis and no message per item built again. None otherwise."""
+        m = self.svc.mirror
+        if m is None or not version or m.version != version:
+            return None
+        key = (version, size)
+        if key not in self._chunks:
+            v, ls, records, fp = m.snapshot()
+            if len(self._pb) > 2 * len(records) + 1024:  # records of old versions: drop them all, rebuild
+                self._pb.clear()
+            self._chunks[key] = _chunks(v, ls, [self._item_pb(r) for r in records], fp, size)
+            while len(self._chunks) > 2:
+                self._chunks.popitem(last=False)
+        return self._chunks[key]
 
     @property
     def store(self) -> RedisCatalogue:
@@ -275,14 +317,12 @@ class ItemSetServicer(itemset_pb2_grpc.ItemSetServicer):
         require(request.chunk_size >= 0, "chunk_size", f"{request.chunk_size} is negative")
         require(request.chunk_size <= MAX_CHUNK, "chunk_size", f"{request.chunk_size}, at most {MAX_CHUNK:,}")
         size = request.chunk_size or DEFAULT_CHUNK
-        v, ls, records, fp = await self.read("Snapshot", version, lambda st: st.snapshot(version),
-                                             lambda m: m.snapshot())
-        for lo in range(0, max(len(records), 1), size):
-            chunk = itemset_pb2.SnapshotChunk(version=v, items=[to_pb(r) for r in records[lo: lo + size]])
-            if lo == 0:
-                chunk.level_sizes.extend(ls)
-                chunk.n_items = len(records)
-                chunk.fingerprint = fp
+        chunks = self._mirror_chunks(version, size)
+        if chunks is None:
+            v, ls, records, fp = await self.read("Snapshot", version, lambda st: st.snapshot(version),
+                                                 lambda m: m.snapshot())
+            chunks = _chunks(v, ls, [to_pb(r) for r in records], fp, size)
+        for chunk in chunks:
             yield chunk
 
     # -- writes -------------------------------------------------------------------

@@ -52,6 +52,11 @@ class TextEmbedder:
         self.batch_size = batch_size
         self.progress = progress
 
+    def load(self) -> None:
+        """Load the model now and run it once (a service does this at start, so that the first new item
+        does not pay for it: seconds of CPU while serving)."""
+        _model().encode(["warm-up"], convert_to_numpy=True)
+
     def __call__(self, texts: Sequence[str]) -> np.ndarray:
         texts = list(texts)
         if not texts:

@@ -441,6 +441,22 @@ async def test_catalogue_watcher_sees_upsert(itemset):
         await watcher.stop()
 
 
+async def test_a_snapshot_served_from_the_mirror_equals_the_one_read_from_redis(itemset):
+    """Right after its own write the item set's mirror holds that version and serves its snapshot from
+    memory; once the mirror moved on, the same version is read from Redis: both are the same catalogue."""
+    watcher = CatalogueWatcher(itemset.channel)
+    v1 = (await itemset.upsert(Item(item_id="mirror-1", text="Halo argan oil shampoo, 12 oz"))).version
+    from_mirror = await watcher.fetch(v1)
+    await itemset.upsert(Item(item_id="mirror-2", text="Halo argan oil conditioner, 12 oz"))
+    from_redis = await watcher.fetch(v1)
+    assert from_mirror.version == from_redis.version == v1 and from_mirror.fingerprint == from_redis.fingerprint
+    assert from_mirror.ids == from_redis.ids and from_mirror.texts == from_redis.texts
+    assert from_mirror.titles == from_redis.titles and "mirror-1" in from_mirror.index
+    assert (from_mirror.itemset.sids == from_redis.itemset.sids).all() and "mirror-2" not in from_redis.index
+    again = await watcher.fetch(v1)  # served again (from the cache of chunks, or Redis): the same
+    assert again.fingerprint == from_mirror.fingerprint and again.ids == from_mirror.ids
+
+
 async def test_catalogue_watcher_coalesces_versions_written_faster_than_its_min_reload(itemset):
     """Three upserts in quick succession: a watcher with min_reload_s installs one version for all three
     (each install fetches and indexes the whole catalogue), no sooner than min_reload_s after the last."""
