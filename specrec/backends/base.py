@@ -154,7 +154,10 @@ class Backend:
 
     def draft_search(self, enc: EncoderState, trie, width: int):
         """The distilled drafter's own beams (level 0 exact), one call; None without a distilled drafter."""
-        out = self._drafted("search", enc, trie, width, None)
+        return self._drafted_beams("search", enc, trie, width)
+
+    def _drafted_beams(self, kind: str, enc: EncoderState, trie, width: int):
+        out = self._drafted(kind, enc, trie, width, None)
         if out is None:
             return None
         codes, scores, tlp, alive = out
@@ -164,11 +167,7 @@ class Backend:
         """The distilled drafter's own beams, their ``token_logp`` the *target's* log-probability of each code
         (one tree pass over the beams' kept prefixes in the same call; ``scores`` stay the drafter's), one call
         (:meth:`FusedHotPath.draft_score`); None without a distilled drafter."""
-        out = self._drafted("score", enc, trie, width, None)
-        if out is None:
-            return None
-        codes, scores, tlp, alive = out
-        return Beams(codes, scores, tlp, alive.bool(), None)
+        return self._drafted_beams("score", enc, trie, width)
 
     def _drafted(self, kind: str, enc: EncoderState, trie, width: int, n: int | None):
         """Eager: the fused functions themselves, in torch (what the graph backends export)."""

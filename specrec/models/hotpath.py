@@ -307,10 +307,9 @@ class FusedHotPath(nn.Module):
         cache, nothing is reordered or rewritten per step, which made the search 1.4x (K=10) to 1.8x (K=50)
         faster on the CPU (``bench/results/README.md``)."""
         r, dev = enc_mask.shape[0], enc_mask.device
-        h0, root_kv = self.root(enc_mask, cross_k, cross_v)
+        h0, kept = self.root(enc_mask, cross_k, cross_v)
         state, _ = SearchState.root(r, dev).advance(self._level_logprobs(h0, 0).view(r, 1, self.vmax), tables[0],
                                                      width)
-        kept = [(kv[0].reshape(r, 1, self.inner), kv[1].reshape(r, 1, self.inner)) for kv in root_kv]
         anc = torch.zeros(r, state.codes.shape[1], 1, dtype=torch.int64, device=dev)  # columns into ``kept``
         for level in range(1, self.L):
             w = state.codes.shape[1]
@@ -345,16 +344,17 @@ class FusedHotPath(nn.Module):
 
     # -- the distilled drafter and one tree pass over its beams (``strict`` and ``nezha``) ----------------
     def root(self, enc_mask, cross_k, cross_v):
-        """The decoder at BOS alone: h0 [R, d] and each layer's key/value there ([R, h, dk] each). One
-        position attends only to itself, so its self-attention is its own value."""
+        """The decoder at BOS alone: h0 [R, d] and each layer's key/value there ([R, 1, inner] each: the
+        keys/values later passes over its descendants attend to). One position attends only to itself, so its
+        self-attention is its own value."""
         r = enc_mask.shape[0]
         x = (self.tok[BOS_TOKEN] + self.dec_pos[0]).view(1, 1, self.d).expand(r, 1, self.d)
         kv = []
 
         def own(i, layer, h):
             qkv = (h @ layer.qkv).view(r, 3, self.h, self.dk)
-            kv.append((qkv[:, 1], qkv[:, 2]))
-            return qkv[:, 2].reshape(r, 1, self.inner)
+            kv.append((qkv[:, 1].reshape(r, 1, self.inner), qkv[:, 2].reshape(r, 1, self.inner)))
+            return kv[-1][1]
 
         return self.decoder(x, r, enc_mask, cross_k, cross_v, own)[:, 0], kv
 
@@ -393,7 +393,7 @@ class FusedHotPath(nn.Module):
         -> codes [R, W, L], the drafter's scores [R, W], the target's token_logp [R, W, L], alive [R, W]."""
         L = self.L
         _, root_kv, states, parents = self._draft(enc_mask, cross_k, cross_v, tables, [width] * L)
-        node_logp = self._ancestor_tree(states, parents, root_kv, enc_mask, cross_k, cross_v)
+        node_logp, _ = self._ancestor_tree(states, parents, root_kv, enc_mask, cross_k, cross_v)
         final = states[-1]
         codes = final.codes.clamp(min=0)
         target = [final.token_logp[:, :, 0]]  # level 0 is the target's own
@@ -407,15 +407,14 @@ class FusedHotPath(nn.Module):
         target += levels[::-1]
         return final.codes, final.scores, torch.stack(target, -1), final.nodes >= 0
 
-    def _ancestor_tree(self, states, parents, root_kv, enc_mask, cross_k, cross_v, keep: list | None = None,
-                       chains: list | None = None) -> list[torch.Tensor]:
+    def _ancestor_tree(self, states, parents, root_kv, enc_mask, cross_k, cross_v,
+                       chains: list | None = None) -> tuple[list[torch.Tensor], list]:
         """One decoder pass over kept prefixes: ``states[j]`` the prefixes of length j+1 (j = 0..D-1, D <= L-1),
         each beam's parent in ``parents[j]``. Each node attends to its ancestors only (the root, whose
         keys/values come from the root pass, and at most D more), and only its own level's output layer is
-        computed: per depth j+1, the next level's log-probs [R, B_j, Vmax] after each kept prefix. With
-        ``keep``/``chains`` (lists), each layer's keys and values [R, 1 + T, inner] (the root first) and, per
-        depth, each node's ancestor columns into them [R, B_j, j+1] are appended there (for a later pass
-        that attends to these nodes)."""
+        computed. Returns per depth j+1 the next level's log-probs [R, B_j, Vmax] after each kept prefix, and
+        each layer's keys and values [R, 1 + T, inner] (the root first: for a later pass that attends to these
+        nodes); with ``chains`` (a list), each depth's ancestor columns into them [R, B_j, j+1] are appended."""
         r, dev = enc_mask.shape[0], enc_mask.device
         states = states[: self.L - 1]
         D = len(states)
@@ -441,32 +440,20 @@ class FusedHotPath(nn.Module):
         depth = torch.cat([torch.full((sizes[j],), j + 1, dtype=torch.int64, device=dev) for j in range(D)])
         slot_ok = torch.arange(D + 1, device=dev).view(1, D + 1) <= depth.view(-1, 1)  # [T, D+1]
         abias = self._bias(slot_ok).view(1, t, D + 1, 1)
-        flat = (anc + torch.arange(r, device=dev).view(r, 1, 1) * (t + 1)).reshape(-1)
         x = torch.cat(tok, 1)  # [R, T, d]
-
-        def ancestors(i, layer, h):  # each node attends to the root (its keys/values from the root pass) and its chain
-            qkv = (h @ layer.qkv).view(r, t, 3, self.h, self.dk)
-            keys = torch.cat([root_kv[i][0].unsqueeze(1), qkv[:, :, 1]], 1).reshape(r, t + 1, self.inner)
-            vals = torch.cat([root_kv[i][1].unsqueeze(1), qkv[:, :, 2]], 1).reshape(r, t + 1, self.inner)
-            if keep is not None:
-                keep.append((keys, vals))
-            kg = keys.reshape(r * (t + 1), self.inner).index_select(0, flat).view(r, t, D + 1, self.h, self.dk)
-            vg = vals.reshape(r * (t + 1), self.inner).index_select(0, flat).view(r, t, D + 1, self.h, self.dk)
-            a = torch.softmax((qkv[:, :, 0].unsqueeze(2) * kg).sum(-1) + abias, dim=2)  # [R, T, D+1, h]
-            return (a.unsqueeze(-1) * vg).sum(2).reshape(r, t, self.inner)
-
-        hid = self.decoder(x, r, enc_mask, cross_k, cross_v, ancestors)
+        hid, kept = self._pass_over(x, anc, root_kv, enc_mask, cross_k, cross_v, abias)
         return [
             torch.log_softmax(
                 hid[:, starts[j] : starts[j] + sizes[j]] @ self.head_w[j + 1] + self.head_b[j + 1], dim=-1
             )
             for j in range(D)
-        ]
+        ], kept
 
-    def _pass_over(self, x, cols, kept, enc_mask, cross_k, cross_v):
+    def _pass_over(self, x, cols, kept, enc_mask, cross_k, cross_v, bias=None):
         """A decoder pass over new nodes x [R, w, d] whose self-attention reads only the columns ``cols``
         [R, w, m] of [earlier nodes' keys/values ``kept`` (per layer, [R, t, inner] each); their own]: each
-        node's ancestors and itself. -> (final states [R, w, d], ``kept`` with the new nodes appended)."""
+        node's ancestors and itself (``bias`` [1, w, m, 1], -inf on padding columns, where nodes have fewer).
+        -> (final states [R, w, d], ``kept`` with the new nodes appended)."""
         r, w, _ = x.shape
         m = cols.shape[-1]
         flat = (cols + torch.arange(r, device=x.device).view(r, 1, 1) * (kept[0][0].shape[1] + w)).reshape(-1)
@@ -479,7 +466,8 @@ class FusedHotPath(nn.Module):
             out.append((k, v))
             kg = k.reshape(-1, self.inner).index_select(0, flat).view(r, w, m, self.h, self.dk)
             vg = v.reshape(-1, self.inner).index_select(0, flat).view(r, w, m, self.h, self.dk)
-            a = torch.softmax((qkv[:, :, 0].unsqueeze(2) * kg).sum(-1), dim=2)  # [R, w, m, h]
+            logits = (qkv[:, :, 0].unsqueeze(2) * kg).sum(-1)  # [R, w, m, h]
+            a = torch.softmax(logits if bias is None else logits + bias, dim=2)
             return (a.unsqueeze(-1) * vg).sum(2).reshape(r, w, self.inner)
 
         return self.decoder(x, r, enc_mask, cross_k, cross_v, ancestors), out
@@ -513,9 +501,8 @@ class FusedHotPath(nn.Module):
         if L < 3:
             raise ValueError(f"draft_verify needs SIDs of 3 levels or more (these have {L})")
         _, root_kv, states, parents = self._draft(enc_mask, cross_k, cross_v, tables, [width] + [n] * (L - 3))
-        kept: list = []
         chains: list = []
-        node_logp = self._ancestor_tree(states, parents, root_kv, enc_mask, cross_k, cross_v, kept, chains)
+        node_logp, kept = self._ancestor_tree(states, parents, root_kv, enc_mask, cross_k, cross_v, chains)
         target = states[0]
         covered = torch.ones(r, dtype=torch.bool, device=dev)
         held0 = target.nodes.ge(0).sum(1)
