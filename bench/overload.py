@@ -170,19 +170,30 @@ def stop_stack(procs, redis_url, redis_proc, namespace) -> None:
     stop_process(redis_proc)
 
 
-def parse(argv):
-    ap = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
-    )
+def add_load_args(ap: argparse.ArgumentParser) -> None:
+    """The options a benchmark at multiples of the measured capacity shares (this one and ``bench/soak.py``)."""
     ap.add_argument("--bundle", required=True)
-    ap.add_argument("--multiples", default="1,2,3", help="offered load as multiples of the measured capacity")
-    ap.add_argument("--duration", type=float, default=20.0, help="measured seconds per multiple")
-    ap.add_argument("--warmup", type=float, default=3.0, help="seconds per multiple sent first and not measured")
     ap.add_argument("--clients", type=int, default=4, help="closed-loop callers of the capacity phase")
     ap.add_argument("--capacity-seconds", type=float, default=8.0)
     ap.add_argument("--budget-ms", type=float, default=30.0)
     ap.add_argument("--requests", type=int, default=1000, help="test users sampled")
     add_common_args(ap)
+
+
+def measured_capacity(target: str, users, a) -> float:
+    """The capacity (:func:`capacity`) after a 2-second warm-up of the same loop."""
+    capacity(target, users, a.clients, 2.0)
+    return capacity(target, users, a.clients, a.capacity_seconds)
+
+
+def parse(argv):
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    ap.add_argument("--multiples", default="1,2,3", help="offered load as multiples of the measured capacity")
+    ap.add_argument("--duration", type=float, default=20.0, help="measured seconds per multiple")
+    ap.add_argument("--warmup", type=float, default=3.0, help="seconds per multiple sent first and not measured")
+    add_load_args(ap)
     return ap.parse_args(argv)
 
 
@@ -201,8 +212,7 @@ def main(argv=None) -> int:
     try:
         procs.start(a.startup_timeout, say=say)
         target = procs.addr("gateway")
-        capacity(target, users, a.clients, 2.0)  # warm-up
-        cap = capacity(target, users, a.clients, a.capacity_seconds)
+        cap = measured_capacity(target, users, a)
         say(f"capacity: {cap:.1f} beam answers/s ({a.clients} closed-loop callers, budget {CAPACITY_BUDGET_MS:g} ms)")
         for m in [float(x) for x in a.multiples.split(",") if x.strip()]:
             recs = run_load(target, users_file, m * cap, a.warmup + a.duration, a.budget_ms, a.seed + int(10 * m),
@@ -234,7 +244,7 @@ def main(argv=None) -> int:
     update_summary(no_nan(keys), out / "summary.json")
     cols = ["multiple", "offered_rps", "achieved_rps", "client_p99_ms", "server_p99_ms", "shed_share", "model_share",
             "error_share"]
-    md = (f"Produced by:\n\n```bash\n{command}\n```\n\n{res['machine']}; capacity {cap:.1f} answers/s "
+    md = (f"Produced by:\n\n```bash\n{command}\n```\n\n{res['machine']}; capacity {cap:.1f} beam answers/s "
           f"({a.clients} closed-loop callers). Caller p99: every request of the measured part, shed ones included. "
           f"Table: [`overload.md`](overload.md).\n\n" + markdown_table(rows, cols) + "\n![overload](overload.png)\n")
     (out / "overload.md").write_text("# Overload at a budget\n\n" + md)

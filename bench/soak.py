@@ -31,8 +31,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from chaos import Writer  # noqa: E402
-from overload import capacity, run_load, start_stack, stop_stack, write_users  # noqa: E402
-from serving import add_common_args, command_line, machine_line, no_nan, pct, sample_users, say  # noqa: E402
+from overload import add_load_args, measured_capacity, run_load, start_stack, stop_stack, write_users  # noqa: E402
+from serving import command_line, machine_line, no_nan, pct, sample_users, say  # noqa: E402
 
 from specrec.eval.results import markdown_table, readme_section, update_summary, write_json  # noqa: E402
 
@@ -109,16 +109,11 @@ def parse(argv):
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
-    ap.add_argument("--bundle", required=True)
     ap.add_argument("--minutes", type=int, default=10)
     ap.add_argument("--load", type=float, default=0.5, help="offered load as a multiple of the measured capacity")
     ap.add_argument("--upsert-every-s", type=float, default=1.0)
     ap.add_argument("--sample-s", type=float, default=5.0, help="seconds between RSS samples")
-    ap.add_argument("--clients", type=int, default=4, help="closed-loop callers of the capacity phase")
-    ap.add_argument("--capacity-seconds", type=float, default=8.0)
-    ap.add_argument("--budget-ms", type=float, default=30.0)
-    ap.add_argument("--requests", type=int, default=1000, help="test users sampled")
-    add_common_args(ap)
+    add_load_args(ap)
     return ap.parse_args(argv)
 
 
@@ -136,10 +131,9 @@ def main(argv=None) -> int:
     try:
         procs.start(a.startup_timeout, say=say)
         target = procs.addr("gateway")
-        capacity(target, users, a.clients, 2.0)  # warm-up
-        cap = capacity(target, users, a.clients, a.capacity_seconds)
+        cap = measured_capacity(target, users, a)
         rate = a.load * cap
-        say(f"capacity {cap:.1f} answers/s; soaking at {rate:.1f} rps for {a.minutes} min, an upsert every "
+        say(f"capacity {cap:.1f} beam answers/s; soaking at {rate:.1f} rps for {a.minutes} min, an upsert every "
             f"{a.upsert_every_s:g} s")
         names = sorted(procs.procs)
         sampler = Sampler({n: p.pid for n, p in procs.procs.items()}, a.sample_s)
@@ -182,7 +176,7 @@ def main(argv=None) -> int:
          f"{a.upsert_every_s:g} s")
     update_summary(no_nan(keys), out / "summary.json")
     rss_rows = [{"service": n, **v} for n, v in rss.items()]
-    md = (f"Produced by:\n\n```bash\n{command}\n```\n\n{res['machine']}; capacity {cap:.1f} answers/s, soak at "
+    md = (f"Produced by:\n\n```bash\n{command}\n```\n\n{res['machine']}; capacity {cap:.1f} beam answers/s, soak at "
           f"{rate:.1f} rps. Errors: any status but OK (shed, RESOURCE_EXHAUSTED, counted apart).\n\n"
           + markdown_table([{"key": k, "value": v} for k, v in keys.items()], ["key", "value"]) + "\n"
           + markdown_table(rss_rows, ["service", "start_mb", "end_mb", "growth"]) + "\n"
