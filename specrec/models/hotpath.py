@@ -304,7 +304,7 @@ class FusedHotPath(nn.Module):
         """Constrained beam search of the target in one graph -> codes [R, W, L], scores [R, W],
         token_logp [R, W, L], alive [R, W]. One decoder pass per level over the kept beams, each attending
         to its ancestors' keys/values kept from the earlier passes (at most L): unlike :meth:`step`'s static
-        cache, nothing is reordered or rewritten per step, which made beam 1.12x (K=10) to 1.46x (K=50)
+        cache, nothing is reordered or rewritten per step, which made beam 1.20x (K=10) to 1.57x (K=50)
         faster end to end on the CPU (``bench/results/README.md``)."""
         r, dev = enc_mask.shape[0], enc_mask.device
         h0, kept = self.root(enc_mask, cross_k, cross_v)
