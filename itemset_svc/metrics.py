@@ -18,3 +18,5 @@ MIRROR_READS = Counter("specrec_itemset_mirror_reads", "reads answered from the 
                        "could not answer (a failover or a restart)", ["method"])
 WRITE_RETRIES = Counter("specrec_itemset_write_retries", "write attempts repeated because Redis was unreachable, "
                         "read-only or short of replicas (a failover)", ["op"])
+DELTAS = Counter("specrec_itemset_snapshot_deltas", "snapshots answered with only the changes since the version "
+                 "the follower holds (not every item)")

@@ -12,14 +12,21 @@ saw. Two jobs (see :mod:`itemset_svc.service`):
 
 The SID index and prefix masks are built on the first read that needs them
 and dropped whenever the mirror changes.
+
+The mirror also remembers what its last writes changed (:attr:`Mirror.changes`),
+so a follower that holds an earlier version gets only the difference
+(:meth:`Mirror.delta`) instead of the whole catalogue.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .keys import Record, build_masks, records_fingerprint, sid_str
+from specrec_rpc.fingerprint import fingerprint
+
+from .keys import Record, build_masks, sid_str
 from .reads import CatalogueInfo
 from .writes import WriteResult
 
@@ -33,6 +40,10 @@ class Mirror:
     level_sizes: list[int]
     records: dict[str, Record]
     bundle: str = ""
+    # to version -> (from version, records written, records taken out), oldest first, the last max_changes
+    changes: OrderedDict[str, tuple[str, list[Record], list[Record]]] = field(default_factory=OrderedDict,
+                                                                             repr=False)
+    max_changes: int = 256
     _by_sid: dict[str, str] | None = field(default=None, repr=False)
     _masks: dict[str, dict[int, int]] | None = field(default=None, repr=False)
 
@@ -40,12 +51,51 @@ class Mirror:
         """A write this process published: its changes only."""
         if not res.published:
             return
+        out: list[Record] = []  # the mirror's own records that leave (the fingerprint follows what it held)
         for r in res.removed:
-            self.records.pop(r.item_id, None)
+            old = self.records.pop(r.item_id, None)
+            if old is not None:
+                out.append(old)
         for r in res.items:
+            old = self.records.get(r.item_id)
+            if old is not None:
+                out.append(old)
             self.records[r.item_id] = r
-        self.version, self.fingerprint = res.version, records_fingerprint(self.records.values())
+        fp = fingerprint(((r.item_id, r.sid, r.unseen) for r in out + list(res.items)), self.fingerprint)
+        self.renamed(res.version, fp, list(res.items), out)
+
+    def renamed(self, version: str, fp: str, written: list[Record] | None = None,
+                out: list[Record] | None = None) -> None:
+        """The mirror's content is now ``version`` (after :meth:`apply`, or published again as is by a
+        restore): the step is remembered for :meth:`delta`."""
+        self.changes[version] = (self.version, written or [], out or [])
+        while len(self.changes) > self.max_changes:
+            self.changes.popitem(last=False)
+        self.version, self.fingerprint = version, fp
         self._by_sid = self._masks = None
+
+    def delta(self, since: str) -> tuple[list[Record], list[int]] | None:
+        """What changed from version ``since`` to the mirror's: the records added or changed (their
+        current content, by row) and the rows that hold no item any more; None when the mirror does not
+        know the writes from ``since`` (too old, another lineage, or written by another replica)."""
+        if not since:
+            return None
+        steps, v = [], self.version
+        while v != since:
+            step = self.changes.get(v)
+            if step is None:
+                return None
+            steps.append(step)
+            v = step[0]
+        touched: set[str] = set()
+        rows_out: set[int] = set()
+        for _, written, out in steps:
+            touched.update(r.item_id for r in written)
+            touched.update(r.item_id for r in out)
+            rows_out.update(r.row for r in out)
+        now = [self.records[i] for i in touched if i in self.records]
+        rows_out -= {r.row for r in now}
+        return sorted(now, key=lambda r: r.row), sorted(rows_out)
 
     # -- reads (the same answers as CatalogueReads for self.version) --------------------------
     def info(self) -> CatalogueInfo:

@@ -39,6 +39,7 @@ import hmac
 import re
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 
 import grpc
 from redis.exceptions import ReadOnlyError
@@ -59,7 +60,7 @@ from specrec_rpc.server import Service
 from specrec_rpc.v1 import common_pb2, itemset_pb2, itemset_pb2_grpc
 
 from .keys import version_counter
-from .metrics import MIRROR_READS, RESTORES, WRITE_RETRIES
+from .metrics import DELTAS, MIRROR_READS, RESTORES, WRITE_RETRIES
 from .mirror import Mirror
 from .settings import ItemSetSettings
 from .store import (
@@ -123,16 +124,18 @@ def check_sid(field: str, codes, level_sizes: list[int], prefix: bool = False) -
     return codes
 
 
-def _chunks(version: str, level_sizes: list[int], items: list, fingerprint: str, size: int) -> list:
-    """A snapshot as its stream of chunks (the first one carries the level sizes, the count and the
-    fingerprint)."""
+def _chunks(version: str, level_sizes: list[int], items: list, fingerprint: str, size: int,
+            base: str = "", removed_rows: Sequence[int] = (), n_items: int | None = None) -> list:
+    """A snapshot (or, with ``base``, a delta over that version) as its stream of chunks (the first one
+    carries the level sizes, the count, the fingerprint and the removed rows)."""
     out = []
     for lo in range(0, max(len(items), 1), size):
-        chunk = itemset_pb2.SnapshotChunk(version=version, items=items[lo: lo + size])
+        chunk = itemset_pb2.SnapshotChunk(version=version, items=items[lo: lo + size], base=base)
         if lo == 0:
             chunk.level_sizes.extend(level_sizes)
-            chunk.n_items = len(items)
+            chunk.n_items = len(items) if n_items is None else n_items
             chunk.fingerprint = fingerprint
+            chunk.removed_rows.extend(removed_rows)
         out.append(chunk)
     return out
 
@@ -196,6 +199,20 @@ class ItemSetServicer(itemset_pb2_grpc.ItemSetServicer):
             while len(self._chunks) > 2:
                 self._chunks.popitem(last=False)
         return self._chunks[key]
+
+    def _mirror_delta(self, version: str, since: str, size: int) -> list | None:
+        """The changes from ``since`` to ``version`` as a delta stream, when the mirror holds ``version``
+        and knows the writes from ``since`` (:meth:`Mirror.delta`). None otherwise (a full snapshot)."""
+        m = self.svc.mirror
+        if m is None or not since or not version or m.version != version:
+            return None
+        d = m.delta(since)
+        if d is None:
+            return None
+        records, removed_rows = d
+        DELTAS.inc()
+        return _chunks(m.version, list(m.level_sizes), [self._item_pb(r) for r in records], m.fingerprint, size,
+                       base=since, removed_rows=removed_rows, n_items=len(m.records))
 
     @property
     def store(self) -> RedisCatalogue:
@@ -317,7 +334,8 @@ class ItemSetServicer(itemset_pb2_grpc.ItemSetServicer):
         require(request.chunk_size >= 0, "chunk_size", f"{request.chunk_size} is negative")
         require(request.chunk_size <= MAX_CHUNK, "chunk_size", f"{request.chunk_size}, at most {MAX_CHUNK:,}")
         size = request.chunk_size or DEFAULT_CHUNK
-        chunks = self._mirror_chunks(version, size)
+        since = check_version("since", request.since)
+        chunks = self._mirror_delta(version, since, size) or self._mirror_chunks(version, size)
         if chunks is None:
             v, ls, records, fp = await self.read("Snapshot", version, lambda st: st.snapshot(version),
                                                  lambda m: m.snapshot())
@@ -555,7 +573,7 @@ class ItemSetService(Service):
         RESTORES.labels(store.ns).inc()
         self.log.error("catalogue restored from the item set's copy", reason=reason, lost_version=m.version,
                        version=version, items=len(records))
-        m.version = version
+        m.renamed(version, m.fingerprint)  # the same content under a new name: followers need no new copy
         return True
 
     async def _wait_restored(self, timeout_s: float = 30.0) -> None:

@@ -4,7 +4,11 @@ Drafter, verifier and gateway each hold a :class:`CatalogueWatcher`: it
 downloads the current version (``ItemSet.Snapshot``), builds a
 :class:`~specrec.itemset.LocalItemSet` (trie, prefix ranges) and polls
 ``GetVersion`` every ``poll_s`` seconds; a new version is fetched, built off
-the event loop, and swapped in atomically, then listeners are told. The last
+the event loop, and swapped in atomically, then listeners are told. A new
+version is asked for as a delta over the one held (``since``): the item set
+sends only the changed items when it knows the writes between them, and the
+watcher applies them to a copy of its arrays (:func:`apply_delta`) instead of
+indexing every item again. The last
 ``keep`` versions stay available so a request pinned to a version is served
 from exactly that version.
 """
@@ -19,7 +23,7 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 import structlog
-from prometheus_client import Gauge
+from prometheus_client import Counter, Gauge
 
 from specrec.itemset import LocalItemSet
 
@@ -69,10 +73,52 @@ def build_snapshot(version: str, level_sizes: list[int], items: list, expect_fin
     return Snapshot(version, itemset, ids, titles, texts, {i: r for r, i in enumerate(ids) if i}, got)
 
 
+def apply_delta(base: Snapshot, version: str, items: list, removed_rows: list[int],
+                expect_fingerprint: str = "") -> Snapshot:
+    """``base`` with a delta applied (the items added or changed, by row, and the rows emptied): a new
+    snapshot, ``base`` untouched. Its fingerprint is ``base``'s with the changed rows' old and new
+    content XOR-ed in, checked against the announced one (a mismatch raises :class:`CatalogueMismatch`:
+    the caller fetches every item instead)."""
+    old = base.itemset
+    n = max([old.n_rows, *(it.row + 1 for it in items)])
+    grow = n - old.n_rows
+    sids = np.concatenate([old.sids, np.zeros((grow, old.sids.shape[1]), np.int64)]) if grow else old.sids.copy()
+    seen = np.concatenate([old.seen, np.zeros(grow, bool)]) if grow else old.seen.copy()
+    active = np.concatenate([old.active, np.zeros(grow, bool)]) if grow else old.active.copy()
+    ids, titles, texts = base.ids + [""] * grow, base.titles + [""] * grow, base.texts + [""] * grow
+    index = dict(base.index)
+    touched = sorted({int(r) for r in removed_rows} | {it.row for it in items})
+    # the rows' old content leaves the fingerprint (XOR), the new content joins it
+    leaving = [(ids[r], sids[r].tolist(), not seen[r]) for r in touched if r < old.n_rows and active[r]]
+    for r in removed_rows:
+        if r < n and active[r]:
+            index.pop(ids[r], None)
+            active[r] = False
+            ids[r] = titles[r] = texts[r] = ""
+    for it in items:
+        r = it.row
+        if active[r] and ids[r] != it.item_id:
+            index.pop(ids[r], None)
+        sids[r] = list(it.sid.codes)
+        seen[r] = not it.unseen
+        active[r] = True
+        ids[r], titles[r], texts[r] = it.item_id, it.title, it.text
+        index[it.item_id] = r
+    got = fingerprint(leaving + [(it.item_id, it.sid.codes, it.unseen) for it in items], base.fingerprint)
+    if expect_fingerprint and got != expect_fingerprint:
+        raise CatalogueMismatch(f"catalogue version {version} as a delta over {base.version}: content fingerprint "
+                                f"{got} differs from the announced {expect_fingerprint}")
+    itemset = LocalItemSet(sids, seen, list(old.level_sizes), version=version, active=active)
+    _ = itemset.trie, itemset.order  # build now, not on the first request
+    return Snapshot(version, itemset, ids, titles, texts, index, got)
+
+
 Listener = Callable[[Snapshot, Snapshot | None], Awaitable[None] | None]
 
 STALENESS = Gauge("specrec_catalogue_staleness_seconds", "Seconds since this service last heard from the item set "
                   "(a catalogue poll that answered); grows while the item set is unreachable")
+FETCHES = Counter("specrec_catalogue_fetches", "catalogue versions this service fetched, by how they came: "
+                  "'delta' (the changed items over the version held) or 'full' (every item)", ["kind"])
 _WATCHERS: list = []
 STALENESS.set_function(lambda: max((time.monotonic() - w.last_ok for w in _WATCHERS if w.last_ok), default=0.0))
 
@@ -121,19 +167,35 @@ class CatalogueWatcher:
                 f"{self.expect_bundle}: refused (load this bundle's catalogue, or roll the service)"
             )
 
-    async def fetch(self, version: str = "") -> Snapshot:
-        items, level_sizes, got, fp = [], [], version, ""
+    async def fetch(self, version: str = "", since: Snapshot | None = None) -> Snapshot:
+        """Version ``version`` ("" = the current one); with ``since`` (a version held, of the same
+        item-set lineage) as a delta over it when the item set can send one."""
+        items, level_sizes, got, fp, base, removed = [], [], version, "", "", []
+        req = itemset_pb2.SnapshotRequest(version=version, since=since.version if since is not None else "")
         try:
-            async for chunk in self.stub.Snapshot(itemset_pb2.SnapshotRequest(version=version), timeout=self.timeout_s):
+            async for chunk in self.stub.Snapshot(req, timeout=self.timeout_s):
                 got = chunk.version
                 if chunk.level_sizes:
                     level_sizes = list(chunk.level_sizes)
                 fp = fp or chunk.fingerprint
+                base = base or chunk.base
+                removed.extend(chunk.removed_rows)
                 items.extend(chunk.items)
         except grpc.aio.AioRpcError as e:
             if e.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION):
                 raise FailedPrecondition(f"catalogue version {version!r} is not available: {e.details()}") from None
             raise Unavailable(f"item set unavailable: {e.code().name}: {e.details()}") from None
+        if base and since is not None and base == since.version and level_sizes == since.level_sizes:
+            try:
+                snap = await asyncio.to_thread(apply_delta, since, got, items, removed, fp)
+                FETCHES.labels("delta").inc()
+                return snap
+            except CatalogueMismatch as e:
+                self.log.warning("catalogue delta refused: fetching every item", error=str(e))
+                return await self.fetch(version)
+        if base:  # a delta over a version this watcher did not ask for: never applied to anything else
+            raise Unavailable(f"the item set answered a delta over {base!r} for a full snapshot of {version!r}")
+        FETCHES.labels("full").inc()
         return await asyncio.to_thread(build_snapshot, got, level_sizes, items, fp)
 
     async def _install(self, snap: Snapshot) -> None:
@@ -193,7 +255,7 @@ class CatalogueWatcher:
                         self.refused = str(e)
                         continue
                     self.refused = ""
-                    await self._install(await self.fetch(info.version))
+                    await self._install(await self.fetch(info.version, since=self.current))
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # keep serving the versions we have

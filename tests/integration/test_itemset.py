@@ -23,7 +23,7 @@ from itemset_svc.service import ItemSetService
 from itemset_svc.settings import ItemSetSettings
 from itemset_svc.store import Record, RedisCatalogue
 from specrec.itemset import LocalItemSet
-from specrec_rpc.catalogue import CatalogueWatcher
+from specrec_rpc.catalogue import FETCHES, CatalogueWatcher
 from specrec_rpc.localstack import free_port
 from specrec_rpc.server import Runner
 from specrec_rpc.v1 import common_pb2, itemset_pb2, itemset_pb2_grpc
@@ -477,6 +477,67 @@ async def test_catalogue_watcher_coalesces_versions_written_faster_than_its_min_
         assert {f"burst-{i}" for i in range(3)} <= set(watcher.current.index)
     finally:
         await watcher.stop()
+
+
+def assert_same_catalogue(got, want) -> None:
+    """Two snapshots of one version hold the same catalogue (rows past the shorter one hold nothing)."""
+    assert got.version == want.version and got.fingerprint == want.fingerprint and got.index == want.index
+    n = min(got.itemset.n_rows, want.itemset.n_rows)
+    for snap in (got, want):
+        assert not snap.itemset.active[n:].any()
+    act = want.itemset.active[:n]
+    assert (got.itemset.active[:n] == act).all()
+    assert (got.itemset.sids[:n][act] == want.itemset.sids[:n][act]).all()
+    assert (got.itemset.seen[:n][act] == want.itemset.seen[:n][act]).all()
+    assert got.ids[:n] == want.ids[:n] and got.texts[:n] == want.texts[:n] and got.titles[:n] == want.titles[:n]
+    rows = np.nonzero(act)[0]
+    assert got.itemset.contains(want.itemset.sids[rows]).all() and len(got.itemset) == len(want.itemset)
+    assert got.itemset.order[0].tolist() == want.itemset.order[0].tolist()
+
+
+async def test_catalogue_watcher_follows_writes_by_deltas(itemset, tiny_bundle):
+    """A watcher asks for each new version as a delta over the one it holds: an added item, a replaced one
+    (new text, so a new SID in the same row) and a deleted one come as those changes only, and each
+    version it builds from them is the catalogue a full snapshot gives. A version the item set cannot
+    chain to (not one of its writes) gets every item."""
+    b = tiny_bundle
+    watcher = CatalogueWatcher(itemset.channel, poll_s=0.05)
+    await watcher.start(wait_s=10)
+    full = CatalogueWatcher(itemset.channel)
+    deltas0 = FETCHES.labels("delta")._value.get()
+    try:
+        writes = [
+            lambda: itemset.upsert(Item(item_id="delta-new", text="Borealis rose toner, alcohol free, 6 oz")),
+            lambda: itemset.upsert(Item(item_id=b.catalogue.ids[5], text="Lumi volumising mascara, brown")),
+            lambda: itemset.stub.Delete(itemset_pb2.DeleteRequest(item_ids=[b.catalogue.ids[7]]), metadata=AUTH),
+        ]
+        for i, write in enumerate(writes):
+            v = (await write()).version
+            t0 = time.monotonic()
+            while watcher.current.version != v:
+                assert time.monotonic() - t0 < 10.0, f"the watcher did not install {v} within 10 s"
+                await asyncio.sleep(0.02)
+            assert FETCHES.labels("delta")._value.get() == deltas0 + i + 1
+            assert_same_catalogue(watcher.current, await full.fetch(v))
+        cur = watcher.current
+        assert "delta-new" in cur.index and b.catalogue.ids[7] not in cur.index and not cur.itemset.active[7]
+        assert cur.texts[5] == "Lumi volumising mascara, brown" and cur.itemset.sids[5].tolist() != b.sids[5].tolist()
+        # two writes between looks: one delta over both
+        await watcher.stop()  # no more polling: the fetches below are the only ones
+        v1 = await watcher.fetch(await itemset.version())
+        for i in range(2):
+            v = (await itemset.upsert(Item(item_id=f"delta-burst-{i}", text=f"Halo nail polish, shade {i}"))).version
+        assert_same_catalogue(await watcher.fetch(v, since=v1), await full.fetch(v))
+        assert FETCHES.labels("delta")._value.get() == deltas0 + 3 + 1
+        # a base the item set never wrote from (a bundle loaded afresh, another replica): every item
+        stranger = await full.fetch(v)
+        stranger.version = "77.1"
+        fulls = FETCHES.labels("full")._value.get()
+        assert_same_catalogue(await watcher.fetch(v, since=stranger), await full.fetch(v))
+        assert FETCHES.labels("delta")._value.get() == deltas0 + 3 + 1 and FETCHES.labels("full")._value.get() > fulls
+    finally:
+        await watcher.stop()
+        await full.stop()
 
 
 # -- lifecycle -----------------------------------------------------------------------

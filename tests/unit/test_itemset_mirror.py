@@ -33,3 +33,27 @@ def test_a_write_updates_the_mirror_and_its_indexes():
     assert m.lookup(["1.2.0", "1.5.0"]) == [None, "d"] and m.allowed(["1"]) == [[3, 5]]
     m.apply(WriteResult("e1.6", published=False))  # nothing changed: no new version
     assert m.version == "e1.6"
+
+
+def test_delta_from_an_earlier_version_is_the_net_change():
+    """Three writes (add, replace, delete; one item added then deleted): the delta from the first version is
+    the current content of what is still there and the rows left empty; versions the mirror does not know
+    give no delta."""
+    m = _mirror()
+    a, b = m.records["a"], m.records["b"]
+    m.apply(WriteResult("e1.6", items=[Record("d", 3, (1, 5, 0))]))
+    m.apply(WriteResult("e1.7", items=[Record("a", 0, (2, 2, 0), text="new text")], removed=[a]))
+    m.apply(WriteResult("e1.8", items=[], removed=[b, m.records["d"]]))
+    assert m.fingerprint == records_fingerprint(m.records.values())  # kept from the changes alone
+    items, rows_out = m.delta("e1.5")
+    assert [(r.item_id, r.row, r.sid, r.text) for r in items] == [("a", 0, (2, 2, 0), "new text")]
+    assert rows_out == [1, 3]
+    items, rows_out = m.delta("e1.7")
+    assert items == [] and rows_out == [1, 3]
+    assert m.delta("e1.8") == ([], [])  # the version held: nothing to send
+    assert m.delta("e1.4") is None and m.delta("e9.1") is None and m.delta("") is None
+    m.renamed("e2.1", m.fingerprint)  # published again as is (a restore): the old names still chain
+    assert m.delta("e1.7") == ([], [1, 3]) and m.version == "e2.1"
+    m.max_changes = 2
+    m.apply(WriteResult("e2.2", items=[Record("e", 4, (3, 3, 0))]))
+    assert m.delta("e1.7") is None and m.delta("e2.1") is not None  # forgotten: a full snapshot instead
