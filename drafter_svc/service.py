@@ -91,28 +91,34 @@ class DrafterService(Service):
         self._rows = n0
         self._follow(snap)
 
-    def _follow(self, snap: Snapshot) -> None:
-        """Index rows added since the last version; point the drafters at the new snapshot."""
+    def _embed_new(self, snap: Snapshot) -> np.ndarray | None:
+        """Text embeddings of the rows added since the last version (None when there are none, or no
+        retrieval drafter reads them)."""
         extra = range(self._rows, snap.itemset.n_rows)
+        if "retrieval" not in self.drafters or not len(extra):
+            return None
+        return self.embedder([snap.texts[r] or snap.titles[r] or snap.ids[r] for r in extra])
+
+    def _follow(self, snap: Snapshot, new_emb: np.ndarray | None = None) -> None:
+        """Index rows added since the last version (their text embeddings in ``new_emb``, computed by
+        :meth:`_embed_new` when not given); point the drafters at the new snapshot."""
+        if new_emb is None:
+            new_emb = self._embed_new(snap)
+        extra = snap.itemset.n_rows - self._rows
         for mode, d in self.drafters.items():
             if mode == "retrieval":
-                new_emb = (
-                    self.embedder([snap.texts[r] or snap.titles[r] or snap.ids[r] for r in extra])
-                    if len(extra)
-                    else None
-                )
-                if new_emb is not None:
-                    d.add_items(snap.itemset, new_emb)
-                else:
-                    d.set_itemset(snap.itemset)
+                d.add_items(snap.itemset, new_emb) if new_emb is not None else d.set_itemset(snap.itemset)
             else:
-                d.add_items(snap.itemset) if len(extra) else d.set_itemset(snap.itemset)
+                d.add_items(snap.itemset) if extra > 0 else d.set_itemset(snap.itemset)
             INDEXED.labels(mode).set(len(d.vectors))
         self._rows = snap.itemset.n_rows
         self.snap = snap
 
     async def _on_version(self, snap: Snapshot, old) -> None:
-        await asyncio.get_running_loop().run_in_executor(self.executor, self._follow, snap)
+        # the text encoder runs beside the drafts (tens of ms for a few texts), only the index update waits
+        # for the draft thread
+        new_emb = await asyncio.to_thread(self._embed_new, snap)
+        await asyncio.get_running_loop().run_in_executor(self.executor, self._follow, snap, new_emb)
         self.log.info("drafter follows catalogue", version=snap.version, rows=snap.itemset.n_rows)
 
     async def stop(self) -> None:

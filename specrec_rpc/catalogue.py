@@ -143,8 +143,12 @@ class CatalogueWatcher:
     keeps serving the versions it has and says why in :attr:`refused`."""
 
     def __init__(self, channel: grpc.aio.Channel, poll_s: float = 0.5, keep: int = 3, timeout_s: float = 30.0,
-                 expect_bundle: str = "", min_reload_s: float = 0.0):
+                 expect_bundle: str = "", min_reload_s: float = 0.0,
+                 prepare: Callable[[Snapshot], None] | None = None):
         self.stub = itemset_pb2_grpc.ItemSetStub(channel)
+        # run on every fetched version off the event loop, before it is installed: what the service would
+        # otherwise build on a request's path the first time it sees the version (the verifier's search tables)
+        self.prepare = prepare
         self.poll_s, self.keep, self.timeout_s = poll_s, keep, timeout_s
         # a new version is installed at most this often: versions written faster are coalesced (each install
         # fetches and indexes the whole catalogue, tens of ms of CPU per service on Beauty)
@@ -187,7 +191,7 @@ class CatalogueWatcher:
             raise Unavailable(f"item set unavailable: {e.code().name}: {e.details()}") from None
         if base and since is not None and base == since.version and level_sizes == since.level_sizes:
             try:
-                snap = await asyncio.to_thread(apply_delta, since, got, items, removed, fp)
+                snap = await asyncio.to_thread(self._prepared, apply_delta, since, got, items, removed, fp)
                 FETCHES.labels("delta").inc()
                 return snap
             except CatalogueMismatch as e:
@@ -196,7 +200,13 @@ class CatalogueWatcher:
         if base:  # a delta over a version this watcher did not ask for: never applied to anything else
             raise Unavailable(f"the item set answered a delta over {base!r} for a full snapshot of {version!r}")
         FETCHES.labels("full").inc()
-        return await asyncio.to_thread(build_snapshot, got, level_sizes, items, fp)
+        return await asyncio.to_thread(self._prepared, build_snapshot, got, level_sizes, items, fp)
+
+    def _prepared(self, build: Callable[..., Snapshot], *args) -> Snapshot:
+        snap = build(*args)
+        if self.prepare is not None:
+            self.prepare(snap)
+        return snap
 
     async def _install(self, snap: Snapshot) -> None:
         old = self.current

@@ -27,6 +27,7 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from specrec.bundle import Bundle, sid_space_fingerprint
+from specrec.models.hotpath import child_tables
 from specrec.verifier import (
     BeamJob,
     DraftVerifyJob,
@@ -137,8 +138,11 @@ class VerifierService(Service):
         self.max_history = self.bundle.cfg.max_history
         self.channel = make_channel(s.itemset_addr, s, aio=True)
         # a catalogue of another bundle (another SID space) is refused: the service waits NOT_SERVING for its own
+        vmax = max(self.level_sizes)
+        # a new version's search tables are built with it, not by the first request that searches it
         self.catalogue = CatalogueWatcher(self.channel, expect_bundle=sid_space_fingerprint(s.bundle),
-                                          min_reload_s=s.catalogue_min_reload_s)
+                                          min_reload_s=s.catalogue_min_reload_s,
+                                          prepare=lambda snap: child_tables(snap.itemset.trie, vmax))
         await self.catalogue.start()
         self.batcher: Batcher = Batcher("verifier", lambda jobs: run_jobs(self.local, jobs), self.executor, s.max_batch,
                                         concurrency=s.compute_threads)

@@ -501,7 +501,8 @@ async def test_catalogue_watcher_follows_writes_by_deltas(itemset, tiny_bundle):
     version it builds from them is the catalogue a full snapshot gives. A version the item set cannot
     chain to (not one of its writes) gets every item."""
     b = tiny_bundle
-    watcher = CatalogueWatcher(itemset.channel, poll_s=0.05)
+    prepared: list = []  # what the watcher's prepare hook saw (the verifier builds its search tables there)
+    watcher = CatalogueWatcher(itemset.channel, poll_s=0.05, prepare=prepared.append)
     await watcher.start(wait_s=10)
     full = CatalogueWatcher(itemset.channel)
     deltas0 = FETCHES.labels("delta")._value.get()
@@ -517,7 +518,7 @@ async def test_catalogue_watcher_follows_writes_by_deltas(itemset, tiny_bundle):
             while watcher.current.version != v:
                 assert time.monotonic() - t0 < 10.0, f"the watcher did not install {v} within 10 s"
                 await asyncio.sleep(0.02)
-            assert FETCHES.labels("delta")._value.get() == deltas0 + i + 1
+            assert FETCHES.labels("delta")._value.get() == deltas0 + i + 1 and prepared[-1] is watcher.current
             assert_same_catalogue(watcher.current, await full.fetch(v))
         cur = watcher.current
         assert "delta-new" in cur.index and b.catalogue.ids[7] not in cur.index and not cur.itemset.active[7]
