@@ -161,6 +161,7 @@ class CatalogueWatcher:
         self.current: Snapshot | None = None
         self.listeners: list[Listener] = []
         self._task: asyncio.Task | None = None
+        self._pending: dict[str, asyncio.Future] = {}  # version -> its fetch for get(), shared by the callers
         self.log = structlog.get_logger("catalogue")
         self.last_ok = 0.0
 
@@ -254,7 +255,8 @@ class CatalogueWatcher:
                 self.last_ok = time.monotonic()
                 changed = (self.current is None or info.version != self.current.version
                            or (info.fingerprint and info.fingerprint != self.current.fingerprint))
-                if changed and time.monotonic() - self.installed_at < self.min_reload_s:
+                ready = self.snapshots.get(info.version)  # fetched already for a request pinned to it
+                if changed and ready is None and time.monotonic() - self.installed_at < self.min_reload_s:
                     continue  # coalesced: installed on a later poll (with whatever version is current then)
                 if changed:
                     try:
@@ -265,22 +267,38 @@ class CatalogueWatcher:
                         self.refused = str(e)
                         continue
                     self.refused = ""
-                    await self._install(await self.fetch(info.version, since=self.current))
+                    if ready is None or (info.fingerprint and ready.fingerprint != info.fingerprint):
+                        ready = await self.fetch(info.version, since=self.current)
+                    await self._install(ready)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # keep serving the versions we have
                 self.log.warning("catalogue poll failed", error=str(e))
 
     async def get(self, version: str = "") -> Snapshot:
+        """Version ``version`` ("" = the current one). A version this service has not installed (another
+        service follows the item set a poll ahead of it, or is pinned to an older one) is fetched once,
+        as a delta over the current one where the item set can send that, however many requests ask for
+        it meanwhile; the poll then installs it without fetching it again."""
         if not version or (self.current is not None and version == self.current.version):
             if self.current is None:
                 raise Unavailable("no catalogue version yet: start() has not finished")
             return self.current
         snap = self.snapshots.get(version)
-        if snap is None:
-            snap = await self.fetch(version)
+        if snap is not None:
+            return snap
+        fut = self._pending.get(version)
+        if fut is None:
+            fut = self._pending[version] = asyncio.ensure_future(self._fetch_pinned(version))
+        return await asyncio.shield(fut)  # a caller that gives up does not cancel the others' fetch
+
+    async def _fetch_pinned(self, version: str) -> Snapshot:
+        try:
+            snap = await self.fetch(version, since=self.current)
             self.snapshots[version] = snap
-        return snap
+            return snap
+        finally:
+            self._pending.pop(version, None)
 
     async def stop(self) -> None:
         if self in _WATCHERS:

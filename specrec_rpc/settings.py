@@ -40,8 +40,9 @@ class ServiceSettings(BaseSettings):
                                  "e.g. the chart's service name); empty: the address dialled")
     reflection: bool = Field(True, description="gRPC server reflection (the chart turns it off)")
     catalogue_min_reload_s: float = Field(
-        2.0, ge=0.0, le=3600.0, description="a new catalogue version is installed at most this often; versions "
-        "written faster are coalesced (each install fetches and indexes the whole catalogue)")
+        0.0, ge=0.0, le=3600.0, description="a new catalogue version is installed at most this often; versions "
+        "written faster are coalesced (0: every version a poll sees; installs come as deltas, and a service that "
+        "skips a version fetches it on the path of the first request pinned to it)")
     otlp_endpoint: str = Field(
         "",
         description="OpenTelemetry: export traces (a span per RPC, context carried to the "

@@ -541,6 +541,28 @@ async def test_catalogue_watcher_follows_writes_by_deltas(itemset, tiny_bundle):
         await full.stop()
 
 
+async def test_a_version_requests_ask_for_before_the_poll_installs_it_is_fetched_once(itemset):
+    """Requests pinned to a version this service has not installed yet (another service's poll was
+    first) share one fetch of it, a delta over the current version; the poll then installs that copy,
+    however soon after the last install, without fetching it again."""
+    watcher = CatalogueWatcher(itemset.channel, poll_s=0.05, min_reload_s=60.0)
+    await watcher.start(wait_s=10)
+    try:
+        v = (await itemset.upsert(Item(item_id="pinned-1", text="Halo argan oil serum, 2 oz"))).version
+        fetched = [FETCHES.labels(k)._value.get() for k in ("delta", "full")]
+        snaps = await asyncio.gather(*[watcher.get(v) for _ in range(8)])
+        assert all(s is snaps[0] for s in snaps) and snaps[0].version == v and "pinned-1" in snaps[0].index
+        assert [FETCHES.labels(k)._value.get() for k in ("delta", "full")] == [fetched[0] + 1, fetched[1]]
+        t0 = time.monotonic()
+        while watcher.current.version != v:
+            assert time.monotonic() - t0 < 10.0, "the poll did not install the version already fetched"
+            await asyncio.sleep(0.02)
+        assert watcher.current is snaps[0]
+        assert [FETCHES.labels(k)._value.get() for k in ("delta", "full")] == [fetched[0] + 1, fetched[1]]
+    finally:
+        await watcher.stop()
+
+
 # -- lifecycle -----------------------------------------------------------------------
 
 
