@@ -35,7 +35,8 @@ async def run(target: str, users: dict, rate: float, duration: float, budget_ms:
     async def one(stub, j: int, sched: float) -> None:
         nonlocal n_done
         i = j % len(ids)
-        rec: dict = {"t": sched, "user": i}
+        # how late this process sent it: a caller-side tail the gateway never saw (the generator's own loop)
+        rec: dict = {"t": sched, "user": i, "send_lag_ms": (time.monotonic() - sched) * 1000.0}
         req = recommender_pb2.RecommendRequest(history=ids[i], k=k, policy="auto", budget_ms=budget_ms,
                                                user_id=f"load-{i}")
         try:

@@ -109,6 +109,7 @@ def summarise(recs: list[dict], t_from: float, t_to: float) -> dict:
         "client_p50_ms": pct(lat, 50),
         "client_p99_ms": pct(lat, 99),
         "client_p99_answered_ms": pct([r["latency_ms"] for r in ok], 99),
+        "client_send_lag_p99_ms": pct([r.get("send_lag_ms", 0.0) for r in part], 99),
         "server_p50_ms": pct([r["server_ms"] for r in ok], 50),
         "server_p99_ms": pct([r["server_ms"] for r in ok], 99),
         "shed_share": sum(r["code"] == "RESOURCE_EXHAUSTED" for r in part) / n,
