@@ -111,7 +111,7 @@ class DrafterService(Service):
             else:
                 d.add_items(snap.itemset) if extra > 0 else d.set_itemset(snap.itemset)
             INDEXED.labels(mode).set(len(d.vectors))
-        self._rows = snap.itemset.n_rows
+        self._rows = max(self._rows, snap.itemset.n_rows)  # rows indexed so far (a snapshot may end earlier)
         self.snap = snap
 
     async def _on_version(self, snap: Snapshot, old) -> None:

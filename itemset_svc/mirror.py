@@ -44,13 +44,20 @@ class Mirror:
     changes: OrderedDict[str, tuple[str, list[Record], list[Record]]] = field(default_factory=OrderedDict,
                                                                              repr=False)
     max_changes: int = 256
+    # False once a write it applied was made from another version than the mirror's (another replica wrote
+    # between): the content may be off, so no snapshot or delta is served from it until it is read again
+    exact: bool = True
+    _logged: int = field(default=0, repr=False)  # records held by the log
     _by_sid: dict[str, str] | None = field(default=None, repr=False)
     _masks: dict[str, dict[int, int]] | None = field(default=None, repr=False)
 
-    def apply(self, res: WriteResult) -> None:
-        """A write this process published: its changes only."""
+    def apply(self, res: WriteResult) -> bool:
+        """A write this process published: its changes only. False when the write was made from another
+        version than the mirror's: its changes are applied all the same (the best copy there is while
+        Redis cannot be read), but the mirror is no longer :attr:`exact` and its log is dropped."""
         if not res.published:
-            return
+            return True
+        follows = res.base is None or res.base == self.version
         out: list[Record] = []  # the mirror's own records that leave (the fingerprint follows what it held)
         for r in res.removed:
             old = self.records.pop(r.item_id, None)
@@ -62,15 +69,30 @@ class Mirror:
                 out.append(old)
             self.records[r.item_id] = r
         fp = fingerprint(((r.item_id, r.sid, r.unseen) for r in out + list(res.items)), self.fingerprint)
+        if not follows:
+            self.exact = False
+            self.changes.clear()
         self.renamed(res.version, fp, list(res.items), out)
+        return follows
 
     def renamed(self, version: str, fp: str, written: list[Record] | None = None,
                 out: list[Record] | None = None) -> None:
         """The mirror's content is now ``version`` (after :meth:`apply`, or published again as is by a
-        restore): the step is remembered for :meth:`delta`."""
-        self.changes[version] = (self.version, written or [], out or [])
-        while len(self.changes) > self.max_changes:
-            self.changes.popitem(last=False)
+        restore): the step is remembered for :meth:`delta`. A name seen before (Redis went back to an older
+        state and the counter repeats) cuts the log: it could no longer be followed back safely."""
+        if version == self.version or version in self.changes:
+            self.changes.clear()
+        elif self.exact:
+            self.changes[version] = (self.version, written or [], out or [])
+            self._logged += len(written or []) + len(out or [])
+            # at most max_changes writes, and no more records than the catalogue holds (a full snapshot is
+            # cheaper than a delta that large)
+            while self.changes and (len(self.changes) > self.max_changes
+                                    or self._logged > max(len(self.records), 1000)):
+                _, (_, w, o) = self.changes.popitem(last=False)
+                self._logged -= len(w) + len(o)
+        if not self.changes:
+            self._logged = 0
         self.version, self.fingerprint = version, fp
         self._by_sid = self._masks = None
 
@@ -78,12 +100,12 @@ class Mirror:
         """What changed from version ``since`` to the mirror's: the records added or changed (their
         current content, by row) and the rows that hold no item any more; None when the mirror does not
         know the writes from ``since`` (too old, another lineage, or written by another replica)."""
-        if not since:
+        if not since or not self.exact:
             return None
         steps, v = [], self.version
         while v != since:
             step = self.changes.get(v)
-            if step is None:
+            if step is None or len(steps) > len(self.changes):  # not logged, or (never) a cycle
                 return None
             steps.append(step)
             v = step[0]

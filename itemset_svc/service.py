@@ -188,7 +188,7 @@ class ItemSetServicer(itemset_pb2_grpc.ItemSetServicer):
         never change, and the watchers check the content fingerprint): no read of the whole catalogue from
         Redis and no message per item built again. None otherwise."""
         m = self.svc.mirror
-        if m is None or not version or m.version != version:
+        if m is None or not m.exact or not version or m.version != version:
             return None
         key = (version, size)
         if key not in self._chunks:
@@ -210,6 +210,8 @@ class ItemSetServicer(itemset_pb2_grpc.ItemSetServicer):
         if d is None:
             return None
         records, removed_rows = d
+        if len(self._pb) > 2 * len(m.records) + 1024:  # records of old versions: drop them all
+            self._pb.clear()
         DELTAS.inc()
         return _chunks(m.version, list(m.level_sizes), [self._item_pb(r) for r in records], m.fingerprint, size,
                        base=since, removed_rows=removed_rows, n_items=len(m.records))
@@ -417,6 +419,7 @@ class ItemSetService(Service):
         self._background: asyncio.Task | None = None
         self._watch: asyncio.Task | None = None
         self.mirror: Mirror | None = None
+        self._refreshes: set[asyncio.Task] = set()
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         itemset_pb2_grpc.add_ItemSetServicer_to_server(ItemSetServicer(self), server)
@@ -525,9 +528,24 @@ class ItemSetService(Service):
         self.mirror = Mirror(v, fp, ls, {r.item_id: r for r in records}, info.bundle)
 
     def mirror_write(self, res: WriteResult) -> None:
-        """Apply a write this replica published to the mirror (its changes only)."""
-        if self.mirror is not None:
-            self.mirror.apply(res)
+        """Apply a write this replica published to the mirror (its changes only). A write made from another
+        version than the mirror's (another replica wrote in between) leaves the mirror inexact: it is read
+        from Redis again."""
+        if self.mirror is not None and not self.mirror.apply(res):
+            self.log.info("mirror behind a write's base: reading the catalogue again", base=res.base,
+                          version=res.version)
+            self._background_refresh()
+
+    def _background_refresh(self) -> None:
+        async def refresh() -> None:
+            try:
+                await self.refresh_mirror()
+            except Exception as e:  # noqa: BLE001 - the watch loop looks again
+                self.log.warning("mirror refresh failed", error=str(e))
+
+        task = asyncio.ensure_future(refresh())
+        self._refreshes.add(task)
+        task.add_done_callback(self._refreshes.discard)
 
     async def _guard_empty(self) -> None:
         """Before a write finds Redis without a catalogue: restore the mirror first (inside the write's lock)."""
@@ -592,8 +610,9 @@ class ItemSetService(Service):
                 await self.refresh_mirror()
             return ""
         if cur == m.version:
-            if store.replicated and cur is not None and await store.fingerprint(cur) != m.fingerprint:
-                # after a failover the new primary can give a name the old one had used to other content
+            if cur is not None and (not m.exact or await store.fingerprint(cur) != m.fingerprint):
+                # after a failover the new primary can give a name the old one had used to other content, and
+                # a write made from a version the mirror had not seen leaves it inexact
                 await self.refresh_mirror()
                 return "followed"
             return ""

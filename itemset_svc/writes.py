@@ -100,6 +100,7 @@ class WriteResult:
     collisions: int = 0
     published: bool = True  # False: nothing changed, no version made
     removed: list[Record] = field(default_factory=list)  # records the write took out (replaced or deleted)
+    base: str | None = None  # the version it was made from (set when published)
 
 
 @dataclass
@@ -325,7 +326,7 @@ class CatalogueWrites:
                     WRITES.labels(op, "failed").inc()
                     raise
                 if ok:
-                    result.version = st.version
+                    result.version, result.base = st.version, st.base
                     await self._prune()
                     await self._count(st.version)
                     if acked < need:

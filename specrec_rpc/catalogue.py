@@ -51,8 +51,9 @@ class CatalogueMismatch(FailedPrecondition):
     """The catalogue belongs to another bundle, or its content does not match its fingerprint."""
 
 
-def build_snapshot(version: str, level_sizes: list[int], items: list, expect_fingerprint: str = "") -> Snapshot:
-    n = max((it.row for it in items), default=-1) + 1
+def build_snapshot(version: str, level_sizes: list[int], items: list, expect_fingerprint: str = "",
+                   min_rows: int = 0) -> Snapshot:
+    n = max(max((it.row for it in items), default=-1) + 1, min_rows)
     L = len(level_sizes)
     sids = np.zeros((n, L), dtype=np.int64)
     seen = np.zeros(n, dtype=bool)
@@ -92,13 +93,14 @@ def apply_delta(base: Snapshot, version: str, items: list, removed_rows: list[in
     leaving = [(ids[r], sids[r].tolist(), not seen[r]) for r in touched if r < old.n_rows and active[r]]
     for r in removed_rows:
         if r < n and active[r]:
-            index.pop(ids[r], None)
+            if index.get(ids[r]) == r:
+                index.pop(ids[r])
             active[r] = False
             ids[r] = titles[r] = texts[r] = ""
     for it in items:
         r = it.row
-        if active[r] and ids[r] != it.item_id:
-            index.pop(ids[r], None)
+        if active[r] and ids[r] != it.item_id and index.get(ids[r]) == r:
+            index.pop(ids[r])
         sids[r] = list(it.sid.codes)
         seen[r] = not it.unseen
         active[r] = True
@@ -198,10 +200,17 @@ class CatalogueWatcher:
             except CatalogueMismatch as e:
                 self.log.warning("catalogue delta refused: fetching every item", error=str(e))
                 return await self.fetch(version)
-        if base:  # a delta over a version this watcher did not ask for: never applied to anything else
-            raise Unavailable(f"the item set answered a delta over {base!r} for a full snapshot of {version!r}")
+        if base:  # a delta this watcher cannot apply (another base, other level sizes): every item instead
+            if since is None:
+                raise Unavailable(f"the item set answered a delta over {base!r} for a full snapshot of {version!r}")
+            self.log.warning("catalogue delta over another version: fetching every item", base=base,
+                             held=since.version)
+            return await self.fetch(version)
         FETCHES.labels("full").inc()
-        return await asyncio.to_thread(self._prepared, build_snapshot, got, level_sizes, items, fp)
+        # rows are never reused: a full copy keeps at least the rows of the one held (its last rows may hold
+        # deleted items, which a full snapshot cannot show), so arrays indexed by row never shrink
+        rows = since.itemset.n_rows if since is not None and level_sizes == since.level_sizes else 0
+        return await asyncio.to_thread(self._prepared, build_snapshot, got, level_sizes, items, fp, rows)
 
     def _prepared(self, build: Callable[..., Snapshot], *args) -> Snapshot:
         snap = build(*args)
@@ -255,6 +264,9 @@ class CatalogueWatcher:
                 self.last_ok = time.monotonic()
                 changed = (self.current is None or info.version != self.current.version
                            or (info.fingerprint and info.fingerprint != self.current.fingerprint))
+                pending = self._pending.get(info.version)
+                if pending is not None:  # a request pinned to it is fetching it now: that copy, not another
+                    await asyncio.shield(pending)
                 ready = self.snapshots.get(info.version)  # fetched already for a request pinned to it
                 if changed and ready is None and time.monotonic() - self.installed_at < self.min_reload_s:
                     continue  # coalesced: installed on a later poll (with whatever version is current then)

@@ -82,7 +82,7 @@ class RetrievalDrafter(VectorDrafter):
                 )
                 assert self.text_index is not None  # n_text > 0 only with a text share
                 scores, rows = self.text_index.search(queries[i : i + 1], want)
-                ok = rows[0] >= 0
+                ok = (rows[0] >= 0) & (rows[0] < len(itemset.active))  # rows past the snapshot's: not in it
                 rows, scores = rows[0][ok], scores[0][ok]
                 act = itemset.active[rows]
                 text = topn_excluding(scores[act], rows[act], n_text[i], taken)

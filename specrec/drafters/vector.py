@@ -109,7 +109,7 @@ class VectorDrafter:
             want = min(want, len(vectors))
             scores, rows = self.index.search(np.ascontiguousarray(users[free]), want)
             for j, i in enumerate(free):
-                ok = rows[j] >= 0
+                ok = (rows[j] >= 0) & (rows[j] < len(itemset.active))  # rows past the snapshot's: not in it
                 r_rows, r_scores = rows[j][ok], scores[j][ok]
                 act = itemset.active[r_rows]
                 out[i] = topn_excluding(r_scores[act], r_rows[act], requests[i].n, requests[i].exclude)

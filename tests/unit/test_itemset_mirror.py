@@ -57,3 +57,33 @@ def test_delta_from_an_earlier_version_is_the_net_change():
     m.max_changes = 2
     m.apply(WriteResult("e2.2", items=[Record("e", 4, (3, 3, 0))]))
     assert m.delta("e1.7") is None and m.delta("e2.1") is not None  # forgotten: a full snapshot instead
+
+
+def test_a_write_from_another_base_leaves_the_mirror_inexact():
+    """Another replica wrote between: the write's base is not the mirror's version, so no delta (nor
+    snapshot) is served from the mirror until it is read again."""
+    m = _mirror()
+    m.apply(WriteResult("e1.6", items=[Record("d", 3, (1, 5, 0))], base="e1.5"))
+    assert m.exact and m.delta("e1.5") is not None
+    assert not m.apply(WriteResult("e1.8", items=[Record("e", 5, (1, 6, 0))], base="e1.7"))
+    assert not m.exact and m.delta("e1.6") is None and m.delta("e1.5") is None
+
+
+def test_a_repeated_version_name_cuts_the_log():
+    """Redis went back and its counter repeats a name: the log is cut, never followed round a cycle."""
+    m = _mirror()
+    m.apply(WriteResult("e1.6", items=[Record("d", 3, (1, 5, 0))]))
+    m.apply(WriteResult("e1.7", items=[Record("e", 4, (1, 6, 0))]))
+    m.apply(WriteResult("e1.6", items=[Record("f", 5, (1, 7, 0))]))  # the name e1.6 again
+    assert m.delta("e1.5") is None and m.delta("e1.7") is None and m.delta("e1.6") == ([], [])
+
+
+def test_the_log_holds_no_more_records_than_the_catalogue():
+    """1,200 replacements of one item (two records each) in a 3-item catalogue: the log keeps the last
+    1,000 records' worth; a follower further behind gets a full snapshot."""
+    m = _mirror()
+    m.max_changes = 10_000
+    for i in range(1200):
+        m.apply(WriteResult(f"e1.{6 + i}", items=[Record("a", 0, (2, i % 8, i // 8 % 4))], removed=[m.records["a"]]))
+    assert sum(len(w) + len(o) for _, w, o in m.changes.values()) <= 1000
+    assert m.delta("e1.5") is None and m.delta(f"e1.{6 + 1200 - 10}") is not None
