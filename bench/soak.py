@@ -8,12 +8,12 @@ Starts its own stack (as ``bench/overload.py``), measures the capacity the same 
 thread upserts one new item a second through the item set (with the write token) and a sampler reads
 every service's RSS from ``/proc`` every ``--sample-s`` seconds.
 
-Reported: each service's RSS at the start (after the first minute, once caches are warm) and at the
-end, the largest relative growth, the p99 of each minute (caller side), the drift (the last minute's
-p99 minus the first's), errors (any status but OK; RESOURCE_EXHAUSTED counted apart as shed) and the
-writes acknowledged and failed. Writes ``soak.{json,md,png}`` and the summary keys
-``soak.rss_growth_max``, ``soak.errors``, ``soak.shed``, ``soak.p99_drift_ms``, ``soak.upserts_acked``,
-``soak.upsert_errors``.
+Reported: each service's RSS at the start (the median of the second minute, once caches are warm) and
+at the end (the median of the last minute), the largest relative growth, the p99 of each minute (caller
+side), the drift (the last minute's p99 minus the first's), errors (any status but OK;
+RESOURCE_EXHAUSTED counted apart as shed) and the writes acknowledged and failed. Writes
+``soak.{json,md,png}`` and the summary keys ``soak.rss_growth_max``, ``soak.errors``, ``soak.shed``,
+``soak.p99_drift_ms``, ``soak.upserts_acked``, ``soak.upsert_errors``.
 """
 
 from __future__ import annotations
@@ -153,9 +153,17 @@ def main(argv=None) -> int:
         stop_stack(*stack)
     t_load = min(r["t"] for r in recs) if recs else t0
     minutes = per_minute(recs, t_load, a.minutes)
-    start = [s for s in sampler.samples if s["t"] >= t_load + 60.0][:1] or sampler.samples[:1]
-    end = sampler.samples[-1:]
-    rss = {n: {"start_mb": start[0][n] if start else None, "end_mb": end[0][n] if end else None} for n in names}
+    # a minute's median at each end, not one sample: RSS swings by several percent between samples as the
+    # allocator takes and returns memory, which one sample at each end would read as growth or shrinkage
+    t_end = max((s["t"] for s in sampler.samples), default=t_load)
+    start = [s for s in sampler.samples if t_load + 60.0 <= s["t"] < t_load + 120.0] or sampler.samples[:1]
+    end = [s for s in sampler.samples if s["t"] > t_end - 60.0] or sampler.samples[-1:]
+
+    def median_mb(window: list[dict], n: str) -> float | None:
+        vals = sorted(s[n] for s in window if s.get(n))
+        return vals[len(vals) // 2] if vals else None
+
+    rss = {n: {"start_mb": median_mb(start, n), "end_mb": median_mb(end, n)} for n in names}
     for v in rss.values():
         v["growth"] = (v["end_mb"] / v["start_mb"] - 1.0) if v["start_mb"] and v["end_mb"] else None
     growth = [v["growth"] for v in rss.values() if v["growth"] is not None]
