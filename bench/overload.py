@@ -87,13 +87,55 @@ def write_users(users, path: Path) -> Path:
 
 
 def run_load(target: str, users_file: Path, rate: float, seconds: float, budget_ms: float, seed: int,
-             out: Path) -> list[dict]:
-    """``bench/loadgen.py`` in its own process; its records."""
+             out: Path, profile: dict[str, int] | None = None, profile_dir: Path | None = None) -> list[dict]:
+    """``bench/loadgen.py`` in its own process; its records. With ``profile`` (name -> pid), py-spy samples
+    those processes and the load generator for the whole run into ``profile_dir`` (see :func:`top_frames`)."""
     cmd = [sys.executable, str(ROOT / "bench" / "loadgen.py"), "--target", target, "--users", str(users_file),
            "--rate", f"{rate:.3f}", "--duration", f"{seconds:.1f}", "--budget-ms", str(budget_ms),
            "--seed", str(seed), "--out", str(out)]
-    subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    gen = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    spies = []
+    if profile and profile_dir is not None:
+        profile_dir.mkdir(parents=True, exist_ok=True)
+        for name, pid in {**profile, "loadgen": gen.pid}.items():
+            spies.append(subprocess.Popen(
+                [py_spy(), "record", "--pid", str(pid), "--rate", "250", "--duration", f"{seconds:.0f}",
+                 "--format", "raw", "--nonblocking", "--threads", "--idle", "-o", str(profile_dir / f"{name}.txt")],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    if gen.wait() != 0:
+        raise subprocess.CalledProcessError(gen.returncode, cmd)
+    for sp in spies:
+        sp.wait(timeout=60)
     return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
+
+
+def py_spy() -> str:
+    exe = Path(sys.executable).with_name("py-spy")
+    if not exe.exists():
+        raise SystemExit("--profile needs py-spy (pip install py-spy)")
+    return str(exe)
+
+
+def top_frames(path: Path, n: int = 15) -> dict:
+    """A py-spy raw profile (collapsed stacks: ``thread;frame;frame... count``) -> where its samples are:
+    the share per thread and, over all threads, the innermost frames with the most samples ("idle"
+    samples of threads waiting included, so the event loop's wait shows)."""
+    by_thread: dict[str, int] = {}
+    leaf: dict[str, int] = {}
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        c = int(count)
+        frames = stack.split(";")
+        total += c
+        by_thread[frames[0]] = by_thread.get(frames[0], 0) + c
+        leaf[frames[-1]] = leaf.get(frames[-1], 0) + c
+    top = sorted(leaf.items(), key=lambda kv: -kv[1])[:n]
+    return {"samples": total,
+            "threads": {t: round(c / max(total, 1), 4) for t, c in sorted(by_thread.items(), key=lambda kv: -kv[1])},
+            "top": [{"frame": f, "share": round(c / max(total, 1), 4)} for f, c in top]}
 
 
 def summarise(recs: list[dict], t_from: float, t_to: float) -> dict:
@@ -194,6 +236,8 @@ def parse(argv):
     ap.add_argument("--multiples", default="1,2,3", help="offered load as multiples of the measured capacity")
     ap.add_argument("--duration", type=float, default=20.0, help="measured seconds per multiple")
     ap.add_argument("--warmup", type=float, default=3.0, help="seconds per multiple sent first and not measured")
+    ap.add_argument("--profile", action="store_true", help="py-spy the gateway, the verifier and the load generator "
+                    "during the last multiple (needs py-spy); where their samples are goes into overload.json")
     add_load_args(ap)
     return ap.parse_args(argv)
 
@@ -210,14 +254,21 @@ def main(argv=None) -> int:
     stack = start_stack(a, bundle, tmp)
     procs = stack[0]
     rows: list[dict] = []
+    profiles: dict = {}
     try:
         procs.start(a.startup_timeout, say=say)
         target = procs.addr("gateway")
         cap = measured_capacity(target, users, a)
         say(f"capacity: {cap:.1f} beam answers/s ({a.clients} closed-loop callers, budget {CAPACITY_BUDGET_MS:g} ms)")
-        for m in [float(x) for x in a.multiples.split(",") if x.strip()]:
+        multiples = [float(x) for x in a.multiples.split(",") if x.strip()]
+        for m in multiples:
+            spy = ({n: procs.procs[n].pid for n in ("gateway", "verifier")} if a.profile and m == multiples[-1]
+                   else None)
             recs = run_load(target, users_file, m * cap, a.warmup + a.duration, a.budget_ms, a.seed + int(10 * m),
-                            tmp / f"load_{m:g}x.jsonl")
+                            tmp / f"load_{m:g}x.jsonl", spy, tmp / "profile")
+            if spy:
+                profiles = {n: top_frames(tmp / "profile" / f"{n}.txt") for n in [*spy, "loadgen"]
+                            if (tmp / "profile" / f"{n}.txt").exists()}
             t0 = min(r["t"] for r in recs)
             row = {"multiple": m, **summarise(recs, t0 + a.warmup, t0 + a.warmup + a.duration)}
             rows.append(row)
@@ -233,7 +284,7 @@ def main(argv=None) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     res = {"command": command, "users": users.source, "budget_ms": a.budget_ms, "machine": machine_line(),
-           "capacity_rps": cap, "clients": a.clients, "rows": rows}
+           "capacity_rps": cap, "clients": a.clients, "rows": rows, **({"profiles": profiles} if profiles else {})}
     write_json("overload", no_nan(res), out)
     plot(rows, a.budget_ms, out / "overload.png",
          f"{bundle.name}: auto at {a.budget_ms:g} ms, capacity {cap:.0f} rps, load generator in its own process")
