@@ -43,6 +43,11 @@ class DrafterSettings(ServiceSettings):
     max_n: int = Field(1000, description="most candidates one query may ask for")
     max_queries: int = Field(256, description="most queries per call")
     max_history: int = Field(1000, description="most history items per query")
+    text_share: float | None = Field(None, ge=0.0, le=1.0, description="the retrieval drafter's share of drafts by "
+                                     "text similarity among all items (unset: the bundle's, else 0)")
+    unseen_share: float | None = Field(None, ge=0.0, le=1.0, description="its share of drafts by text similarity "
+                                       "among the unseen items: items with no training interactions, such as the "
+                                       "ones upserted since (unset: the bundle's, else 0)")
 
 
 class DrafterService(Service):
@@ -83,7 +88,8 @@ class DrafterService(Service):
         base = b.itemset
         n0 = len(b.catalogue)
         if b.retrieval is not None and b.text_emb is not None:
-            self.drafters["retrieval"] = b.drafter("retrieval", base)
+            self.drafters["retrieval"] = b.drafter("retrieval", base, text_share=self.s.text_share,
+                                                   unseen_share=self.s.unseen_share)
         if b.self_draft is not None:
             self.drafters["self"] = b.drafter("self", base)
         if not self.drafters:

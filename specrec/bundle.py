@@ -153,17 +153,21 @@ class Bundle:
         return out
 
     # -- serving pieces ----------------------------------------------------------
-    def drafter(self, kind: str = "retrieval", itemset: LocalItemSet | None = None, text_share: float | None = None):
-        """A drafter over the bundle's catalogue (``text_share``: the retrieval
-        drafter's share of text-similarity candidates; default: the bundle's)."""
+    def drafter(self, kind: str = "retrieval", itemset: LocalItemSet | None = None, text_share: float | None = None,
+                unseen_share: float | None = None):
+        """A drafter over the bundle's catalogue (``text_share`` / ``unseen_share``: the retrieval drafter's
+        share of text-similarity candidates among all items / among the unseen ones; default: the bundle's,
+        ``drafters.text_share`` / ``drafters.unseen_share`` in bundle.json, else 0)."""
         itemset = itemset or self.itemset
         if kind == "retrieval":
             from .drafters.retrieval import RetrievalDrafter
 
             if self.retrieval is None or self.text_emb is None:
                 raise ValueError(f"bundle {self.name!r} has no retrieval drafter (run `specrec train-drafters`)")
-            share = self.meta.get("drafters", {}).get("text_share", 0.0) if text_share is None else text_share
-            return RetrievalDrafter(self.retrieval, self.text_emb, itemset, text_share=share)
+            meta = self.meta.get("drafters", {})
+            share = meta.get("text_share", 0.0) if text_share is None else text_share
+            new = meta.get("unseen_share", 0.0) if unseen_share is None else unseen_share
+            return RetrievalDrafter(self.retrieval, self.text_emb, itemset, text_share=share, unseen_share=new)
         if kind == "self":
             from .drafters.self_draft import SelfDrafter
 
@@ -179,14 +183,14 @@ class Bundle:
         kw.setdefault("drafter", self.sid_mlp)
         return make_backend(name or DEFAULT_BACKEND, self.model, self.nezha_head, **kw)
 
-    def engine(self, drafter: str | None = "retrieval", backend=None):
+    def engine(self, drafter: str | None = "retrieval", backend=None, **drafter_kw):
         """An in-process engine: local verifier on ``backend`` (default: the
-        default backend), the bundle's item set, and a drafter."""
+        default backend), the bundle's item set, and a drafter (``drafter_kw``: see :meth:`drafter`)."""
         from .policies.base import Engine
         from .verifier import LocalVerifier
 
         verifier = LocalVerifier(backend if backend is not None else self.backend(), self.nezha_head, self.model)
-        d = self.drafter(drafter) if drafter else None
+        d = self.drafter(drafter, **drafter_kw) if drafter else None
         return Engine(verifier, self.itemset, self.cfg.max_history, d)
 
     # -- persistence -------------------------------------------------------------

@@ -220,7 +220,8 @@ def _eval_policies(a: argparse.Namespace, bundle, split, ex, exclude=None) -> in
     if "beam" not in names:
         names = ["beam", *names]
     params = _policy_params(a.set)
-    engine = bundle.engine(drafter=a.drafter, backend=_backend(bundle, a))
+    shares = {"text_share": a.text_share, "unseen_share": a.unseen_share} if a.drafter == "retrieval" else {}
+    engine = bundle.engine(drafter=a.drafter, backend=_backend(bundle, a), **shares)
     policies = {n: make_policy(n, engine, **params.get(n, {})) for n in names}
     engine.verifier.backend.warmup(engine.itemset.trie, (a.k,))  # no graph is made while timing
     if a.compare_eager:
@@ -429,6 +430,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "e.g. beam,specgr,nezha,strict,relaxed,sample (beam is always included as the reference)")
     g.add_argument("--k", type=int, default=10, help="list length K")
     g.add_argument("--drafter", choices=["retrieval", "self"], default="retrieval", help="drafter for specgr")
+    g.add_argument("--text-share", type=float, default=None,
+                   help="the retrieval drafter's share of drafts by text similarity among all items (default: the "
+                   "bundle's drafters.text_share, else 0)")
+    g.add_argument("--unseen-share", type=float, default=None,
+                   help="its share of drafts by text similarity among the unseen items (no training interactions; "
+                   "default: the bundle's drafters.unseen_share, else 0)")
     g.add_argument("--compare-eager", action="store_true",
                    help="also run beam search on the eager (reference) backend: speedup_vs_eager of the default beam")
     g.add_argument("--set", action="append", metavar="POLICY.FIELD=VALUE",

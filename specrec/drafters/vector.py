@@ -107,6 +107,10 @@ class VectorDrafter:
             inactive = len(itemset.active) - int(itemset.active.sum())
             want = max(requests[i].n + len(requests[i].exclude) for i in free) + inactive
             want = min(want, len(vectors))
+            if max(requests[i].n for i in free) <= 0:  # nothing asked (a drafter whose other shares take all)
+                for i in free:
+                    out[i] = Draft(np.zeros(0, np.int64), np.zeros(0, np.float32))
+                return cast("list[Draft]", out)
             scores, rows = self.index.search(np.ascontiguousarray(users[free]), want)
             for j, i in enumerate(free):
                 ok = (rows[j] >= 0) & (rows[j] < len(itemset.active))  # rows past the snapshot's: not in it
