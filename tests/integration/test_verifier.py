@@ -5,6 +5,7 @@ field-naming errors."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import grpc
@@ -175,10 +176,23 @@ async def test_concurrent_requests_are_batched(vstack, vbundle_dir):
     b = Bundle.load(vbundle_dir)
     be = b.backend("eager")
     stub = vstack.verifier
+    hs = [hist_tensor(b, [[i, i + 1]]) for i in range(24)]
+    # the compute threads are held busy while the 24 calls arrive (on a loaded machine they could otherwise
+    # trickle in one by one, each computed alone), so they wait in the batcher's queue together
+    svc = vstack.runners["verifier"].service
+    gate = threading.Event()
+    held = [svc.executor.submit(gate.wait, 30.0) for _ in range(svc.s.compute_threads)]
     before_sum = metric("specrec_verifier_batch_size_sum", batcher="verifier")
     before_n = metric("specrec_verifier_batch_size_count", batcher="verifier")
-    hs = [hist_tensor(b, [[i, i + 1]]) for i in range(24)]
-    outs = await asyncio.gather(*(stub.Encode(verifier_pb2.EncodeRequest(history_sids=to_msg(h))) for h in hs))
+    calls = asyncio.ensure_future(
+        asyncio.gather(*(stub.Encode(verifier_pb2.EncodeRequest(history_sids=to_msg(h))) for h in hs))
+    )
+    t0 = time.monotonic()
+    while svc.batcher.depth < 24 and time.monotonic() - t0 < 10.0:
+        await asyncio.sleep(0.01)
+    gate.set()
+    outs = await calls
+    assert all(h.result() for h in held)
     assert len({o.session for o in outs}) == 24
     jobs = metric("specrec_verifier_batch_size_sum", batcher="verifier") - before_sum
     batches = metric("specrec_verifier_batch_size_count", batcher="verifier") - before_n
