@@ -26,6 +26,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -89,37 +91,52 @@ def write_users(users, path: Path) -> Path:
 def run_load(target: str, users_file: Path, rate: float, seconds: float, budget_ms: float, seed: int,
              out: Path, profile: dict[str, int] | None = None, profile_dir: Path | None = None) -> list[dict]:
     """``bench/loadgen.py`` in its own process; its records. With ``profile`` (name -> pid), py-spy samples
-    those processes and the load generator for the whole run into ``profile_dir`` (see :func:`top_frames`)."""
+    those processes and the load generator for the whole run into ``profile_dir`` (see :func:`top_frames`;
+    each sampler's messages in ``<name>.err``)."""
     cmd = [sys.executable, str(ROOT / "bench" / "loadgen.py"), "--target", target, "--users", str(users_file),
            "--rate", f"{rate:.3f}", "--duration", f"{seconds:.1f}", "--budget-ms", str(budget_ms),
            "--seed", str(seed), "--out", str(out)]
     gen = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    spies = []
-    if profile and profile_dir is not None:
-        profile_dir.mkdir(parents=True, exist_ok=True)
-        for name, pid in {**profile, "loadgen": gen.pid}.items():
-            spies.append(subprocess.Popen(
-                [py_spy(), "record", "--pid", str(pid), "--rate", "250", "--duration", f"{seconds:.0f}",
-                 "--format", "raw", "--nonblocking", "--threads", "--idle", "-o", str(profile_dir / f"{name}.txt")],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-    if gen.wait() != 0:
-        raise subprocess.CalledProcessError(gen.returncode, cmd)
-    for sp in spies:
-        sp.wait(timeout=60)
+    spies: list[tuple[str, subprocess.Popen]] = []
+    try:
+        if profile and profile_dir is not None:
+            profile_dir.mkdir(parents=True, exist_ok=True)
+            for name, pid in {**profile, "loadgen": gen.pid}.items():
+                with open(profile_dir / f"{name}.err", "w") as err:
+                    spies.append((name, subprocess.Popen(
+                        [py_spy(), "record", "--pid", str(pid), "--rate", "250", "--format", "raw", "--nonblocking",
+                         "--threads", "-o", str(profile_dir / f"{name}.txt")],
+                        stdout=subprocess.DEVNULL, stderr=err)))
+        if gen.wait() != 0:
+            raise subprocess.CalledProcessError(gen.returncode, cmd)
+    finally:
+        if gen.poll() is None:
+            gen.terminate()
+            gen.wait(timeout=10)
+        for name, sp in spies:  # py-spy writes its file when interrupted
+            if sp.poll() is None:
+                sp.send_signal(signal.SIGINT)
+            try:
+                sp.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                sp.kill()
+            if sp.returncode not in (0, -signal.SIGINT) or not (profile_dir / f"{name}.txt").exists():
+                say(f"py-spy of {name} gave nothing (exit {sp.returncode}): see {profile_dir / f'{name}.err'}")
     return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
 
 
 def py_spy() -> str:
     exe = Path(sys.executable).with_name("py-spy")
-    if not exe.exists():
+    found = str(exe) if exe.exists() else shutil.which("py-spy")
+    if not found:
         raise SystemExit("--profile needs py-spy (pip install py-spy)")
-    return str(exe)
+    return found
 
 
-def top_frames(path: Path, n: int = 15) -> dict:
-    """A py-spy raw profile (collapsed stacks: ``thread;frame;frame... count``) -> where its samples are:
-    the share per thread and, over all threads, the innermost frames with the most samples ("idle"
-    samples of threads waiting included, so the event loop's wait shows)."""
+def top_frames(path: Path, seconds: float, rate: float = 250.0, n: int = 15) -> dict:
+    """A py-spy raw profile (collapsed stacks: ``thread;frame;frame... count``, active samples only) -> how busy
+    each thread was (its samples over ``rate`` x ``seconds``: 1.0 = running the whole time) and, over all
+    threads, the innermost frames with the most samples."""
     by_thread: dict[str, int] = {}
     leaf: dict[str, int] = {}
     total = 0
@@ -134,7 +151,7 @@ def top_frames(path: Path, n: int = 15) -> dict:
         leaf[frames[-1]] = leaf.get(frames[-1], 0) + c
     top = sorted(leaf.items(), key=lambda kv: -kv[1])[:n]
     return {"samples": total,
-            "threads": {t: round(c / max(total, 1), 4) for t, c in sorted(by_thread.items(), key=lambda kv: -kv[1])},
+            "busy": {t: round(c / (rate * seconds), 4) for t, c in sorted(by_thread.items(), key=lambda kv: -kv[1])},
             "top": [{"frame": f, "share": round(c / max(total, 1), 4)} for f, c in top]}
 
 
@@ -236,14 +253,17 @@ def parse(argv):
     ap.add_argument("--multiples", default="1,2,3", help="offered load as multiples of the measured capacity")
     ap.add_argument("--duration", type=float, default=20.0, help="measured seconds per multiple")
     ap.add_argument("--warmup", type=float, default=3.0, help="seconds per multiple sent first and not measured")
-    ap.add_argument("--profile", action="store_true", help="py-spy the gateway, the verifier and the load generator "
-                    "during the last multiple (needs py-spy); where their samples are goes into overload.json")
+    ap.add_argument("--profile", action="store_true", help="then one more run at the last multiple with py-spy on the "
+                    "gateway, the verifier and the load generator (needs py-spy); where their samples are goes into "
+                    "overload.json (not the table: samplers beside it stretch the tail)")
     add_load_args(ap)
     return ap.parse_args(argv)
 
 
 def main(argv=None) -> int:
     a = parse(argv)
+    if a.profile:
+        py_spy()  # before anything starts
     command = command_line("bench/overload.py", argv)
     from specrec.bundle import Bundle
 
@@ -262,13 +282,8 @@ def main(argv=None) -> int:
         say(f"capacity: {cap:.1f} beam answers/s ({a.clients} closed-loop callers, budget {CAPACITY_BUDGET_MS:g} ms)")
         multiples = [float(x) for x in a.multiples.split(",") if x.strip()]
         for m in multiples:
-            spy = ({n: procs.procs[n].pid for n in ("gateway", "verifier")} if a.profile and m == multiples[-1]
-                   else None)
             recs = run_load(target, users_file, m * cap, a.warmup + a.duration, a.budget_ms, a.seed + int(10 * m),
-                            tmp / f"load_{m:g}x.jsonl", spy, tmp / "profile")
-            if spy:
-                profiles = {n: top_frames(tmp / "profile" / f"{n}.txt") for n in [*spy, "loadgen"]
-                            if (tmp / "profile" / f"{n}.txt").exists()}
+                            tmp / f"load_{m:g}x.jsonl")
             t0 = min(r["t"] for r in recs)
             row = {"multiple": m, **summarise(recs, t0 + a.warmup, t0 + a.warmup + a.duration)}
             rows.append(row)
@@ -276,6 +291,14 @@ def main(argv=None) -> int:
                 f"{row['server_p99_ms']:.1f} ms, shed {row['shed_share']:.1%}, model answers {row['model_share']:.1%}, "
                 f"errors {row['error_share']:.1%}")
             time.sleep(2.0)
+        if a.profile:  # one more run at the last multiple, with the samplers: its figures are not the table's
+            spy = {n: procs.procs[n].pid for n in ("gateway", "verifier")}
+            m = multiples[-1]
+            run_load(target, users_file, m * cap, a.warmup + a.duration, a.budget_ms, a.seed + int(10 * m) + 1,
+                     tmp / "load_profiled.jsonl", spy, tmp / "profile")
+            profiles = {n: top_frames(tmp / "profile" / f"{n}.txt", a.warmup + a.duration) for n in [*spy, "loadgen"]
+                        if (tmp / "profile" / f"{n}.txt").exists()}
+            profiles["multiple"] = m
     except KeyboardInterrupt:
         say("interrupted: stopping the stack; nothing written")
         return 130

@@ -155,6 +155,9 @@ def main(argv=None) -> int:
     minutes = per_minute(recs, t_load, a.minutes)
     # a minute's median at each end, not one sample: RSS swings by several percent between samples as the
     # allocator takes and returns memory, which one sample at each end would read as growth or shrinkage
+    if a.minutes < 3:
+        say(f"--minutes {a.minutes:g}: the start (second minute) and end (last minute) windows of RSS overlap, "
+            "so its growth says little; 3 or more for a figure")
     t_end = max((s["t"] for s in sampler.samples), default=t_load)
     start = [s for s in sampler.samples if t_load + 60.0 <= s["t"] < t_load + 120.0] or sampler.samples[:1]
     end = [s for s in sampler.samples if s["t"] > t_end - 60.0] or sampler.samples[-1:]

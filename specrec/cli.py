@@ -234,6 +234,7 @@ def _eval_policies(a: argparse.Namespace, bundle, split, ex, exclude=None) -> in
     backend = engine.verifier.backend.describe()
     out = {"k": k, "n": len(ex), "protocol": split.protocol, "drafter": a.drafter, "threads": a.threads,
            "sample": a.sample, "seed": a.seed, "backend": backend, "exclude_history": exclude is not None,
+           "drafter_shares": {k_: getattr(engine.drafter, k_, None) for k_ in ("text_share", "unseen_share")},
            "params": {n: p.config.model_dump() for n, p in policies.items()},
            "policies": {n: r.as_dict() for n, r in table.items()}}
     cols = ["policy", *[f"recall@{x}" for x in ks], *[f"ndcg@{x}" for x in ks]]
@@ -249,6 +250,8 @@ def _eval_policies(a: argparse.Namespace, bundle, split, ex, exclude=None) -> in
         Console().print(Markdown(markdown_table(rows, cols)))
     if a.save:
         tag = "_excl" if exclude is not None else ""  # never mixed with the TIGER-protocol figures
+        # drafter shares other than the bundle's are an experiment: files and keys of their own
+        tag += "".join(f"_{n}{v:g}" for n, v in (("text", a.text_share), ("unseen", a.unseen_share)) if v is not None)
         name = f"{ds_name}_{split.protocol}_policies_k{k}{tag}"
         results = Path(a.results_dir)
         write_json(name, out, results)

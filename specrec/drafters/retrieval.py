@@ -78,27 +78,35 @@ class RetrievalDrafter(VectorDrafter):
     def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         if not (self.text_share or self.unseen_share) or not requests:
             return super().draft(requests)
+        itemset = self.itemset
         n_text = [int(round(r.n * self.text_share)) for r in requests]
         n_new = [min(int(round(r.n * self.unseen_share)), r.n - m) for r, m in zip(requests, n_text)]
-        model_part = super().draft([DraftRequest(r.history, r.n - m - u, r.prefixes, r.exclude)
-                                    for r, m, u in zip(requests, n_text, n_new)])
+        # the model's whole list: its best n - n_text - n_new lead; the rest fills what the text and unseen parts
+        # cannot (no unseen items yet, few under the prefixes asked for, a large exclude set)
+        full = super().draft(requests)
         queries = self._text_queries([r.history for r in requests])
-        itemset = self.itemset
         unseen = self._unseen_rows(itemset) if self.unseen_share else None
         out = []
         for i, r in enumerate(requests):
+            n_model = r.n - n_text[i] - n_new[i]
+            lead = full[i].items[:n_model]
             # the query's own items are its nearest neighbours by text: not proposals
             query_items = np.asarray(r.history, dtype=np.int64)[-self.text_window:].tolist()
-            taken = frozenset(r.exclude) | frozenset(model_part[i].items.tolist()) | frozenset(query_items)
-            parts = [model_part[i]]
+            taken = frozenset(r.exclude) | frozenset(lead.tolist()) | frozenset(query_items)
+            extra: list[Draft] = []
             if n_text[i]:
-                parts.append(self._text_part(r, queries[i], n_text[i], taken))
-                taken = taken | frozenset(parts[-1].items.tolist())
+                extra.append(self._text_part(r, queries[i], n_text[i], taken))
+                taken = taken | frozenset(extra[-1].items.tolist())
             if n_new[i] and unseen is not None and len(unseen):
                 rows = unseen
                 if r.prefixes is not None:
                     rows = np.intersect1d(rows, itemset.items_with_prefixes(r.prefixes), assume_unique=True)
-                parts.append(topn_excluding(self._text_unit[rows] @ queries[i], rows, n_new[i], taken))
+                extra.append(topn_excluding(self._text_unit[rows] @ queries[i], rows, n_new[i], taken))
+            used = frozenset(x for p in extra for x in p.items.tolist())
+            short = r.n - n_model - sum(len(p.items) for p in extra)
+            rest = [j for j in range(n_model, len(full[i].items)) if int(full[i].items[j]) not in used][:max(short, 0)]
+            keep = np.concatenate([np.arange(min(n_model, len(full[i].items))), np.asarray(rest, dtype=np.int64)])
+            parts = [Draft(full[i].items[keep], full[i].scores[keep]), *extra]
             # the model's drafts first, then the text neighbours, then the unseen ones: cosine - 2 (- 4) keeps
             # them below every model score (unit vectors: model scores are in [-1, 1]), each in its own order
             items = np.concatenate([p.items for p in parts])

@@ -181,16 +181,28 @@ async def test_concurrent_requests_are_batched(vstack, vbundle_dir):
     # trickle in one by one, each computed alone), so they wait in the batcher's queue together
     svc = vstack.runners["verifier"].service
     gate = threading.Event()
+    arrived = 0
+    submit = svc.batcher.submit
+
+    async def counted(job, deadline):
+        nonlocal arrived
+        arrived += 1
+        return await submit(job, deadline)
+
     held = [svc.executor.submit(gate.wait, 30.0) for _ in range(svc.s.compute_threads)]
+    svc.batcher.submit = counted
     before_sum = metric("specrec_verifier_batch_size_sum", batcher="verifier")
     before_n = metric("specrec_verifier_batch_size_count", batcher="verifier")
-    calls = asyncio.ensure_future(
-        asyncio.gather(*(stub.Encode(verifier_pb2.EncodeRequest(history_sids=to_msg(h))) for h in hs))
-    )
-    t0 = time.monotonic()
-    while svc.batcher.depth < 24 and time.monotonic() - t0 < 10.0:
-        await asyncio.sleep(0.01)
-    gate.set()
+    try:
+        calls = asyncio.ensure_future(
+            asyncio.gather(*(stub.Encode(verifier_pb2.EncodeRequest(history_sids=to_msg(h))) for h in hs))
+        )
+        t0 = time.monotonic()
+        while arrived < 24 and time.monotonic() - t0 < 10.0:
+            await asyncio.sleep(0.01)
+    finally:
+        gate.set()  # the later tests need the verifier's threads back, whatever happened here
+        svc.batcher.submit = submit
     outs = await calls
     assert all(h.result() for h in held)
     assert len({o.session for o in outs}) == 24

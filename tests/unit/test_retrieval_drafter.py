@@ -68,3 +68,19 @@ def test_new_rows_join_the_unseen_pool(drafter_parts):
     assert got.items[0] == N  # the new item first: nearest by text among the unseen
     with pytest.raises(ValueError, match="at most 1 together"):
         RetrievalDrafter(model, emb, itemset, text_share=0.6, unseen_share=0.6)
+
+
+def test_the_model_fills_what_the_unseen_pool_cannot(drafter_parts):
+    """No unseen item in the catalogue (a fresh deployment of the bundle's own), or fewer under the prefixes
+    than the share: the drafts still number n, the model's next best filling in."""
+    model, emb, itemset = drafter_parts
+    all_seen = LocalItemSet(itemset.sids, np.ones(N, bool), itemset.level_sizes)
+    history = np.array([3, 7, 11])
+    [got] = RetrievalDrafter(model, emb, all_seen, unseen_share=0.4).draft([DraftRequest(history, 10)])
+    [plain] = RetrievalDrafter(model, emb, all_seen).draft([DraftRequest(history, 10)])
+    assert got.items.tolist() == plain.items.tolist()
+    prefix = itemset.sids[N - 2, :1]
+    [got] = RetrievalDrafter(model, emb, itemset, unseen_share=0.9).draft(
+        [DraftRequest(history, 8, prefixes=prefix[None])])
+    under = [r for r in range(N) if itemset.sids[r, 0] == prefix[0]]
+    assert len(got.items) == min(8, len(under)) and len(set(got.items.tolist())) == len(got.items)
