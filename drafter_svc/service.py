@@ -73,11 +73,13 @@ class DrafterService(Service):
         if "retrieval" in self.drafters:  # it embeds the texts of new items
             await asyncio.to_thread(self.embedder.load)
         self.catalogue.listeners.append(self._on_version)
-        # warm up every mode
+        # warm up every mode, on the draft thread (a version followed meanwhile runs there too, never beside it)
+        loop = asyncio.get_running_loop()
         for d in self.drafters.values():
             rows = np.nonzero(snap.itemset.active)[0][:5]
-            await asyncio.to_thread(
-                d.draft, [CoreDraftRequest(rows, 10), CoreDraftRequest(rows, 5, snap.itemset.sids[rows[:2], :1])]
+            await loop.run_in_executor(
+                self.executor, d.draft,
+                [CoreDraftRequest(rows, 10), CoreDraftRequest(rows, 5, snap.itemset.sids[rows[:2], :1])],
             )
         if self.s.default_mode not in self.drafters:
             raise ValueError(f"default mode {self.s.default_mode!r} is not available (have {sorted(self.drafters)})")
