@@ -6,7 +6,7 @@ curve never chooses). This reads the run's ``train_log.jsonl`` (or a bundle's ``
 where the run's curve is kept as ``training.curve``) and plots both curves, with the learning rate,
 so anyone can see where more compute would take the model.
 
-    python bench/learning_curve.py --run runs/beauty-loo-r2 --out bench/results/beauty_loo_learning_curve
+    python bench/learning_curve.py --run runs/beauty-loo-r3 --out bench/results/beauty_loo_learning_curve
     python bench/learning_curve.py --bundle bundles/beauty-loo --out bench/results/beauty_loo_learning_curve
 """
 
@@ -59,7 +59,8 @@ def plot(rows: list[dict], out: Path, title: str) -> dict:
     last = pts[-1] if pts else {}
     summary = {"epochs": rows[-1]["epoch"] if rows else 0, "minutes": last.get("minutes"),
                "valid.recall@10": last.get("valid.recall@10"), "test.recall@10": last.get("test.recall@10"),
-               "points": [{k: r.get(k) for k in ("epoch", "minutes", "lr", "valid.recall@10", "test.recall@10")}
+               "points": [{k: r.get(k) for k in ("epoch", "minutes", "lr", "valid.recall@10", "valid_ema.recall@10",
+                                                  "test.recall@10", "best")}
                           for r in pts]}
     out.with_suffix(".json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

@@ -102,7 +102,8 @@ class Mirror:
         know the writes from ``since`` (too old, another lineage, or written by another replica)."""
         if not since or not self.exact:
             return None
-        steps, v = [], self.version
+        steps: list[tuple[str, list[Record], list[Record]]] = []
+        v = self.version
         while v != since:
             step = self.changes.get(v)
             if step is None or len(steps) > len(self.changes):  # not logged, or (never) a cycle

@@ -146,7 +146,7 @@ class CatalogueWatcher:
 
     def __init__(self, channel: grpc.aio.Channel, poll_s: float = 0.5, keep: int = 3, timeout_s: float = 30.0,
                  expect_bundle: str = "", min_reload_s: float = 0.0,
-                 prepare: Callable[[Snapshot], None] | None = None):
+                 prepare: Callable[[Snapshot], object] | None = None):
         self.stub = itemset_pb2_grpc.ItemSetStub(channel)
         # run on every fetched version off the event loop, before it is installed: what the service would
         # otherwise build on a request's path the first time it sees the version (the verifier's search tables)
