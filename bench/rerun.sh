@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Re-run the benchmarks behind bench/results/summary.json on one bundle, one after another, with the
+# machine to themselves (no training, no tests beside them: most of them time things).
+#
+#   bash bench/rerun.sh                      # every step, on bundles/beauty-loo
+#   bash bench/rerun.sh quality policies     # only these steps
+#   BUNDLE=runs/x bash bench/rerun.sh policies
+#
+# Steps: quality (GR + SASRec, TIGER protocol and --exclude-history, all test users), policies (K=10/50,
+# 500 random test users, the cost model), drafters, backends, profile (policies and graphs), serving,
+# overload, soak, chaos, scaleout. Each step's output goes to $LOG/<step>.log; a line per step with its
+# wall time is appended to $LOG/steps.tsv. The commands are the ones bench/results/README.md documents.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUNDLE=${BUNDLE:-bundles/beauty-loo}
+LOG=${LOG:-runs/rerun}
+mkdir -p "$LOG"
+. .venv/bin/activate
+
+quality() {
+  specrec eval --bundle "$BUNDLE" --batch-size 64 --save
+  specrec eval --bundle "$BUNDLE" --ranker sasrec --batch-size 256 --save
+  specrec eval --bundle "$BUNDLE" --ranker sasrec --batch-size 256 --exclude-history --save
+  specrec eval --bundle "$BUNDLE" --batch-size 64 --exclude-history --save
+}
+policies() {
+  for k in 10 50; do
+    specrec eval --bundle "$BUNDLE" --policies beam,strict,nezha,specgr,drafter --k "$k" --sample 500 --seed 11 \
+      --compare-eager --save
+  done
+  python bench/cost_model.py
+}
+drafters() { python bench/drafters.py --bundle "$BUNDLE" --users 1000 --timing-users 200 --seed 11; }
+backends() { python bench/backends.py --bundle "$BUNDLE" --n 200; }
+profile() {
+  python bench/profile_policies.py --bundle "$BUNDLE" --n 150
+  python bench/profile_graphs.py --bundle "$BUNDLE" --k 10
+}
+serving() {
+  python bench/serving.py --bundle "$BUNDLE" --policies auto,beam,strict,nezha,specgr --open-policies auto \
+    --rates 20,40 --duration 8 --requests 300 --overhead-requests 100
+}
+overload() { python bench/overload.py --bundle "$BUNDLE" --multiples 1,2,3 --duration 20; }
+soak() { python bench/soak.py --bundle "$BUNDLE" --minutes 10; }
+chaos() { python bench/chaos.py --bundle "$BUNDLE" --rate 10 --budget-ms 100; }
+scaleout() { python bench/scaleout.py --bundle "$BUNDLE" --rates 10,20,30,40 --duration 10; }
+
+ALL=(quality policies drafters backends profile serving overload soak chaos scaleout)
+STEPS=("$@")
+[ ${#STEPS[@]} -eq 0 ] && STEPS=("${ALL[@]}")
+for step in "${STEPS[@]}"; do
+  declare -F "$step" >/dev/null || { echo "unknown step: $step (one of: ${ALL[*]})" >&2; exit 2; }
+done
+for step in "${STEPS[@]}"; do
+  echo "== $step ($(date -u +%H:%M:%S))"
+  t0=$(date +%s)
+  rc=0
+  "$step" >"$LOG/$step.log" 2>&1 || rc=$?
+  printf '%s\t%s\t%ss\trc=%s\n' "$(date -u +%FT%TZ)" "$step" "$(( $(date +%s) - t0 ))" "$rc" | tee -a "$LOG/steps.tsv"
+  [ "$rc" -eq 0 ] || echo "   failed: see $LOG/$step.log" >&2
+done
