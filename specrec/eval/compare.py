@@ -117,11 +117,12 @@ def summary_keys(table: dict, dataset: str, protocol: str, k: int, tag: str = ""
                 keys[f"{pre}.item_acceptance"] = x.get("item_acceptance")
             if n == "drafter":  # the degraded-mode answer: its recall at this K, under one name per K
                 keys[f"{dataset}.{protocol}.drafter.recall@{k}"] = r.overall.get(f"recall@{k}")
-        if protocol == "temporal":
-            for g in ("unseen", "overall"):
-                m = r.groups.get(g, r.overall if g == "overall" else {})
-                if "recall@50" in m:
-                    keys[f"{pre}.{'unseen_' if g == 'unseen' else ''}recall@50"] = m["recall@50"]
+        if protocol == "temporal":  # the figures name their K: no .k<K> infix (SpecGR's protocol reports @50)
+            for g in ("overall", "unseen", "in_sample"):
+                m = r.overall if g == "overall" else r.groups.get(g, {})
+                for metric in (f"recall@{k}", f"ndcg@{k}"):
+                    if metric in m:
+                        keys[f"{dataset}.{protocol}.{n}{tag}.{'' if g == 'overall' else g + '_'}{metric}"] = m[metric]
     return keys
 
 

@@ -131,6 +131,45 @@ def test_the_queue_wait_follows_completions_when_requests_run_at_once():
     assert q.per_request(Resource.VERIFIER) == pytest.approx(0.005)
 
 
+def test_the_queue_wait_carries_the_spread_of_uneven_completions():
+    """Completions 2 ms and 8 ms apart in turn: mean 5 ms, yet a request behind four others waits longer
+    than 4 x 5 ms about as often as not; the wait adds spread deviations times sqrt(ahead)."""
+    costs = CostModel(resource_alpha=1.0)
+    t = [0.0]
+    q = QueueModel(costs, 0.006, Cooldown(1.0), alpha=0.5, clock=lambda: t[0], spread=2.0)
+    for _ in range(5):
+        q.take(Resource.DRAFTER)
+    for gap in [0.002, 0.008] * 20:
+        t[0] += gap
+        q.done(Resource.DRAFTER)
+        q.take(Resource.DRAFTER)
+    mean, dev = q._interval[Resource.DRAFTER], q._dev[Resource.DRAFTER]
+    assert 0.003 < mean < 0.007 and dev > 0.002  # uneven: the deviation is of the gaps' size
+    assert q.wait("drafter") == pytest.approx(4 * mean + 2.0 * 2.0 * dev)  # four ahead: sqrt(4) = 2
+    even = QueueModel(costs, 0.006, Cooldown(1.0), alpha=0.5, clock=lambda: t[0], spread=2.0)
+    for _ in range(5):
+        even.take(Resource.DRAFTER)
+    for _ in range(40):
+        t[0] += 0.005
+        even.done(Resource.DRAFTER)
+        even.take(Resource.DRAFTER)
+    assert even.wait("drafter") == pytest.approx(4 * 0.005)  # even completions: no spread to add
+
+
+def test_the_reserve_holds_the_drafters_queue():
+    costs = CostModel(resource_alpha=1.0)
+    t = [0.0]
+    q = QueueModel(costs, reserve_s=0.006, drafter=Cooldown(1.0), alpha=1.0, clock=lambda: t[0])
+    assert q.reserve(0.030) == pytest.approx(0.006)
+    q.take(Resource.DRAFTER)
+    t[0] += 0.003
+    q.done(Resource.DRAFTER)  # the drafter completes one every 3 ms while busy
+    for _ in range(2):
+        q.take(Resource.DRAFTER)  # two queued there now: a fallback would wait for both
+    assert q.reserve(0.030) == pytest.approx(0.006 + 2 * 0.003)
+    assert q.reserve(0.010) == pytest.approx(0.008)  # still at most 80% of what is left
+
+
 def test_the_reserve_for_the_drafters_answer():
     costs = CostModel(resource_alpha=1.0)
     down = Cooldown(1.0)

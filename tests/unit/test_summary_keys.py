@@ -1,0 +1,36 @@
+"""The summary keys a policy comparison writes: the names the benchmarks README and the issues cite."""
+
+from specrec.eval.compare import summary_keys
+from specrec.eval.evaluate import EvalResult
+
+
+def _res(name: str, overall: dict, groups: dict | None = None, **extra) -> EvalResult:
+    r = EvalResult(name=name, n=100, overall=overall, groups=groups or {}, latency={"p50_ms": 1.0, "p99_ms": 2.0})
+    r.extra.update(extra)
+    return r
+
+
+def test_temporal_keys_name_their_k_and_every_group():
+    groups = {"unseen": {"recall@50": 0.03, "ndcg@50": 0.01}, "in_sample": {"recall@50": 0.2, "ndcg@50": 0.07}}
+    table = {"beam": _res("beam", {"recall@50": 0.18, "ndcg@50": 0.06}, groups),
+             "specgr": _res("specgr", {"recall@50": 0.19, "ndcg@50": 0.065}, groups, speedup_vs_beam=0.9)}
+    keys = summary_keys(table, "beauty", "temporal", 50)
+    assert keys["beauty.temporal.specgr.unseen_recall@50"] == 0.03
+    assert keys["beauty.temporal.specgr.recall@50"] == 0.19
+    assert keys["beauty.temporal.beam.recall@50"] == 0.18
+    assert keys["beauty.temporal.beam.in_sample_ndcg@50"] == 0.07
+    assert not any(".k50." in k for k in keys)
+    # a run with a drafter share of its own keeps apart from the bundle's figures
+    tagged = summary_keys(table, "beauty", "temporal", 50, ".unseen0.2")
+    assert "beauty.temporal.specgr.unseen0.2.unseen_recall@50" in tagged
+    assert "beauty.temporal.specgr.unseen_recall@50" not in tagged
+
+
+def test_loo_keys_keep_the_k_infix_beyond_ten():
+    table = {"beam": _res("beam", {"recall@50": 0.18, "ndcg@50": 0.06}, speedup_vs_eager=1.6),
+             "nezha": _res("nezha", {"recall@50": 0.17, "ndcg@50": 0.05}, speedup_vs_beam=2.1,
+                           recall_ratio_vs_beam=0.94)}
+    keys = summary_keys(table, "beauty", "loo", 50)
+    assert keys["beauty.loo.nezha.k50.speedup_vs_beam"] == 2.1
+    assert keys["beauty.loo.beam.k50.speedup_vs_eager"] == 1.6
+    assert "beauty.loo.beam.k50.recall@50" not in keys  # beam's quality keys come from `specrec eval`
