@@ -218,8 +218,18 @@ class Candidates:
     def __contains__(self, item: int) -> bool:
         return item in self.score
 
-    def top(self, k: int) -> tuple[list[int], list[float], list[str]]:
-        items = sorted(self.score, key=lambda i: (-self.score[i], i))[:k]
+    def top(self, k: int, reserved: int = 0, eligible=None) -> tuple[list[int], list[float], list[str]]:
+        """The best ``k`` by score; with ``reserved``, at least that many of them (where there are) from the
+        items ``eligible`` (a vectorised predicate over item ids) accepts, the best of those, in score order."""
+        ranked = sorted(self.score, key=lambda i: (-self.score[i], i))
+        items = ranked[:k]
+        if reserved and eligible is not None and ranked:
+            ok = np.asarray(eligible(np.asarray(ranked, dtype=np.int64)), dtype=bool)
+            kept = {it for it, e in zip(ranked, ok.tolist()) if e}
+            want = [it for it in ranked if it in kept][:min(reserved, k)]
+            if want:
+                chosen = set(want) | set([it for it in ranked if it not in kept][:k - len(want)])
+                items = [it for it in ranked if it in chosen]
         return items, [self.score[i] for i in items], [self.source[i] for i in items]
 
 

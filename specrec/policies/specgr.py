@@ -59,6 +59,12 @@ class SpecGRConfig(PolicyConfig):
         None, ge=1, le=16, description="draft rounds at most (default: L, one per beam level)"
     )
     adaptive: bool = Field(True, description="skip drafting in a round where the online estimate says it does not pay")
+    unseen_share: float | None = Field(
+        None, ge=0.0, le=1.0, description="share of the K places kept for the best-scored unseen candidates "
+        "(items with no training interactions) that were drafted and verified: their V over L-1 levels is below "
+        "the seen items' (the model never saw their codes), so by V alone none reaches the list (default: the "
+        "engine drafter's unseen_share where it has one, i.e. in-process from the bundle's drafters.unseen_share; "
+        "else 0)")
     first_drafter: Literal["auto", "distilled", "engine", "both"] = Field(
         "auto", description="who drafts round 0: the distilled drafter on the verifier (its beams of delta SIDs, "
         "drafted and verified in one call: the target's own near-frontier), the engine's drafter (text-aware: it "
@@ -306,7 +312,11 @@ class SpecGRPolicy(Policy):
             unseen = eng.itemset.is_unseen(complete_items)
             v = length_normalised(tl, unseen) if self.config.unseen_rule else tl.mean(-1)
             pool.add(complete_items, v.numpy(), "beam")
-        items, scores, sources = pool.top(req.k)
+        share = self.config.unseen_share
+        if share is None:
+            share = float(getattr(eng.drafter, "unseen_share", 0.0) or 0.0)
+        n = req.k + len(batch.exclude)  # _result drops the excluded before the cut
+        items, scores, sources = pool.top(n, int(round(share * req.k)), eng.itemset.is_unseen)
         return self._result(req.k, items, scores, sources, st, None if complete else beams, row, exclude=batch.exclude)
 
 

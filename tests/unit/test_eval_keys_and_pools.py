@@ -34,3 +34,18 @@ def test_loo_keys_keep_the_k_infix_beyond_ten():
     assert keys["beauty.loo.nezha.k50.speedup_vs_beam"] == 2.1
     assert keys["beauty.loo.beam.k50.speedup_vs_eager"] == 1.6
     assert "beauty.loo.beam.k50.recall@50" not in keys  # beam's quality keys come from `specrec eval`
+
+
+def test_a_pool_keeps_places_for_the_best_unseen_candidates():
+    import numpy as np
+
+    from specrec.policies.base import Candidates
+
+    pool = Candidates()
+    pool.add([1, 2, 3, 4, 5, 6], [-1.0, -1.5, -2.0, -2.5, -6.0, -7.0], "beam")  # 5 and 6: unseen, scored low
+    unseen = lambda items: np.isin(items, [5, 6])  # noqa: E731
+    assert pool.top(4)[0] == [1, 2, 3, 4]  # by score alone no unseen item makes the list
+    items, scores, _ = pool.top(4, reserved=1, eligible=unseen)
+    assert items == [1, 2, 3, 5] and scores == sorted(scores, reverse=True)  # the best unseen one, in score order
+    assert pool.top(4, reserved=3, eligible=unseen)[0] == [1, 2, 5, 6]  # as many as there are
+    assert pool.top(4, reserved=1, eligible=lambda items: np.zeros(len(items), bool))[0] == [1, 2, 3, 4]
