@@ -31,9 +31,9 @@ class GatewaySettings(ServiceSettings):
     drafter_mode: str = Field("", description="drafter mode for specgr ('' = the drafter's default)")
     workers: int = Field(16, ge=1, le=1024, description="threads running policy loops")
     reserve_ms: float = Field(6.0, ge=0.0, le=1000.0, description="verifier calls end this long before the deadline "
-                              "(or twice the drafter's running cost when more, plus the wait behind the requests queued at "
-                              "the drafter; at most 80% of the budget), so the drafter can still answer when the "
-                              "verifier does not")
+                              "(or twice the drafter's running cost when more, plus the wait behind the requests "
+                              "queued at the drafter; at most 80% of the budget), so the drafter can still answer "
+                              "when the verifier does not")
     reply_margin_ms: float = Field(5.0, ge=0.0, le=1000.0, description="when the caller's gRPC deadline comes before "
                                    "the budget, the answer is planned to leave this long before that deadline")
     breaker_failures: int = Field(3, ge=1, le=1000, description="verifier failures in a row that open the breaker")
