@@ -80,6 +80,15 @@ class QueueModel:
             got = self._interval.get(resource)
         return self.costs.resource(resource) if got is None else got
 
+    def _behind(self, resource: Resource, n: int) -> float:
+        """Seconds until ``n`` requests at ``resource`` complete: n busy times per completion, plus ``spread``
+        deviations of it times sqrt(n)."""
+        if n <= 0:
+            return 0.0
+        with self._lock:
+            dev = self._dev.get(resource, 0.0)
+        return n * self.per_request(resource) + self.spread * math.sqrt(n) * dev
+
     def wait(self, policy: str = "") -> float:
         """Expected wait (s) before a new request's first call is served: the requests admitted
         ahead of it that use the same service (the drafter for ``drafter``, else the verifier),
@@ -87,11 +96,8 @@ class QueueModel:
         times sqrt(ahead)."""
         resource = resource_of(policy)
         with self._lock:
-            ahead = max(0, self.pending[resource] - 1)
-            dev = self._dev.get(resource, 0.0)
-        if not ahead:
-            return 0.0
-        return ahead * self.per_request(resource) + self.spread * math.sqrt(ahead) * dev
+            ahead = self.pending[resource] - 1
+        return self._behind(resource, ahead)
 
     def reserve(self, left_s: float) -> float:
         """Time kept back from the verifier's calls for the drafter's answer: ``reserve_s``, or twice the
@@ -102,7 +108,5 @@ class QueueModel:
             return 0.0
         with self._lock:
             queued = self.pending[Resource.DRAFTER]
-            dev = self._dev.get(Resource.DRAFTER, 0.0)
-        behind = queued * self.per_request(Resource.DRAFTER) + self.spread * math.sqrt(queued) * dev
-        want = max(self.reserve_s, 2.0 * self.costs.resource(Resource.DRAFTER)) + behind
+        want = max(self.reserve_s, 2.0 * self.costs.resource(Resource.DRAFTER)) + self._behind(Resource.DRAFTER, queued)
         return min(want, 0.8 * max(left_s, 0.0))

@@ -358,7 +358,7 @@ def tune_allocator(environ: dict | None = None) -> dict[str, int]:
     threshold every time a large block is freed, so that later large blocks (a catalogue version's
     tables, a big batch's tensors) come from arenas that are never returned to the system: in a
     10-minute soak with an upsert a second the verifier's RSS rose 24% over its first minute and
-    swung by 600 MB. Two arenas and a fixed 1 MiB mmap threshold (the usual settings for threaded
+    swung between 1.1 and 1.9 GB. Two arenas and a fixed 1 MiB mmap threshold (the usual settings for threaded
     Python servers: blocks above it are mapped and unmapped on their own, and the threshold no
     longer grows) keep RSS at what is live. A ``MALLOC_ARENA_MAX`` / ``MALLOC_MMAP_THRESHOLD_`` /
     ``MALLOC_TRIM_THRESHOLD_`` set in the environment wins (glibc read it at start-up)."""

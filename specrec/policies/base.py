@@ -224,11 +224,11 @@ class Candidates:
         ranked = sorted(self.score, key=lambda i: (-self.score[i], i))
         items = ranked[:k]
         if reserved and eligible is not None and ranked:
-            ok = np.asarray(eligible(np.asarray(ranked, dtype=np.int64)), dtype=bool)
-            kept = {it for it, e in zip(ranked, ok.tolist()) if e}
-            want = [it for it in ranked if it in kept][:min(reserved, k)]
-            if want:
-                chosen = set(want) | set([it for it in ranked if it not in kept][:k - len(want)])
+            ok = np.asarray(eligible(np.asarray(ranked, dtype=np.int64)), dtype=bool).tolist()
+            special = [it for it, e in zip(ranked, ok) if e][:min(reserved, k)]
+            if special:
+                rest = [it for it, e in zip(ranked, ok) if not e][:k - len(special)]
+                chosen = set(special) | set(rest)
                 items = [it for it in ranked if it in chosen]
         return items, [self.score[i] for i in items], [self.source[i] for i in items]
 

@@ -22,6 +22,8 @@ chance of exiting at that round, times the cost of the beam steps an exit
 saves, exceeds the cost of drafting and verifying. The chance and the costs
 are estimated online (one request in 16 drafts in every round and one never
 drafts, to keep the estimates fresh). A request that never drafts is plain beam search, ranked by V.
+Round 0 always drafts while places are kept for unseen items (``unseen_share``): its drafts are the only
+way such items reach the list.
 
 When the beams are complete (``beams_complete``), or the budget cannot fit
 another round (``budget``), the list is filled up to K from rejected
@@ -144,6 +146,11 @@ class SpecGRPolicy(Policy):
             batch.finish(j, self._final(batch, pools, j, complete=complete))
 
     # -- when drafting pays ------------------------------------------------------------
+    def _unseen_share(self) -> float:
+        """The share of the K places kept for unseen candidates (config, else the engine drafter's)."""
+        share = self.config.unseen_share
+        return float(getattr(self.engine.drafter, "unseen_share", 0.0) or 0.0) if share is None else share
+
     def _delta(self, rnd: int, k: int, explore: bool | None) -> int:
         """Items to draft this round (0: skip drafting)."""
         cfg = self.config
@@ -154,8 +161,8 @@ class SpecGRPolicy(Policy):
         if self.engine.drafter is None:
             return 0
         delta = 2 * k
-        if not cfg.adaptive or explore is True:
-            return delta
+        if not cfg.adaptive or explore is True or (rnd == 0 and self._unseen_share() > 0):
+            return delta  # (round 0's drafts are the only way unseen items reach the places kept for them)
         if explore is False:
             return 0
         L = len(self.engine.itemset.level_sizes)
@@ -312,11 +319,7 @@ class SpecGRPolicy(Policy):
             unseen = eng.itemset.is_unseen(complete_items)
             v = length_normalised(tl, unseen) if self.config.unseen_rule else tl.mean(-1)
             pool.add(complete_items, v.numpy(), "beam")
-        share = self.config.unseen_share
-        if share is None:
-            share = float(getattr(eng.drafter, "unseen_share", 0.0) or 0.0)
-        n = req.k + len(batch.exclude)  # _result drops the excluded before the cut
-        items, scores, sources = pool.top(n, int(round(share * req.k)), eng.itemset.is_unseen)
+        items, scores, sources = pool.top(req.k, int(round(self._unseen_share() * req.k)), eng.itemset.is_unseen)
         return self._result(req.k, items, scores, sources, st, None if complete else beams, row, exclude=batch.exclude)
 
 

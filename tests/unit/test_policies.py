@@ -466,3 +466,14 @@ def test_excluded_beam_is_the_beam_of_a_catalogue_without_the_history(name, back
         ref = make_policy("beam", Engine(eng.verifier, sub, eng.max_history)).run([RecRequest(h, 8)])[0]
         assert ref.items.tolist() == got.items.tolist()
         assert np.allclose(ref.scores, got.scores, atol=1e-5)
+
+
+def test_specgr_always_drafts_round_0_when_it_keeps_places_for_unseen_items():
+    """The adaptive rule may judge a round's drafting not worth its cost, but with places kept for unseen items
+    round 0's drafts are the only way such items reach the list: round 0 drafts even when the estimates say
+    skip, and even in the exploration phase that never drafts; later rounds keep the rule."""
+    eng = make_engine(unseen_frac=0.3)
+    pol = make_policy("specgr", eng, unseen_share=0.2)
+    plain = make_policy("specgr", eng)
+    assert pol._delta(0, 10, explore=False) == 20 and plain._delta(0, 10, explore=False) == 0
+    assert pol._delta(1, 10, explore=False) == 0  # only round 0
