@@ -67,6 +67,12 @@ class SidTrie:
         if len(s):
             self.leaf_item[torch.from_numpy(parent)] = torch.from_numpy(order)
         self.n_duplicates = len(s) - n_parents
+        # every full SID as one mixed-radix key, sorted (leaf ids are numbered in this order), so a complete
+        # SID finds its leaf in one searchsorted instead of one per level (None where the keys overflow int64)
+        self.full_keys: torch.Tensor | None = None
+        if float(np.prod(np.asarray(self.level_sizes, dtype=np.float64))) < 2.0**62:
+            self.full_keys = torch.from_numpy(_mixed_radix(s, self.level_sizes)[np.r_[True, new[1:]]] if len(s)
+                                              else np.zeros(0, dtype=np.int64))
         self.dense: list[torch.Tensor | None] = [self._dense(d) for d in range(self.depth)]
         self._child_tables: dict[int, list[torch.Tensor] | None] = {}
 
@@ -150,10 +156,24 @@ class SidTrie:
     def walk(self, sids: torch.Tensor | np.ndarray) -> torch.Tensor:
         """Node id reached by each (possibly partial) SID row; -1 if off-trie."""
         sids = torch.as_tensor(np.asarray(sids), dtype=torch.int64)
+        if sids.shape[1] == self.depth and self.full_keys is not None:
+            return self._leaf_of(sids)
         node = torch.zeros(sids.shape[0], dtype=torch.int64)
         for d in range(sids.shape[1]):
             node = self.advance(d, node, sids[:, d])
         return node
+
+    def _leaf_of(self, sids: torch.Tensor) -> torch.Tensor:
+        """The leaf of each complete SID row [N, L] (-1 if it is not in the set) by one search of the full keys."""
+        keys = self.full_keys
+        assert keys is not None
+        if not len(keys) or not len(sids):
+            return torch.full(sids.shape[:1], -1, dtype=torch.int64)
+        sizes = torch.tensor(self.level_sizes, dtype=torch.int64)
+        valid = ((sids >= 0) & (sids < sizes)).all(1)
+        q = torch.from_numpy(_mixed_radix(sids.clamp(min=0).numpy(), self.level_sizes))
+        pos = torch.searchsorted(keys, q).clamp(max=len(keys) - 1)
+        return torch.where(valid & (keys[pos] == q), pos, -1)
 
     def contains(self, sids) -> torch.Tensor:
         sids = torch.as_tensor(np.asarray(sids), dtype=torch.int64)
@@ -168,6 +188,14 @@ class SidTrie:
         ok = node >= 0
         out[ok] = self.leaf_item[node[ok]]
         return out
+
+
+def _mixed_radix(sids: np.ndarray, level_sizes: list[int]) -> np.ndarray:
+    """Rows of codes [N, L] -> one int64 key each, in the lexicographic order of the rows."""
+    key = np.zeros(len(sids), dtype=np.int64)
+    for d, v in enumerate(level_sizes):
+        key = key * v + sids[:, d]
+    return key
 
 
 class ExcludingTrie(SidTrie):
@@ -185,6 +213,7 @@ class ExcludingTrie(SidTrie):
         self.level_sizes, self.depth = base.level_sizes, base.depth
         self.keys, self.ptr, self.codes = base.keys, base.ptr, base.codes
         self.leaf_item, self.n_duplicates, self.dense = base.leaf_item, base.n_duplicates, base.dense
+        self.full_keys = base.full_keys
         self._child_tables = {}
         # node ids along each excluded SID's path (depth 1..L)
         path = []
@@ -226,6 +255,10 @@ class ExcludingTrie(SidTrie):
             row, j = hit.nonzero(as_tuple=True)
             mask[row, self.cut_code[level][j]] = False
         return mask
+
+    def _leaf_of(self, sids: torch.Tensor) -> torch.Tensor:
+        out = SidTrie._leaf_of(self, sids)  # a leaf under a cut prefix is cut itself
+        return torch.where(torch.isin(out, self.cut[-1]), -1, out) if len(self.cut[-1]) else out
 
     def advance(self, level: int, nodes: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
         out = SidTrie.advance(self, level, nodes, codes)
