@@ -120,9 +120,10 @@ class Verifier(Protocol):
 
 @dataclass
 class Drafted:
-    """What :meth:`Verifier.draft_verify` returns: the target's beams (equal to its beam search in every row
-    where ``covered``), ``covered`` [R] bool, per level 0..L-2 the target's kept prefixes and how many of
-    them the tree held (``frontier`` [R, L-1, 2])."""
+    """What :meth:`Verifier.draft_verify` returns: the target's beams (equal to its beam search in every row:
+    a row whose drafts missed is finished from the levels the tree verified, in the same call), ``covered``
+    [R] bool (the drafts held the target's whole frontier), per level 0..L-2 the target's kept prefixes and
+    how many of them the tree held (``frontier`` [R, L-1, 2])."""
 
     beams: Beams
     covered: np.ndarray

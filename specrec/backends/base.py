@@ -143,14 +143,30 @@ class Backend:
         return None
 
     def draft_verify(self, enc: EncoderState, trie, width: int, n: int):
-        """``strict``'s draft and verification in one call (:meth:`FusedHotPath.draft_verify`): the target's
-        beams (exact where ``covered``), ``covered`` [R] and ``frontier`` [R, L-1, 2] (kept, held) per level.
+        """``strict``'s draft and verification (:meth:`FusedHotPath.draft_verify`): the target's beams, exactly
+        its beam search's in every row, ``covered`` [R] (the drafts held the target's whole frontier) and
+        ``frontier`` [R, L-1, 2] (kept, held) per level. A row that is not covered is finished by a second call
+        for those rows alone (:meth:`FusedHotPath.resume`), from the levels the first one verified.
         None without a distilled drafter or dense tables."""
         out = self._drafted("verify", enc, trie, width, n)
         if out is None:
             return None
-        codes, scores, tlp, alive, covered, frontier = out
-        return Beams(codes, scores, tlp, alive.bool(), None), covered.bool(), frontier
+        codes, scores, tlp, alive, covered, frontier, *at1 = out
+        beams, covered = Beams(codes, scores, tlp, alive.bool(), None), covered.bool()
+        miss = torch.nonzero(~covered).squeeze(1)
+        if len(miss):
+            kept = [x.index_select(1, miss) for x in at1[-2:]]  # [n_layers, R, ...]
+            rest = self._resume(enc.select(miss), trie, width, [x.index_select(0, miss) for x in at1[:-2]] + kept)
+            beams = beams.replace_rows(miss, Beams(rest[0], rest[1], rest[2], rest[3].bool(), None))
+        return beams, covered, frontier
+
+    def _resume(self, enc: EncoderState, trie, width: int, state: list[torch.Tensor]) -> list[torch.Tensor]:
+        """:meth:`FusedHotPath.resume` on these rows -> codes, scores, token_logp, alive."""
+        tables = [x.to(self.device) for x in child_tables(trie, max(self.cfg.level_sizes))]
+        enc_mask, cross_k, cross_v = self._to(*self._fused_encoder(enc))
+        with torch.inference_mode():
+            out = self.fused.resume(enc_mask, cross_k, cross_v, tables, width, *self._to(*state))
+        return [self._back(x) for x in out]
 
     def draft_search(self, enc: EncoderState, trie, width: int):
         """The distilled drafter's own beams (level 0 exact), one call; None without a distilled drafter."""

@@ -54,21 +54,26 @@ class _Fn(nn.Module):
 class _Search(nn.Module):
     """A whole search with its tables as separate inputs and the widths baked in."""
 
-    def __init__(self, fn, n_tables: int, *widths: int):
+    def __init__(self, fn, n_tables: int, *widths: int, n_extra: int = 0):
         super().__init__()
-        self.fn, self.n, self.widths = fn, n_tables, widths
+        self.fn, self.n, self.widths, self.n_extra = fn, n_tables, widths, n_extra
 
-    def forward(self, enc_mask, cross_k, cross_v, *tables):
-        return self.fn(enc_mask, cross_k, cross_v, list(tables), *self.widths)
+    def forward(self, enc_mask, cross_k, cross_v, *rest):
+        tables, extra = rest[: len(rest) - self.n_extra], rest[len(rest) - self.n_extra :]
+        return self.fn(enc_mask, cross_k, cross_v, list(tables), *self.widths, *extra)
 
 
+# where ``strict``'s graph leaves a row its drafts missed, and the inputs (after the tables) of the graph that
+# finishes it (:meth:`FusedHotPath.resume`); the keys/values' row axis is their second
+RESUME = ["codes1", "scores1", "token_logp1", "nodes1", "parent1", "kept_k", "kept_v"]
 # whole-search graphs: kind -> (FusedHotPath method, outputs)
 SEARCHES = {
     "beam": ("beam_search", ["codes", "scores", "token_logp", "alive"]),
     "head": ("head_beam_search", ["codes", "scores", "token_logp", "alive"]),
     "draft": ("draft_search", ["codes", "scores", "token_logp", "alive"]),
     "score": ("draft_score", ["codes", "scores", "token_logp", "alive"]),
-    "strict": ("draft_verify", ["codes", "scores", "token_logp", "alive", "covered", "frontier"]),
+    "strict": ("draft_verify", ["codes", "scores", "token_logp", "alive", "covered", "frontier", *RESUME]),
+    "resume": ("resume", ["codes", "scores", "token_logp", "alive"]),
 }
 
 
@@ -173,9 +178,15 @@ def export_search(model: Tiger, out_dir: str | Path, kind: str, width: int, head
     method, outputs = SEARCHES[kind]
     widths = (width,) if n is None else (width, n)
     path = out / f"{search_name(kind, width, n)}.onnx"
-    _export(_Search(getattr(fused, method), len(tables), *widths), (*enc, *tables), [*ENC, *names], outputs,
-            {**ENC_AXES, **{nm: {0: f"nodes{j}"} for j, nm in enumerate(names)}, **{o: {0: "R"} for o in outputs}},
-            path)
+    axes = {**ENC_AXES, **{nm: {0: f"nodes{j}"} for j, nm in enumerate(names)},
+            **{o: {1 if o.startswith("kept") else 0: "R"} for o in outputs}}
+    extra: tuple = ()
+    if kind == "resume":  # its state comes from strict's graph: an example of it
+        with torch.no_grad():
+            extra = tuple(fused.draft_verify(*enc, tables, width, 2 * width)[6:])
+        axes.update({nm: {1 if nm.startswith("kept") else 0: "R"} for nm in RESUME})
+    _export(_Search(getattr(fused, method), len(tables), *widths, n_extra=len(extra)), (*enc, *tables, *extra),
+            [*ENC, *names, *(RESUME if extra else [])], outputs, axes, path)
     return path
 
 
@@ -269,13 +280,18 @@ class OrtBackend(Backend):
             or (kind in ("draft", "score", "strict") and self.drafter is None)
         ):
             return None
+        name = self._exported(kind, width, n)
+        names = [f"table{j}" for j in range(len(tables))]
+        return self._run(name, [*ENC, *names], [enc.keep, enc.cross_k, enc.cross_v, *tables])
+
+    def _exported(self, kind: str, width: int, n: int | None = None) -> str:
+        """The name of whole-search graph ``kind``, exported first if it is not yet."""
         name = search_name(kind, width, n)
         if name not in self.sessions and not (self.onnx_dir / f"{name}.onnx").exists():
             with self._lock:
                 if not (self.onnx_dir / f"{name}.onnx").exists():
                     export_search(self.model, self.onnx_dir, kind, width, self.head, self.drafter, n)
-        names = [f"table{j}" for j in range(len(tables))]
-        return self._run(name, [*ENC, *names], [enc.keep, enc.cross_k, enc.cross_v, *tables])
+        return name
 
     def search(self, enc, trie, width: int):
         out = self._whole("beam", enc, trie, width)
@@ -292,6 +308,15 @@ class OrtBackend(Backend):
         tables = self._tables_of(trie)
         assert tables is not None
         return torch.from_numpy(tables[level])
+
+    def _resume(self, enc, trie, width: int, state: list[torch.Tensor]) -> list[torch.Tensor]:
+        name = self._exported("resume", width)
+        tables = self._tables_of(trie)
+        assert tables is not None  # strict's graph ran on them
+        feed = dict(zip([*ENC, *[f"table{j}" for j in range(len(tables))], *RESUME],
+                        [enc.keep, enc.cross_k, enc.cross_v, *tables, *state]))
+        used = [i.name for i in self._session(name).get_inputs()]  # it never reads the first levels' tables
+        return self._run(name, used, [feed[k] for k in used])
 
     def _drafted(self, kind: str, enc, trie, width: int, n: int | None):
         return self._whole({"verify": "strict", "search": "draft", "score": "score"}[kind], enc, trie, width, n)
@@ -313,6 +338,8 @@ class OrtBackend(Backend):
                     self.head_search(enc, trie, draft_count(m, k))
                 if self.drafter is not None:
                     self.draft_verify(enc, trie, k, draft_count(m, k))
+            if self.drafter is not None and self.cfg.sid_len >= 3:  # what finishes a row strict's drafts missed
+                self._session(self._exported("resume", k))
 
 
 def _current(d: Path, model, head, drafter=None) -> bool:

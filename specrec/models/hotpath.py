@@ -311,7 +311,16 @@ class FusedHotPath(nn.Module):
         state, _ = SearchState.root(r, dev).advance(self._level_logprobs(h0, 0).view(r, 1, self.vmax), tables[0],
                                                      width)
         anc = torch.zeros(r, state.codes.shape[1], 1, dtype=torch.int64, device=dev)  # columns into ``kept``
-        for level in range(1, self.L):
+        state = self._descend(state, anc, kept, enc_mask, cross_k, cross_v, tables, width)
+        return state.codes, state.scores, state.token_logp, state.nodes >= 0
+
+    def _descend(self, state: SearchState, anc, kept, enc_mask, cross_k, cross_v, tables: list[torch.Tensor],
+                 width: int) -> SearchState:
+        """The beam search's remaining levels from ``state`` (prefixes of length l): one decoder pass per level
+        over the kept beams, each beam attending to its ancestors ``anc`` [R, W, l] (columns into the earlier
+        passes' keys/values ``kept``, the root first) and itself."""
+        r, dev = state.codes.shape[0], state.codes.device
+        for level in range(state.codes.shape[2], self.L):
             w = state.codes.shape[1]
             own = torch.arange(w, device=dev).view(1, w, 1).expand(r, -1, -1) + kept[0][0].shape[1]
             cols = torch.cat([anc, own], -1)  # [R, W, level + 1]: the root, the beam's ancestors, itself
@@ -320,6 +329,21 @@ class FusedHotPath(nn.Module):
             state, par = state.advance(torch.log_softmax(hid @ self.head_w[level] + self.head_b[level], dim=-1),
                                        tables[level], width)
             anc = cols.gather(1, par.unsqueeze(-1).expand(-1, -1, cols.shape[-1]))
+        return state
+
+    def resume(self, enc_mask, cross_k, cross_v, tables: list[torch.Tensor], width: int, codes, scores, token_logp,
+               nodes, parent, kept_k, kept_v):
+        """The target's beam search from level 2 on, for rows whose drafts missed part of the target's frontier:
+        :meth:`draft_verify` already verified levels 0 and 1 exactly (the root and the target's own top-``width``
+        prefixes of length 1 are nodes of its tree), so this starts from its beams of length 2 (``codes``
+        [R, W, 2], ``scores``, ``token_logp``, ``nodes``), each one's parent among those nodes ``parent`` [R, W]
+        and their keys/values ``kept_k``/``kept_v`` [n_layers, R, 1 + W, inner] (the root first): L-2 passes
+        over ``width`` beams instead of a whole search's L. -> codes, scores, token_logp, alive (exactly
+        :meth:`beam_search`'s)."""
+        anc = torch.stack([torch.zeros_like(parent), parent + 1], -1)  # the root, the beam's node of depth 1
+        kept = [(kept_k[i], kept_v[i]) for i in range(kept_k.shape[0])]
+        state = self._descend(SearchState(codes, scores, token_logp, nodes), anc, kept, enc_mask, cross_k, cross_v,
+                              tables, width)
         return state.codes, state.scores, state.token_logp, state.nodes >= 0
 
     def head_hidden(self, enc_mask, cross_k, cross_v, placeholders=None):
@@ -495,7 +519,9 @@ class FusedHotPath(nn.Module):
         Returns the target's beams (codes, scores, token_logp, alive: exactly ``beam``'s where ``covered``),
         ``covered`` [R] (every beam the target kept at levels 1..L-2 was drafted) and ``frontier``
         [R, L-1, 2]: per level, the target's kept prefixes and how many of them the tree held (at level 0 and
-        the last level, all: they are the target's own)."""
+        the last level, all: they are the target's own), then what :meth:`resume` needs to finish a row that is
+        not covered: the target's beams after level 1 (codes, scores, token_logp, nodes), their parents among
+        the nodes of depth 1, and the keys/values of the root and those nodes [n_layers, R, 1 + W, inner]."""
         r, dev = enc_mask.shape[0], enc_mask.device
         L = self.L
         if L < 3:
@@ -521,6 +547,8 @@ class FusedHotPath(nn.Module):
                 logp = node_logp[j - 1].gather(1, col.unsqueeze(-1).expand(-1, -1, self.vmax))
             target, par = target.advance(logp, tables[j], width)
             col = col.gather(1, par)  # each new beam's parent node at depth j
+            if j == 1:  # where :meth:`resume` starts a row whose drafts miss
+                at1 = (target.codes, target.scores, target.token_logp, target.nodes, col)
         ch = chains[L - 3]  # the ancestor columns of the first pass's deepest nodes
         anc = torch.cat([torch.zeros_like(col).unsqueeze(-1),
                          ch.gather(1, col.unsqueeze(-1).expand(-1, -1, ch.shape[-1]))], -1)
@@ -528,7 +556,11 @@ class FusedHotPath(nn.Module):
         alive = target.nodes >= 0
         frontier.append(torch.stack([alive.sum(1), alive.sum(1)], -1))
         target, _ = target.advance(last, tables[L - 1], width)
-        return target.codes, target.scores, target.token_logp, target.nodes >= 0, covered, torch.stack(frontier, 1)
+        w1 = 1 + states[0].codes.shape[1]  # the root and the nodes of depth 1
+        kept_k = torch.stack([k[:, :w1] for k, _ in kept])
+        kept_v = torch.stack([v[:, :w1] for _, v in kept])
+        return (target.codes, target.scores, target.token_logp, target.nodes >= 0, covered, torch.stack(frontier, 1),
+                *at1, kept_k, kept_v)
 
     def _keys(self, codes):
         """Mixed-radix key of each prefix codes [R, B, j] (codes of dead beams may be anything)."""

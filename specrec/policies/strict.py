@@ -6,8 +6,10 @@ beams (the target's exact top-K at level 0, then N drafted prefixes per
 level up to L-2), one tree pass over all of them, the target's own beam search
 read from that pass, and its last level from one small pass over the target's
 own beams (:meth:`~specrec.verifier.Verifier.draft_verify`). A request whose
-drafts missed a prefix the target kept falls back to the target's whole beam
-search, one more call. Without a distilled drafter
+drafts missed a prefix the target kept is finished inside the same verifier
+call from the levels the tree verified (levels 0 and 1 are always the
+target's own: L-2 more passes over K beams, not a whole search of L).
+Without a distilled drafter
 it verifies the NEZHA head's or the engine drafter's SIDs level by level
 (:mod:`.levelwise`).
 
@@ -20,7 +22,6 @@ from __future__ import annotations
 
 from typing import Literal
 
-import torch
 from pydantic import Field
 
 from .base import LiveBatch, PolicyConfig, Stage, charge, register
@@ -68,15 +69,8 @@ class StrictPolicy(LevelwisePolicy):
         if drafted is None:
             return False
         charge(batch.stats)
-        beams = drafted.beams
+        beams = drafted.beams  # exact in every row: the verifier finished the rows the drafts missed
         miss = [j for j in range(len(batch)) if not drafted.covered[j]]
-        if miss:
-            stats = [batch.active_stats[j] for j in miss]
-            with Stage(eng.clock, stats, "fallback"):
-                sub = sess if len(miss) == len(batch) else eng.verifier.select(sess, torch.tensor(miss))
-                fb = eng.verifier.beam_search(sub, trie, width)
-            charge(stats)
-            beams = beams.replace_rows(torch.tensor(miss), fb)
         if not cfg.n_drafts:  # what this draft count cost, fallbacks included: the sizer picks the cheapest count
             self.online.drafts.observe_cost(k, n, (eng.clock() - t0) / len(batch))
         items = beams.items(trie)
