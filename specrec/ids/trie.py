@@ -165,15 +165,14 @@ class SidTrie:
 
     def _leaf_of(self, sids: torch.Tensor) -> torch.Tensor:
         """The leaf of each complete SID row [N, L] (-1 if it is not in the set) by one search of the full keys."""
-        keys = self.full_keys
-        assert keys is not None
-        if not len(keys) or not len(sids):
+        assert self.full_keys is not None
+        keys, s = self.full_keys.numpy(), sids.numpy()
+        if not len(keys) or not len(s):
             return torch.full(sids.shape[:1], -1, dtype=torch.int64)
-        sizes = torch.tensor(self.level_sizes, dtype=torch.int64)
-        valid = ((sids >= 0) & (sids < sizes)).all(1)
-        q = torch.from_numpy(_mixed_radix(sids.clamp(min=0).numpy(), self.level_sizes))
-        pos = torch.searchsorted(keys, q).clamp(max=len(keys) - 1)
-        return torch.where(valid & (keys[pos] == q), pos, -1)
+        valid = ((s >= 0) & (s < np.asarray(self.level_sizes))).all(1)
+        q = _mixed_radix(np.maximum(s, 0), self.level_sizes)
+        pos = np.minimum(np.searchsorted(keys, q), len(keys) - 1)
+        return torch.from_numpy(np.where(valid & (keys[pos] == q), pos, -1))
 
     def contains(self, sids) -> torch.Tensor:
         sids = torch.as_tensor(np.asarray(sids), dtype=torch.int64)
@@ -183,11 +182,8 @@ class SidTrie:
 
     def lookup(self, sids) -> torch.Tensor:
         """Row index (item) of each full SID; -1 if it is not in the set."""
-        node = self.walk(sids)
-        out = torch.full_like(node, -1)
-        ok = node >= 0
-        out[ok] = self.leaf_item[node[ok]]
-        return out
+        node = self.walk(sids).numpy()
+        return torch.from_numpy(np.where(node >= 0, self.leaf_item.numpy()[np.maximum(node, 0)], -1))
 
 
 def _mixed_radix(sids: np.ndarray, level_sizes: list[int]) -> np.ndarray:
