@@ -919,6 +919,30 @@ async def test_two_replicas_restore_a_lost_catalogue_once(tmp_path, tiny_bundle_
         proc.kill()
 
 
+async def test_the_watch_loop_does_not_take_its_own_write_for_another_replicas(itemset, monkeypatch):
+    """A look at Redis that lands while this process's write is published but not yet in the mirror (the
+    write still prunes old versions) must not follow it as another replica's write: that reads the whole
+    catalogue again and drops the mirror's log of changes, so every watcher then fetches every item (in a
+    soak with an upsert a second the item set's RSS rose in steps of ~20 MB, one per such look)."""
+    svc = itemset.service
+    store, mirror = svc.store, svc.mirror
+    base = mirror.version
+    looks: list[asyncio.Future] = []
+    prune = store._prune
+
+    async def look_then_prune():  # right after the publish, still inside the write
+        looks.append(asyncio.ensure_future(svc.check_integrity()))
+        await asyncio.sleep(0.05)  # the watch loop's tick lands here
+        return await prune()
+
+    monkeypatch.setattr(store, "_prune", look_then_prune)
+    resp = await itemset.upsert(Item(item_id="own-write", sid=Sid(codes=[15, 15, 15, 63])))
+    assert await looks[0] == ""  # nothing to follow: the write brought the mirror along itself
+    assert svc.mirror is mirror and mirror.version == resp.version
+    records, removed_rows = mirror.delta(base)  # watchers still get the change alone
+    assert [r.item_id for r in records] == ["own-write"] and removed_rows == []
+
+
 async def test_followers_refuse_another_bundles_catalogue(itemset, tiny_bundle_dir):
     watcher = CatalogueWatcher(itemset.channel, poll_s=0.1, expect_bundle="0123456789abcdef")
     with pytest.raises(Exception, match="another|belongs to bundle"):
