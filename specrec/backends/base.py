@@ -162,7 +162,9 @@ class Backend:
 
     def _resume(self, enc: EncoderState, trie, width: int, state: list[torch.Tensor]) -> list[torch.Tensor]:
         """:meth:`FusedHotPath.resume` on these rows -> codes, scores, token_logp, alive."""
-        tables = [x.to(self.device) for x in child_tables(trie, max(self.cfg.level_sizes))]
+        dense = child_tables(trie, max(self.cfg.level_sizes))
+        assert dense is not None  # draft_verify ran on them
+        tables = [x.to(self.device) for x in dense]
         enc_mask, cross_k, cross_v = self._to(*self._fused_encoder(enc))
         with torch.inference_mode():
             out = self.fused.resume(enc_mask, cross_k, cross_v, tables, width, *self._to(*state))

@@ -183,7 +183,8 @@ def export_search(model: Tiger, out_dir: str | Path, kind: str, width: int, head
     extra: tuple = ()
     if kind == "resume":  # its state comes from strict's graph: an example of it
         with torch.no_grad():
-            extra = tuple(fused.draft_verify(*enc, tables, width, 2 * width)[6:])
+            enc_mask, cross_k, cross_v = enc
+            extra = tuple(fused.draft_verify(enc_mask, cross_k, cross_v, tables, width, 2 * width)[6:])
         axes.update({nm: {1 if nm.startswith("kept") else 0: "R"} for nm in RESUME})
     _export(_Search(getattr(fused, method), len(tables), *widths, n_extra=len(extra)), (*enc, *tables, *extra),
             [*ENC, *names, *(RESUME if extra else [])], outputs, axes, path)
