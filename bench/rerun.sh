@@ -35,6 +35,7 @@ backends() { python bench/backends.py --bundle "$BUNDLE" --n 200; }
 profile() {
   python bench/profile_policies.py --bundle "$BUNDLE" --n 150
   python bench/profile_graphs.py --bundle "$BUNDLE" --k 10
+  python bench/pass_cost.py --bundle "$BUNDLE"
 }
 serving() {
   python bench/serving.py --bundle "$BUNDLE" --policies auto,beam,strict,nezha,specgr --open-policies auto \

@@ -1,0 +1,146 @@
+"""What one decoder pass costs on this machine, by the nodes it verifies: the arithmetic behind `strict`.
+
+A lossless speculative search must still score every prefix the target's beam search keeps (1 + (L-1)W
+nodes for width W), so against beam it can only save the fixed cost of the passes it folds together,
+and it pays for every drafted node the target did not keep. This measures both terms: for T nodes, one
+ONNX graph running the root pass and one pass over T nodes that attend to three ancestors each (the
+hot path's own ``FusedHotPath.root`` and ``_pass_over``), batch 1, interleaved, ``--threads`` intra-op
+threads; a least-squares line through the medians gives the fixed cost per pass and the cost per node,
+and the target's whole width-W beam-search graph is timed beside them.
+
+    python bench/pass_cost.py --bundle bundles/beauty-loo
+
+Writes ``pass_cost.{json,png}`` and the summary keys ``hotpath.pass.fixed_ms``, ``hotpath.pass.node_us``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from specrec.eval.results import update_summary  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+
+
+class _RootAndPass(torch.nn.Module):
+    """The root pass, then one pass over ``t`` nodes of depth ``depth`` (their ancestors: the root, repeated)."""
+
+    def __init__(self, fused, t: int, depth: int = 3):
+        super().__init__()
+        self.fused, self.t, self.depth = fused, t, depth
+
+    def forward(self, enc_mask, cross_k, cross_v):
+        f = self.fused
+        _, kept = f.root(enc_mask, cross_k, cross_v)
+        if self.t == 0:
+            return kept[-1][1]
+        codes = torch.arange(self.t).view(1, self.t) % min(f.sizes)
+        x = f.tok[codes + f.offsets[self.depth - 1]] + f.dec_pos[self.depth]
+        own = torch.arange(self.t).view(1, self.t, 1) + 1
+        cols = torch.cat([torch.zeros_like(own)] * self.depth + [own], -1)
+        hid, _ = f._pass_over(x, cols, kept, enc_mask, cross_k, cross_v)
+        return torch.log_softmax(hid @ f.head_w[self.depth] + f.head_b[self.depth], dim=-1)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bundle", default="bundles/beauty-loo")
+    ap.add_argument("--nodes", default="0,10,20,30,60,120", help="T values (0: the root pass alone)")
+    ap.add_argument("--widths", default="10,50", help="beam widths whose whole search is timed beside")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=300)
+    ap.add_argument("--out", default=str(HERE / "results"))
+    a = ap.parse_args(argv)
+    warnings.filterwarnings("ignore")
+    import onnxruntime as ort
+
+    from specrec.backends.onnx import ENC, ENC_AXES, _export, export_search, search_name
+    from specrec.bundle import Bundle
+    from specrec.models.hotpath import FusedHotPath, child_tables
+
+    b = Bundle.load(a.bundle)
+    fused = FusedHotPath(b.model).eval()
+    rng = np.random.default_rng(0)
+    hists = [torch.from_numpy(b.history_sids([rng.choice(len(b.sids), 20, replace=False)]).numpy()) for _ in range(20)]
+    with torch.no_grad():
+        encs = [fused.encode(h) for h in hists]
+    tables = [t.numpy() for t in child_tables(b.trie, fused.vmax)]
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = a.threads
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the backend runs them
+    tmp = Path(tempfile.mkdtemp(prefix="pass-cost-"))
+    graphs: dict[str, ort.InferenceSession] = {}
+    nodes = [int(x) for x in a.nodes.split(",")]
+    for t in nodes:
+        p = tmp / f"pass_{t}.onnx"
+        _export(_RootAndPass(fused, t), tuple(encs[0]), ENC, ["out"], ENC_AXES, p)
+        graphs[f"T={t}"] = ort.InferenceSession(str(p), so, providers=["CPUExecutionProvider"])
+    widths = [int(x) for x in a.widths.split(",") if x]
+    for w in widths:
+        export_search(b.model, tmp, "beam", w)
+        graphs[f"beam W={w}"] = ort.InferenceSession(str(tmp / f"{search_name('beam', w)}.onnx"), so,
+                                                     providers=["CPUExecutionProvider"])
+    feeds = [{"enc_mask": e[0].numpy(), "cross_k": e[1].numpy(), "cross_v": e[2].numpy(),
+              **{f"table{j}": t for j, t in enumerate(tables)}} for e in encs]
+    secs: dict[str, list[float]] = {n: [] for n in graphs}
+    for i in range(a.iters):  # interleaved: every graph on the same history, one after another
+        f = feeds[i % len(feeds)]
+        for n, s in graphs.items():
+            feed = {x.name: f[x.name] for x in s.get_inputs()}
+            t0 = time.perf_counter()
+            s.run(None, feed)
+            secs[n].append(time.perf_counter() - t0)
+        if i % 100 == 0:
+            print(f"{i}/{a.iters}", flush=True)
+    med = {n: float(np.median(v[20:]) * 1e3) for n, v in secs.items()}
+    root = med["T=0"]
+    xs = np.array([t for t in nodes if t > 0], dtype=float)
+    ys = np.array([med[f"T={int(t)}"] - root for t in xs])
+    node_ms, fixed_ms = np.polyfit(xs, ys, 1)
+    res = {"command": "python bench/pass_cost.py " + " ".join(sys.argv[1:] if argv is None else argv),
+           "threads": a.threads, "iters": a.iters, "p50_ms": med, "root_ms": root,
+           "pass_fixed_ms": float(fixed_ms), "pass_node_us": float(node_ms * 1e3)}
+    for w in widths:  # what its L passes over 1 + (L-1)W nodes would cost by the line, against the graph
+        L = b.cfg.sid_len
+        res[f"beam_w{w}_by_line_ms"] = float(root + (L - 1) * (fixed_ms + node_ms * w))
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "pass_cost.json").write_text(json.dumps(res, indent=1))
+    update_summary({"hotpath.pass.fixed_ms": res["pass_fixed_ms"], "hotpath.pass.node_us": res["pass_node_us"]},
+                   out / "summary.json")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    ax.plot(xs, ys + root, "o", label="root + one pass over T nodes (measured p50)")
+    ax.plot(xs, root + fixed_ms + node_ms * xs, "-",
+            label=f"fit: {root:.2f} root + {fixed_ms:.2f} per pass + {node_ms * 1e3:.0f} us per node")
+    for w in widths:
+        ax.axhline(med[f"beam W={w}"], ls="--", color="grey")
+        ax.text(xs[0], med[f"beam W={w}"], f" whole beam search W={w}: {med[f'beam W={w}']:.2f} ms", va="bottom")
+    ax.set_xlabel("nodes in the pass (T)")
+    ax.set_ylabel("ms, batch 1")
+    ax.set_title(f"One decoder pass on this CPU ({a.threads} threads)")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(out / "pass_cost.png", dpi=120)
+    print(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
