@@ -106,9 +106,9 @@ class DraftSizer:
     max_factor * K]; it settles where about one request in five falls short.
 
     By cost, once a policy reports what its requests cost (:meth:`observe_cost`,
-    ``strict`` on the distilled drafter, whose misses have very different costs:
-    a last-level miss is finished cheaply, an earlier one is a whole beam
-    search): the count whose running mean cost is lowest, with a neighbouring
+    ``strict`` on the distilled drafter, whose misses cost more than hits: a
+    missed row is finished from the verified levels, L-2 more passes): the
+    count whose running mean cost is lowest, with a neighbouring
     count of the ladder tried every ``explore_every``-th request."""
 
     LADDER = DRAFT_FACTORS

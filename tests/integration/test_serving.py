@@ -140,9 +140,11 @@ async def test_overload_is_shed_or_degraded_within_the_budget(stack, serving_bun
 @pytest.mark.asyncio(loop_scope="session")
 async def test_a_lost_session_is_reencoded_not_internal(stack, serving_bundle):
     """The verifier forgets a session between two calls of a request (as after a restart):
-    the gateway sends the history again and the answer is the undisturbed one."""
+    the gateway sends the history again and the answer is the undisturbed one. (``strict`` level by level, on
+    the NEZHA head: HeadDrafts, Score and BeamSearch on one session; on the distilled drafter it is one call.)"""
     h = histories(serving_bundle, 1, seed=23)[0]
-    want = await stack.recommend(h, k=10, policy="strict", params={"n_drafts": 10})
+    params = {"n_drafts": 10, "drafter": "head"}
+    want = await stack.recommend(h, k=10, policy="strict", params=params)
     store = stack.runners["verifier"].service.sessions
     real_get, lost = store.get, []
 
@@ -155,7 +157,7 @@ async def test_a_lost_session_is_reencoded_not_internal(stack, serving_bundle):
 
     store.get = forgetful
     try:
-        got = await stack.recommend(h, k=10, policy="strict", params={"n_drafts": 10})
+        got = await stack.recommend(h, k=10, policy="strict", params=params)
     finally:
         store.get = real_get
     assert lost, "the test did not lose a session"
