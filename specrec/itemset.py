@@ -15,7 +15,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from .ids.trie import SidTrie
+from .ids.trie import SidTrie, mixed_radix
 
 
 class ItemSet(Protocol):
@@ -77,10 +77,7 @@ class LocalItemSet:
         return rows[o], keys[o]
 
     def sid_keys(self, sids: np.ndarray) -> np.ndarray:
-        key = np.zeros(len(sids), dtype=np.int64)
-        for lvl, v in enumerate(self.level_sizes):
-            key = key * v + sids[:, lvl]
-        return key
+        return mixed_radix(np.asarray(sids, dtype=np.int64), self.level_sizes)
 
     def prefix_range(self, prefix) -> tuple[int, int]:
         """[lo, hi) positions in :attr:`order` of items whose SID starts with ``prefix``."""

@@ -69,10 +69,9 @@ class SidTrie:
         self.n_duplicates = len(s) - n_parents
         # every full SID as one mixed-radix key, sorted (leaf ids are numbered in this order), so a complete
         # SID finds its leaf in one searchsorted instead of one per level (None where the keys overflow int64)
-        self.full_keys: torch.Tensor | None = None
+        self.full_keys: np.ndarray | None = None
         if float(np.prod(np.asarray(self.level_sizes, dtype=np.float64))) < 2.0**62:
-            self.full_keys = torch.from_numpy(_mixed_radix(s, self.level_sizes)[np.r_[True, new[1:]]] if len(s)
-                                              else np.zeros(0, dtype=np.int64))
+            self.full_keys = mixed_radix(s, self.level_sizes)[new] if len(s) else np.zeros(0, dtype=np.int64)
         self.dense: list[torch.Tensor | None] = [self._dense(d) for d in range(self.depth)]
         self._child_tables: dict[int, list[torch.Tensor] | None] = {}
 
@@ -165,12 +164,12 @@ class SidTrie:
 
     def _leaf_of(self, sids: torch.Tensor) -> torch.Tensor:
         """The leaf of each complete SID row [N, L] (-1 if it is not in the set) by one search of the full keys."""
-        assert self.full_keys is not None
-        keys, s = self.full_keys.numpy(), sids.numpy()
+        keys, s = self.full_keys, sids.numpy()
+        assert keys is not None
         if not len(keys) or not len(s):
             return torch.full(sids.shape[:1], -1, dtype=torch.int64)
         valid = ((s >= 0) & (s < np.asarray(self.level_sizes))).all(1)
-        q = _mixed_radix(np.maximum(s, 0), self.level_sizes)
+        q = mixed_radix(np.maximum(s, 0), self.level_sizes)
         pos = np.minimum(np.searchsorted(keys, q), len(keys) - 1)
         return torch.from_numpy(np.where(valid & (keys[pos] == q), pos, -1))
 
@@ -186,10 +185,11 @@ class SidTrie:
         return torch.from_numpy(np.where(node >= 0, self.leaf_item.numpy()[np.maximum(node, 0)], -1))
 
 
-def _mixed_radix(sids: np.ndarray, level_sizes: list[int]) -> np.ndarray:
-    """Rows of codes [N, L] -> one int64 key each, in the lexicographic order of the rows."""
+def mixed_radix(sids: np.ndarray, level_sizes: list[int]) -> np.ndarray:
+    """Rows of codes [N, l] (l <= L, leading levels) -> one int64 key each, in the lexicographic order of the
+    rows (the caller makes sure the product of the level sizes fits)."""
     key = np.zeros(len(sids), dtype=np.int64)
-    for d, v in enumerate(level_sizes):
+    for d, v in enumerate(level_sizes[: sids.shape[1]]):
         key = key * v + sids[:, d]
     return key
 

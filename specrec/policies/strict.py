@@ -71,7 +71,7 @@ class StrictPolicy(LevelwisePolicy):
         charge(batch.stats)
         beams = drafted.beams  # exact in every row: the verifier finished the rows the drafts missed
         miss = [j for j in range(len(batch)) if not drafted.covered[j]]
-        if not cfg.n_drafts:  # what this draft count cost, fallbacks included: the sizer picks the cheapest count
+        if not cfg.n_drafts:  # what this draft count cost, resumed misses included: the sizer picks the cheapest
             self.online.drafts.observe_cost(k, n, (eng.clock() - t0) / len(batch))
         items = beams.items(trie)
         for j, _, req, st in batch.rows():

@@ -71,7 +71,7 @@ def test_strict_on_the_distilled_drafter_equals_beam(backend, tmp_path, monkeypa
             assert np.allclose(a.scores, b.scores, atol=1e-5)
             assert "draft_verify" in b.stats.stage_ms
             if n == 120:
-                assert b.stats.fallback_steps == 0 and "fallback" not in b.stats.stage_ms
+                assert b.stats.fallback_steps == 0 and set(b.sources) <= {"draft", "fill"}  # every row covered
             if n == 1:  # one draft per level cannot hold a frontier of 5: the target's beam search answers
                 assert b.stats.fallback_steps >= 1 and set(b.sources) <= {"beam", "fill"}
     snap = eng.metrics.snapshot()["strict"]
