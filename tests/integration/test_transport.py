@@ -146,11 +146,6 @@ async def test_a_request_is_traced_across_the_services(redis_url, serving_bundle
     st = await Stack(redis_url, ns, serving_bundle_dir).start()
     try:
         h = histories(serving_bundle, 1, seed=5)[0]
-        exporter.clear()
-        resp = await st.gateway.Recommend(
-            recommender_pb2.RecommendRequest(history=h, k=5, policy="specgr", budget_ms=1000, params={"delta": "10"}),
-            metadata=(("x-request-id", "trace-me-1"),), timeout=10)
-        assert resp.stats.request_id == "trace-me-1"
 
         def traced() -> tuple[set, list]:
             spans = exporter.get_finished_spans()
@@ -160,13 +155,28 @@ async def test_a_request_is_traced_across_the_services(redis_url, serving_bundle
             trace_id = recommend[-1].context.trace_id
             return {sp.name for sp in spans if sp.context.trace_id == trace_id and sp.kind.name == "SERVER"}, []
 
+        # this test is about the trace, not speed: on a slow or busy machine (one CI run) the verifier's call can
+        # miss the 1 s budget and a degraded drafter answer comes back, whose trace has no Verifier/Score span.
+        # Such an attempt is retried; three in a row fail the test.
+        for attempt in range(3):
+            exporter.clear()
+            resp = await st.gateway.Recommend(
+                recommender_pb2.RecommendRequest(history=h, k=5, policy="specgr", budget_ms=1000,
+                                                 params={"delta": "10"}),
+                metadata=(("x-request-id", f"trace-me-{attempt}"),), timeout=10)
+            assert resp.stats.request_id == f"trace-me-{attempt}"
+            if resp.stats.served_by == "specgr" and not resp.stats.degraded:
+                break
+        else:
+            pytest.fail(f"three degraded answers in a row: {resp.stats.degraded_reason}")
+
         t0 = time.monotonic()
         while True:  # spans end (and are exported) as each server finishes its call: poll for them
             names, seen = traced()
             if (any(n.endswith("Verifier/Score") or n.endswith("Verifier/BeamStep") for n in names)
                     and any(n.endswith("Drafter/Draft") for n in names)):
                 break
-            assert time.monotonic() - t0 < 5.0, (names, seen)
+            assert time.monotonic() - t0 < 10.0, (names, seen)
             await asyncio.sleep(0.05)
     finally:
         from specrec_rpc.localstack import delete_keys, namespace_pattern
