@@ -159,7 +159,7 @@ class CatalogueWatcher:
         self.installed_at = 0.0
         # after dropping old versions, a full garbage collection at most this often (see _install)
         self.collect_every_s = collect_every_s
-        self._collected_at = 0.0
+        self._collected_at = float("-inf")  # the first drop may collect at once, however young the clock
         self.expect_bundle = expect_bundle
         self.refused = ""
         _WATCHERS.append(self)
