@@ -99,3 +99,35 @@ def test_strict_equals_beam_on_the_backend(pair, model):
             for a, b in zip(beam, strict):
                 assert a.items.tolist() == b.items.tolist()
                 assert np.allclose(a.scores, b.scores, atol=TOL)
+
+
+def test_exported_graphs_store_each_weight_once(tmp_path):
+    """A weight used by several passes is traced into one constant per use; the export keeps one copy of each
+    distinct tensor (as an initializer) and the graph computes the same."""
+    import onnxruntime as ort
+
+    from specrec.backends.onnx import _export
+
+    class TwoPasses(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(64, 32))
+
+        def forward(self, x):
+            for _ in range(3):  # the transpose is folded into a new constant at each use
+                x = torch.tanh(x @ self.w.t()) @ self.w
+            return x
+
+    torch.manual_seed(0)
+    m, x = TwoPasses(), torch.randn(2, 32)
+    path = tmp_path / "two.onnx"
+    _export(m, (x,), ["x"], ["y"], {"x": {0: "B"}}, path)
+    import onnx
+
+    g = onnx.load(str(path)).graph
+    big = [t for t in g.initializer if len(t.raw_data) >= 1024]
+    big += [n for n in g.node if n.op_type == "Constant" and len(n.attribute[0].t.raw_data) >= 1024]
+    assert len(big) <= 2  # w and its transpose, however many passes read them
+    y = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})[0]
+    with torch.no_grad():
+        np.testing.assert_allclose(y, m(x).numpy(), rtol=1e-5, atol=1e-5)
