@@ -219,10 +219,10 @@ class FusedHotPath(nn.Module):
     def _level_logprobs(self, hidden, level):
         """[N, d] -> [N, Vmax] for one level (``level`` an int or a [] tensor): every level's logits
         in one product (no gather of weights by a data-dependent index), then the level's row."""
+        if isinstance(level, int):  # a level known when tracing: only its head's weights are read
+            return torch.log_softmax(hidden @ self.head_w[level] + self.head_b[level], dim=-1)
         n = hidden.shape[0]
         logits = (hidden @ self.head_flat).view(n, self.L, self.vmax) + self.head_b
-        if isinstance(level, int):
-            return torch.log_softmax(logits[:, level], dim=-1)
         return torch.log_softmax(logits.index_select(1, level.view(1)).squeeze(1), dim=-1)
 
     # -- encoder ---------------------------------------------------------------------------------
@@ -367,17 +367,20 @@ class FusedHotPath(nn.Module):
         return state.codes, state.scores, state.token_logp, state.nodes >= 0
 
     # -- the distilled drafter and one tree pass over its beams (``strict`` and ``nezha``) ----------------
-    def root(self, enc_mask, cross_k, cross_v):
+    def root(self, enc_mask, cross_k, cross_v, keys: bool = True):
         """The decoder at BOS alone: h0 [R, d] and each layer's key/value there ([R, 1, inner] each: the
         keys/values later passes over its descendants attend to). One position attends only to itself, so its
-        self-attention is its own value."""
+        self-attention is its own value: its query is never computed, nor its key without ``keys`` (a search
+        that makes no later pass; the keys are then None). On the CPU a pass this small costs what its weights
+        cost to read, and these are two thirds of the self-attention's."""
         r = enc_mask.shape[0]
         x = (self.tok[BOS_TOKEN] + self.dec_pos[0]).view(1, 1, self.d).expand(r, 1, self.d)
-        kv = []
+        kv: list = []
+        first = self.inner if keys else 2 * self.inner  # columns of the fused [q | k | v] projection
 
         def own(i, layer, h):
-            qkv = (h @ layer.qkv).view(r, 3, self.h, self.dk)
-            kv.append((qkv[:, 1].reshape(r, 1, self.inner), qkv[:, 2].reshape(r, 1, self.inner)))
+            kv_ = (h @ layer.qkv[:, first:]).view(r, -1, self.inner)
+            kv.append((kv_[:, 0:1] if keys else None, kv_[:, -1:]))
             return kv[-1][1]
 
         return self.decoder(x, r, enc_mask, cross_k, cross_v, own)[:, 0], kv
@@ -388,11 +391,12 @@ class FusedHotPath(nn.Module):
         v = lq.shape[-1]
         return lq if v == self.vmax else F.pad(lq, (0, self.vmax - v), value=NEG_INF)
 
-    def _draft(self, enc_mask, cross_k, cross_v, tables, widths: list[int]):
+    def _draft(self, enc_mask, cross_k, cross_v, tables, widths: list[int], keys: bool = True):
         """Root pass, level 0 exact (the target's), then the drafter's levels; ``widths[j]`` beams kept after
-        level j. Returns (h0, root kv, the kept states per level, their parent beams per level)."""
+        level j. Returns (h0, root kv (keys None without ``keys``: no tree pass follows), the kept states per
+        level, their parent beams per level)."""
         r = enc_mask.shape[0]
-        h0, kv = self.root(enc_mask, cross_k, cross_v)
+        h0, kv = self.root(enc_mask, cross_k, cross_v, keys=keys)
         logp = self._level_logprobs(h0, 0).view(r, 1, self.vmax)
         states, parents = [], []
         state = SearchState.root(r, h0.device)
@@ -407,7 +411,7 @@ class FusedHotPath(nn.Module):
     def draft_search(self, enc_mask, cross_k, cross_v, tables: list[torch.Tensor], width: int):
         """The distilled drafter's constrained beam search (level 0 exact) in one graph -> codes [R, W, L],
         scores [R, W] (level 0's target log-prob plus the drafter's), token_logp [R, W, L], alive [R, W]."""
-        _, _, states, _ = self._draft(enc_mask, cross_k, cross_v, tables, [width] * self.L)
+        _, _, states, _ = self._draft(enc_mask, cross_k, cross_v, tables, [width] * self.L, keys=False)
         s = states[-1]
         return s.codes, s.scores, s.token_logp, s.nodes >= 0
 
