@@ -370,17 +370,20 @@ class FusedHotPath(nn.Module):
     def root(self, enc_mask, cross_k, cross_v, keys: bool = True):
         """The decoder at BOS alone: h0 [R, d] and each layer's key/value there ([R, 1, inner] each: the
         keys/values later passes over its descendants attend to). One position attends only to itself, so its
-        self-attention is its own value: its query is never computed, nor its key without ``keys`` (a search
-        that makes no later pass; the keys are then None). On the CPU a pass this small costs what its weights
-        cost to read, and these are two thirds of the self-attention's."""
+        self-attention is its own value. Without ``keys`` (a search that makes no later pass; the keys are then
+        None) only the value's third of the fused [q | k | v] projection is read: on the CPU a pass this small
+        costs about what reading its weights costs. With them the whole projection is, the same weights the
+        later passes read (a slice would be a second copy of them in the graph)."""
         r = enc_mask.shape[0]
         x = (self.tok[BOS_TOKEN] + self.dec_pos[0]).view(1, 1, self.d).expand(r, 1, self.d)
         kv: list = []
-        first = self.inner if keys else 2 * self.inner  # columns of the fused [q | k | v] projection
 
         def own(i, layer, h):
-            kv_ = (h @ layer.qkv[:, first:]).view(r, -1, self.inner)
-            kv.append((kv_[:, 0:1] if keys else None, kv_[:, -1:]))
+            if keys:
+                qkv = (h @ layer.qkv).view(r, 3, self.inner)
+                kv.append((qkv[:, 1:2], qkv[:, 2:3]))
+            else:
+                kv.append((None, (h @ layer.qkv[:, 2 * self.inner:]).view(r, 1, self.inner)))
             return kv[-1][1]
 
         return self.decoder(x, r, enc_mask, cross_k, cross_v, own)[:, 0], kv
