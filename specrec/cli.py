@@ -134,7 +134,8 @@ def _backend(bundle, a: argparse.Namespace):
         raise SystemExit(
             "--device applies to --backend eager (ONNX Runtime picks CUDA itself when onnxruntime-gpu finds a GPU)"
         )
-    return bundle.backend(name, threads=a.threads)
+    kw = {"drafter_bits": None} if getattr(a, "float_drafter", False) else {}
+    return bundle.backend(name, threads=a.threads, **kw)
 
 
 def _policy_params(items: list[str]) -> dict[str, dict]:
@@ -425,6 +426,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="never recommend an item of the user's history (masked inside the trie constraint); "
                         "results get their own keys (...excl...), apart from the TIGER-protocol figures")
     e.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    e.add_argument("--float-drafter", action="store_true",
+                   help="ONNX backend: the distilled drafter's weights in float32 (default on the CPU: 8-bit; the "
+                   "target's are float32 either way)")
     e.add_argument("--json", action="store_true", help="print JSON instead of a table")
     e.add_argument("--save", action="store_true", help="write results JSON/markdown and update summary.json")
     e.add_argument("--results-dir", default=str(DEFAULT_RESULTS))

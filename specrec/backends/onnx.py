@@ -77,15 +77,21 @@ SEARCHES = {
 }
 
 
-def search_name(kind: str, width: int, n: int | None = None) -> str:
-    return f"{kind}_w{width}" + (f"_n{n}" if n is not None else "")
+# the whole-search graphs that run the distilled drafter (its weights may be 8-bit there)
+DRAFTER_KINDS = ("draft", "score", "strict")
 
 
-def _export(module: nn.Module, args, inputs, outputs, axes, path: Path) -> None:
+def search_name(kind: str, width: int, n: int | None = None, drafter_bits: int | None = None) -> str:
+    return f"{kind}_w{width}" + (f"_n{n}" if n is not None else "") + (f"_q{drafter_bits}" if drafter_bits else "")
+
+
+def _export(module: nn.Module, args, inputs, outputs, axes, path: Path, post=None) -> None:
     tmp = path.with_suffix(f".{os.getpid()}.tmp")  # several processes may export the same graph at once
     torch.onnx.export(module.eval(), args, str(tmp), dynamo=False, opset_version=OPSET, input_names=inputs,
                       output_names=outputs, dynamic_axes=axes, external_data=False)
     share_constants(tmp)
+    if post is not None:
+        post(tmp)
     tmp.replace(path)
 
 
@@ -219,9 +225,10 @@ def weights_fingerprint(*modules) -> str:
 
 
 def export_search(model: Tiger, out_dir: str | Path, kind: str, width: int, head=None, drafter=None,
-                  n: int | None = None) -> Path:
+                  n: int | None = None, drafter_bits: int | None = None) -> Path:
     """Write the whole-search graph ``kind`` (see :data:`SEARCHES`) of ``width`` (and ``n`` drafts per level,
-    for 'strict') as ``search_name(kind, width, n).onnx``."""
+    for 'strict') as ``search_name(kind, width, n, drafter_bits).onnx``, the drafter's weights quantized to
+    ``drafter_bits`` where given (:func:`quantize_drafter`)."""
     out = Path(out_dir)
     fused = FusedHotPath(model, head, drafter).eval()
     hist, enc = _example_encoder(fused, 2)
@@ -234,7 +241,7 @@ def export_search(model: Tiger, out_dir: str | Path, kind: str, width: int, head
     names = [f"table{j}" for j in range(len(tables))]
     method, outputs = SEARCHES[kind]
     widths = (width,) if n is None else (width, n)
-    path = out / f"{search_name(kind, width, n)}.onnx"
+    path = out / f"{search_name(kind, width, n, drafter_bits)}.onnx"
     axes = {**ENC_AXES, **{nm: {0: f"nodes{j}"} for j, nm in enumerate(names)},
             **{o: {1 if o.startswith("kept") else 0: "R"} for o in outputs}}
     extra: tuple = ()
@@ -244,8 +251,57 @@ def export_search(model: Tiger, out_dir: str | Path, kind: str, width: int, head
             extra = tuple(fused.draft_verify(enc_mask, cross_k, cross_v, tables, width, 2 * width)[6:])
         axes.update({nm: {1 if nm.startswith("kept") else 0: "R"} for nm in RESUME})
     _export(_Search(getattr(fused, method), len(tables), *widths, n_extra=len(extra)), (*enc, *tables, *extra),
-            [*ENC, *names, *(RESUME if extra else [])], outputs, axes, path)
+            [*ENC, *names, *(RESUME if extra else [])], outputs, axes, path,
+            post=(lambda p: quantize_drafter(p, drafter, drafter_bits)) if drafter_bits and drafter is not None
+            else None)
     return path
+
+
+def quantize_drafter(path: Path, drafter: nn.Module, bits: int = 8) -> int:
+    """The distilled drafter's matrix products in the graph at ``path`` with ``bits``-bit weights: ONNX
+    Runtime's weight-only MatMulNBits (symmetric, blocks of 32 along the input axis, int8 arithmetic).
+
+    On the CPU a small pass costs about what reading its weights from memory costs (``bench/pass_cost.py``:
+    a graph run after 64 MB went through the caches against the same graph run twice), and the drafter's
+    4.3 MB are a fifth of what ``nezha`` reads per request. Its products are found by their weights (the
+    drafter's linear layers, as the tracer stored them), so the target's are never quantized: level 0 and
+    every score the target gives stay exact, and ``strict`` still returns exactly beam's lists (the drafts
+    only decide what is verified). Returns the number of products quantized."""
+    import hashlib
+    import logging
+
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+
+    def key(a: np.ndarray) -> bytes:
+        return hashlib.sha256(np.ascontiguousarray(a, dtype=np.float32).tobytes()).digest()
+
+    ours = set()
+    for m in drafter.modules():
+        if isinstance(m, nn.Linear):
+            w = m.weight.detach().float().numpy()
+            ours |= {key(w), key(w.T)}
+    model = onnx.load(str(path))
+    inits = {t.name: key(onnx.numpy_helper.to_array(t)) for t in model.graph.initializer if len(t.raw_data) >= 1024}
+    nodes = [n.name for n in model.graph.node if n.op_type == "MatMul" and inits.get(n.input[1]) in ours]
+    if not nodes:
+        return 0
+
+    def matmuls(g) -> list[str]:
+        out = [n.name for n in g.node if n.op_type == "MatMul"]
+        for n in g.node:
+            for a in n.attribute:
+                out += [x for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs) for x in matmuls(sub)]
+        return out
+
+    others = sorted(set(matmuls(model.graph)) - set(nodes))  # the quantizer takes every MatMul it is not told to skip
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
+    cfg = DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=True, accuracy_level=4, bits=bits)
+    q = MatMulNBitsQuantizer(model, bits=bits, block_size=32, is_symmetric=True, accuracy_level=4,
+                             nodes_to_exclude=others, algo_config=cfg)
+    q.process()
+    q.model.save_model_to_file(str(path))
+    return len(nodes)
 
 
 def default_providers() -> list[str]:
@@ -259,7 +315,10 @@ class OrtBackend(Backend):
     name = "onnx"
 
     def __init__(self, model, head=None, onnx_dir: str | Path | None = None, threads: int | None = None,
-                 providers: list[str] | None = None, drafter=None):
+                 providers: list[str] | None = None, drafter=None, drafter_bits: int | None | str = "auto"):
+        """``drafter_bits``: the distilled drafter's weights in the whole-search graphs as 8-bit integers
+        (:func:`quantize_drafter`; the target's are never touched), None for float32; "auto": 8 on the
+        CPU, float32 where a GPU runs the graphs."""
         super().__init__(model, head, drafter=drafter)
         import onnxruntime as ort
 
@@ -278,6 +337,11 @@ class OrtBackend(Backend):
         so.inter_op_num_threads = 1
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.options, self.providers_wanted = so, providers or default_providers()
+        if drafter_bits == "auto":
+            drafter_bits = None if "CUDAExecutionProvider" in self.providers_wanted else 8
+        if drafter_bits not in (None, 8):
+            raise ValueError(f"drafter_bits: 8 or None, not {drafter_bits!r}")
+        self.drafter_bits = drafter_bits if drafter is not None else None
         self.onnx_dir = d
         self.sessions: dict[str, ort.InferenceSession] = {}
         self._lock = threading.Lock()
@@ -344,11 +408,12 @@ class OrtBackend(Backend):
 
     def _exported(self, kind: str, width: int, n: int | None = None) -> str:
         """The name of whole-search graph ``kind``, exported first if it is not yet."""
-        name = search_name(kind, width, n)
+        bits = self.drafter_bits if kind in DRAFTER_KINDS else None
+        name = search_name(kind, width, n, bits)
         if name not in self.sessions and not (self.onnx_dir / f"{name}.onnx").exists():
             with self._lock:
                 if not (self.onnx_dir / f"{name}.onnx").exists():
-                    export_search(self.model, self.onnx_dir, kind, width, self.head, self.drafter, n)
+                    export_search(self.model, self.onnx_dir, kind, width, self.head, self.drafter, n, bits)
         return name
 
     def search(self, enc, trie, width: int):

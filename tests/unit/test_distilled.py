@@ -184,3 +184,29 @@ def test_specgr_round_zero_on_the_distilled_drafter_is_one_call_with_the_targets
         v = length_normalised(tl, eng.itemset.is_unseen(res.items)).numpy()
         assert np.allclose(res.scores, v, atol=1e-5)
     assert asked == [True] * 5
+
+
+def test_the_drafters_weights_are_8_bit_on_the_cpu_and_the_targets_never(tmp_path, monkeypatch):
+    """The ONNX backend on the CPU stores the drafter's products as 8-bit weights (MatMulNBits) in the graphs
+    that run it; the target's stay float32, so level 0 (the target's own) scores exactly as with a float32
+    drafter, and the drafter's levels stay close (strict equals beam on this backend: tests above)."""
+    import onnx
+
+    from specrec.backends.onnx import OrtBackend
+
+    monkeypatch.setenv("SPECREC_CACHE", str(tmp_path))
+    eng = make_engine(5, n_items=70, distilled=True, backend="onnx")
+    q8 = eng.verifier.backend
+    assert q8.drafter_bits == 8
+    fp = OrtBackend(q8.model, q8.head, onnx_dir=tmp_path / "fp32", drafter=q8.drafter, drafter_bits=None)
+    trie, hs = eng.itemset.trie, eng.history_sids(histories(eng, 6, 5))
+    a, b = q8.draft_search(q8.encode(hs), trie, 6), fp.draft_search(fp.encode(hs), trie, 6)
+    ops = [n.op_type for n in onnx.load(str(q8.onnx_dir / "draft_w6_q8.onnx")).graph.node]
+    assert ops.count("MatMulNBits") >= 3 and "MatMulNBits" not in [
+        n.op_type for n in onnx.load(str(fp.onnx_dir / "draft_w6.onnx")).graph.node]
+    lvl0 = a.alive & b.alive
+    assert torch.allclose(a.token_logp[..., 0][lvl0], b.token_logp[..., 0][lvl0], atol=1e-6)  # the target's
+    same = (a.codes == b.codes).all(-1) & lvl0
+    assert same.float().mean() > 0.5
+    assert torch.allclose(a.token_logp[same], b.token_logp[same], atol=0.05)
+    assert not torch.equal(a.token_logp[same], b.token_logp[same])  # the drafter's are 8-bit
