@@ -6,7 +6,10 @@ and it pays for every drafted node the target did not keep. This measures both t
 ONNX graph running the root pass and one pass over T nodes that attend to three ancestors each (the
 hot path's own ``FusedHotPath.root`` and ``_pass_over``), batch 1, interleaved, ``--threads`` intra-op
 threads; a least-squares line through the medians gives the fixed cost per pass and the cost per node,
-and the target's whole width-W beam-search graph is timed beside them.
+and the target's whole width-W beam-search graph is timed beside them. Then each graph runs twice in a
+row after 64 MB went through the caches (as another graph, another request or a pause does between two
+requests in a server): cold (the first run) against warm (the second), with the bytes of weights the graph
+holds: what the caches are worth to a pass.
 
     python bench/pass_cost.py --bundle bundles/beauty-loo
 
@@ -61,6 +64,7 @@ def main(argv=None) -> int:
     ap.add_argument("--widths", default="10,50", help="beam widths whose whole search is timed beside")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--iters", type=int, default=300)
+    ap.add_argument("--cache-iters", type=int, default=100, help="warm/cold pairs per graph (0: skip)")
     ap.add_argument("--out", default=str(HERE / "results"))
     a = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
@@ -115,6 +119,30 @@ def main(argv=None) -> int:
     for w in widths:  # what its L passes over 1 + (L-1)W nodes would cost by the line, against the graph
         L = b.cfg.sid_len
         res[f"beam_w{w}_by_line_ms"] = float(root + (L - 1) * (fixed_ms + node_ms * w))
+    if a.cache_iters:
+        import onnx
+
+        def weights_mb(path: Path) -> float:
+            return sum(len(t.raw_data) for t in onnx.load(str(path)).graph.initializer) / 1e6
+
+        paths = {**{f"T={t}": tmp / f"pass_{t}.onnx" for t in nodes},
+                 **{f"beam W={w}": tmp / f"{search_name('beam', w)}.onnx" for w in widths}}
+        big = np.ones(64 * 2**20 // 8)
+        res["cache"] = {}
+        for n in ["T=0", f"T={max(nodes)}", *(f"beam W={w}" for w in widths)]:
+            s = graphs[n]
+            cold, warm = [], []
+            for i in range(a.cache_iters):
+                f = feeds[i % len(feeds)]
+                feed = {x.name: f[x.name] for x in s.get_inputs()}
+                big.sum()  # 64 MB through the caches
+                for dst in (cold, warm):
+                    t0 = time.perf_counter()
+                    s.run(None, feed)
+                    dst.append(time.perf_counter() - t0)
+            res["cache"][n] = {"cold_ms": float(np.median(cold) * 1e3), "warm_ms": float(np.median(warm) * 1e3),
+                               "weights_mb": weights_mb(paths[n])}
+            print(n, res["cache"][n], flush=True)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "pass_cost.json").write_text(json.dumps(res, indent=1))
