@@ -48,12 +48,12 @@ def constrained_topk(codes: torch.Tensor, scores: torch.Tensor, token_logp: torc
     prefers drafted codes this way); the kept beams are then ordered by their true scores. A kept candidate
     that is -inf, or whose prefix reaches no node, is dead (score -inf, node -1)."""
     r, b, v = logp.shape
-    cand = torch.where(allowed, scores.unsqueeze(-1) + logp, NEG_INF).view(r, b * v)
+    cand = torch.where(allowed, scores.unsqueeze(-1) + logp, NEG_INF).view(-1, b * v)  # -1: no shape arithmetic
     k = min(width, b * v)
     if bias is None:
         top, idx = cand.topk(k, dim=1)
     else:
-        _, idx = (cand + bias.reshape(r, b * v)).topk(k, dim=1)
+        _, idx = (cand + bias.reshape(-1, b * v)).topk(k, dim=1)
         top = cand.gather(1, idx)
         order = torch.argsort(top, dim=1, descending=True, stable=True)
         top, idx = top.gather(1, order), idx.gather(1, order)
@@ -63,7 +63,7 @@ def constrained_topk(codes: torch.Tensor, scores: torch.Tensor, token_logp: torc
     dead = torch.isinf(top) | (nodes < 0)
     nodes = torch.where(dead, -1, nodes)
     top = torch.where(dead, NEG_INF, top)
-    code_logp = logp.reshape(r, b * v).gather(1, idx).unsqueeze(-1)
+    code_logp = logp.reshape(-1, b * v).gather(1, idx).unsqueeze(-1)
     if codes.shape[2] == 0:  # the first level: nothing to carry (a gather of an empty axis breaks static graphs)
         return TopK(code.unsqueeze(-1), top, code_logp, nodes, parent)
     g = parent.unsqueeze(-1).expand(-1, -1, codes.shape[2])

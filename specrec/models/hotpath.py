@@ -198,7 +198,7 @@ class FusedHotPath(nn.Module):
         """x [N, T, d] with N = r * M: a request's M sequences fold into the query axis."""
         n, tq, _ = x.shape
         q = (
-            (layer.ln[1](x).reshape(r, (n // r) * tq, self.d) @ layer.cross_q)
+            (layer.ln[1](x).reshape(r, -1, self.d) @ layer.cross_q)
             .view(r, -1, self.h, self.dk)
             .transpose(1, 2)
         )
@@ -308,7 +308,7 @@ class FusedHotPath(nn.Module):
         faster end to end on the CPU (``bench/results/README.md``)."""
         r, dev = enc_mask.shape[0], enc_mask.device
         h0, kept = self.root(enc_mask, cross_k, cross_v)
-        state, _ = SearchState.root(r, dev).advance(self._level_logprobs(h0, 0).view(r, 1, self.vmax), tables[0],
+        state, _ = SearchState.root(r, dev).advance(self._level_logprobs(h0, 0).view(-1, 1, self.vmax), tables[0],
                                                      width)
         anc = torch.zeros(r, state.codes.shape[1], 1, dtype=torch.int64, device=dev)  # columns into ``kept``
         state = self._descend(state, anc, kept, enc_mask, cross_k, cross_v, tables, width)
@@ -380,10 +380,10 @@ class FusedHotPath(nn.Module):
 
         def own(i, layer, h):
             if keys:
-                qkv = (h @ layer.qkv).view(r, 3, self.inner)
+                qkv = (h @ layer.qkv).view(-1, 3, self.inner)
                 kv.append((qkv[:, 1:2], qkv[:, 2:3]))
             else:
-                kv.append((None, (h @ layer.qkv[:, 2 * self.inner:]).view(r, 1, self.inner)))
+                kv.append((None, (h @ layer.qkv[:, 2 * self.inner:]).view(-1, 1, self.inner)))
             return kv[-1][1]
 
         return self.decoder(x, r, enc_mask, cross_k, cross_v, own)[:, 0], kv
@@ -400,7 +400,7 @@ class FusedHotPath(nn.Module):
         level, their parent beams per level)."""
         r = enc_mask.shape[0]
         h0, kv = self.root(enc_mask, cross_k, cross_v, keys=keys)
-        logp = self._level_logprobs(h0, 0).view(r, 1, self.vmax)
+        logp = self._level_logprobs(h0, 0).view(-1, 1, self.vmax)
         states, parents = [], []
         state = SearchState.root(r, h0.device)
         for level, w in enumerate(widths):
@@ -491,15 +491,15 @@ class FusedHotPath(nn.Module):
         out: list = []
 
         def ancestors(i, layer, h):
-            qkv = (h @ layer.qkv).view(r, w, 3, self.h, self.dk)
-            k = torch.cat([kept[i][0], qkv[:, :, 1].reshape(r, w, self.inner)], 1)
-            v = torch.cat([kept[i][1], qkv[:, :, 2].reshape(r, w, self.inner)], 1)
+            qkv = (h @ layer.qkv).view(-1, w, 3, self.h, self.dk)
+            k = torch.cat([kept[i][0], qkv[:, :, 1].reshape(-1, w, self.inner)], 1)
+            v = torch.cat([kept[i][1], qkv[:, :, 2].reshape(-1, w, self.inner)], 1)
             out.append((k, v))
-            kg = k.reshape(-1, self.inner).index_select(0, flat).view(r, w, m, self.h, self.dk)
-            vg = v.reshape(-1, self.inner).index_select(0, flat).view(r, w, m, self.h, self.dk)
+            kg = k.reshape(-1, self.inner).index_select(0, flat).view(-1, w, m, self.h, self.dk)
+            vg = v.reshape(-1, self.inner).index_select(0, flat).view(-1, w, m, self.h, self.dk)
             logits = (qkv[:, :, 0].unsqueeze(2) * kg).sum(-1)  # [R, w, m, h]
             a = torch.softmax(logits if bias is None else logits + bias, dim=2)
-            return (a.unsqueeze(-1) * vg).sum(2).reshape(r, w, self.inner)
+            return (a.unsqueeze(-1) * vg).sum(2).reshape(-1, w, self.inner)
 
         return self.decoder(x, r, enc_mask, cross_k, cross_v, ancestors), out
 
@@ -592,9 +592,9 @@ class SearchState:
         """One constrained top-k (:func:`~specrec.decoding.topk.constrained_topk`) over logp [R, B, V], the
         level's dense child ``table`` telling the valid codes -> (next state, parent beam [R, W])."""
         r, b, v = logp.shape
-        child = table[self.nodes.reshape(-1)].view(r, b, v).long()  # node -1 reads the last row: all -1
+        child = table[self.nodes.reshape(-1)].view(-1, b, v).long()  # node -1 reads the last row: all -1
         out = constrained_topk(self.codes, self.scores, self.token_logp, logp, child >= 0, width,
-                               lambda parent, code, idx: child.view(r, b * v).gather(1, idx))
+                               lambda parent, code, idx: child.view(-1, b * v).gather(1, idx))
         return SearchState(out.codes, out.scores, out.token_logp, out.nodes), out.parent
 
 
