@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import collections
 import sys
-import tempfile
 import threading
 from pathlib import Path
 
@@ -22,8 +21,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from chaos import Writer  # noqa: E402
-from overload import start_stack, stop_stack, write_users  # noqa: E402
-from serving import sample_users, say  # noqa: E402
+from overload import open_stack, stop_stack  # noqa: E402
+from serving import say  # noqa: E402
 from soak import parse as soak_parse  # noqa: E402
 from soak import rss_mb  # noqa: E402
 
@@ -37,14 +36,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     from overload import run_load
 
-    from specrec.bundle import Bundle
-
     s = soak_parse(["--bundle", a.bundle])  # the soak's stack settings
-    bundle = Bundle.load(Path(a.bundle).resolve())
-    users = sample_users(bundle, s.requests, s.seed)
-    tmp = Path(tempfile.mkdtemp(prefix="specrec-churn-"))
-    users_file = write_users(users, tmp / "users.json")
-    stack = start_stack(s, bundle, tmp)
+    _, _, tmp, users_file, stack = open_stack(s, "churn")
     procs = stack[0]
     try:
         procs.start(s.startup_timeout, say=say)

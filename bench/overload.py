@@ -207,6 +207,19 @@ def plot(rows: list[dict], budget_ms: float, path: Path, title: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def open_stack(a, prefix: str):
+    """What every stack benchmark starts from (this one, ``soak.py``, ``churn_probe.py``): the bundle, its
+    sampled users (written where the load generator reads them), a scratch directory, and the stack started
+    on them (``stack[0].start`` waits for it to serve; ``stop_stack(*stack)`` ends it)."""
+    from specrec.bundle import Bundle
+
+    bundle = Bundle.load(Path(a.bundle).resolve())
+    users = sample_users(bundle, a.requests, a.seed)
+    tmp = Path(tempfile.mkdtemp(prefix=f"specrec-{prefix}-"))
+    users_file = write_users(users, tmp / "users.json")
+    return bundle, users, tmp, users_file, start_stack(a, bundle, tmp)
+
+
 def start_stack(a, bundle, tmp: Path):
     namespace = f"bench-overload-{uuid.uuid4().hex[:10]}"
     redis_url, redis_proc = find_or_start_redis(a.redis_url, workdir=tmp / "redis", log_path=tmp / "redis.log")
@@ -265,13 +278,7 @@ def main(argv=None) -> int:
     if a.profile:
         py_spy()  # before anything starts
     command = command_line("bench/overload.py", argv)
-    from specrec.bundle import Bundle
-
-    bundle = Bundle.load(Path(a.bundle).resolve())
-    users = sample_users(bundle, a.requests, a.seed)
-    tmp = Path(tempfile.mkdtemp(prefix="specrec-overload-"))
-    users_file = write_users(users, tmp / "users.json")
-    stack = start_stack(a, bundle, tmp)
+    bundle, users, tmp, users_file, stack = open_stack(a, "overload")
     procs = stack[0]
     rows: list[dict] = []
     profiles: dict = {}

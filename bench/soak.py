@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -31,8 +30,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from chaos import Writer  # noqa: E402
-from overload import add_load_args, measured_capacity, run_load, start_stack, stop_stack, write_users  # noqa: E402
-from serving import command_line, machine_line, no_nan, pct, sample_users, say  # noqa: E402
+from overload import add_load_args, measured_capacity, open_stack, run_load, stop_stack  # noqa: E402
+from serving import command_line, machine_line, no_nan, pct, say  # noqa: E402
 
 from specrec.eval.results import markdown_table, readme_section, update_summary, write_json  # noqa: E402
 
@@ -120,13 +119,7 @@ def parse(argv):
 def main(argv=None) -> int:
     a = parse(argv)
     command = command_line("bench/soak.py", argv)
-    from specrec.bundle import Bundle
-
-    bundle = Bundle.load(Path(a.bundle).resolve())
-    users = sample_users(bundle, a.requests, a.seed)
-    tmp = Path(tempfile.mkdtemp(prefix="specrec-soak-"))
-    users_file = write_users(users, tmp / "users.json")
-    stack = start_stack(a, bundle, tmp)
+    bundle, users, tmp, users_file, stack = open_stack(a, "soak")
     procs = stack[0]
     try:
         procs.start(a.startup_timeout, say=say)

@@ -95,14 +95,13 @@ def _export(module: nn.Module, args, inputs, outputs, axes, path: Path, post=Non
     tmp.replace(path)
 
 
-def share_constants(path: Path, min_bytes: int = 1024) -> dict:
+def share_constants(path: Path, min_bytes: int = 1024) -> None:
     """Store each distinct large constant of the graph at ``path`` once, as an initializer.
 
     The tracer folds a weight's transpose into a new constant at every use, so a graph that runs the
     decoder once per level (the beam search: four passes) held four copies of its weights (37 MB of
-    constants, 10 MB distinct) and ONNX Runtime kept them all: every search streamed the copies through
-    the caches. Identical tensors (same type, shape and bytes) now share one initializer; the
-    arithmetic is unchanged. Returns the bytes before and after."""
+    constants, 10 MB distinct) and ONNX Runtime kept them all in memory. Identical tensors (same type,
+    shape and bytes) now share one initializer; the arithmetic is unchanged."""
     import hashlib
 
     import onnx
@@ -111,14 +110,13 @@ def share_constants(path: Path, min_bytes: int = 1024) -> dict:
     g = m.graph
     canon: dict[bytes, str] = {}
     rename: dict[str, str] = {}
-    keep, before, after = [], 0, 0
+    keep = []
     for node in g.node:
         t = node.attribute[0].t if (node.op_type == "Constant" and len(node.attribute) == 1
                                     and node.attribute[0].name == "value") else None
         if t is None or len(t.raw_data) < min_bytes:
             keep.append(node)
             continue
-        before += len(t.raw_data)
         key = hashlib.sha256(f"{t.data_type}:{list(t.dims)}:".encode() + t.raw_data).digest()
         if key in canon:
             rename[node.output[0]] = canon[key]
@@ -128,7 +126,6 @@ def share_constants(path: Path, min_bytes: int = 1024) -> dict:
         init.CopyFrom(t)
         init.name = node.output[0]
         g.initializer.append(init)
-        after += len(t.raw_data)
     if rename:
         def fix(graph) -> None:
             for n in graph.node:
@@ -148,7 +145,6 @@ def share_constants(path: Path, min_bytes: int = 1024) -> dict:
     del g.node[:]
     g.node.extend(keep)
     onnx.save(m, str(path))
-    return {"before": before, "after": after}
 
 
 def _example_encoder(fused: FusedHotPath, r: int = 2, s: int = 3):
@@ -399,7 +395,7 @@ class OrtBackend(Backend):
         if (
             tables is None
             or (kind == "head" and self.head is None)
-            or (kind in ("draft", "score", "strict") and self.drafter is None)
+            or (kind in DRAFTER_KINDS and self.drafter is None)
         ):
             return None
         name = self._exported(kind, width, n)

@@ -47,7 +47,7 @@ def constrained_topk(codes: torch.Tensor, scores: torch.Tensor, token_logp: torc
     ``logp``, optional) is added when *choosing* candidates but never kept in their scores (relaxed verification
     prefers drafted codes this way); the kept beams are then ordered by their true scores. A kept candidate
     that is -inf, or whose prefix reaches no node, is dead (score -inf, node -1)."""
-    r, b, v = logp.shape
+    _, b, v = logp.shape
     cand = torch.where(allowed, scores.unsqueeze(-1) + logp, NEG_INF).view(-1, b * v)  # -1: no shape arithmetic
     k = min(width, b * v)
     if bias is None:

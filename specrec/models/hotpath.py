@@ -217,9 +217,10 @@ class FusedHotPath(nn.Module):
         return self.dec_ln(x)
 
     def _level_logprobs(self, hidden, level):
-        """[N, d] -> [N, Vmax] for one level (``level`` an int or a [] tensor): every level's logits
-        in one product (no gather of weights by a data-dependent index), then the level's row."""
-        if isinstance(level, int):  # a level known when tracing: only its head's weights are read
+        """[N, d] -> [N, Vmax] for one level: a level known when tracing (an int) reads its own output layer
+        only; a [] tensor (the step graph's) gets every level's logits in one product (no gather of weights by a
+        data-dependent index), then the level's row."""
+        if isinstance(level, int):
             return torch.log_softmax(hidden @ self.head_w[level] + self.head_b[level], dim=-1)
         n = hidden.shape[0]
         logits = (hidden @ self.head_flat).view(n, self.L, self.vmax) + self.head_b
@@ -591,7 +592,7 @@ class SearchState:
     def advance(self, logp, table, width: int):
         """One constrained top-k (:func:`~specrec.decoding.topk.constrained_topk`) over logp [R, B, V], the
         level's dense child ``table`` telling the valid codes -> (next state, parent beam [R, W])."""
-        r, b, v = logp.shape
+        _, b, v = logp.shape
         child = table[self.nodes.reshape(-1)].view(-1, b, v).long()  # node -1 reads the last row: all -1
         out = constrained_topk(self.codes, self.scores, self.token_logp, logp, child >= 0, width,
                                lambda parent, code, idx: child.view(-1, b * v).gather(1, idx))
