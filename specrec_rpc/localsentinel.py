@@ -27,13 +27,23 @@ from pathlib import Path
 from .localstack import free_port
 
 
-def sentinel_command() -> list[str] | None:
-    """``redis-sentinel`` (Debian's package), else ``redis-server --sentinel`` (the same program), else None."""
+def sentinel_command(conf: Path | str) -> list[str] | None:
+    """The command line of a sentinel reading ``conf``: ``redis-sentinel <conf>`` (Debian's package), else
+    ``redis-server <conf> --sentinel`` (the same program in sentinel mode), else None.
+
+    The config file comes first: Redis reads every argument after it as a config line, so
+    ``redis-server --sentinel <conf>`` would be the line ``sentinel "<conf>"``, which it refuses.
+    """
     exe = shutil.which("redis-sentinel")
     if exe:
-        return [exe]
+        return [exe, str(conf)]
     exe = shutil.which("redis-server")
-    return [exe, "--sentinel"] if exe else None
+    return [exe, str(conf), "--sentinel"] if exe else None
+
+
+def sentinel_available() -> bool:
+    """Whether a sentinel can be started here (``redis-sentinel`` or ``redis-server``)."""
+    return sentinel_command("sentinel.conf") is not None
 
 
 @dataclass
@@ -66,7 +76,10 @@ class LocalSentinel:
         return redis.Redis(host="127.0.0.1", port=port, socket_timeout=timeout, socket_connect_timeout=timeout,
                            decode_responses=True)
 
-    def _wait(self, what: str, check, timeout_s: float = 20.0) -> None:
+    def _wait(self, what: str, check, timeout_s: float = 20.0, port: int | None = None,
+              log: Path | None = None) -> None:
+        """Poll ``check`` until it holds; a process (``port``'s) that exits meanwhile is reported at once,
+        with the end of its ``log``, instead of after the whole timeout."""
         t0 = time.monotonic()
         while True:
             try:
@@ -74,6 +87,12 @@ class LocalSentinel:
                     return
             except Exception:  # noqa: BLE001 - not up yet
                 pass
+            proc = self.procs.get(port) if port is not None else None
+            if proc is not None and proc.poll() is not None:
+                tail = log.read_text(errors="replace").strip().splitlines()[-5:] if log and log.exists() else []
+                self.stop(keep_logs=True)
+                raise RuntimeError(f"local sentinel: {what} exited at start with code {proc.returncode}"
+                                   f" (log {log}): " + " | ".join(tail))
             if time.monotonic() - t0 > timeout_s:
                 self.stop(keep_logs=True)
                 raise RuntimeError(f"local sentinel: {what} not ready within {timeout_s:g} s (logs in {self.workdir})")
@@ -81,8 +100,7 @@ class LocalSentinel:
 
     def start(self) -> LocalSentinel:
         server = shutil.which("redis-server")
-        sentinel = sentinel_command()
-        if server is None or sentinel is None:
+        if server is None or not sentinel_available():
             raise RuntimeError("needs redis-server and redis-sentinel (apt-get install redis-server redis-sentinel)")
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.data_ports = [free_port() for _ in range(1 + self.replicas)]
@@ -97,7 +115,8 @@ class LocalSentinel:
             self._spawn(port, args, d / "redis.log")
         for port in self.data_ports[1:]:
             self._wait(f"replica {port}", lambda p=port: self._client(p).info("replication")
-                       .get("master_link_status") == "up")
+                       .get("master_link_status") == "up", port=port,
+                       log=self.workdir / f"redis-{port}" / "redis.log")
         self.sentinel_ports = [free_port() for _ in range(self.sentinels)]
         for port in self.sentinel_ports:
             d = self.workdir / f"sentinel-{port}"
@@ -109,9 +128,12 @@ class LocalSentinel:
                 f"sentinel down-after-milliseconds {self.master} {self.down_after_ms}",
                 f"sentinel failover-timeout {self.master} {self.failover_timeout_ms}",
                 f"sentinel parallel-syncs {self.master} 1", ""]))
-            self._spawn(port, [*sentinel, str(conf)], d / "sentinel.log")
+            command = sentinel_command(conf)
+            assert command is not None  # sentinel_available() held above
+            self._spawn(port, command, d / "sentinel.log")
         for port in self.sentinel_ports:
-            self._wait(f"sentinel {port}", lambda p=port: self._sentinel_ready(p))
+            self._wait(f"sentinel {port}", lambda p=port: self._sentinel_ready(p), port=port,
+                       log=self.workdir / f"sentinel-{port}" / "sentinel.log")
         return self
 
     def _sentinel_ready(self, port: int) -> bool:

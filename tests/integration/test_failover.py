@@ -28,7 +28,7 @@ import pytest
 
 from itemset_svc.settings import ItemSetSettings
 from itemset_svc.store import RedisCatalogue
-from specrec_rpc.localsentinel import LocalSentinel, sentinel_command
+from specrec_rpc.localsentinel import LocalSentinel, sentinel_available
 from specrec_rpc.v1 import itemset_pb2
 
 from .stack import AUTH, Stack, histories
@@ -36,10 +36,10 @@ from .stack import AUTH, Stack, histories
 
 @pytest.fixture
 def sentinel_redis(tmp_path):
-    if sentinel_command() is None:
+    if not sentinel_available():
         if os.environ.get("SPECREC_CI"):
-            pytest.fail("needs redis-sentinel (apt-get install redis-sentinel)")
-        pytest.skip("needs redis-sentinel")
+            pytest.fail("needs redis-server (apt-get install redis-server; redis-sentinel is used when present)")
+        pytest.skip("needs redis-server")
     rs = LocalSentinel(tmp_path / "redis").start()
     yield rs
     rs.stop()
@@ -163,7 +163,7 @@ async def test_killing_the_redis_primary_loses_no_acknowledged_write(sentinel_re
 async def test_a_write_short_of_replicas_is_not_acknowledged_and_retrying_is_safe(tmp_path, tiny_bundle_dir):
     """WAIT reaches fewer replicas than required: UNAVAILABLE, though the primary published it; the same
     write again, with a requirement the replicas meet, is acknowledged and changes no content."""
-    if sentinel_command() is None:
+    if not sentinel_available():
         pytest.skip("needs redis-server")
     from .test_itemset import settings, start_itemset
 
