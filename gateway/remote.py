@@ -34,7 +34,7 @@ from specrec.deadline import Deadline
 from specrec.decoding.beam import Beams
 from specrec.decoding.scoring import Scores
 from specrec.policies.errors import BudgetExceeded, DependencyDown
-from specrec.verifier import Drafted, SelectRule, Session, StepCoverage
+from specrec.verifier import Drafted, Parts, SelectRule, Session, StepCoverage
 from specrec_rpc.catalogue import Snapshot
 from specrec_rpc.tensors import to_msg, to_torch
 from specrec_rpc.v1 import verifier_pb2
@@ -44,6 +44,7 @@ from .calls import call as _call
 from .calls import raise_for as _raise_for
 from .calls import timeout_for as _timeout
 from .drafter_client import RemoteDrafter
+from .parts import VerifierParts
 
 __all__ = ["GRACE_S", "BudgetExceeded", "DependencyDown", "RemoteDrafter", "RemoteVerifier", "SessionLost"]
 
@@ -89,8 +90,10 @@ class RemoteVerifier:
     another one takes over from the history. ``select`` supports the whole
     batch only (the gateway runs one request per policy call)."""
 
-    def __init__(self, replicas, snap: Snapshot, deadline: Deadline | None, level_sizes: list[int], metadata=()):
+    def __init__(self, replicas, snap: Snapshot, deadline: Deadline | None, level_sizes: list[int], metadata=(),
+                 offers: VerifierParts | None = None):
         self.replicas, self.snap, self.deadline = replicas, snap, deadline  # the request's (shared, never copied)
+        self.offers = offers if offers is not None else VerifierParts(replicas)  # what the replicas' bundles have
         self.level_sizes = list(level_sizes)
         self.metadata = tuple(metadata)  # forwarded with every call (the request id)
 
@@ -175,7 +178,11 @@ class RemoteVerifier:
                     raise DependencyDown("verifier", f"session lost: {e}") from None
                 st.session = ""
                 continue
-            except DependencyDown:
+            except DependencyDown as e:
+                if e.code == grpc.StatusCode.UNIMPLEMENTED.name:
+                    raise  # a part this replica's bundle lacks: not a failure, and no other replica is asked
+                if e.unreachable:
+                    self.offers.forget(st.replica.address)  # it may come back with another bundle: ask it again
                 st.tried.add(st.replica.address)
                 if fresh or (stateful and st.session):
                     raise
@@ -224,30 +231,39 @@ class RemoteVerifier:
 
     # -- NEZHA draft head ------------------------------------------------------------------------
     def head_logprobs(self, sess: Session, prefixes: torch.Tensor) -> list[torch.Tensor]:
-        r = self._session_call(sess, "Expand", lambda ref: verifier_pb2.ExpandRequest(
+        r = self._part_call(sess, "draft_head", "Expand", lambda ref: verifier_pb2.ExpandRequest(
             ref=ref, prefixes=to_msg(prefixes), head=True))
         return [to_torch(x, "logp") for x in r.logp]
 
     def head_beams(self, sess: Session, trie, width: int) -> Beams:
-        r = self._session_call(sess, "HeadDrafts", lambda ref: verifier_pb2.HeadDraftsRequest(ref=_excluding(ref, trie),
-                                                                                              width=width))
+        r = self._part_call(sess, "draft_head", "HeadDrafts", lambda ref: verifier_pb2.HeadDraftsRequest(
+            ref=_excluding(ref, trie), width=width))
         return _beams(r, sess)
 
-    # -- the distilled drafter --------------------------------------------------------------------
-    def has_distilled(self) -> bool:
-        """Until a replica answers UNIMPLEMENTED, the verifier is taken to have a distilled drafter."""
-        return getattr(self.replicas, "distilled", True)
+    # -- parts of the bundle ------------------------------------------------------------------------
+    def parts(self) -> Parts:
+        """What every verifier replica's bundle offers (:class:`.parts.VerifierParts`: as each one said)."""
+        return self.offers.current()
 
-    def _distilled(self, sess: Session, method: str, make):
-        """A call the verifier offers only with a distilled drafter: None (and not asked again) where it has none."""
-        if not self.has_distilled():
-            return None
+    def _part_call(self, sess: Session, part: str, method: str, make):
+        """A call only a bundle with ``part`` answers; UNIMPLEMENTED marks the replica as lacking it (and is
+        raised as DependencyDown with that code: the ladder falls back without counting a failure)."""
         try:
             return self._session_call(sess, method, make)
         except DependencyDown as e:
+            if e.code == grpc.StatusCode.UNIMPLEMENTED.name:
+                self.offers.lacks(sess.state.replica.address, part)
+            raise
+
+    def _distilled(self, sess: Session, method: str, make):
+        """A call the verifier offers only with a distilled drafter: None where it has none."""
+        if not self.parts().distilled_drafter:
+            return None
+        try:
+            return self._part_call(sess, "distilled_drafter", method, make)
+        except DependencyDown as e:
             if e.code != grpc.StatusCode.UNIMPLEMENTED.name:
                 raise
-            self.replicas.distilled = False
             return None
 
     def draft_beams(self, sess: Session, trie, width: int, target_scores: bool = False) -> Beams | None:

@@ -35,18 +35,20 @@ from prometheus_client.core import REGISTRY
 
 from specrec.costs import CostModel
 from specrec.deadline import Deadline
-from specrec.policies import Engine, RecResult, SpecMetrics
+from specrec.policies import Engine, RecResult, SpecMetrics, make_policy
 from specrec.policies.auto import AutoPolicy
 from specrec.policies.breaker import Breaker, Cooldown
-from specrec.policies.errors import DependencyDown
+from specrec.policies.errors import DependencyDown, Unsupported
 from specrec.policies.fallback import Ladder
 from specrec_rpc import tracing
 from specrec_rpc.catalogue import CatalogueWatcher, Snapshot
+from specrec_rpc.errors import register
 from specrec_rpc.replicas import Replicas
 from specrec_rpc.server import Service, make_channel
 from specrec_rpc.v1 import drafter_pb2_grpc, recommender_pb2_grpc, verifier_pb2_grpc
 
 from .metrics import DEFAULT_BUDGET, DEPENDENCY_UP, STAGE, SpecCollector
+from .parts import VerifierParts
 from .queueing import QueueModel
 from .remote import GRACE_S, RemoteDrafter, RemoteVerifier
 from .request import Admitted, ValidRequest
@@ -55,6 +57,9 @@ from .servicer import Servicer
 from .settings import GatewaySettings
 
 __all__ = ["GatewayService", "GatewaySettings"]
+
+# a policy the verifiers' bundles cannot serve (no SID drafter for nezha, say), asked for by name
+register(Unsupported, grpc.StatusCode.FAILED_PRECONDITION)
 
 WARMUP_POLICIES = ("beam", "strict", "nezha", "drafter", "specgr")  # every policy auto may pick
 
@@ -85,6 +90,8 @@ class GatewayService(Service):
         await self.catalogue.start()
         # blocking channels (policies run in worker threads), one per replica
         self.verifiers = Replicas(s.verifier_addr, verifier_pb2_grpc.VerifierStub, self.client_channel)
+        self.verifier_parts = VerifierParts(self.verifiers)
+        await asyncio.to_thread(self.verifier_parts.describe_all)  # policies plan with what the bundles have
         self.drafters = Replicas(s.drafter_addr, drafter_pb2_grpc.DrafterStub, self.client_channel)
         try:
             REGISTRY.register(self._collector)
@@ -103,6 +110,10 @@ class GatewayService(Service):
         rows = np.nonzero(snap.itemset.active)[0]
         rng = np.random.default_rng(0)
         for policy in WARMUP_POLICIES:
+            lacking = make_policy(policy, self.engine(snap, None)).missing()
+            if lacking is not None:
+                self.log.info("warm-up skipped: the policy cannot run here", policy=policy, needs=lacking)
+                continue
             for _ in range(3):
                 hist = rng.choice(rows, size=min(len(rows), 5))
                 valid = ValidRequest(policy, {}, hist, 10, 1000.0, snap, Deadline(time.monotonic() + 1.0))
@@ -111,7 +122,7 @@ class GatewayService(Service):
                 except Exception as e:  # pragma: no cover - logged, not fatal
                     self.log.warning("warm-up failed", policy=policy, error=str(e))
                     break
-            self.log.info("warm-up", policy=policy, served_by=res.served_by, degraded=res.degraded)
+                self.log.info("warm-up", policy=policy, served_by=res.served_by, degraded=res.degraded)
 
     def client_channel(self, address: str) -> grpc.Channel:
         return make_channel(address, self.s)
@@ -135,7 +146,7 @@ class GatewayService(Service):
         """The core library's engine for one request, over the gRPC adapters, both holding its one deadline."""
         md = tracing.metadata(rid)
         return Engine(
-            verifier=RemoteVerifier(self.verifiers, snap, deadline, snap.level_sizes, md),
+            verifier=RemoteVerifier(self.verifiers, snap, deadline, snap.level_sizes, md, self.verifier_parts),
             itemset=snap.itemset, max_history=self.s.max_history,
             drafter=RemoteDrafter(self.drafters, snap, deadline, self.s.drafter_mode, md),
             clock=time.monotonic, metrics=self.metrics, online=self.online, load=self.queue.wait, costs=self.costs,
@@ -145,9 +156,13 @@ class GatewayService(Service):
         """On arrival (event loop): the policy to run (``auto`` picks one now, seeing every request
         admitted before it) and its resource counted as busy; Overloaded when nothing fits."""
         name = valid.policy
+        eng = self.engine(valid.snap, valid.deadline)
         if name == "auto":
-            eng = self.engine(valid.snap, valid.deadline)
             name = AutoPolicy(eng, online=eng.learned("auto")).choose(valid.rec_request())
+        else:
+            lacking = make_policy(name, eng, **valid.params).missing()
+            if lacking is not None:
+                raise Unsupported(name, lacking)
         run = Admitted(valid, name, valid.params if name == valid.policy else {})
         self.queue.take(run.resource)
         return run

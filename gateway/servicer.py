@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import grpc
 
 from specrec.policies import Overloaded, RecResult
+from specrec.policies.errors import Unsupported
 from specrec_rpc import tracing
 from specrec_rpc.errors import InvalidArgument, ResourceExhausted, handle_errors, require
 from specrec_rpc.v1 import common_pb2, recommender_pb2, recommender_pb2_grpc
@@ -104,6 +105,9 @@ class Servicer(recommender_pb2_grpc.RecommenderServicer):
                                                    error_message=str(e))
         except ResourceExhausted as e:
             return recommender_pb2.RecommendResult(error_code=grpc.StatusCode.RESOURCE_EXHAUSTED.value[0],
+                                                   error_message=str(e))
+        except Unsupported as e:  # the policy named cannot run on the verifiers' bundles
+            return recommender_pb2.RecommendResult(error_code=grpc.StatusCode.FAILED_PRECONDITION.value[0],
                                                    error_message=str(e))
         except Exception:
             self.svc.log.exception("batch item failed", index=i)

@@ -64,6 +64,21 @@ class StepCoverage:
     computed: list[int]
 
 
+@dataclass(frozen=True)
+class Parts:
+    """What a verifier's bundle offers beyond the GR model (whose encode, scores and beam search every
+    verifier has): the distilled SID drafter (``sid_mlp``: :meth:`Verifier.draft_verify`,
+    :meth:`Verifier.draft_beams`) and the NEZHA draft head (``head_*``). Policies plan with it, so a bundle
+    without a part is served by what it has instead of failing on a call it cannot answer."""
+
+    distilled_drafter: bool = True
+    draft_head: bool = True
+
+    def __and__(self, other: Parts) -> Parts:
+        """What both offer (a deployment's replicas together)."""
+        return Parts(self.distilled_drafter and other.distilled_drafter, self.draft_head and other.draft_head)
+
+
 @dataclass
 class Session:
     """Per-batch verifier state: ``coverage`` has one entry per beam step; ``state`` is the implementation's own."""
@@ -102,8 +117,8 @@ class Verifier(Protocol):
 
     def head_beams(self, sess: Session, trie: SidTrie, width: int) -> Beams: ...
 
-    def has_distilled(self) -> bool:
-        """Whether :meth:`draft_verify` and :meth:`draft_beams` can answer (the bundle has a distilled drafter)."""
+    def parts(self) -> Parts:
+        """What this verifier's bundle offers (:class:`Parts`)."""
 
     def draft_verify(self, sess: Session, trie: SidTrie, width: int, n: int) -> Drafted | None:
         """``strict`` in one call: the distilled drafter's ``n`` beams per level (level 0 exact), one tree
@@ -296,14 +311,14 @@ class LocalVerifier:
         return self.head.beam_search(self.head_model, self._head_h(sess), trie, width)
 
     # -- the distilled drafter ----------------------------------------------------------------------------
-    def has_distilled(self) -> bool:
-        return self.backend.drafter is not None
+    def parts(self) -> Parts:
+        return Parts(distilled_drafter=self.backend.drafter is not None, draft_head=self.head is not None)
 
     def draft_verify(self, sess: Session, trie: SidTrie, width: int, n: int) -> Drafted | None:
-        return self._one(DraftVerifyJob(sess, trie, width, n)) if self.has_distilled() else None
+        return self._one(DraftVerifyJob(sess, trie, width, n)) if self.parts().distilled_drafter else None
 
     def draft_beams(self, sess: Session, trie: SidTrie, width: int, target_scores: bool = False) -> Beams | None:
-        if not self.has_distilled():
+        if not self.parts().distilled_drafter:
             return None
         return self._one(HeadJob(sess, trie, width, distilled=True, target_scores=target_scores))
 

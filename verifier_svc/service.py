@@ -131,8 +131,9 @@ class VerifierService(Service):
         if s.require_gpu and "CUDAExecutionProvider" not in getattr(backend, "providers", []):
             raise RuntimeError(f"require_gpu is set but the backend runs on {backend.describe()} "
                                f"(install onnxruntime-gpu, give the pod a GPU)")
+        self.sid_space = sid_space_fingerprint(s.bundle)
         self.build_info(backend=backend.name, onnx_provider=",".join(getattr(backend, "providers", [])) or "none",
-                        bundle=sid_space_fingerprint(s.bundle))
+                        bundle=self.sid_space)
         self.local = LocalVerifier(backend, self.bundle.nezha_head, self.bundle.model)
         self.level_sizes = list(self.bundle.cfg.level_sizes)
         self.max_history = self.bundle.cfg.max_history
@@ -140,7 +141,7 @@ class VerifierService(Service):
         # a catalogue of another bundle (another SID space) is refused: the service waits NOT_SERVING for its own
         vmax = max(self.level_sizes)
         # a new version's search tables are built with it, not by the first request that searches it
-        self.catalogue = CatalogueWatcher(self.channel, expect_bundle=sid_space_fingerprint(s.bundle),
+        self.catalogue = CatalogueWatcher(self.channel, expect_bundle=self.sid_space,
                                           min_reload_s=s.catalogue_min_reload_s,
                                           prepare=lambda snap: child_tables(snap.itemset.trie, vmax))
         await self.catalogue.start()
@@ -344,7 +345,7 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
     async def Expand(self, request, context):
         target, snap, n = await self._ref(request.ref)
         if request.head and self.svc.local.head is None:
-            raise FailedPrecondition("this verifier's bundle has no NEZHA draft head")
+            raise Unimplemented("this verifier's bundle has no NEZHA draft head")
         job = ExpandJob(target, self._codes(request.prefixes, "prefixes", n, full_len=False), request.head)
         out = await self.svc.run(job, context)
         out = out if isinstance(out, list) else [out]
@@ -374,7 +375,7 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
         if request.distilled and self.svc.local.backend.drafter is None:
             raise Unimplemented("this verifier's bundle has no distilled drafter")
         if not request.distilled and self.svc.local.head is None:
-            raise FailedPrecondition("this verifier's bundle has no NEZHA draft head")
+            raise Unimplemented("this verifier's bundle has no NEZHA draft head")
         target, snap, n = await self._ref(request.ref)
         if request.target_scores and not request.distilled:
             raise InvalidArgument("target_scores", "applies to the distilled drafter's beams (distilled = true)")
@@ -398,6 +399,12 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
         return verifier_pb2.DraftVerifyResponse(beams=beams_msg(d.beams), covered=to_msg(torch.from_numpy(d.covered)),
                                                 frontier=to_msg(torch.from_numpy(d.frontier.astype(np.int32))),
                                                 session=self._session_id(job, request.ref, snap))
+
+    @handle_errors
+    async def Describe(self, request, context):
+        parts = self.svc.local.parts()
+        return verifier_pb2.DescribeResponse(distilled_drafter=parts.distilled_drafter, draft_head=parts.draft_head,
+                                             sid_space=self.svc.sid_space)
 
     @handle_errors
     async def Release(self, request, context):

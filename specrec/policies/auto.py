@@ -3,7 +3,9 @@
 The gateway's default. Candidates are tried from the most accurate down
 (``tiers``): ``beam`` and ``strict`` give the same list (the cheaper of the two
 by estimate is tried), then ``nezha`` (the draft head's list), then
-``drafter`` (the drafter's list, no verifier). A candidate fits when
+``drafter`` (the drafter's list, no verifier). Only policies that can run on
+the engine are candidates (:meth:`~.base.Policy.missing`: a verifier whose
+bundle has no SID drafter offers no ``nezha``). A candidate fits when
 
     now + expected cost + the verifier's queue wait <= deadline
 
@@ -33,7 +35,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from .base import LiveBatch, Policy, PolicyConfig, RecRequest, make_policy, register
-from .errors import Overloaded
+from .errors import Overloaded, Unsupported
 
 __all__ = ["AutoConfig", "AutoPolicy", "Overloaded"]
 
@@ -63,20 +65,22 @@ class AutoPolicy(Policy):
 
     def choose(self, req: RecRequest) -> str:
         eng, cfg, costs = self.engine, self.config, self.engine.costs
+        tiers = self.runnable()
+        if not tiers:
+            raise Unsupported(self.name, "a policy that can run: " + "; ".join(
+                f"{n} needs {make_policy(n, eng).missing()}" for tier in cfg.tiers for n in tier))
         if req.deadline is None:
-            return self._cheapest(cfg.tiers[0])
+            return self._cheapest(tiers[0])
         now = eng.clock()
-        for n, tier in enumerate(cfg.tiers):
+        for n, tier in enumerate(tiers):
             name = self._cheapest(tier)
-            if name == "drafter" and self.engine.drafter is None:
-                continue
             cost = self._cost(name)
             left = req.deadline.left(now) - eng.load(name)
             last = costs.last_tried(name, now)
             if cost is None or cost <= left:
                 costs.tried(name, now)
                 return name
-            if now - last >= cfg.probe_s and 0 < left and (cost <= 2 * left or n + 1 == len(cfg.tiers)):
+            if now - last >= cfg.probe_s and 0 < left and (cost <= 2 * left or n + 1 == len(tiers)):
                 costs.tried(name, now)
                 costs.relearn(name)  # its estimate is replaced by this request's time
                 return name
@@ -84,6 +88,13 @@ class AutoPolicy(Policy):
             f"no policy fits the {max(0.0, req.deadline.left(now)) * 1000:.1f} ms left "
             f"(queue ahead: verifier {eng.load('beam') * 1000:.1f} ms, drafter {eng.load('drafter') * 1000:.1f} ms)"
         )
+
+    def runnable(self) -> list[list[str]]:
+        """The tiers with only the policies that can run on this engine (``Policy.missing``: a bundle without
+        a SID drafter offers no ``nezha``, an engine without an item drafter no ``drafter``); empty tiers
+        dropped."""
+        tiers = [[n for n in tier if make_policy(n, self.engine).missing() is None] for tier in self.config.tiers]
+        return [t for t in tiers if t]
 
     def _cheapest(self, tier: list[str]) -> str:
         costs = [(self._cost(n), n) for n in tier]

@@ -31,6 +31,7 @@ from ..drafters.base import Drafter
 from ..ids.trie import SidTrie
 from ..itemset import LocalItemSet
 from ..verifier import Session, Verifier
+from .errors import Unsupported
 from .metrics import RequestStats, SpecMetrics
 
 
@@ -365,8 +366,16 @@ class Policy(ABC):
         """This policy's costs in the engine's cost model (its budget hook)."""
         return self.engine.costs.for_policy(self.name, self.engine.clock)
 
+    def missing(self) -> str | None:
+        """What this policy, with its config, needs that the engine lacks (a part of the verifier's bundle,
+        :meth:`Verifier.parts`, or an item drafter), said for a person; None when it can run."""
+        return None
+
     @final
     def run(self, requests: Sequence[RecRequest]) -> list[RecResult]:
+        lacking = self.missing()
+        if lacking is not None:
+            raise Unsupported(self.name, lacking)
         if len(requests) > 1 and any(r.exclude_history for r in requests):
             # each such request has its own valid set (a trie view): served one by one
             return [res for r in requests for res in self.run([r])]

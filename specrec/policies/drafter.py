@@ -21,10 +21,12 @@ class DrafterPolicy(Policy):
     Config = DrafterConfig
     uses_verifier = False
 
+    def missing(self) -> str | None:
+        return "an item drafter" if self.engine.drafter is None else None
+
     def _run(self, batch: LiveBatch) -> None:
         eng = self.engine
-        if eng.drafter is None:
-            raise ValueError("the drafter policy needs an engine drafter")
+        assert eng.drafter is not None  # missing() said so before run() called this
         with Stage(eng.clock, batch.stats, "draft"):
             drafts = eng.drafter.draft([DraftRequest(r.history, r.k, exclude=r.excluded()) for r in batch.requests])
         for j, _, req, st in batch.rows():

@@ -28,5 +28,15 @@ class BudgetExceeded(RuntimeError):
         self.which = which
 
 
+class Unsupported(ValueError):
+    """A policy cannot run on what the engine has: a part the verifier's bundle lacks (the distilled SID
+    drafter, the NEZHA head; :class:`~specrec.verifier.Parts`) or an item drafter. Raised before any call is
+    made; the gateway answers FAILED_PRECONDITION, and ``auto`` never picks such a policy."""
+
+    def __init__(self, policy: str, missing: str):
+        super().__init__(f"policy {policy!r} cannot run here: it needs {missing}")
+        self.policy, self.missing = policy, missing
+
+
 class Overloaded(RuntimeError):
     """No policy can answer within the request's budget."""

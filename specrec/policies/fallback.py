@@ -9,6 +9,9 @@ naming what answered:
 - the drafter down (policies that need it): ``beam``, else ``nezha``, with the
   time kept back for the drafter given to the verifier
   (:meth:`~specrec.deadline.Deadline.drop_reserve`);
+- a part of the verifier's bundle missing (a call it refused as
+  UNIMPLEMENTED, code ``"UNIMPLEMENTED"``): ``beam``, else the drafter. That is
+  no failure of the verifier: the breaker is left as it is;
 - both down, or nothing came back in time: the catalogue's first items
   (fill, the last resort).
 
@@ -63,6 +66,9 @@ class Ladder:
             return res
         except DependencyDown as e:
             self.on_down(e)
+            if e.which == "verifier" and e.code == "UNIMPLEMENTED":  # a part its bundle lacks, not a failure
+                self.breaker.settle()
+                return self.fallback(eng, req, "verifier part", str(e))
             if e.which == "verifier":
                 self.breaker.result(False)
             else:
@@ -79,7 +85,7 @@ class Ladder:
 
     def fallback(self, eng: Engine, req: RecRequest, down: str, why: str) -> RecResult:
         """The best answer still available without ``down``; catalogue fill when none."""
-        order = ["drafter"] if down == "verifier" else ["beam", "nezha"]
+        order = {"verifier": ["drafter"], "verifier part": ["beam", "drafter"]}.get(down, ["beam", "nezha"])
         reasons = [why]
         for name in order:
             if down == "drafter" and self.breaker.is_open():

@@ -50,6 +50,19 @@ class LevelwisePolicy(Policy):
     def rule(self) -> SelectRule:
         return SelectRule()
 
+    def draft_source(self) -> str | None:
+        """Who drafts: "head" (the NEZHA head on the verifier) or "drafter" (the engine's item drafter);
+        None when the engine lacks it."""
+        cfg, eng = self.config, self.engine
+        if cfg.drafter == "drafter":
+            return "drafter" if eng.drafter is not None else None
+        return "head" if eng.verifier.parts().draft_head else None
+
+    def missing(self) -> str | None:
+        if self.draft_source() is not None:
+            return None
+        return "an item drafter" if self.config.drafter == "drafter" else "the NEZHA draft head (its bundle has none)"
+
     def _run(self, batch: LiveBatch) -> None:
         k = max(r.k for r in batch.requests)
         width = self.config.width or k
@@ -61,14 +74,13 @@ class LevelwisePolicy(Policy):
 
     def _draft(self, batch: LiveBatch, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Draft SIDs [R, N, L] and a validity mask [R, N]."""
-        eng, cfg = self.engine, self.config
-        if cfg.drafter != "drafter":  # "head" (or strict's "auto" without a distilled drafter)
+        eng = self.engine
+        if self.draft_source() == "head":
             with Stage(eng.clock, batch.stats, "draft"):
                 b = eng.verifier.head_beams(batch.open_session, batch.trie, n)
             charge(batch.stats)
             return b.codes, b.alive
-        if eng.drafter is None:
-            raise ValueError(f"{self.name} with drafter='drafter' needs an engine drafter")
+        assert eng.drafter is not None  # draft_source() is "drafter"
         with Stage(eng.clock, batch.stats, "draft"):
             drafts = eng.drafter.draft([DraftRequest(r.history, n, exclude=r.excluded()) for r in batch.requests])
         L = len(eng.itemset.level_sizes)

@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import Field
 
 from .base import LiveBatch, Policy, PolicyConfig, Stage, charge, register
+from .errors import Unsupported
 
 
 class NezhaPolicyConfig(PolicyConfig):
@@ -31,17 +32,33 @@ class NezhaPolicy(Policy):
     Config = NezhaPolicyConfig
     config: NezhaPolicyConfig
 
+    def head_source(self) -> str | None:
+        """Whose beams: "distilled" or "head" (the NEZHA head); None when the verifier's bundle has neither."""
+        parts, want = self.engine.verifier.parts(), self.config.drafter
+        if want in ("auto", "distilled") and parts.distilled_drafter:
+            return "distilled"
+        if want in ("auto", "head") and parts.draft_head:
+            return "head"
+        return None
+
+    def missing(self) -> str | None:
+        if self.head_source() is not None:
+            return None
+        return {"distilled": "the distilled SID drafter", "head": "the NEZHA draft head"}.get(
+            self.config.drafter, "a SID drafter (the distilled drafter or the NEZHA head)"
+        ) + " in the verifier's bundle"
+
     def _run(self, batch: LiveBatch) -> None:
         eng = self.engine
         k = max(r.k for r in batch.requests)
         width = self.config.width or k
         beams = None
         with Stage(eng.clock, batch.stats, "head"):
-            if self.config.drafter != "head":
+            if self.head_source() == "distilled":
                 beams = eng.verifier.draft_beams(batch.open_session, batch.trie, width)
-                if beams is None and self.config.drafter == "distilled":
-                    raise ValueError("nezha with drafter='distilled' needs a distilled drafter (`specrec distill`)")
             if beams is None:
+                if self.head_source() is None:  # the verifier found out it has no distilled drafter after all
+                    raise Unsupported(self.name, "a SID drafter (the distilled drafter or the NEZHA head)")
                 beams = eng.verifier.head_beams(batch.open_session, batch.trie, width)
         charge(batch.stats)
         items = beams.items(batch.trie)

@@ -93,7 +93,6 @@ class SpecGRPolicy(Policy):
 
     def _run(self, batch: LiveBatch) -> None:
         eng, cfg = self.engine, self.config
-        self._check_drafters()
         L = len(eng.itemset.level_sizes)
         k = max(r.k for r in batch.requests)
         pools = [RequestPool() for _ in batch.requests]
@@ -130,12 +129,13 @@ class SpecGRPolicy(Policy):
                     self.costs.observe(CostStage.ROUND, eng.clock() - t0)
         self._finish_rest(batch, pools)
 
-    def _check_drafters(self) -> None:
+    def missing(self) -> str | None:
         eng, cfg = self.engine, self.config
+        if cfg.first_drafter == "distilled" and not eng.verifier.parts().distilled_drafter:
+            return "the distilled SID drafter (first_drafter='distilled'; its bundle has none)"
         if cfg.delta and eng.drafter is None and not self._distilled_first():
-            raise ValueError("specgr needs a drafter (delta > 0)")
-        if cfg.first_drafter == "distilled" and not eng.verifier.has_distilled():
-            raise ValueError("specgr with first_drafter='distilled' needs a distilled drafter (`specrec distill`)")
+            return "an item drafter (delta > 0 and no distilled SID drafter to draft round 0)"
+        return None
 
     def _finish_rest(self, batch: LiveBatch, pools: list[RequestPool]) -> None:
         """The requests still active after the last round: their lists, from complete beams if the search ended."""
@@ -196,7 +196,7 @@ class SpecGRPolicy(Policy):
 
     def _distilled_first(self) -> bool:
         """Round 0 drafts with the verifier's distilled drafter (where it has one)."""
-        return self.config.first_drafter != "engine" and self.engine.verifier.has_distilled()
+        return self.config.first_drafter != "engine" and self.engine.verifier.parts().distilled_drafter
 
     def _draft_and_verify(self, batch: LiveBatch, pools: list[RequestPool], delta: int, rnd: int = 1,
                           step: bool = True) -> tuple[bool, Beams | None]:

@@ -10,8 +10,10 @@ drafts missed a prefix the target kept is finished inside the same verifier
 call from the levels the tree verified (levels 0 and 1 are always the
 target's own: L-2 more passes over K beams, not a whole search of L).
 Without a distilled drafter
-it verifies the NEZHA head's or the engine drafter's SIDs level by level
-(:mod:`.levelwise`).
+it verifies the NEZHA head's or the engine's item drafter's SIDs level by level
+(:mod:`.levelwise`): "auto" takes the first of the three the engine has
+(:meth:`~specrec.verifier.Verifier.parts`), so a bundle with the GR model alone
+still serves ``strict`` from its item drafter.
 
 Either way the output equals ``beam`` exactly: same items, same order, scores
 equal up to float rounding, for every history. N adapts per K
@@ -25,6 +27,7 @@ from typing import Literal
 from pydantic import Field
 
 from .base import LiveBatch, PolicyConfig, Stage, charge, register
+from .errors import Unsupported
 from .levelwise import LevelwisePolicy
 
 
@@ -34,8 +37,8 @@ class StrictConfig(PolicyConfig):
                                  description="drafted prefixes per level (default: adaptive, see base.DraftSizer)")
     drafter: Literal["auto", "distilled", "head", "drafter"] = Field(
         default="auto",
-        description="draft with the distilled drafter (one call), the NEZHA head or the engine's drafter; "
-        "auto: the distilled drafter where the verifier has one, else the head",
+        description="draft with the distilled drafter (one call), the NEZHA head or the engine's item drafter; "
+        "auto: the first of these three the verifier's bundle and the engine have",
     )
 
 
@@ -47,13 +50,37 @@ class StrictPolicy(LevelwisePolicy):
     # phases read only the fields both have, and take any other drafter for the head
     config: StrictConfig  # type: ignore[assignment]
 
+    def draft_source(self) -> str | None:
+        cfg, eng = self.config, self.engine
+        if cfg.drafter != "auto":
+            if cfg.drafter == "distilled":
+                return "distilled" if eng.verifier.parts().distilled_drafter else None
+            return super().draft_source()
+        parts = eng.verifier.parts()
+        if parts.distilled_drafter:
+            return "distilled"
+        if parts.draft_head:
+            return "head"
+        return "drafter" if eng.drafter is not None else None
+
+    def missing(self) -> str | None:
+        if self.draft_source() is not None:
+            return None
+        if self.config.drafter == "distilled":
+            return "the distilled SID drafter (its bundle has none: `specrec train-drafters --which distill`)"
+        if self.config.drafter == "auto":
+            return "a drafter: the distilled SID drafter, the NEZHA draft head or an item drafter"
+        return super().missing()
+
     def _run(self, batch: LiveBatch) -> None:
-        cfg = self.config
-        if cfg.drafter in ("auto", "distilled") and self._run_distilled(batch):
-            return
-        if cfg.drafter == "distilled":
-            raise ValueError("strict with drafter='distilled' needs a distilled drafter (`specrec distill`)")
-        super()._run(batch)  # levelwise: "auto" drafts with the head
+        if self.draft_source() == "distilled":
+            if self._run_distilled(batch):
+                return
+            # the verifier said it has none after all (it learned so from this call): the target's own search
+            # answers from the next source the engine has
+            if self.draft_source() is None:
+                raise Unsupported(self.name, "a drafter")
+        super()._run(batch)
 
     def _run_distilled(self, batch: LiveBatch) -> bool:
         eng, cfg = self.engine, self.config

@@ -129,6 +129,15 @@ def serving_bundle_dir(tiny_bundle_dir, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def model_only_bundle_dir(tiny_bundle_dir, tmp_path_factory) -> Path:
+    """The tiny bundle with its item drafters only: no distilled SID drafter, no NEZHA head."""
+    from .stack import build_serving_bundle
+
+    return build_serving_bundle(tiny_bundle_dir, tmp_path_factory.mktemp("model-only") / "bundle",
+                                sid_drafters=False)
+
+
+@pytest.fixture(scope="session")
 def serving_bundle(serving_bundle_dir):
     from specrec.bundle import Bundle
 

@@ -31,9 +31,11 @@ TOKEN = "stack-token"
 AUTH = (("authorization", f"Bearer {TOKEN}"),)
 
 
-def build_serving_bundle(src: Path, dst: Path) -> Path:
+def build_serving_bundle(src: Path, dst: Path, sid_drafters: bool = True) -> Path:
     """The tiny bundle plus (untrained) drafters: retrieval model with real
-    text embeddings, self-draft head, NEZHA head, distilled SID-MLP drafter."""
+    text embeddings, self-draft head, NEZHA head, distilled SID-MLP drafter. Without ``sid_drafters`` only
+    the item drafters (retrieval, text): a bundle like ``bundles/beauty-temporal``, one a user trains without
+    ``train-drafters --which distill``."""
     import torch
 
     from specrec.bundle import Bundle, round_to_half
@@ -47,9 +49,11 @@ def build_serving_bundle(src: Path, dst: Path) -> Path:
     torch.manual_seed(1)
     b.text_emb = TextEmbedder(progress=False)(b.catalogue.texts)
     b.retrieval = round_to_half(RetrievalModel(RetrievalConfig(max_history=b.cfg.max_history)).eval())
-    b.self_draft = round_to_half(SelfDraftHead(b.model).eval())
-    b.nezha_head = round_to_half(NezhaHead(b.model).eval())
-    b.sid_mlp = round_to_half(SidMlpDrafter(b.cfg.level_sizes, b.cfg.d_model, SidMlpConfig(hidden=32, ff=64)).eval())
+    if sid_drafters:
+        b.self_draft = round_to_half(SelfDraftHead(b.model).eval())
+        b.nezha_head = round_to_half(NezhaHead(b.model).eval())
+        b.sid_mlp = round_to_half(SidMlpDrafter(b.cfg.level_sizes, b.cfg.d_model,
+                                                SidMlpConfig(hidden=32, ff=64)).eval())
     b.meta.setdefault("drafters", {})["text_share"] = 0.3  # text neighbours reach new items
     return b.save(dst)
 
