@@ -417,6 +417,7 @@ class ItemSetService(Service):
         self.store: RedisCatalogue | None = None
         self.tokenizer: SidTokenizer | None = None
         self._background: asyncio.Task | None = None
+        self._tokenizer_ready: asyncio.Task | None = None  # the text embedder's first load (start() begins it)
         self._watch: asyncio.Task | None = None
         self.mirror: Mirror | None = None
         self._refreshes: set[asyncio.Task] = set()
@@ -434,17 +435,22 @@ class ItemSetService(Service):
     async def encode(self, texts: list[str]):
         tok = self.tokenizer
         assert tok is not None  # the servicer encodes only when there is a tokenizer
+        if self._tokenizer_ready is not None:
+            await asyncio.shield(self._tokenizer_ready)  # its first load, once
         return await asyncio.to_thread(tok.codes, texts)
+
+    async def _warm_up_tokenizer(self, tok) -> None:
+        t0 = time.perf_counter()
+        await asyncio.to_thread(tok.warm_up)
+        self.log.info("tokenizer ready", bundle=str(self.settings.bundle), level_sizes=tok.level_sizes,
+                      warmup_s=round(time.perf_counter() - t0, 2))
 
     async def start(self) -> None:
         s = self.settings
         if s.bundle is not None:
             self.tokenizer = await asyncio.to_thread(SidTokenizer.from_bundle, s.bundle)
-            if s.warm_up:
-                t0 = time.perf_counter()
-                await asyncio.to_thread(self.tokenizer.warm_up)
-                self.log.info("tokenizer ready", bundle=str(s.bundle), level_sizes=self.tokenizer.level_sizes,
-                              warmup_s=round(time.perf_counter() - t0, 2))
+            if s.warm_up:  # in the background: reads and SID checks need no text embedder, an upsert waits for it
+                self._tokenizer_ready = asyncio.create_task(self._warm_up_tokenizer(self.tokenizer))
         store = RedisCatalogue.from_settings(s, keep_versions=s.keep_versions,
                                              default_level_sizes=self.tokenizer.level_sizes if self.tokenizer else None)
         if await self._wait_for_redis(store, s.startup_wait_s):
@@ -647,6 +653,8 @@ class ItemSetService(Service):
                 self.log.exception("integrity check failed")
 
     async def stop(self) -> None:
+        if self._tokenizer_ready is not None and not self._tokenizer_ready.done():
+            await asyncio.wait([self._tokenizer_ready], timeout=30)  # its thread cannot be cancelled
         if self._watch is not None:
             self._watch.cancel()
             try:

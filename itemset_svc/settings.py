@@ -60,7 +60,8 @@ class ItemSetSettings(ServiceSettings):
                                   "service starts anyway (RPCs answer UNAVAILABLE until Redis is back)")
     watch_s: float = Field(0.5, ge=0, le=3600, description="how often the catalogue in Redis is checked against the "
                            "item set's own copy (restored when Redis lost or rolled back its data); 0 = never")
-    warm_up: bool = Field(True, description="load and run the text embedder once at start (first Upsert is then fast)")
+    warm_up: bool = Field(True, description="load and run the text embedder once at start, in the background (the "
+                          "first Upsert waits for it, and is then fast)")
 
     @field_validator("namespace")
     @classmethod

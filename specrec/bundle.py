@@ -121,6 +121,7 @@ class Bundle:
     nezha_head: NezhaHead | None = None
     sid_mlp: SidMlpDrafter | None = None
     sasrec: SASRec | None = None
+    path: Path | None = None  # the directory it was loaded from (its prebuilt graphs live in ``path / "onnx"``)
 
     def __post_init__(self) -> None:
         if self.sids.shape != (len(self.catalogue), self.model.cfg.sid_len):
@@ -181,7 +182,18 @@ class Bundle:
         from .backends import DEFAULT_BACKEND, make_backend
 
         kw.setdefault("drafter", self.sid_mlp)
-        return make_backend(name or DEFAULT_BACKEND, self.model, self.nezha_head, **kw)
+        name = name or DEFAULT_BACKEND
+        if name == "onnx" and kw.get("onnx_dir") is None:
+            kw["onnx_dir"] = self.prebuilt_graphs(kw["drafter"])
+        return make_backend(name, self.model, self.nezha_head, **kw)
+
+    def prebuilt_graphs(self, drafter=None) -> Path | None:
+        """``path / "onnx"`` when it holds graphs built for exactly these weights (``specrec export-onnx``),
+        else None (the backend exports into its cache on first use)."""
+        from .backends.onnx import graphs_current
+
+        d = None if self.path is None else self.path / "onnx"
+        return d if d is not None and graphs_current(d, self.model, self.nezha_head, drafter) else None
 
     def engine(self, drafter: str | None = "retrieval", backend=None, **drafter_kw):
         """An in-process engine: local verifier on ``backend`` (default: the
@@ -249,7 +261,8 @@ class Bundle:
         model = load_weights(Tiger(TigerConfig(**meta["model"])), path / "model.safetensors")
         sem = SemanticIds(np.load(path / "codebooks.npy"), meta["sid"]["collision_size"])
         b = cls(name=meta["name"], catalogue=Catalogue(ids, titles, texts), semantic_ids=sem,
-                sids=np.asarray(sids, dtype=np.int64), seen=np.asarray(seen, dtype=bool), model=model, meta=meta)
+                sids=np.asarray(sids, dtype=np.int64), seen=np.asarray(seen, dtype=bool), model=model, meta=meta,
+                path=path)
         if (path / "text_emb.npy").exists():
             b.text_emb = np.load(path / "text_emb.npy").astype(np.float32)
         if "retrieval" in meta:

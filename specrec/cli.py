@@ -3,7 +3,7 @@
     specrec train   --data DIR --protocol loo --out runs/beauty-loo
     specrec eval    --bundle runs/beauty-loo/bundle --limit 2000
     specrec sids    --data DIR
-    specrec export-onnx --bundle DIR --out DIR
+    specrec export-onnx --bundle DIR [--out DIR]
     specrec synth   --out DIR
 
 Every subcommand has ``--help``.
@@ -126,7 +126,7 @@ def _load_eval_data(bundle, data: str | None, protocol: str | None):
 
 
 def _backend(bundle, a: argparse.Namespace):
-    """The hot-path backend an eval asked for (--backend, --device, --threads)."""
+    """The hot-path backend an eval asked for (--backend, --device, --ort-threads)."""
     name = a.backend or "onnx"
     if name == "eager":
         return bundle.backend("eager", device=a.device)
@@ -135,7 +135,7 @@ def _backend(bundle, a: argparse.Namespace):
             "--device applies to --backend eager (ONNX Runtime picks CUDA itself when onnxruntime-gpu finds a GPU)"
         )
     kw = {"drafter_bits": None} if getattr(a, "float_drafter", False) else {}
-    return bundle.backend(name, threads=a.threads, **kw)
+    return bundle.backend(name, threads=a.ort_threads, **kw)
 
 
 def _policy_params(items: list[str]) -> dict[str, dict]:
@@ -234,6 +234,7 @@ def _eval_policies(a: argparse.Namespace, bundle, split, ex, exclude=None) -> in
     ds_name = bundle.meta.get("dataset", bundle.name)
     backend = engine.verifier.backend.describe()
     out = {"k": k, "n": len(ex), "protocol": split.protocol, "drafter": a.drafter, "threads": a.threads,
+           "ort_threads": a.ort_threads,
            "sample": a.sample, "seed": a.seed, "backend": backend, "exclude_history": exclude is not None,
            "drafter_shares": {k_: getattr(engine.drafter, k_, None) for k_ in ("text_share", "unseen_share")},
            "params": {n: p.config.model_dump() for n, p in policies.items()},
@@ -259,7 +260,8 @@ def _eval_policies(a: argparse.Namespace, bundle, split, ex, exclude=None) -> in
         users = (f"a random sample of {len(ex)} {a.split} users (seed {a.seed})" if a.sample is not None
                  else f"{len(ex)} {a.split} users")
         md = (f"# {name}\n\nCommand: `{' '.join(['specrec', *sys.argv[1:]])}`\n\n"
-              f"{users}, K = {k}, batch 1, interleaved, {a.threads} threads, backend {backend}, drafter `{a.drafter}`. "
+              f"{users}, K = {k}, batch 1, interleaved (order rotated per request), {a.threads} torch / "
+              f"{a.ort_threads} ONNX Runtime threads, backend {backend}, drafter `{a.drafter}`. "
               f"speedup = beam's mean time / the policy's; item_accept / token_accept: accepted / drafted items and "
               f"SID tokens; no_fallback: share of requests a level-wise policy served with no fallback pass.\n\n"
               + markdown_table(rows, cols) + f"\n![stage times]({name}_stages.png)\n")
@@ -352,23 +354,35 @@ def cmd_sids(a: argparse.Namespace) -> int:
 
 
 def cmd_export(a: argparse.Namespace) -> int:
+    """Build every graph the verifier loads (the hot path's functions and the whole searches of each K, batch-1
+    and dynamic) into ``--out`` (default: the bundle's ``onnx/``, which the backend then loads instead of
+    exporting at start), and check one beam search against eager PyTorch."""
+    import time
+
     import torch
 
     from .backends import Backend
-    from .backends.onnx import OrtBackend, export_onnx
+    from .backends.onnx import OrtBackend
     from .bundle import Bundle
     from .decoding.beam import beam_search
 
+    t0 = time.perf_counter()
     bundle = Bundle.load(a.bundle)
-    out = export_onnx(bundle.model, a.out, bundle.nezha_head)
-    ort_be, ref = OrtBackend(bundle.model, bundle.nezha_head, onnx_dir=out), Backend(bundle.model, bundle.nezha_head)
+    out = Path(a.out) if a.out else Path(a.bundle) / "onnx"
+    ks = [int(x) for x in a.k.split(",") if x.strip()]
+    ort_be = OrtBackend(bundle.model, bundle.nezha_head, onnx_dir=out, drafter=bundle.sid_mlp, threads=a.threads)
+    ort_be.warmup(bundle.trie, ks)
+    ref = Backend(bundle.model, bundle.nezha_head)
     hist = bundle.history_sids([bundle.sids_t.new_tensor([0, 1, 2]).numpy()])
     with torch.inference_mode():
         eager_beams = beam_search(ref, ref.encode(hist), bundle.trie, 10)
-        onnx_beams = beam_search(ort_be, ort_be.encode(hist), bundle.trie, 10)
-    diff = float((eager_beams.scores - onnx_beams.scores).abs().max())
-    print(f"exported to {out} (providers {ort_be.providers}); beam search max |eager - onnx| = {diff:.2e}, "
-          f"same beams: {bool(torch.equal(eager_beams.codes, onnx_beams.codes))}")
+        onnx_beams = ort_be.search(ort_be.encode(hist), bundle.trie, 10)
+    assert onnx_beams is not None
+    diff = float((eager_beams.scores - onnx_beams.scores).nan_to_num(0, 0, 0).abs().max())
+    n = sum(1 for p in out.glob("*.onnx") if not p.name.endswith(".ext.onnx"))
+    same = bool(torch.equal(eager_beams.codes, onnx_beams.codes))
+    print(f"built {n} graphs for K = {ks} in {out} in {time.perf_counter() - t0:.0f} s (providers {ort_be.providers});"
+          f" beam search max |eager - onnx| = {diff:.2e}, same beams: {same}")
     return 0
 
 
@@ -425,7 +439,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--exclude-history", action="store_true",
                    help="never recommend an item of the user's history (masked inside the trie constraint); "
                         "results get their own keys (...excl...), apart from the TIGER-protocol figures")
-    e.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    e.add_argument("--threads", type=int, default=2, help="torch intra-op threads (the eager backend's)")
+    e.add_argument("--ort-threads", type=int, default=1,
+                   help="ONNX Runtime intra-op threads (1: measured best at batch 1, see specrec.backends.onnx)")
     e.add_argument("--float-drafter", action="store_true",
                    help="ONNX backend: the distilled drafter's weights in float32 (default on the CPU: 8-bit; the "
                    "target's are float32 either way)")
@@ -508,9 +524,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.set_defaults(func=cmd_sids)
 
-    x = sub.add_parser("export-onnx", help="export a bundle's hot path to ONNX (encode, step, tree, head) and check it")
+    x = sub.add_parser("export-onnx", help="build every ONNX graph the verifier loads (once, beside the bundle) "
+                       "and check it against eager PyTorch")
     x.add_argument("--bundle", required=True)
-    x.add_argument("--out", required=True)
+    x.add_argument("--out", default=None, help="where (default: BUNDLE/onnx, which the verifier then loads)")
+    x.add_argument("--k", default="10,50", help="list lengths K whose search graphs to build (the verifier's warmup_k)")
+    x.add_argument("--threads", type=int, default=1, help="intra-op threads while building")
     x.set_defaults(func=cmd_export)
 
     y = sub.add_parser("synth", help="write a synthetic catalogue in the dataset format")

@@ -39,6 +39,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ORDER = ("itemset", "verifier", "drafter", "gateway")  # start order; stopped in reverse
+# started together, stage after stage: the verifier and the drafter load their models while the item set starts
+# (they ask it for the catalogue until it answers), and the gateway warms up against all three
+STAGES = (("itemset", "verifier", "drafter"), ("gateway",))
 MODULES = {"itemset": "itemset_svc", "drafter": "drafter_svc", "verifier": "verifier_svc", "gateway": "gateway"}
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 
@@ -246,18 +249,29 @@ class ServiceProcs:
 
     def start(self, timeout: float = 300.0, say: Callable[[str], None] = print,
               on_started: Callable[[str, int], None] | None = None) -> ServiceProcs:
-        """Start item set -> verifier -> drafter -> gateway, each waited on
-        until SERVING (SystemExit with its log tail otherwise; what was
+        """Start item set, verifier and drafter together, then the gateway, each stage waited on
+        until all of it is SERVING (SystemExit with the log tail otherwise; what was
         started keeps running: call :meth:`stop`)."""
-        for name in ORDER:
-            for key in self.keys(name):
-                self.start_one(key, timeout, say, on_started)
+        for stage in STAGES:
+            keys = [key for name in stage for key in self.keys(name)]
+            t0 = {}
+            for key in keys:
+                self._spawn(key, say, on_started)
+                t0[key] = time.time()
+            for key in keys:
+                self._wait_serving(key, t0[key], timeout, say)
         return self
 
     def start_one(self, name: str, timeout: float = 300.0, say: Callable[[str], None] = print,
                   on_started: Callable[[str, int], None] | None = None, append_log: bool = False) -> subprocess.Popen:
         """Start (or restart, on the same port) one service process (``name``: a service, or a replica
         key such as ``verifier2``) and wait until it is SERVING."""
+        p = self._spawn(name, say, on_started, append_log)
+        self._wait_serving(name, time.time(), timeout, say)
+        return p
+
+    def _spawn(self, name: str, say: Callable[[str], None], on_started: Callable[[str, int], None] | None = None,
+               append_log: bool = False) -> subprocess.Popen:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         env = service_env(self.bundle, self.redis_url, self.namespace, self.token, self.ports, self.metrics_ports,
                           self.max_history)
@@ -282,12 +296,15 @@ class ServiceProcs:
         m = self.metrics_ports.get(name, 0)
         say(f"started {name} (pid {p.pid}, port {self.ports[name]}" + (f", metrics :{m}" if m else "")
             + "); waiting for SERVING")
-        t0 = time.time()
+        return p
+
+    def _wait_serving(self, name: str, t0: float, timeout: float, say: Callable[[str], None]) -> None:
+        p = self.procs[name]
         while True:
             status = health_status(self.ports[name])
             if status == "SERVING":
                 say(f"{name} SERVING after {time.time() - t0:.1f} s")
-                return p
+                return
             if p.poll() is not None or time.time() - t0 > timeout:
                 tail = self.log_path(name).read_text()[-2000:]
                 raise SystemExit(f"{name} did not become healthy (status {status}); log tail:\n{tail}")

@@ -158,7 +158,9 @@ class VerifierService(Service):
                                                          self.s.warmup_k)
         rows = np.nonzero(snap.itemset.active)[0]
         rng = np.random.default_rng(0)
-        for n in range(1, self.max_history + 1, 4):
+        # a graph's shapes do not depend on the history's length (it is padded to the window): the shortest and
+        # the longest reach every graph and the largest buffers
+        for n in sorted({1, self.max_history}):
             h = np.full((1, self.max_history, len(self.level_sizes)), -1, dtype=np.int64)
             h[0, self.max_history - n :] = snap.itemset.sids[rng.choice(rows, size=min(len(rows), n))]
             for width in self.s.warmup_k:

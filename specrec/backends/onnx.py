@@ -77,12 +77,21 @@ SEARCHES = {
 }
 
 
+#: why one intra-op thread is the default: measured at batch 1 on 2 cores (bench/results/README.md, "Graphs"), a
+#: beam request took 7.5 ms with one thread, 8.2 ms with two that sleep between nodes (each of a graph's ~900
+#: small nodes wakes the other thread) and, with two that spin, less alone but far more beside any other work in
+#: the process (spinning threads took the cores from eager torch and the other sessions: 9-23 ms). A machine
+#: with more cores and bigger batches sets ``threads`` (the verifier's SPECREC_VERIFIER_THREADS).
+THREADS_NOTE = "one intra-op thread, no spinning, unless told otherwise"
+
 # the whole-search graphs that run the distilled drafter (its weights may be 8-bit there)
 DRAFTER_KINDS = ("draft", "score", "strict")
 
 
-def search_name(kind: str, width: int, n: int | None = None, drafter_bits: int | None = None) -> str:
-    return f"{kind}_w{width}" + (f"_n{n}" if n is not None else "") + (f"_q{drafter_bits}" if drafter_bits else "")
+def search_name(kind: str, width: int, n: int | None = None, drafter_bits: int | None = None,
+                batch1: bool = False) -> str:
+    return (f"{kind}_w{width}" + (f"_n{n}" if n is not None else "") + (f"_q{drafter_bits}" if drafter_bits else "")
+            + ("_r1" if batch1 else ""))
 
 
 def _export(module: nn.Module, args, inputs, outputs, axes, path: Path, post=None) -> None:
@@ -165,6 +174,8 @@ def export_onnx(model: Tiger, out_dir: str | Path, head=None, drafter=None) -> P
     hist, (keep, ck, cv) = _example_encoder(fused, r)
     _export(_Fn(fused.encode), (hist,), ["hist_sids"], ENC, {"hist_sids": {0: "R", 1: "S"}, **ENC_AXES},
             out / "encode.onnx")
+    hist1, _ = _example_encoder(fused, 1, cfg.max_history)  # one request, a full window: every shape static
+    _export(_Fn(fused.encode), (hist1,), ["hist_sids"], ENC, {}, out / "encode_r1.onnx")
     cache_k, cache_v = fused.empty_cache(r * 2)
     args = (torch.randint(2, cfg.vocab_size, (r, b)), torch.tensor(1), torch.randint(0, r * 2, (r * b,)),
             keep, ck, cv, cache_k + 0.5, cache_v + 0.5)
@@ -221,13 +232,15 @@ def weights_fingerprint(*modules) -> str:
 
 
 def export_search(model: Tiger, out_dir: str | Path, kind: str, width: int, head=None, drafter=None,
-                  n: int | None = None, drafter_bits: int | None = None) -> Path:
+                  n: int | None = None, drafter_bits: int | None = None, batch1: bool = False) -> Path:
     """Write the whole-search graph ``kind`` (see :data:`SEARCHES`) of ``width`` (and ``n`` drafts per level,
-    for 'strict') as ``search_name(kind, width, n, drafter_bits).onnx``, the drafter's weights quantized to
-    ``drafter_bits`` where given (:func:`quantize_drafter`)."""
+    for 'strict') as ``search_name(kind, width, n, drafter_bits, batch1).onnx``, the drafter's weights quantized
+    to ``drafter_bits`` where given (:func:`quantize_drafter`). With ``batch1`` every axis but the tables' is
+    static: one request (R = 1) with a full history window (S = the model's), so the tracer's shape arithmetic
+    is constant and ONNX Runtime folds it (:data:`BATCH1`)."""
     out = Path(out_dir)
     fused = FusedHotPath(model, head, drafter).eval()
-    hist, enc = _example_encoder(fused, 2)
+    hist, enc = _example_encoder(fused, *((1, model.cfg.max_history) if batch1 else (2, 3)))
     sids = torch.stack([torch.randint(0, v, (16,)) for v in model.cfg.level_sizes], 1)
     from ..ids.trie import SidTrie
 
@@ -237,15 +250,17 @@ def export_search(model: Tiger, out_dir: str | Path, kind: str, width: int, head
     names = [f"table{j}" for j in range(len(tables))]
     method, outputs = SEARCHES[kind]
     widths = (width,) if n is None else (width, n)
-    path = out / f"{search_name(kind, width, n, drafter_bits)}.onnx"
-    axes = {**ENC_AXES, **{nm: {0: f"nodes{j}"} for j, nm in enumerate(names)},
-            **{o: {1 if o.startswith("kept") else 0: "R"} for o in outputs}}
+    path = out / f"{search_name(kind, width, n, drafter_bits, batch1)}.onnx"
+    axes: dict = {nm: {0: f"nodes{j}"} for j, nm in enumerate(names)}
+    if not batch1:
+        axes.update({**ENC_AXES, **{o: {1 if o.startswith("kept") else 0: "R"} for o in outputs}})
     extra: tuple = ()
     if kind == "resume":  # its state comes from strict's graph: an example of it
         with torch.no_grad():
             enc_mask, cross_k, cross_v = enc
             extra = tuple(fused.draft_verify(enc_mask, cross_k, cross_v, tables, width, 2 * width)[6:])
-        axes.update({nm: {1 if nm.startswith("kept") else 0: "R"} for nm in RESUME})
+        if not batch1:
+            axes.update({nm: {1 if nm.startswith("kept") else 0: "R"} for nm in RESUME})
     _export(_Search(getattr(fused, method), len(tables), *widths, n_extra=len(extra)), (*enc, *tables, *extra),
             [*ENC, *names, *(RESUME if extra else [])], outputs, axes, path,
             post=(lambda p: quantize_drafter(p, drafter, drafter_bits)) if drafter_bits and drafter is not None
@@ -311,10 +326,13 @@ class OrtBackend(Backend):
     name = "onnx"
 
     def __init__(self, model, head=None, onnx_dir: str | Path | None = None, threads: int | None = None,
-                 providers: list[str] | None = None, drafter=None, drafter_bits: int | None | str = "auto"):
+                 providers: list[str] | None = None, drafter=None, drafter_bits: int | None | str = "auto",
+                 batch1: bool = True, spinning: bool = False):
         """``drafter_bits``: the distilled drafter's weights in the whole-search graphs as 8-bit integers
         (:func:`quantize_drafter`; the target's are never touched), None for float32; "auto": 8 on the
-        CPU, float32 where a GPU runs the graphs."""
+        CPU, float32 where a GPU runs the graphs. ``batch1``: a call with one row and a full history window
+        runs graphs with static shapes (``*_r1``; the encoder's too), any other the dynamic ones. ``spinning``:
+        intra-op threads spin between the graph's nodes instead of sleeping (:data:`THREADS_NOTE`)."""
         super().__init__(model, head, drafter=drafter)
         import onnxruntime as ort
 
@@ -328,10 +346,9 @@ class OrtBackend(Backend):
             export_onnx(model, d, head, drafter)
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if threads:
-            so.intra_op_num_threads = threads
+        so.intra_op_num_threads = threads or 1  # THREADS_NOTE
         so.inter_op_num_threads = 1
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
         self.options, self.providers_wanted = so, providers or default_providers()
         if drafter_bits == "auto":
             drafter_bits = None if "CUDAExecutionProvider" in self.providers_wanted else 8
@@ -339,10 +356,13 @@ class OrtBackend(Backend):
             raise ValueError(f"drafter_bits: 8 or None, not {drafter_bits!r}")
         self.drafter_bits = drafter_bits if drafter is not None else None
         self.onnx_dir = d
+        self.batch1 = batch1
+        cfg = model.cfg
+        self._window = cfg.max_history if cfg.encoder_input == "items" else cfg.max_history * cfg.sid_len
         self.sessions: dict[str, ort.InferenceSession] = {}
         self._lock = threading.Lock()
-        for name in ("encode", "step", "tree", "head"):
-            if (d / f"{name}.onnx").exists():
+        for name in ("encode", "encode_r1", "step", "tree", "head"):
+            if self._have(name):
                 self._session(name)
         self.providers = self.sessions["encode"].get_providers()
 
@@ -355,10 +375,39 @@ class OrtBackend(Backend):
             with self._lock:
                 s = self.sessions.get(name)
                 if s is None:
-                    s = self._ort.InferenceSession(str(self.onnx_dir / f"{name}.onnx"), self.options,
+                    s = self._ort.InferenceSession(str(self._optimized(name)), self.options,
                                                    providers=self.providers_wanted)
                     self.sessions[name] = s
         return s
+
+    def _optimized(self, name: str) -> Path:
+        """The graph ``name`` as ONNX Runtime's portable optimisations (ORT_ENABLE_EXTENDED: fusions, constant
+        folding; no layout for one CPU) left it, saved in its place once (``name.ext.onnx``; the traced graph is
+        then removed: the directory's fingerprint, not the file, says whether it is current) on the CPU: a
+        session made from it spends less than half the time optimising (measured 0.16 -> 0.07 s per graph; the
+        verifier loads some 70 at start). Elsewhere (CUDA) the traced graph itself."""
+        src, out = self.onnx_dir / f"{name}.onnx", self.onnx_dir / f"{name}.ext.onnx"
+        if self.providers_wanted != ["CPUExecutionProvider"] or (src.exists() and not out.exists()
+                                                                and not os.access(self.onnx_dir, os.W_OK)):
+            return src
+        if not out.exists():
+            so = self._ort.SessionOptions()
+            so.graph_optimization_level = self._ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+            tmp = out.with_suffix(f".{os.getpid()}.tmp")
+            so.optimized_model_filepath = str(tmp)
+            self._ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"])
+            tmp.replace(out)
+            src.unlink(missing_ok=True)
+        return out
+
+    def graph_path(self, name: str) -> Path:
+        """The file graph ``name`` is loaded from (its optimised copy where there is one)."""
+        out = self.onnx_dir / f"{name}.ext.onnx"
+        return out if out.exists() else self.onnx_dir / f"{name}.onnx"
+
+    def _have(self, name: str) -> bool:
+        """Whether graph ``name`` is exported (traced, or optimised in its place)."""
+        return (self.onnx_dir / f"{name}.onnx").exists() or (self.onnx_dir / f"{name}.ext.onnx").exists()
 
     def _run(self, name: str, inputs: list[str], args) -> list[torch.Tensor]:
         feed = {k: (v if isinstance(v, np.ndarray) else np.ascontiguousarray(v.numpy())) for k, v in zip(inputs, args)}
@@ -366,7 +415,8 @@ class OrtBackend(Backend):
 
     # -- the four functions -------------------------------------------------------------
     def _encode(self, hist_sids):
-        return tuple(self._run("encode", ["hist_sids"], [hist_sids]))
+        one = self.batch1 and tuple(hist_sids.shape[:2]) == (1, self.cfg.max_history)
+        return tuple(self._run("encode_r1" if one else "encode", ["hist_sids"], [hist_sids]))
 
     def _step(self, *args):
         return tuple(self._run("step", ["tokens", "start", "parent", *ENC, "cache_k", "cache_v"], args))
@@ -398,18 +448,22 @@ class OrtBackend(Backend):
             or (kind in DRAFTER_KINDS and self.drafter is None)
         ):
             return None
-        name = self._exported(kind, width, n)
+        name = self._exported(kind, width, n, self._batch1(enc.keep))
         names = [f"table{j}" for j in range(len(tables))]
         return self._run(name, [*ENC, *names], [enc.keep, enc.cross_k, enc.cross_v, *tables])
 
-    def _exported(self, kind: str, width: int, n: int | None = None) -> str:
+    def _batch1(self, enc_mask) -> bool:
+        """Whether a call fits the static batch-1 graphs: one row and a full history window."""
+        return self.batch1 and tuple(enc_mask.shape) == (1, self._window)
+
+    def _exported(self, kind: str, width: int, n: int | None = None, batch1: bool = False) -> str:
         """The name of whole-search graph ``kind``, exported first if it is not yet."""
         bits = self.drafter_bits if kind in DRAFTER_KINDS else None
-        name = search_name(kind, width, n, bits)
-        if name not in self.sessions and not (self.onnx_dir / f"{name}.onnx").exists():
+        name = search_name(kind, width, n, bits, batch1)
+        if name not in self.sessions and not self._have(name):
             with self._lock:
-                if not (self.onnx_dir / f"{name}.onnx").exists():
-                    export_search(self.model, self.onnx_dir, kind, width, self.head, self.drafter, n, bits)
+                if not self._have(name):
+                    export_search(self.model, self.onnx_dir, kind, width, self.head, self.drafter, n, bits, batch1)
         return name
 
     def search(self, enc, trie, width: int):
@@ -429,7 +483,7 @@ class OrtBackend(Backend):
         return torch.from_numpy(tables[level])
 
     def _resume(self, enc, trie, width: int, state: list[torch.Tensor]) -> list[torch.Tensor]:
-        name = self._exported("resume", width)
+        name = self._exported("resume", width, batch1=self._batch1(enc.keep))
         tables = self._tables_of(trie)
         assert tables is not None  # strict's graph ran on them
         feed = dict(zip([*ENC, *[f"table{j}" for j in range(len(tables))], *RESUME],
@@ -445,7 +499,11 @@ class OrtBackend(Backend):
         of width K, and, for every draft count ``m * K`` (m in ``drafts``) the policies use, the head's
         searches and ``strict``'s draft-and-verify graphs; the distilled drafter's searches of width K and 2K,
         and its scored search of width 2K (``specgr``'s first round)."""
-        enc = self.encode(torch.zeros(1, 4, self.cfg.sid_len, dtype=torch.int64))
+        shapes = [(2, 4)] + ([(1, self.cfg.max_history)] if self.batch1 else [])  # dynamic graphs; batch 1
+        for r, s in shapes:
+            self._warmup(self.encode(torch.zeros(r, s, self.cfg.sid_len, dtype=torch.int64)), trie, ks, drafts)
+
+    def _warmup(self, enc, trie, ks, drafts) -> None:
         for k in ks:
             self.search(enc, trie, k)
             if self.drafter is not None:  # nezha drafts K and 2K beams; specgr's first round scores 2K
@@ -458,18 +516,28 @@ class OrtBackend(Backend):
                 if self.drafter is not None:
                     self.draft_verify(enc, trie, k, draft_count(m, k))
             if self.drafter is not None and self.cfg.sid_len >= 3:  # what finishes a row strict's drafts missed
-                self._session(self._exported("resume", k))
+                self._session(self._exported("resume", k, batch1=self._batch1(enc.keep)))
+
+
+def graphs_current(d: Path, model, head, drafter=None) -> bool:
+    """Whether ``d`` holds the hot path's graphs exported for exactly these weights and this code."""
+    def have(name: str) -> bool:
+        return (d / f"{name}.onnx").exists() or (d / f"{name}.ext.onnx").exists()
+
+    if not (d / "config.json").exists() or not have("tree") or not have("encode_r1"):
+        return False
+    if head is not None and not have("head"):
+        return False
+    meta = json.loads((d / "config.json").read_text())
+    return meta.get("fingerprint") == weights_fingerprint(model, head, drafter)
 
 
 def _current(d: Path, model, head, drafter=None) -> bool:
-    """The exported graphs in ``d`` belong to exactly these weights (model and head)."""
-    if not (d / "config.json").exists() or not (d / "tree.onnx").exists():
-        return False
-    if head is not None and not (d / "head.onnx").exists():
-        return False
-    meta = json.loads((d / "config.json").read_text())
-    if meta.get("fingerprint") == weights_fingerprint(model, head, drafter):
+    """:func:`graphs_current`; where ``d`` holds graphs of other weights, their whole-search graphs are removed."""
+    if graphs_current(d, model, head, drafter):
         return True
-    for old in d.glob("*_w*.onnx"):  # whole-search graphs of other weights
-        old.unlink()
+    if not (d / "config.json").exists():
+        return False
+    for old in [*d.glob("*_w*.onnx"), *d.glob("*.ext.onnx")]:  # whole-search graphs of other weights, and every
+        old.unlink()  # optimised copy (the graphs of the hot path's functions are exported again)
     return False

@@ -201,9 +201,9 @@ def test_the_drafters_weights_are_8_bit_on_the_cpu_and_the_targets_never(tmp_pat
     fp = OrtBackend(q8.model, q8.head, onnx_dir=tmp_path / "fp32", drafter=q8.drafter, drafter_bits=None)
     trie, hs = eng.itemset.trie, eng.history_sids(histories(eng, 6, 5))
     a, b = q8.draft_search(q8.encode(hs), trie, 6), fp.draft_search(fp.encode(hs), trie, 6)
-    ops = [n.op_type for n in onnx.load(str(q8.onnx_dir / "draft_w6_q8.onnx")).graph.node]
+    ops = [n.op_type for n in onnx.load(str(q8.graph_path("draft_w6_q8"))).graph.node]
     assert ops.count("MatMulNBits") >= 3 and "MatMulNBits" not in [
-        n.op_type for n in onnx.load(str(fp.onnx_dir / "draft_w6.onnx")).graph.node]
+        n.op_type for n in onnx.load(str(fp.graph_path("draft_w6"))).graph.node]
     lvl0 = a.alive & b.alive
     assert torch.allclose(a.token_logp[..., 0][lvl0], b.token_logp[..., 0][lvl0], atol=1e-6)  # the target's
     same = (a.codes == b.codes).all(-1) & lvl0
