@@ -69,9 +69,7 @@ def main(argv=None) -> int:
     feed = {"enc_mask": enc.keep.numpy(), "cross_k": enc.cross_k.numpy(), "cross_v": enc.cross_v.numpy(),
             **{f"table{j}": t for j, t in enumerate(tables)}}
     out = {"command": "python bench/profile_graphs.py " + " ".join(sys.argv[1:]), "k": a.k, "n": n}
-    one = be._batch1(enc.keep)  # one request with a full window: the static-shape graphs run
-    for kind, name in (("beam", search_name("beam", a.k, batch1=one)),
-                       ("strict", search_name("strict", a.k, n, be.drafter_bits, batch1=one))):
+    for kind, name in (("beam", search_name("beam", a.k)), ("strict", search_name("strict", a.k, n, be.drafter_bits))):
         out[kind] = profile(be.graph_path(name), feed, a.runs)
         r = out[kind]
         print(f"{name}: {r['nodes_per_call']:.0f} nodes per call, {r['kernel_us_per_call'] / 1000:.2f} ms of kernels "

@@ -379,7 +379,7 @@ def cmd_export(a: argparse.Namespace) -> int:
         onnx_beams = ort_be.search(ort_be.encode(hist), bundle.trie, 10)
     assert onnx_beams is not None
     diff = float((eager_beams.scores - onnx_beams.scores).nan_to_num(0, 0, 0).abs().max())
-    n = sum(1 for p in out.glob("*.onnx") if not p.name.endswith(".ext.onnx"))
+    n = len({p.name.removesuffix(".onnx").removesuffix(".ext") for p in out.glob("*.onnx")})
     same = bool(torch.equal(eager_beams.codes, onnx_beams.codes))
     print(f"built {n} graphs for K = {ks} in {out} in {time.perf_counter() - t0:.0f} s (providers {ort_be.providers});"
           f" beam search max |eager - onnx| = {diff:.2e}, same beams: {same}")

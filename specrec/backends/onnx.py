@@ -88,10 +88,8 @@ THREADS_NOTE = "one intra-op thread, no spinning, unless told otherwise"
 DRAFTER_KINDS = ("draft", "score", "strict")
 
 
-def search_name(kind: str, width: int, n: int | None = None, drafter_bits: int | None = None,
-                batch1: bool = False) -> str:
-    return (f"{kind}_w{width}" + (f"_n{n}" if n is not None else "") + (f"_q{drafter_bits}" if drafter_bits else "")
-            + ("_r1" if batch1 else ""))
+def search_name(kind: str, width: int, n: int | None = None, drafter_bits: int | None = None) -> str:
+    return f"{kind}_w{width}" + (f"_n{n}" if n is not None else "") + (f"_q{drafter_bits}" if drafter_bits else "")
 
 
 def _export(module: nn.Module, args, inputs, outputs, axes, path: Path, post=None) -> None:
@@ -174,8 +172,6 @@ def export_onnx(model: Tiger, out_dir: str | Path, head=None, drafter=None) -> P
     hist, (keep, ck, cv) = _example_encoder(fused, r)
     _export(_Fn(fused.encode), (hist,), ["hist_sids"], ENC, {"hist_sids": {0: "R", 1: "S"}, **ENC_AXES},
             out / "encode.onnx")
-    hist1, _ = _example_encoder(fused, 1, cfg.max_history)  # one request, a full window: every shape static
-    _export(_Fn(fused.encode), (hist1,), ["hist_sids"], ENC, {}, out / "encode_r1.onnx")
     cache_k, cache_v = fused.empty_cache(r * 2)
     args = (torch.randint(2, cfg.vocab_size, (r, b)), torch.tensor(1), torch.randint(0, r * 2, (r * b,)),
             keep, ck, cv, cache_k + 0.5, cache_v + 0.5)
@@ -232,15 +228,13 @@ def weights_fingerprint(*modules) -> str:
 
 
 def export_search(model: Tiger, out_dir: str | Path, kind: str, width: int, head=None, drafter=None,
-                  n: int | None = None, drafter_bits: int | None = None, batch1: bool = False) -> Path:
+                  n: int | None = None, drafter_bits: int | None = None) -> Path:
     """Write the whole-search graph ``kind`` (see :data:`SEARCHES`) of ``width`` (and ``n`` drafts per level,
-    for 'strict') as ``search_name(kind, width, n, drafter_bits, batch1).onnx``, the drafter's weights quantized
-    to ``drafter_bits`` where given (:func:`quantize_drafter`). With ``batch1`` every axis but the tables' is
-    static: one request (R = 1) with a full history window (S = the model's), so the tracer's shape arithmetic
-    is constant and ONNX Runtime folds it (:data:`BATCH1`)."""
+    for 'strict') as ``search_name(kind, width, n, drafter_bits).onnx``, the drafter's weights quantized to
+    ``drafter_bits`` where given (:func:`quantize_drafter`)."""
     out = Path(out_dir)
     fused = FusedHotPath(model, head, drafter).eval()
-    hist, enc = _example_encoder(fused, *((1, model.cfg.max_history) if batch1 else (2, 3)))
+    hist, enc = _example_encoder(fused, 2)
     sids = torch.stack([torch.randint(0, v, (16,)) for v in model.cfg.level_sizes], 1)
     from ..ids.trie import SidTrie
 
@@ -250,17 +244,15 @@ def export_search(model: Tiger, out_dir: str | Path, kind: str, width: int, head
     names = [f"table{j}" for j in range(len(tables))]
     method, outputs = SEARCHES[kind]
     widths = (width,) if n is None else (width, n)
-    path = out / f"{search_name(kind, width, n, drafter_bits, batch1)}.onnx"
-    axes: dict = {nm: {0: f"nodes{j}"} for j, nm in enumerate(names)}
-    if not batch1:
-        axes.update({**ENC_AXES, **{o: {1 if o.startswith("kept") else 0: "R"} for o in outputs}})
+    path = out / f"{search_name(kind, width, n, drafter_bits)}.onnx"
+    axes = {**ENC_AXES, **{nm: {0: f"nodes{j}"} for j, nm in enumerate(names)},
+            **{o: {1 if o.startswith("kept") else 0: "R"} for o in outputs}}
     extra: tuple = ()
     if kind == "resume":  # its state comes from strict's graph: an example of it
         with torch.no_grad():
             enc_mask, cross_k, cross_v = enc
             extra = tuple(fused.draft_verify(enc_mask, cross_k, cross_v, tables, width, 2 * width)[6:])
-        if not batch1:
-            axes.update({nm: {1 if nm.startswith("kept") else 0: "R"} for nm in RESUME})
+        axes.update({nm: {1 if nm.startswith("kept") else 0: "R"} for nm in RESUME})
     _export(_Search(getattr(fused, method), len(tables), *widths, n_extra=len(extra)), (*enc, *tables, *extra),
             [*ENC, *names, *(RESUME if extra else [])], outputs, axes, path,
             post=(lambda p: quantize_drafter(p, drafter, drafter_bits)) if drafter_bits and drafter is not None
@@ -327,11 +319,10 @@ class OrtBackend(Backend):
 
     def __init__(self, model, head=None, onnx_dir: str | Path | None = None, threads: int | None = None,
                  providers: list[str] | None = None, drafter=None, drafter_bits: int | None | str = "auto",
-                 batch1: bool = True, spinning: bool = False):
+                 spinning: bool = False):
         """``drafter_bits``: the distilled drafter's weights in the whole-search graphs as 8-bit integers
         (:func:`quantize_drafter`; the target's are never touched), None for float32; "auto": 8 on the
-        CPU, float32 where a GPU runs the graphs. ``batch1``: a call with one row and a full history window
-        runs graphs with static shapes (``*_r1``; the encoder's too), any other the dynamic ones. ``spinning``:
+        CPU, float32 where a GPU runs the graphs. ``spinning``:
         intra-op threads spin between the graph's nodes instead of sleeping (:data:`THREADS_NOTE`)."""
         super().__init__(model, head, drafter=drafter)
         import onnxruntime as ort
@@ -356,12 +347,9 @@ class OrtBackend(Backend):
             raise ValueError(f"drafter_bits: 8 or None, not {drafter_bits!r}")
         self.drafter_bits = drafter_bits if drafter is not None else None
         self.onnx_dir = d
-        self.batch1 = batch1
-        cfg = model.cfg
-        self._window = cfg.max_history if cfg.encoder_input == "items" else cfg.max_history * cfg.sid_len
         self.sessions: dict[str, ort.InferenceSession] = {}
         self._lock = threading.Lock()
-        for name in ("encode", "encode_r1", "step", "tree", "head"):
+        for name in ("encode", "step", "tree", "head"):
             if self._have(name):
                 self._session(name)
         self.providers = self.sessions["encode"].get_providers()
@@ -415,8 +403,7 @@ class OrtBackend(Backend):
 
     # -- the four functions -------------------------------------------------------------
     def _encode(self, hist_sids):
-        one = self.batch1 and tuple(hist_sids.shape[:2]) == (1, self.cfg.max_history)
-        return tuple(self._run("encode_r1" if one else "encode", ["hist_sids"], [hist_sids]))
+        return tuple(self._run("encode", ["hist_sids"], [hist_sids]))
 
     def _step(self, *args):
         return tuple(self._run("step", ["tokens", "start", "parent", *ENC, "cache_k", "cache_v"], args))
@@ -448,22 +435,18 @@ class OrtBackend(Backend):
             or (kind in DRAFTER_KINDS and self.drafter is None)
         ):
             return None
-        name = self._exported(kind, width, n, self._batch1(enc.keep))
+        name = self._exported(kind, width, n)
         names = [f"table{j}" for j in range(len(tables))]
         return self._run(name, [*ENC, *names], [enc.keep, enc.cross_k, enc.cross_v, *tables])
 
-    def _batch1(self, enc_mask) -> bool:
-        """Whether a call fits the static batch-1 graphs: one row and a full history window."""
-        return self.batch1 and tuple(enc_mask.shape) == (1, self._window)
-
-    def _exported(self, kind: str, width: int, n: int | None = None, batch1: bool = False) -> str:
+    def _exported(self, kind: str, width: int, n: int | None = None) -> str:
         """The name of whole-search graph ``kind``, exported first if it is not yet."""
         bits = self.drafter_bits if kind in DRAFTER_KINDS else None
-        name = search_name(kind, width, n, bits, batch1)
+        name = search_name(kind, width, n, bits)
         if name not in self.sessions and not self._have(name):
             with self._lock:
                 if not self._have(name):
-                    export_search(self.model, self.onnx_dir, kind, width, self.head, self.drafter, n, bits, batch1)
+                    export_search(self.model, self.onnx_dir, kind, width, self.head, self.drafter, n, bits)
         return name
 
     def search(self, enc, trie, width: int):
@@ -483,7 +466,7 @@ class OrtBackend(Backend):
         return torch.from_numpy(tables[level])
 
     def _resume(self, enc, trie, width: int, state: list[torch.Tensor]) -> list[torch.Tensor]:
-        name = self._exported("resume", width, batch1=self._batch1(enc.keep))
+        name = self._exported("resume", width)
         tables = self._tables_of(trie)
         assert tables is not None  # strict's graph ran on them
         feed = dict(zip([*ENC, *[f"table{j}" for j in range(len(tables))], *RESUME],
@@ -499,11 +482,7 @@ class OrtBackend(Backend):
         of width K, and, for every draft count ``m * K`` (m in ``drafts``) the policies use, the head's
         searches and ``strict``'s draft-and-verify graphs; the distilled drafter's searches of width K and 2K,
         and its scored search of width 2K (``specgr``'s first round)."""
-        shapes = [(2, 4)] + ([(1, self.cfg.max_history)] if self.batch1 else [])  # dynamic graphs; batch 1
-        for r, s in shapes:
-            self._warmup(self.encode(torch.zeros(r, s, self.cfg.sid_len, dtype=torch.int64)), trie, ks, drafts)
-
-    def _warmup(self, enc, trie, ks, drafts) -> None:
+        enc = self.encode(torch.zeros(1, 4, self.cfg.sid_len, dtype=torch.int64))
         for k in ks:
             self.search(enc, trie, k)
             if self.drafter is not None:  # nezha drafts K and 2K beams; specgr's first round scores 2K
@@ -516,7 +495,7 @@ class OrtBackend(Backend):
                 if self.drafter is not None:
                     self.draft_verify(enc, trie, k, draft_count(m, k))
             if self.drafter is not None and self.cfg.sid_len >= 3:  # what finishes a row strict's drafts missed
-                self._session(self._exported("resume", k, batch1=self._batch1(enc.keep)))
+                self._session(self._exported("resume", k))
 
 
 def graphs_current(d: Path, model, head, drafter=None) -> bool:
@@ -524,7 +503,7 @@ def graphs_current(d: Path, model, head, drafter=None) -> bool:
     def have(name: str) -> bool:
         return (d / f"{name}.onnx").exists() or (d / f"{name}.ext.onnx").exists()
 
-    if not (d / "config.json").exists() or not have("tree") or not have("encode_r1"):
+    if not (d / "config.json").exists() or not have("tree"):
         return False
     if head is not None and not have("head"):
         return False

@@ -101,29 +101,6 @@ def test_strict_equals_beam_on_the_backend(pair, model):
                 assert np.allclose(a.scores, b.scores, atol=TOL)
 
 
-@torch.inference_mode()
-def test_batch1_graphs_compute_what_the_dynamic_ones_and_eager_compute(pair, model):
-    """One request with a full history window runs the static-shape graphs (``*_r1``); same beams, same
-    scores within 1e-5 as eager, and strict still equals beam on them."""
-    m, head, sids = model
-    ref, be, _ = pair
-    trie = SidTrie(sids, ref.cfg.level_sizes)
-    for lengths in ([8], [3], [1]):
-        hist = _hist(sids, lengths)
-        for width in (1, 6):
-            a = beam_search(ref, ref.encode(hist), trie, width)
-            b = be.search(be.encode(hist), trie, width)
-            assert torch.equal(a.codes, b.codes)
-            assert (a.scores - b.scores).nan_to_num(0, 0, 0).abs().max() < 1e-5
-    assert any(name.endswith("_r1") for name in be.sessions) and "encode_r1" in be.sessions
-    itemset = LocalItemSet(sids, np.ones(len(sids), bool), m.cfg.level_sizes)
-    eng = Engine(LocalVerifier(be, head, m), itemset, m.cfg.max_history)
-    for h in (np.arange(3), np.arange(10, 18)):
-        beam = make_policy("beam", eng).run([RecRequest(h, 5)])[0]
-        strict = make_policy("strict", eng, n_drafts=4).run([RecRequest(h, 5)])[0]
-        assert beam.items.tolist() == strict.items.tolist()
-
-
 def test_exported_graphs_store_each_weight_once(tmp_path):
     """A weight used by several passes is traced into one constant per use; the export keeps one copy of each
     distinct tensor (as an initializer) and the graph computes the same."""
