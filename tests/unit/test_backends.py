@@ -131,3 +131,33 @@ def test_exported_graphs_store_each_weight_once(tmp_path):
     y = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})[0]
     with torch.no_grad():
         np.testing.assert_allclose(y, m(x).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_sizes_known_to_shape_inference_are_folded_into_constants(tmp_path):
+    """``x.shape[1]`` of a tensor whose first axis is dynamic is a fixed number: the export stores it as a
+    constant (no Shape -> Gather chain left for it), and the graph computes the same."""
+    import onnx
+    import onnxruntime as ort
+
+    from specrec.backends.onnx import _export, fold_static_dims
+
+    class Views(torch.nn.Module):
+        def forward(self, x):  # x [B, 6, 4]
+            b, t, d = x.shape
+            return (x.reshape(b, t * d) * 2).view(b, t, d)[:, : t // 2]
+
+    x = torch.randn(3, 6, 4)
+    raw, lean = tmp_path / "raw.onnx", tmp_path / "lean.onnx"
+    torch.onnx.export(Views(), (x,), str(raw), dynamo=False, input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": {0: "B"}})
+    lean.write_bytes(raw.read_bytes())
+    assert fold_static_dims(lean) >= 2  # t and d
+    shapes = [sum(n.op_type == "Shape" for n in onnx.load(str(p)).graph.node) for p in (raw, lean)]
+    assert shapes[1] < shapes[0]
+    x2 = torch.randn(5, 6, 4)  # another batch size: the dynamic axis stays dynamic
+    for p in (raw, lean):
+        y = ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, {"x": x2.numpy()})[0]
+        np.testing.assert_array_equal(y, Views()(x2).numpy())
+    assert fold_static_dims(lean) == 0  # nothing left to fold
+    _export(Views(), (x,), ["x"], ["y"], {"x": {0: "B"}}, tmp_path / "exported.onnx")  # the export folds them
+    assert sum(n.op_type == "Shape" for n in onnx.load(str(tmp_path / "exported.onnx")).graph.node) == shapes[1]
