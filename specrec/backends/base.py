@@ -155,8 +155,8 @@ class Backend:
         beams, covered = Beams(codes, scores, tlp, alive.bool(), None), covered.bool()
         miss = torch.nonzero(~covered).squeeze(1)
         if len(miss):
-            kept = [x.index_select(1, miss) for x in at1[-2:]]  # [n_layers, R, ...]
-            rest = self._resume(enc.select(miss), trie, width, [x.index_select(0, miss) for x in at1[:-2]] + kept)
+            kept = at1[-1].index_select(1, miss)  # [n_layers, R, 1 + W, 2 * inner]
+            rest = self._resume(enc.select(miss), trie, width, [x.index_select(0, miss) for x in at1[:-1]] + [kept])
             beams = beams.replace_rows(miss, Beams(rest[0], rest[1], rest[2], rest[3].bool(), None))
         return beams, covered, frontier
 

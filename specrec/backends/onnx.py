@@ -65,7 +65,7 @@ class _Search(nn.Module):
 
 # where ``strict``'s graph leaves a row its drafts missed, and the inputs (after the tables) of the graph that
 # finishes it (:meth:`FusedHotPath.resume`); the keys/values' row axis is their second
-RESUME = ["codes1", "scores1", "token_logp1", "nodes1", "parent1", "kept_k", "kept_v"]
+RESUME = ["codes1", "scores1", "token_logp1", "nodes1", "parent1", "kept_kv"]
 # whole-search graphs: kind -> (FusedHotPath method, outputs)
 SEARCHES = {
     "beam": ("beam_search", ["codes", "scores", "token_logp", "alive"]),
