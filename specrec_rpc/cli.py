@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -57,6 +58,18 @@ def _start_redis(a) -> tuple[str, int | None]:
     return url, proc.pid if proc else None
 
 
+def _ensure_graphs(bundle: Path) -> None:
+    """The verifier's ONNX graphs, built once beside the bundle (``specrec export-onnx``) when they are not there
+    for its weights and this code: the verifier then loads them instead of exporting them at every start."""
+    from specrec.bundle import Bundle
+
+    b = Bundle.load(bundle)
+    if b.prebuilt_graphs(b.sid_mlp) is not None or not os.access(bundle, os.W_OK):
+        return
+    _say("building the verifier's graphs once (specrec export-onnx; about a minute)")
+    subprocess.run([sys.executable, "-m", "specrec.cli", "export-onnx", "--bundle", str(bundle)], check=True)
+
+
 def cmd_up(a) -> int:
     t_start = time.time()
     if (STATE / "pids.json").exists():
@@ -65,6 +78,7 @@ def cmd_up(a) -> int:
     (STATE / "logs").mkdir(parents=True, exist_ok=True)
     bundle = _ensure_bundle(a)
     _say(f"bundle: {bundle.relative_to(ROOT) if bundle.is_relative_to(ROOT) else bundle}")
+    _ensure_graphs(bundle)
     redis_url, redis_pid = _start_redis(a)
     _say(f"redis: {redis_url}" + (" (started here)" if redis_pid else ""))
     for name, port in PORTS.items():
