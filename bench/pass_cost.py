@@ -13,7 +13,15 @@ holds: what the caches are worth to a pass.
 
     python bench/pass_cost.py --bundle bundles/beauty-loo
 
-Writes ``pass_cost.{json,png}`` and the summary keys ``hotpath.pass.fixed_ms``, ``hotpath.pass.node_us``.
+Last, the floor of each beam-search graph, measured in the same run: its weight products alone (every
+layer's q|k|v, output, cross-attention query and output, both feed-forward matrices and the level's output
+layer, with the model's weights, as many rows as each pass has: 1 at the root, then the kept beams), each
+an independent MatMul in one graph, run interleaved with the others. That is what the search cannot do with
+less: read each pass's weights and multiply them, at this machine's rate for these shapes.
+``hotpath.floor_ratio.beam_wW`` is the whole search's time over it.
+
+Writes ``pass_cost.{json,png}`` and the summary keys ``hotpath.pass.fixed_ms``, ``hotpath.pass.node_us``,
+``hotpath.floor_ms.beam_wW``, ``hotpath.floor_ratio.beam_wW``.
 """
 
 from __future__ import annotations
@@ -37,6 +45,35 @@ from specrec.eval.results import update_summary  # noqa: E402
 HERE = Path(__file__).resolve().parent
 
 
+def gemm_floor_graph(fused, rows: list[int], path: Path) -> tuple[Path, dict]:
+    """One ONNX graph with, for each pass of ``rows`` (rows per pass; the first is the root's), every weight
+    product of the decoder and the level's output layer as an independent MatMul (input ``x{i}``, random
+    rows); -> (path, feed)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    mats: dict[str, np.ndarray] = {}
+    for i, layer in enumerate(fused.dec_layers):
+        for nm in ("qkv", "o", "cross_q", "cross_o", "fc1_w", "fc2_w"):
+            mats[f"l{i}.{nm}"] = getattr(layer, nm).detach().numpy()
+    nodes, inputs, outputs, feed = [], [], [], {}
+    for level, m in enumerate(rows):
+        head = f"head{level}"
+        mats.setdefault(head, fused.head_w[level].detach().numpy())
+        for wname in [*(k for k in mats if k.startswith("l")), head]:
+            w = mats[wname]
+            x = f"x{len(nodes)}"
+            inputs.append(helper.make_tensor_value_info(x, TensorProto.FLOAT, [m, w.shape[0]]))
+            outputs.append(helper.make_tensor_value_info(f"y{len(nodes)}", TensorProto.FLOAT, [m, w.shape[1]]))
+            nodes.append(helper.make_node("MatMul", [x, wname], [f"y{len(nodes)}"]))
+            feed[x] = rng.standard_normal((m, w.shape[0])).astype(np.float32)
+    inits = [numpy_helper.from_array(np.ascontiguousarray(w, dtype=np.float32), k) for k, w in mats.items()]
+    g = helper.make_graph(nodes, "gemm_floor", inputs, outputs, inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), str(path))
+    return path, feed
+
+
 class _RootAndPass(torch.nn.Module):
     """The root pass, then one pass over ``t`` nodes of depth ``depth`` (their ancestors: the root, repeated)."""
 
@@ -48,7 +85,7 @@ class _RootAndPass(torch.nn.Module):
         f = self.fused
         _, kept = f.root(enc_mask, cross_k, cross_v)
         if self.t == 0:
-            return kept[-1][1]
+            return kept[-1]
         codes = torch.arange(self.t).view(1, self.t) % min(f.sizes)
         x = f.tok[codes + f.offsets[self.depth - 1]] + f.dec_pos[self.depth]
         own = torch.arange(self.t).view(1, self.t, 1) + 1
@@ -62,7 +99,7 @@ def main(argv=None) -> int:
     ap.add_argument("--bundle", default="bundles/beauty-loo")
     ap.add_argument("--nodes", default="0,10,20,30,60,120", help="T values (0: the root pass alone)")
     ap.add_argument("--widths", default="10,50", help="beam widths whose whole search is timed beside")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="intra-op threads (the backend's default: 1)")
     ap.add_argument("--iters", type=int, default=300)
     ap.add_argument("--cache-iters", type=int, default=100, help="warm/cold pairs per graph (0: skip)")
     ap.add_argument("--out", default=str(HERE / "results"))
@@ -98,11 +135,19 @@ def main(argv=None) -> int:
                                                      providers=["CPUExecutionProvider"])
     feeds = [{"enc_mask": e[0].numpy(), "cross_k": e[1].numpy(), "cross_v": e[2].numpy(),
               **{f"table{j}": t for j, t in enumerate(tables)}} for e in encs]
+    floor_feeds = {}
+    for w in widths:  # the rows of each pass: 1 at the root, then the beams kept after each level
+        rows, kept = [1], 1
+        for v in b.cfg.level_sizes[:-1]:
+            kept = min(w, kept * v)
+            rows.append(kept)
+        path, floor_feeds[f"floor W={w}"] = gemm_floor_graph(fused, rows, tmp / f"floor_w{w}.onnx")
+        graphs[f"floor W={w}"] = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
     secs: dict[str, list[float]] = {n: [] for n in graphs}
     for i in range(a.iters):  # interleaved: every graph on the same history, one after another
         f = feeds[i % len(feeds)]
         for n, s in graphs.items():
-            feed = {x.name: f[x.name] for x in s.get_inputs()}
+            feed = floor_feeds[n] if n in floor_feeds else {x.name: f[x.name] for x in s.get_inputs()}
             t0 = time.perf_counter()
             s.run(None, feed)
             secs[n].append(time.perf_counter() - t0)
@@ -119,6 +164,8 @@ def main(argv=None) -> int:
     for w in widths:  # what its L passes over 1 + (L-1)W nodes would cost by the line, against the graph
         L = b.cfg.sid_len
         res[f"beam_w{w}_by_line_ms"] = float(root + (L - 1) * (fixed_ms + node_ms * w))
+        res[f"floor_w{w}_ms"] = med[f"floor W={w}"]
+        res[f"floor_ratio_w{w}"] = med[f"beam W={w}"] / med[f"floor W={w}"]
     if a.cache_iters:
         import onnx
 
@@ -146,7 +193,9 @@ def main(argv=None) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "pass_cost.json").write_text(json.dumps(res, indent=1))
-    update_summary({"hotpath.pass.fixed_ms": res["pass_fixed_ms"], "hotpath.pass.node_us": res["pass_node_us"]},
+    update_summary({"hotpath.pass.fixed_ms": res["pass_fixed_ms"], "hotpath.pass.node_us": res["pass_node_us"],
+                    **{f"hotpath.floor_ms.beam_w{w}": res[f"floor_w{w}_ms"] for w in widths},
+                    **{f"hotpath.floor_ratio.beam_w{w}": res[f"floor_ratio_w{w}"] for w in widths}},
                    out / "summary.json")
     import matplotlib
 
@@ -160,6 +209,9 @@ def main(argv=None) -> int:
     for w in widths:
         ax.axhline(med[f"beam W={w}"], ls="--", color="grey")
         ax.text(xs[0], med[f"beam W={w}"], f" whole beam search W={w}: {med[f'beam W={w}']:.2f} ms", va="bottom")
+        ax.axhline(med[f"floor W={w}"], ls=":", color="green")
+        ax.text(xs[-1], med[f"floor W={w}"], f"its floor (weight products alone): {med[f'floor W={w}']:.2f} ms "
+                f"({res[f'floor_ratio_w{w}']:.2f}x) ", va="bottom", ha="right", color="green", fontsize=8)
     ax.set_xlabel("nodes in the pass (T)")
     ax.set_ylabel("ms, batch 1")
     ax.set_title(f"One decoder pass on this CPU ({a.threads} threads)")

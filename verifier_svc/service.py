@@ -77,7 +77,8 @@ class VerifierSettings(ServiceSettings):
     bundle: Path = Field(Path("bundles/beauty-loo"), description="trained bundle directory")
     backend: Literal["onnx", "eager"] = Field("onnx", description="hot-path backend: ONNX Runtime (CUDA provider "
                                               "when present, else CPU), or eager PyTorch (the reference)")
-    onnx_dir: Path | None = Field(None, description="exported ONNX graphs (default: exported once per weights "
+    onnx_dir: Path | None = Field(None, description="exported ONNX graphs (default: the bundle's onnx/ when "
+                                  "`specrec export-onnx` built it for these weights, else exported once per weights "
                                   "under $SPECREC_CACHE/onnx)")
     itemset_addr: str = Field("127.0.0.1:50051", description="item-set service address")
     threads: int = Field(1, ge=1, le=256, description="intra-op threads of the backend (measured best at batch 1 on "
