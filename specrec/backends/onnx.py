@@ -184,7 +184,7 @@ def fold_static_dims(path: Path) -> int:
 
     nodes, folded = [], 0
     for n in g.node:
-        known = None
+        known: int | list[int | None] | None = None
         if n.op_type == "Gather" and n.input[0] in shape_of and n.input[1] in scalars:
             d, i = dims.get(shape_of[n.input[0]]), scalars[n.input[1]]
             known = d[int(i)] if d is not None and i.ndim == 0 and -len(d) <= int(i) < len(d) else None
