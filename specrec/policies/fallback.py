@@ -30,7 +30,7 @@ import numpy as np
 from ..costs import CostModel, Resource
 from .base import Engine, RecRequest, RecResult, fill_to_k, make_policy
 from .breaker import Breaker, Cooldown
-from .errors import BudgetExceeded, DependencyDown
+from .errors import BudgetExceeded, DependencyDown, Unsupported
 from .metrics import RequestStats
 
 
@@ -76,6 +76,9 @@ class Ladder:
                 if e.unreachable:
                     self.drafter.failed()
             return self.fallback(eng, req, e.which, str(e))
+        except Unsupported:  # the policy cannot run on these parts (found out during the call): no verdict
+            self.breaker.settle()
+            raise
         except BudgetExceeded as e:
             # a budget too small is not a fault of the service: the breaker is left as it is
             self.breaker.settle()
