@@ -35,12 +35,12 @@ def points() -> list[dict]:
         L = 4
         for name, r in pol.items():
             x = r
-            if name == "strict" and "frontier_coverage" in x:
+            if name == "strict" and "drafted_level_coverage" in x:
                 drafted = x.get("draft_tokens_by_position", {})
                 n = round(drafted.get("1", 2 * k * x["n"]) / max(1, x["n"]))  # mean drafts per level (adaptive)
                 near = min(drafters.get("curve", []), key=lambda c: (c["k"] != k, abs(c["n"] - n)), default=None)
                 call = near["sid_mlp_search_ms"] if near else x["stage_ms"].get("draft_verify", 0)
-                alpha, rho = x["frontier_coverage"], call / beam_ms
+                alpha, rho = x["drafted_level_coverage"], call / beam_ms
             elif name == "specgr" and x.get("item_acceptance") == x.get("item_acceptance"):
                 alpha, rho = x["item_acceptance"], x["stage_ms"].get("draft", 0.0) / beam_ms
             elif name == "nezha":

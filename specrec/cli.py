@@ -269,8 +269,10 @@ def _eval_policies(a: argparse.Namespace, bundle, split, ex, exclude=None) -> in
         plot_stages(table, results / f"{name}_stages.png",
                     f"{ds_name} {split.protocol}, K={k}: mean time per request by stage ({len(ex)} requests)")
         keys = summary_keys(table, ds_name, split.protocol, k, tag.replace("_", "."))
-        if keys:
-            update_summary(keys, results / "summary.json")
+        if keys:  # frontier_coverage averaged in the target's own levels: drafted_level_coverage replaces it
+            retire = tuple(x.replace(".drafted_level_coverage", ".frontier_coverage") for x in keys
+                           if x.endswith(".drafted_level_coverage"))
+            update_summary(keys, results / "summary.json", retire=retire)
     return 0
 
 

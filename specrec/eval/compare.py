@@ -33,14 +33,18 @@ class Run:
 
 
 def compare_policies(policies: dict, ex: Examples, k: int, progress: bool = True, warmup: int = 5,
-                     exclude: list[np.ndarray] | None = None) -> dict[str, Run]:
-    """Every policy on every request, interleaved, batch 1. With ``exclude`` (each user's whole history,
-    :meth:`~specrec.data.splits.Examples.full_histories`) requests carry it and exclude it."""
+                     exclude: list[np.ndarray] | None = None, clock=time.perf_counter) -> dict[str, Run]:
+    """Every policy on every request, interleaved, batch 1, in an order that rotates by one policy per request.
+    With ``exclude`` (each user's whole history, :meth:`~specrec.data.splits.Examples.full_histories`)
+    requests carry it and exclude it. The warm-up requests are left out of every counter the engines keep
+    (their :class:`~specrec.policies.metrics.SpecMetrics` start again after them)."""
     hists = ex.histories() if exclude is None else exclude
     excl = exclude is not None
     for pol in policies.values():
         for h in hists[:warmup]:
             pol.run([RecRequest(np.asarray(h, dtype=np.int64), k, exclude_history=excl)])
+    for eng in {id(p.engine): p.engine for p in policies.values()}.values():
+        eng.metrics.reset()
     runs = {n: Run(np.full((len(ex), k), -1, dtype=np.int64), np.zeros(len(ex))) for n in policies}
     stages: dict[str, defaultdict[str, float]] = {n: defaultdict(float) for n in policies}
     for i in tqdm(range(len(ex)), desc="requests", disable=not progress, leave=False):
@@ -48,9 +52,9 @@ def compare_policies(policies: dict, ex: Examples, k: int, progress: bool = True
         names = list(policies)
         for name in names[i % len(names):] + names[: i % len(names)]:  # rotated: no policy always runs first
             pol = policies[name]
-            t0 = time.perf_counter()
+            t0 = clock()
             res = pol.run([req])[0]
-            runs[name].secs[i] = time.perf_counter() - t0
+            runs[name].secs[i] = clock() - t0
             runs[name].ranked[i, : len(res.items)] = res.items[:k]
             for s, ms in res.stats.stage_ms.items():
                 stages[name][s] += ms
@@ -74,15 +78,17 @@ def comparison_table(runs: dict[str, Run], ex: Examples, split: Split, ks, metri
         if eager is not None:
             x["speedup_vs_eager"] = float(eager.secs.mean()) / float(run.secs.mean())
         x["stage_ms"] = run.stage_ms
-        for key in ("item_acceptance", "token_acceptance", "no_fallback_share", "exit_reasons", "frontier_coverage",
-                    "frontier_coverage_by_level",
-                    "accepted_tokens_by_position", "draft_tokens_by_position"):
+        for key in ("item_acceptance", "token_acceptance", "no_fallback_share", "exit_reasons", "requests",
+                    "drafted_level_coverage", "drafted_level_coverage_by_level", "whole_frontier_share",
+                    "frontier_coverage_by_level", "accepted_tokens_by_position", "draft_tokens_by_position"):
             if key in snap:
                 x[key] = snap[key]
         x["equal_to_beam"] = float(np.mean([np.array_equal(a, b) for a, b in zip(run.ranked, beam.ranked)]))
         ref = summarise("beam", beam.ranked, beam.secs, ex, split, ks).overall
-        r10 = f"recall@{min(10, max(ks))}"
-        x["recall_ratio_vs_beam"] = res.overall[r10] / ref[r10] if ref[r10] else float("nan")
+        for cut, key in ((max(ks), "recall_ratio_vs_beam"), (10, "recall@10_ratio_vs_beam")):  # at the list's K
+            r = f"recall@{cut}"
+            if r in ref and (key == "recall_ratio_vs_beam" or cut != max(ks)):
+                x[key] = res.overall[r] / ref[r] if ref[r] else float("nan")
         table[n] = res
         row = {"policy": n, **res.overall, "p50_ms": res.latency["p50_ms"], "p99_ms": res.latency["p99_ms"],
                "speedup": x["speedup_vs_beam"], "item_accept": x.get("item_acceptance", float("nan")),
@@ -109,14 +115,17 @@ def summary_keys(table: dict, dataset: str, protocol: str, k: int, tag: str = ""
                 for m in (f"recall@{k}", f"ndcg@{k}"):
                     keys[f"{pre}.{m}"] = r.overall.get(m)
                 keys[f"{pre}.speedup_vs_beam"] = x["speedup_vs_beam"]
-                keys[f"{pre}.recall_ratio_vs_beam"] = x["recall_ratio_vs_beam"]
+                keys[f"{pre}.recall_ratio_vs_beam"] = x["recall_ratio_vs_beam"]  # recall@K's
+                if "recall@10_ratio_vs_beam" in x:
+                    keys[f"{pre}.recall@10_ratio_vs_beam"] = x["recall@10_ratio_vs_beam"]
             elif "speedup_vs_eager" in x:
                 keys[f"{pre}.speedup_vs_eager"] = x["speedup_vs_eager"]
             if n == "strict":
                 keys[f"{pre}.equal_to_beam"] = x["equal_to_beam"]
                 keys[f"{pre}.no_fallback_share"] = x.get("no_fallback_share")
-                if "frontier_coverage" in x:
-                    keys[f"{pre}.frontier_coverage"] = x["frontier_coverage"]
+                for key in ("drafted_level_coverage", "whole_frontier_share"):
+                    if key in x:
+                        keys[f"{pre}.{key}"] = x[key]
             if n == "specgr":
                 keys[f"{pre}.item_acceptance"] = x.get("item_acceptance")
             if n == "drafter":  # the degraded-mode answer: its recall at this K, under one name per K

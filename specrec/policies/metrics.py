@@ -40,6 +40,7 @@ class RequestStats:
     fallback_steps: int = 0  # levelwise: beam steps that computed beams the drafts did not cover
     frontier_kept_by_level: list[int] = field(default_factory=list)  # strict: prefixes the target kept per level
     frontier_held_by_level: list[int] = field(default_factory=list)  # ... and how many of them were drafted
+    frontier_drafted_levels: set[int] = field(default_factory=set)  # levels the drafts chose (not the target's own)
     exit_reason: str = ""
     stage_ms: dict[str, float] = field(default_factory=lambda: defaultdict(float))
 
@@ -57,8 +58,11 @@ class RequestStats:
         self.draft_tokens_by_position[position] += int(drafted)
         self.accepted_tokens_by_position[position] += int(accepted)
 
-    def observe_frontier(self, level: int, kept: int, held: int) -> None:
-        """The target kept ``kept`` prefixes after ``level``; the drafts held ``held`` of them."""
+    def observe_frontier(self, level: int, kept: int, held: int, drafted: bool = True) -> None:
+        """The target kept ``kept`` prefixes after ``level``; the drafts held ``held`` of them. ``drafted``:
+        the drafter chose that level's prefixes (False where they are the target's own, held by construction)."""
+        if drafted:
+            self.frontier_drafted_levels.add(level)
         while len(self.frontier_kept_by_level) <= level:
             self.frontier_kept_by_level.append(0)
             self.frontier_held_by_level.append(0)
@@ -85,6 +89,9 @@ class SpecMetrics:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._clear()
+
+    def _clear(self) -> None:
         self.requests: Counter = Counter()
         self.draft_rounds: Counter = Counter()
         self.draft_items: Counter = Counter()
@@ -99,6 +106,14 @@ class SpecMetrics:
         self.exit_reasons: Counter = Counter()  # (policy, reason)
         self.frontier_kept: dict[str, Counter] = defaultdict(Counter)  # policy -> level -> n
         self.frontier_held: dict[str, Counter] = defaultdict(Counter)
+        self.frontier_drafted: dict[str, set] = defaultdict(set)  # policy -> levels its drafts chose
+        self.whole_frontier: Counter = Counter()  # requests whose drafts held every drafted level's kept prefixes
+        self.frontier_requests: Counter = Counter()
+
+    def reset(self) -> None:
+        """Forget every count (e.g. after warm-up requests that no figure should include)."""
+        with self._lock:
+            self._clear()
 
     def record(self, policy: str, st: RequestStats) -> None:
         with self._lock:
@@ -121,6 +136,11 @@ class SpecMetrics:
                 self.frontier_kept[policy][j] += n
             for j, n in enumerate(st.frontier_held_by_level):
                 self.frontier_held[policy][j] += n
+            if st.frontier_kept_by_level:
+                self.frontier_drafted[policy] |= st.frontier_drafted_levels
+                self.frontier_requests[policy] += 1
+                self.whole_frontier[policy] += int(all(st.frontier_held_by_level[j] >= st.frontier_kept_by_level[j]
+                                                       for j in st.frontier_drafted_levels))
 
     def snapshot(self) -> dict:
         """Plain counters per policy, plus the rates derived from them (for tables)."""
@@ -148,8 +168,12 @@ class SpecMetrics:
                     "exit_reasons": {r: n for (q, r), n in self.exit_reasons.items() if q == p},
                 }
                 kept = self.frontier_kept[p]
-                if kept:
+                if kept:  # held / kept per level; the levels the drafts chose apart (the others are 1 by design)
                     per = {j: self.frontier_held[p][j] / n for j, n in sorted(kept.items()) if n}
+                    drafted = {j: v for j, v in per.items() if j in self.frontier_drafted[p]}
                     out[p]["frontier_coverage_by_level"] = per
-                    out[p]["frontier_coverage"] = sum(per.values()) / len(per) if per else float("nan")
+                    out[p]["drafted_level_coverage_by_level"] = drafted
+                    out[p]["drafted_level_coverage"] = (sum(drafted.values()) / len(drafted) if drafted
+                                                        else float("nan"))
+                    out[p]["whole_frontier_share"] = self.whole_frontier[p] / self.frontier_requests[p]
             return out

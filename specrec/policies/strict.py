@@ -105,7 +105,8 @@ class StrictPolicy(LevelwisePolicy):
             fr = drafted.frontier[j]
             for lvl in range(len(fr)):
                 kept, held = int(fr[lvl][0]), int(fr[lvl][1])
-                st.observe_frontier(lvl, kept, held)
+                # the first and the last level are the target's own (held by construction), not drafted
+                st.observe_frontier(lvl, kept, held, drafted=0 < lvl < len(fr) - 1)
                 st.observe_tokens(lvl, width if lvl == 0 else n, held)  # drafted prefixes that became target beams
             st.rounds = 1
             st.fallback_steps = int((fr[:, 1] < fr[:, 0]).sum())  # levels the drafts missed

@@ -75,7 +75,12 @@ def test_strict_on_the_distilled_drafter_equals_beam(backend, tmp_path, monkeypa
             if n == 1:  # one draft per level cannot hold a frontier of 5: the target's beam search answers
                 assert b.stats.fallback_steps >= 1 and set(b.sources) <= {"beam", "fill"}
     snap = eng.metrics.snapshot()["strict"]
-    assert 0 < snap["frontier_coverage"] < 1 and snap["frontier_coverage_by_level"][0] == 1.0
+    per, drafted = snap["frontier_coverage_by_level"], snap["drafted_level_coverage_by_level"]
+    last = max(per)
+    assert per[0] == 1.0 and per[last] == 1.0  # the target's own levels: held by construction
+    assert set(drafted) == set(per) - {0, last}  # coverage is reported on the drafted levels alone
+    assert 0 < snap["drafted_level_coverage"] < 1 and snap["drafted_level_coverage"] < sum(per.values()) / len(per)
+    assert 0 <= snap["whole_frontier_share"] < 1  # n = 1 drafts cannot hold a frontier of 5
 
 
 def test_nezha_on_the_distilled_drafter_returns_valid_items():
