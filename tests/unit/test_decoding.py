@@ -166,13 +166,24 @@ def test_select_requests_keeps_the_cache_aligned():
 
 @torch.inference_mode()
 def test_history_trimming_changes_nothing():
-    be, sids, trie = make(8, n_items=30)
-    hist = histories(be, sids, 4, 8)
+    """Histories shorter than the window are encoded on a trimmed window (a multiple of 4 positions): only
+    padding is cut, and the decoder reads the same keys and values, so the beams are the untrimmed ones."""
+    be, sids, trie = make(8, n_items=30, max_history=12)
+    h = be.cfg.max_history
+    hist = torch.full((3, h, be.cfg.sid_len), -1, dtype=torch.int64)
+    for i, k in enumerate((1, 3, 5)):  # the longest, 5, keeps 8 of the 12 positions
+        hist[i, h - k :] = torch.from_numpy(sids[i : i + k])
     a = be.encode(hist)
     ref = be.model.encode(hist)
     s = a.cross_k.shape[3]
-    assert s < hist.shape[1] or s == hist.shape[1]
+    assert s == 8 < h  # trimmed
+    assert not (hist[:, : h - s, 0] >= 0).any()  # what was cut is padding only
     assert torch.allclose(a.cross_k, ref.cross_k[..., -s:, :], atol=1e-5)
+    untrimmed = Backend(be.model)
+    untrimmed.encode = lambda x: untrimmed.model.encode(x)  # the whole window, the model's own encoder
+    got, want = beam_search(be, a, trie, 4), beam_search(untrimmed, untrimmed.encode(hist), trie, 4)
+    assert torch.equal(got.codes, want.codes)
+    assert torch.allclose(got.scores, want.scores, atol=1e-5)
 
 
 @torch.inference_mode()
