@@ -90,10 +90,10 @@ class RemoteVerifier:
     another one takes over from the history. ``select`` supports the whole
     batch only (the gateway runs one request per policy call)."""
 
-    def __init__(self, replicas, snap: Snapshot, deadline: Deadline | None, level_sizes: list[int], metadata=(),
-                 offers: VerifierParts | None = None):
+    def __init__(self, replicas, offers: VerifierParts, snap: Snapshot, deadline: Deadline | None,
+                 level_sizes: list[int], metadata=()):
         self.replicas, self.snap, self.deadline = replicas, snap, deadline  # the request's (shared, never copied)
-        self.offers = offers if offers is not None else VerifierParts(replicas)  # what the replicas' bundles have
+        self.offers = offers  # what the replicas' bundles have (the gateway's one record, shared by every request)
         self.level_sizes = list(level_sizes)
         self.metadata = tuple(metadata)  # forwarded with every call (the request id)
 

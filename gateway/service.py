@@ -146,7 +146,7 @@ class GatewayService(Service):
         """The core library's engine for one request, over the gRPC adapters, both holding its one deadline."""
         md = tracing.metadata(rid)
         return Engine(
-            verifier=RemoteVerifier(self.verifiers, snap, deadline, snap.level_sizes, md, self.verifier_parts),
+            verifier=RemoteVerifier(self.verifiers, self.verifier_parts, snap, deadline, snap.level_sizes, md),
             itemset=snap.itemset, max_history=self.s.max_history,
             drafter=RemoteDrafter(self.drafters, snap, deadline, self.s.drafter_mode, md),
             clock=time.monotonic, metrics=self.metrics, online=self.online, load=self.queue.wait, costs=self.costs,

@@ -443,7 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "results get their own keys (...excl...), apart from the TIGER-protocol figures")
     e.add_argument("--threads", type=int, default=2, help="torch intra-op threads (the eager backend's)")
     e.add_argument("--ort-threads", type=int, default=1,
-                   help="ONNX Runtime intra-op threads (1: measured best at batch 1, see specrec.backends.onnx)")
+                   help="ONNX Runtime intra-op threads (1: measured best at batch 1, see OrtBackend)")
     e.add_argument("--float-drafter", action="store_true",
                    help="ONNX backend: the distilled drafter's weights in float32 (default on the CPU: 8-bit; the "
                    "target's are float32 either way)")

@@ -77,13 +77,6 @@ SEARCHES = {
 }
 
 
-#: why one intra-op thread is the default: measured at batch 1 on 2 cores (bench/results/README.md, "Graphs"), a
-#: beam request took 7.5 ms with one thread, 8.2 ms with two that sleep between nodes (each of a graph's ~900
-#: small nodes wakes the other thread) and, with two that spin, less alone but far more beside any other work in
-#: the process (spinning threads took the cores from eager torch and the other sessions: 9-23 ms). A machine
-#: with more cores and bigger batches sets ``threads`` (the verifier's SPECREC_VERIFIER_THREADS).
-THREADS_NOTE = "one intra-op thread, no spinning, unless told otherwise"
-
 # the whole-search graphs that run the distilled drafter (its weights may be 8-bit there)
 DRAFTER_KINDS = ("draft", "score", "strict")
 
@@ -373,8 +366,13 @@ class OrtBackend(Backend):
                  spinning: bool = False):
         """``drafter_bits``: the distilled drafter's weights in the whole-search graphs as 8-bit integers
         (:func:`quantize_drafter`; the target's are never touched), None for float32; "auto": 8 on the
-        CPU, float32 where a GPU runs the graphs. ``spinning``:
-        intra-op threads spin between the graph's nodes instead of sleeping (:data:`THREADS_NOTE`)."""
+        CPU, float32 where a GPU runs the graphs. ``threads``: intra-op threads, 1 unless given; ``spinning``:
+        they spin between the graph's nodes instead of sleeping. Measured at batch 1 on 2 cores
+        (bench/results/README.md, "Current"): a beam request took 7.46 ms with one thread, 8.19 ms with two that
+        sleep between nodes (each of the graph's ~900 small nodes wakes the other one); two that spin ran the
+        graph faster alone but took the cores from all other work in the process (eager torch beside them: 120
+        ms a request instead of 16.7). A machine with more cores and bigger batches sets ``threads`` (the
+        verifier's SPECREC_VERIFIER_THREADS)."""
         super().__init__(model, head, drafter=drafter)
         import onnxruntime as ort
 
@@ -388,7 +386,7 @@ class OrtBackend(Backend):
             export_onnx(model, d, head, drafter)
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        so.intra_op_num_threads = threads or 1  # THREADS_NOTE
+        so.intra_op_num_threads = threads or 1
         so.inter_op_num_threads = 1
         so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
         self.options, self.providers_wanted = so, providers or default_providers()
@@ -441,12 +439,10 @@ class OrtBackend(Backend):
 
     def graph_path(self, name: str) -> Path:
         """The file graph ``name`` is loaded from (its optimised copy where there is one)."""
-        out = self.onnx_dir / f"{name}.ext.onnx"
-        return out if out.exists() else self.onnx_dir / f"{name}.onnx"
+        return graph_file(self.onnx_dir, name) or self.onnx_dir / f"{name}.onnx"
 
     def _have(self, name: str) -> bool:
-        """Whether graph ``name`` is exported (traced, or optimised in its place)."""
-        return (self.onnx_dir / f"{name}.onnx").exists() or (self.onnx_dir / f"{name}.ext.onnx").exists()
+        return graph_file(self.onnx_dir, name) is not None
 
     def _run(self, name: str, inputs: list[str], args) -> list[torch.Tensor]:
         feed = {k: (v if isinstance(v, np.ndarray) else np.ascontiguousarray(v.numpy())) for k, v in zip(inputs, args)}
@@ -549,14 +545,20 @@ class OrtBackend(Backend):
                 self._session(self._exported("resume", k))
 
 
+def graph_file(d: Path, name: str) -> Path | None:
+    """The file of graph ``name`` in ``d``: its optimised copy (``name.ext.onnx``, which replaces the traced
+    graph on the CPU), else the traced graph; None when it is not exported."""
+    for f in (d / f"{name}.ext.onnx", d / f"{name}.onnx"):
+        if f.exists():
+            return f
+    return None
+
+
 def graphs_current(d: Path, model, head, drafter=None) -> bool:
     """Whether ``d`` holds the hot path's graphs exported for exactly these weights and this code."""
-    def have(name: str) -> bool:
-        return (d / f"{name}.onnx").exists() or (d / f"{name}.ext.onnx").exists()
-
-    if not (d / "config.json").exists() or not have("tree"):
+    if not (d / "config.json").exists() or graph_file(d, "tree") is None:
         return False
-    if head is not None and not have("head"):
+    if head is not None and graph_file(d, "head") is None:
         return False
     meta = json.loads((d / "config.json").read_text())
     return meta.get("fingerprint") == weights_fingerprint(model, head, drafter)

@@ -7,6 +7,8 @@ SERVING; services can be stopped and restarted individually.
 
 from __future__ import annotations
 
+import contextlib
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -160,6 +162,21 @@ class Stack:
             exclude_history=exclude_history,
         )
         return await self.gateway.Recommend(req, timeout=timeout)
+
+
+@contextlib.asynccontextmanager
+async def running(redis_url: str, prefix: str, bundle: Path):
+    """A stack on ``bundle`` in a Redis namespace of its own (``prefix-<ns>``), stopped and its keys deleted
+    at the end."""
+    from specrec_rpc.localstack import delete_keys, namespace_pattern
+
+    ns = f"{prefix}-{time.time_ns()}"
+    st = await Stack(redis_url, ns, bundle).start()
+    try:
+        yield st
+    finally:
+        await st.stop()
+        delete_keys(redis_url, namespace_pattern(ns))
 
 
 def histories(bundle, n: int, seed: int = 0) -> list[list[str]]:

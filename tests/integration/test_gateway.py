@@ -16,7 +16,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from specrec.policies import RecRequest, make_policy
 from specrec_rpc.v1 import common_pb2, drafter_pb2, itemset_pb2, recommender_pb2
 
-from .stack import AUTH, Stack, histories
+from .stack import AUTH, histories, running
 
 POLICIES = ["beam", "specgr", "nezha", "strict", "relaxed", "sample", "drafter"]
 # specgr drafts in every round (adaptive skipping reads what each process learned, so it could differ)
@@ -26,13 +26,8 @@ PARAMS = {"specgr": {"delta": 12, "gamma": -3.0, "adaptive": False}, "sample": {
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def stack(redis_url, serving_bundle_dir):
-    from specrec_rpc.localstack import delete_keys, namespace_pattern
-
-    ns = f"gw-{time.time_ns()}"
-    st = await Stack(redis_url, ns, serving_bundle_dir).start()
-    yield st
-    await st.stop()
-    delete_keys(redis_url, namespace_pattern(ns))
+    async with running(redis_url, "gw", serving_bundle_dir) as st:
+        yield st
 
 
 async def expect(aw, code, *fragments):

@@ -6,8 +6,6 @@ drafter's fallback, and the one that cannot (nezha) is FAILED_PRECONDITION namin
 
 from __future__ import annotations
 
-import time
-
 import grpc
 import numpy as np
 import pytest
@@ -16,18 +14,13 @@ import pytest_asyncio
 from specrec.policies import RecRequest, make_policy
 from specrec_rpc.v1 import verifier_pb2
 
-from .stack import Stack, histories
+from .stack import histories, running
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def stack(redis_url, model_only_bundle_dir):
-    from specrec_rpc.localstack import delete_keys, namespace_pattern
-
-    ns = f"bare-{time.time_ns()}"
-    st = await Stack(redis_url, ns, model_only_bundle_dir).start()
-    yield st
-    await st.stop()
-    delete_keys(redis_url, namespace_pattern(ns))
+    async with running(redis_url, "bare", model_only_bundle_dir) as st:
+        yield st
 
 
 @pytest.mark.asyncio(loop_scope="session")
