@@ -570,6 +570,8 @@ def _current(d: Path, model, head, drafter=None) -> bool:
         return True
     if not (d / "config.json").exists():
         return False
-    for old in [*d.glob("*_w*.onnx"), *d.glob("*.ext.onnx")]:  # whole-search graphs of other weights, and every
-        old.unlink()  # optimised copy (the graphs of the hot path's functions are exported again)
+    # whole-search graphs of other weights, and every optimised copy (the graphs of the hot path's functions are
+    # exported again); a set: an optimised whole-search graph matches both patterns
+    for old in {*d.glob("*_w*.onnx"), *d.glob("*.ext.onnx")}:
+        old.unlink(missing_ok=True)
     return False

@@ -161,3 +161,22 @@ def test_sizes_known_to_shape_inference_are_folded_into_constants(tmp_path):
     assert fold_static_dims(lean) == 0  # nothing left to fold
     _export(Views(), (x,), ["x"], ["y"], {"x": {0: "B"}}, tmp_path / "exported.onnx")  # the export folds them
     assert sum(n.op_type == "Shape" for n in onnx.load(str(tmp_path / "exported.onnx")).graph.node) == shapes[1]
+
+
+@torch.inference_mode()
+def test_graphs_of_other_weights_are_replaced(model, tmp_path):
+    """A directory holding optimised graphs of other weights (a bundle retrained, or the code changed) is
+    rebuilt for these, not a crash at start: an optimised whole-search graph is one of the files to remove
+    under two patterns."""
+    m, head, sids = model
+    trie = SidTrie(sids, m.cfg.level_sizes)
+    first = make_backend("onnx", m, head, onnx_dir=tmp_path, threads=1)
+    hist = _hist(sids, [3, 5])
+    assert first.search(first.encode(hist), trie, 4) is not None
+    assert list(tmp_path.glob("beam_w4.ext.onnx"))
+    torch.manual_seed(12)
+    other = Tiger(m.cfg).eval()
+    sharpen(other, 20)
+    be, ref = make_backend("onnx", other, None, onnx_dir=tmp_path, threads=1), Backend(other)
+    got, want = be.search(be.encode(hist), trie, 4), beam_search(ref, ref.encode(hist), trie, 4)
+    assert got is not None and torch.equal(got.codes, want.codes)
