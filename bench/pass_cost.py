@@ -14,9 +14,10 @@ holds: what the caches are worth to a pass.
     python bench/pass_cost.py --bundle bundles/beauty-loo
 
 Last, the floor of each beam-search graph, measured in the same run: its weight products alone (every
-layer's q|k|v, output, cross-attention query and output, both feed-forward matrices and the level's output
-layer, with the model's weights, as many rows as each pass has: 1 at the root, then the kept beams), each
-an independent MatMul in one graph, run interleaved with the others. That is what the search cannot do with
+layer's q|k|v, output, both feed-forward matrices, its cross-attention's two products with the request's
+folded keys and values, and the level's output layer, with the model's weights, as many rows as each pass
+has: 1 at the root, then the kept beams; and, once, the folding itself), each an independent MatMul in one
+graph, run interleaved with the others. That is what the search cannot do with
 less: read each pass's weights and multiply them, at this machine's rate for these shapes.
 ``hotpath.floor_ratio.beam_wW`` is the whole search's time over it.
 
@@ -45,30 +46,49 @@ from specrec.eval.results import update_summary  # noqa: E402
 HERE = Path(__file__).resolve().parent
 
 
-def gemm_floor_graph(fused, rows: list[int], path: Path) -> tuple[Path, dict]:
+def gemm_floor_graph(fused, rows: list[int], path: Path, s: int = 20) -> tuple[Path, dict]:
     """One ONNX graph with, for each pass of ``rows`` (rows per pass; the first is the root's), every weight
     product of the decoder and the level's output layer as an independent MatMul (input ``x{i}``, random
-    rows); -> (path, feed)."""
+    rows): each layer's q|k|v, output and both feed-forward matrices, and its cross-attention, as the hot path
+    computes it, two products with the request's folded keys [d, h*S] and values [h*S, d]
+    (:meth:`~specrec.models.hotpath.FusedHotPath.cross`, histories of ``s`` items), which are made once per
+    graph: those products too (query weights times keys, values times output weights, per head). -> (path,
+    feed)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
+    h, dk, d = fused.h, fused.dk, fused.d
     mats: dict[str, np.ndarray] = {}
     for i, layer in enumerate(fused.dec_layers):
-        for nm in ("qkv", "o", "cross_q", "cross_o", "fc1_w", "fc2_w"):
+        for nm in ("qkv", "o", "fc1_w", "fc2_w"):
             mats[f"l{i}.{nm}"] = getattr(layer, nm).detach().numpy()
-    nodes, inputs, outputs, feed = [], [], [], {}
+        mats[f"l{i}.cross_a"] = rng.standard_normal((d, h * s)).astype(np.float32)
+        mats[f"l{i}.cross_b"] = rng.standard_normal((h * s, d)).astype(np.float32)
+    nodes, inputs, outputs, feed, inits = [], [], [], {}, []
+
+    def product(a: str, b: str, a_shape, b_shape, out_shape) -> None:
+        y = f"y{len(nodes)}"
+        for nm, shp in ((a, a_shape), (b, b_shape)):
+            if nm.startswith("x"):
+                inputs.append(helper.make_tensor_value_info(nm, TensorProto.FLOAT, list(shp)))
+                feed[nm] = rng.standard_normal(shp).astype(np.float32)
+        outputs.append(helper.make_tensor_value_info(y, TensorProto.FLOAT, list(out_shape)))
+        nodes.append(helper.make_node("MatMul", [a, b], [y]))
+
+    for i, layer in enumerate(fused.dec_layers):  # the folded keys and values, once per graph
+        q, o = layer.cross_q.detach().numpy(), layer.cross_o.detach().numpy()  # [h, d, dk], [h, dk, d]
+        inits += [numpy_helper.from_array(np.ascontiguousarray(q), f"l{i}.cross_q"),
+                  numpy_helper.from_array(np.ascontiguousarray(o), f"l{i}.cross_o")]
+        product(f"l{i}.cross_q", f"x{len(nodes)}k", q.shape, (h, dk, s), (h, d, s))
+        product(f"x{len(nodes)}v", f"l{i}.cross_o", (h, s, dk), o.shape, (h, s, d))
     for level, m in enumerate(rows):
         head = f"head{level}"
         mats.setdefault(head, fused.head_w[level].detach().numpy())
         for wname in [*(k for k in mats if k.startswith("l")), head]:
             w = mats[wname]
-            x = f"x{len(nodes)}"
-            inputs.append(helper.make_tensor_value_info(x, TensorProto.FLOAT, [m, w.shape[0]]))
-            outputs.append(helper.make_tensor_value_info(f"y{len(nodes)}", TensorProto.FLOAT, [m, w.shape[1]]))
-            nodes.append(helper.make_node("MatMul", [x, wname], [f"y{len(nodes)}"]))
-            feed[x] = rng.standard_normal((m, w.shape[0])).astype(np.float32)
-    inits = [numpy_helper.from_array(np.ascontiguousarray(w, dtype=np.float32), k) for k, w in mats.items()]
+            product(f"x{len(nodes)}", wname, (m, w.shape[0]), w.shape, (m, w.shape[1]))
+    inits += [numpy_helper.from_array(np.ascontiguousarray(w, dtype=np.float32), k) for k, w in mats.items()]
     g = helper.make_graph(nodes, "gemm_floor", inputs, outputs, inits)
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 18)]), str(path))
     return path, feed
@@ -83,14 +103,15 @@ class _RootAndPass(torch.nn.Module):
 
     def forward(self, enc_mask, cross_k, cross_v):
         f = self.fused
-        _, kept = f.root(enc_mask, cross_k, cross_v)
+        cross = f.cross(enc_mask, cross_k, cross_v)
+        _, kept = f.root(cross)
         if self.t == 0:
             return kept[-1]
         codes = torch.arange(self.t).view(1, self.t) % min(f.sizes)
         x = f.tok[codes + f.offsets[self.depth - 1]] + f.dec_pos[self.depth]
         own = torch.arange(self.t).view(1, self.t, 1) + 1
         cols = torch.cat([torch.zeros_like(own)] * self.depth + [own], -1)
-        hid, _ = f._pass_over(x, cols, kept, enc_mask, cross_k, cross_v)
+        hid, _ = f._pass_over(x, cols, kept, cross)
         return torch.log_softmax(hid @ f.head_w[self.depth] + f.head_b[self.depth], dim=-1)
 
 

@@ -57,7 +57,7 @@ def constrained_topk(codes: torch.Tensor, scores: torch.Tensor, token_logp: torc
         top = cand.gather(1, idx)
         order = torch.argsort(top, dim=1, descending=True, stable=True)
         top, idx = top.gather(1, order), idx.gather(1, order)
-    parent = torch.div(idx, v, rounding_mode="floor")
+    parent = torch.div(idx, v, rounding_mode="trunc")  # idx >= 0: one integer Div in a graph (floor: nine nodes)
     code = idx - parent * v
     nodes = child_nodes(parent, code, idx)
     dead = torch.isinf(top) | (nodes < 0)

@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import cast
+from typing import NamedTuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -87,6 +87,16 @@ def _stacked_heads(model: Tiger) -> tuple[torch.Tensor, torch.Tensor]:
             ws.append(F.pad(w.detach(), (0, 0, 0, vmax - v)))
             bs.append(F.pad(b.detach(), (0, vmax - v), value=NEG_INF))
     return torch.stack(ws), torch.stack(bs)
+
+
+class Cross(NamedTuple):
+    """A request's encoder state as its decoder passes read it (:meth:`FusedHotPath.cross`): the padding bias
+    [R, 1, 1, S] and per decoder layer ``a`` [R, d, h*S] (each head's scaled query weights times its keys,
+    heads side by side) and ``b`` [R, h*S, d] (each head's values times its output weights, stacked)."""
+
+    bias: torch.Tensor
+    a: list[torch.Tensor]
+    b: list[torch.Tensor]
 
 
 class _Layer(nn.Module):
@@ -146,8 +156,9 @@ class FusedHotPath(nn.Module):
                 qkv(layer.self_attn),
                 t(layer.self_attn.o.weight),
                 layer.ff,
-                t(layer.cross_attn.q.weight) * scale,
-                t(layer.cross_attn.o.weight),
+                # per head: [h, d, dk] (scaled) and [h, dk, d], as :meth:`cross` folds them into keys/values
+                (t(layer.cross_attn.q.weight) * scale).view(self.d, self.h, self.dk).transpose(0, 1).contiguous(),
+                t(layer.cross_attn.o.weight).view(self.h, self.dk, self.d).contiguous(),
             )
             for layer in dec_layers
         )
@@ -194,25 +205,36 @@ class FusedHotPath(nn.Module):
         v = qkv[:, :, 2].transpose(1, 2)
         return self._attend(q, k_t, v, bias).transpose(1, 2).reshape(n, tq, self.inner)
 
-    def _cross_block(self, layer: _Layer, x, ck_t, cv, cbias, r: int):
-        """x [N, T, d] with N = r * M: a request's M sequences fold into the query axis."""
-        n, tq, _ = x.shape
-        q = (
-            (layer.ln[1](x).reshape(r, -1, self.d) @ layer.cross_q)
-            .view(r, -1, self.h, self.dk)
-            .transpose(1, 2)
-        )
-        a = self._attend(q, ck_t, cv, cbias).transpose(1, 2).reshape(n, tq, self.inner)
-        return x + a @ layer.cross_o
+    def cross(self, enc_mask, cross_k, cross_v) -> Cross:
+        """What every decoder pass of a request reads from its encoder state, computed once per graph: each layer's
+        cross-attention query and output weights folded into the request's keys and values (see :class:`Cross`)."""
+        r, s = enc_mask.shape
+        a, b = [], []
+        for i, m in enumerate(self.dec_layers):
+            layer = cast(_Layer, m)
+            a.append((layer.cross_q @ cross_k[i]).transpose(1, 2).reshape(r, self.d, self.h * s))
+            b.append((cross_v[i] @ layer.cross_o).reshape(r, self.h * s, self.d))
+        return Cross(self._bias(enc_mask)[:, None, None, :], a, b)
 
-    def decoder(self, x, r: int, enc_mask, cross_k, cross_v, self_attention: SelfAttention):
+    def _cross_block(self, layer: _Layer, x, a, b, cbias, r: int):
+        """x [N, T, d] with N = r * M: a request's M sequences fold into the query axis. ``a`` [r, d, h*S] and
+        ``b`` [r, h*S, d] (:meth:`cross`): the logits of all heads in one product, their outputs summed over heads
+        in another (what a per-head query, attention and output projection compute; in ONNX Runtime 31 instead of
+        47 us a layer at 10 beams, 88 instead of 184 at 50)."""
+        n, tq, _ = x.shape
+        s = cbias.shape[-1]
+        logits = (layer.ln[1](x).reshape(r, -1, self.d) @ a).view(r, -1, self.h, s)
+        p = torch.softmax(logits + cbias, dim=-1).view(r, -1, self.h * s)
+        return x + (p @ b).reshape(n, tq, self.d)
+
+    def decoder(self, x, r: int, cross: Cross, self_attention: SelfAttention):
         """The decoder layers over x [N, T, d] (embedded inputs of N = r * M sequences) -> the final norm's
-        states [N, T, d]: every decoder pass, each with its own ``self_attention``."""
-        cbias = self._bias(enc_mask)[:, None, None, :]
+        states [N, T, d]: every decoder pass, each with its own ``self_attention``; ``cross`` is
+        :meth:`cross`'s, made once for all passes of a graph."""
         for i, module in enumerate(self.dec_layers):
             layer = cast(_Layer, module)
             x = x + self_attention(i, layer, layer.ln[0](x)) @ layer.o
-            x = self._cross_block(layer, x, cross_k[i], cross_v[i], cbias, r)
+            x = self._cross_block(layer, x, cross.a[i], cross.b[i], cross.bias, r)
             x = x + layer.ff(layer.ln[2](x))
         return self.dec_ln(x)
 
@@ -283,7 +305,7 @@ class FusedHotPath(nn.Module):
             new_v.append(v)
             return self._attend(qkv[:, 0].unsqueeze(2), k, v, sbias).reshape(n, 1, self.inner)
 
-        hidden = self.decoder(x, r, enc_mask, cross_k, cross_v, cached)
+        hidden = self.decoder(x, r, self.cross(enc_mask, cross_k, cross_v), cached)
         return hidden[:, 0], torch.stack(new_k), torch.stack(new_v)
 
     def empty_cache(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -296,7 +318,8 @@ class FusedHotPath(nn.Module):
         r, t = tokens.shape
         x = self.tok[tokens] + self.dec_pos[positions]
         sbias = self._bias(tree_mask).unsqueeze(1)
-        h = self.decoder(x, r, enc_mask, cross_k, cross_v, lambda i, layer, h: self._attention(layer, h, sbias))
+        h = self.decoder(x, r, self.cross(enc_mask, cross_k, cross_v),
+                         lambda i, layer, h: self._attention(layer, h, sbias))
         logits = (h @ self.head_flat).view(r, t, self.L, self.vmax) + self.head_b
         return torch.log_softmax(logits, dim=-1)
 
@@ -308,14 +331,15 @@ class FusedHotPath(nn.Module):
         cache, nothing is reordered or rewritten per step, which made beam 1.20x (K=10) to 1.57x (K=50)
         faster end to end on the CPU (``bench/results/README.md``)."""
         r, dev = enc_mask.shape[0], enc_mask.device
-        h0, kept = self.root(enc_mask, cross_k, cross_v)
+        cross = self.cross(enc_mask, cross_k, cross_v)
+        h0, kept = self.root(cross)
         state, _ = SearchState.root(r, dev).advance(self._level_logprobs(h0, 0).view(-1, 1, self.vmax), tables[0],
                                                      width)
         anc = torch.zeros(r, state.codes.shape[1], 1, dtype=torch.int64, device=dev)  # columns into ``kept``
-        state = self._descend(state, anc, kept, enc_mask, cross_k, cross_v, tables, width)
+        state = self._descend(state, anc, kept, cross, tables, width)
         return state.codes, state.scores, state.token_logp, state.nodes >= 0
 
-    def _descend(self, state: SearchState, anc, kept, enc_mask, cross_k, cross_v, tables: list[torch.Tensor],
+    def _descend(self, state: SearchState, anc, kept, cross: Cross, tables: list[torch.Tensor],
                  width: int) -> SearchState:
         """The beam search's remaining levels from ``state`` (prefixes of length l): one decoder pass per level
         over the kept beams, each beam attending to its ancestors ``anc`` [R, W, l] (columns into the earlier
@@ -326,7 +350,7 @@ class FusedHotPath(nn.Module):
             own = torch.arange(w, device=dev).view(1, w, 1).expand(r, -1, -1) + kept[0].shape[1]
             cols = torch.cat([anc, own], -1)  # [R, W, level + 1]: the root, the beam's ancestors, itself
             x = self.tok[state.codes[:, :, -1].clamp(min=0) + self.offsets[level - 1]] + self.dec_pos[level]
-            hid, kept = self._pass_over(x, cols, kept, enc_mask, cross_k, cross_v)
+            hid, kept = self._pass_over(x, cols, kept, cross)
             state, par = state.advance(torch.log_softmax(hid @ self.head_w[level] + self.head_b[level], dim=-1),
                                        tables[level], width)
             anc = cols.gather(1, par.unsqueeze(-1).expand(-1, -1, cols.shape[-1]))
@@ -343,8 +367,8 @@ class FusedHotPath(nn.Module):
         :meth:`beam_search`'s)."""
         anc = torch.stack([torch.zeros_like(parent), parent + 1], -1)  # the root, the beam's node of depth 1
         kept = list(kept_kv.unbind(0))
-        state = self._descend(SearchState(codes, scores, token_logp, nodes), anc, kept, enc_mask, cross_k, cross_v,
-                              tables, width)
+        state = self._descend(SearchState(codes, scores, token_logp, nodes), anc, kept,
+                              self.cross(enc_mask, cross_k, cross_v), tables, width)
         return state.codes, state.scores, state.token_logp, state.nodes >= 0
 
     def head_hidden(self, enc_mask, cross_k, cross_v, placeholders=None):
@@ -354,7 +378,8 @@ class FusedHotPath(nn.Module):
         x = x + self.dec_pos[: self.L].unsqueeze(0)
         idx = torch.arange(self.L, device=x.device)
         sbias = self._bias(idx.view(self.L, 1) >= idx.view(1, self.L)).view(1, 1, self.L, self.L)
-        return self.decoder(x, r, enc_mask, cross_k, cross_v, lambda i, layer, h: self._attention(layer, h, sbias))
+        return self.decoder(x, r, self.cross(enc_mask, cross_k, cross_v),
+                            lambda i, layer, h: self._attention(layer, h, sbias))
 
     def head_beam_search(self, enc_mask, cross_k, cross_v, tables: list[torch.Tensor], width: int):
         """The NEZHA head's constrained beam search (its decoder pass included) in one graph."""
@@ -368,14 +393,14 @@ class FusedHotPath(nn.Module):
         return state.codes, state.scores, state.token_logp, state.nodes >= 0
 
     # -- the distilled drafter and one tree pass over its beams (``strict`` and ``nezha``) ----------------
-    def root(self, enc_mask, cross_k, cross_v, keys: bool = True):
+    def root(self, cross: Cross, keys: bool = True):
         """The decoder at BOS alone: h0 [R, d] and each layer's key|value there ([R, 1, 2 * inner]: what later
         passes over its descendants attend to). One position attends only to itself, so its self-attention is
         its own value. Without ``keys`` (a search that makes no later pass; the list is then empty) only the
         value's third of the fused [q | k | v] projection is read and multiplied (1.6 MB fewer weights per
         request). With them the whole projection is, the same weights the later passes read (a slice would be
         a second copy of them in the graph)."""
-        r = enc_mask.shape[0]
+        r = cross.bias.shape[0]
         x = (self.tok[BOS_TOKEN] + self.dec_pos[0]).view(1, 1, self.d).expand(r, 1, self.d)
         kv: list = []
 
@@ -385,7 +410,7 @@ class FusedHotPath(nn.Module):
             kv.append((h @ layer.qkv)[:, :, self.inner:])  # [R, 1, 2 * inner]: its key | value
             return kv[-1][:, :, self.inner:]
 
-        return self.decoder(x, r, enc_mask, cross_k, cross_v, own)[:, 0], kv
+        return self.decoder(x, r, cross, own)[:, 0], kv
 
     def _drafter_logprobs(self, h0, codes):
         """The drafter's next level after prefixes codes [R, B, j] -> [R, B, Vmax] (-inf padding)."""
@@ -393,12 +418,12 @@ class FusedHotPath(nn.Module):
         v = lq.shape[-1]
         return lq if v == self.vmax else F.pad(lq, (0, self.vmax - v), value=NEG_INF)
 
-    def _draft(self, enc_mask, cross_k, cross_v, tables, widths: list[int], keys: bool = True):
+    def _draft(self, cross: Cross, tables, widths: list[int], keys: bool = True):
         """Root pass, level 0 exact (the target's), then the drafter's levels; ``widths[j]`` beams kept after
         level j. Returns (h0, the root's key|value per layer (none without ``keys``: no tree pass follows), the
         kept states per level, their parent beams per level)."""
-        r = enc_mask.shape[0]
-        h0, kv = self.root(enc_mask, cross_k, cross_v, keys=keys)
+        r = cross.bias.shape[0]
+        h0, kv = self.root(cross, keys=keys)
         logp = self._level_logprobs(h0, 0).view(-1, 1, self.vmax)
         states, parents = [], []
         state = SearchState.root(r, h0.device)
@@ -413,7 +438,7 @@ class FusedHotPath(nn.Module):
     def draft_search(self, enc_mask, cross_k, cross_v, tables: list[torch.Tensor], width: int):
         """The distilled drafter's constrained beam search (level 0 exact) in one graph -> codes [R, W, L],
         scores [R, W] (level 0's target log-prob plus the drafter's), token_logp [R, W, L], alive [R, W]."""
-        _, _, states, _ = self._draft(enc_mask, cross_k, cross_v, tables, [width] * self.L, keys=False)
+        _, _, states, _ = self._draft(self.cross(enc_mask, cross_k, cross_v), tables, [width] * self.L, keys=False)
         s = states[-1]
         return s.codes, s.scores, s.token_logp, s.nodes >= 0
 
@@ -422,8 +447,9 @@ class FusedHotPath(nn.Module):
         the target's log-probability of every code of each, from one tree pass over the beams' kept prefixes
         -> codes [R, W, L], the drafter's scores [R, W], the target's token_logp [R, W, L], alive [R, W]."""
         L = self.L
-        _, root_kv, states, parents = self._draft(enc_mask, cross_k, cross_v, tables, [width] * L)
-        node_logp, _ = self._ancestor_tree(states, parents, root_kv, enc_mask, cross_k, cross_v)
+        cross = self.cross(enc_mask, cross_k, cross_v)
+        _, root_kv, states, parents = self._draft(cross, tables, [width] * L)
+        node_logp, _ = self._ancestor_tree(states, parents, root_kv, cross)
         final = states[-1]
         codes = final.codes.clamp(min=0)
         target = [final.token_logp[:, :, 0]]  # level 0 is the target's own
@@ -437,7 +463,7 @@ class FusedHotPath(nn.Module):
         target += levels[::-1]
         return final.codes, final.scores, torch.stack(target, -1), final.nodes >= 0
 
-    def _ancestor_tree(self, states, parents, root_kv, enc_mask, cross_k, cross_v,
+    def _ancestor_tree(self, states, parents, root_kv, cross: Cross,
                        chains: list | None = None) -> tuple[list[torch.Tensor], list]:
         """One decoder pass over kept prefixes: ``states[j]`` the prefixes of length j+1 (j = 0..D-1, D <= L-1),
         each beam's parent in ``parents[j]``. Each node attends to its ancestors only (the root, whose
@@ -445,7 +471,7 @@ class FusedHotPath(nn.Module):
         computed. Returns per depth j+1 the next level's log-probs [R, B_j, Vmax] after each kept prefix, and
         each layer's keys|values [R, 1 + T, 2 * inner] (the root first: for a later pass that attends to these
         nodes); with ``chains`` (a list), each depth's ancestor columns into them [R, B_j, j+1] are appended."""
-        r, dev = enc_mask.shape[0], enc_mask.device
+        r, dev = cross.bias.shape[0], cross.bias.device
         states = states[: self.L - 1]
         D = len(states)
         # nodes: depth j+1 = states[j], laid out depth after depth
@@ -471,7 +497,7 @@ class FusedHotPath(nn.Module):
         slot_ok = torch.arange(D + 1, device=dev).view(1, D + 1) <= depth.view(-1, 1)  # [T, D+1]
         abias = self._bias(slot_ok).view(1, t, D + 1, 1)
         x = torch.cat(tok, 1)  # [R, T, d]
-        hid, kept = self._pass_over(x, anc, root_kv, enc_mask, cross_k, cross_v, abias)
+        hid, kept = self._pass_over(x, anc, root_kv, cross, abias)
         return [
             torch.log_softmax(
                 hid[:, starts[j] : starts[j] + sizes[j]] @ self.head_w[j + 1] + self.head_b[j + 1], dim=-1
@@ -479,7 +505,7 @@ class FusedHotPath(nn.Module):
             for j in range(D)
         ], kept
 
-    def _pass_over(self, x, cols, kept, enc_mask, cross_k, cross_v, bias=None):
+    def _pass_over(self, x, cols, kept, cross: Cross, bias=None):
         """A decoder pass over new nodes x [R, w, d] whose self-attention reads only the columns ``cols``
         [R, w, m] of [earlier nodes' keys|values ``kept`` (per layer, [R, t, 2 * inner] each); their own]: each
         node's ancestors and itself (``bias`` [1, w, m, 1], -inf on padding columns, where nodes have fewer).
@@ -503,9 +529,9 @@ class FusedHotPath(nn.Module):
             a = torch.softmax(logits if bias is None else logits + bias, dim=2)
             return (a.unsqueeze(-1) * g[:, :, :, 1]).sum(2).reshape(-1, w, inner)
 
-        return self.decoder(x, r, enc_mask, cross_k, cross_v, ancestors), out
+        return self.decoder(x, r, cross, ancestors), out
 
-    def _leaf_pass(self, codes, anc, kept, enc_mask, cross_k, cross_v):
+    def _leaf_pass(self, codes, anc, kept, cross: Cross):
         """A second pass over the target's own beams of length L-1 (``codes`` [R, W, L-1]), whose ancestors are
         nodes of an earlier :meth:`_ancestor_tree` pass: ``anc`` [R, W, L-1] their columns in its keys/values
         ``kept`` (root, depth 1 .. L-2). -> level L-1's log-probs [R, W, Vmax]."""
@@ -513,7 +539,7 @@ class FusedHotPath(nn.Module):
         L = self.L
         x = self.tok[codes[:, :, -1].clamp(min=0) + self.offsets[L - 2]] + self.dec_pos[L - 1]
         own = torch.arange(w, device=codes.device).view(1, w, 1).expand(r, -1, -1) + kept[0].shape[1]
-        hid, _ = self._pass_over(x, torch.cat([anc, own], -1), kept, enc_mask, cross_k, cross_v)
+        hid, _ = self._pass_over(x, torch.cat([anc, own], -1), kept, cross)
         return torch.log_softmax(hid @ self.head_w[L - 1] + self.head_b[L - 1], dim=-1)
 
     def draft_verify(self, enc_mask, cross_k, cross_v, tables: list[torch.Tensor], width: int, n: int):
@@ -535,9 +561,10 @@ class FusedHotPath(nn.Module):
         L = self.L
         if L < 3:
             raise ValueError(f"draft_verify needs SIDs of 3 levels or more (these have {L})")
-        _, root_kv, states, parents = self._draft(enc_mask, cross_k, cross_v, tables, [width] + [n] * (L - 3))
+        cross = self.cross(enc_mask, cross_k, cross_v)
+        _, root_kv, states, parents = self._draft(cross, tables, [width] + [n] * (L - 3))
         chains: list = []
-        node_logp, kept = self._ancestor_tree(states, parents, root_kv, enc_mask, cross_k, cross_v, chains)
+        node_logp, kept = self._ancestor_tree(states, parents, root_kv, cross, chains)
         target = states[0]
         covered = torch.ones(r, dtype=torch.bool, device=dev)
         held0 = target.nodes.ge(0).sum(1)
@@ -561,7 +588,7 @@ class FusedHotPath(nn.Module):
         ch = chains[L - 3]  # the ancestor columns of the first pass's deepest nodes
         anc = torch.cat([torch.zeros_like(col).unsqueeze(-1),
                          ch.gather(1, col.unsqueeze(-1).expand(-1, -1, ch.shape[-1]))], -1)
-        last = self._leaf_pass(target.codes, anc, kept, enc_mask, cross_k, cross_v)
+        last = self._leaf_pass(target.codes, anc, kept, cross)
         alive = target.nodes >= 0
         frontier.append(torch.stack([alive.sum(1), alive.sum(1)], -1))
         target, _ = target.advance(last, tables[L - 1], width)

@@ -112,7 +112,7 @@ def _grow_step(fused: FusedHotPath, x: torch.Tensor, r: int, past: list, enc_mas
         a = torch.softmax(qkv[:, 0] @ k.transpose(-1, -2), dim=-1) @ v  # [N, h, 1, dk]
         return a.transpose(1, 2).reshape(n, 1, fused.inner)
 
-    return fused.decoder(x.view(n, 1, fused.d), r, enc_mask, cross_k, cross_v, growing)[:, 0]
+    return fused.decoder(x.view(n, 1, fused.d), r, fused.cross(enc_mask, cross_k, cross_v), growing)[:, 0]
 
 
 @torch.inference_mode()
