@@ -15,6 +15,8 @@ STAGE = Histogram("specrec_gateway_stage_seconds", "Time per policy stage", ["po
                   buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.025, 0.03, 0.035, 0.04, 0.05, 0.1))
 BUDGET_MISSES = Counter("specrec_gateway_budget_misses", "Answers that took longer than their budget (server side), "
                         "by policy asked", ["policy"])
+BUDGET_CUTS = Counter("specrec_gateway_budget_cuts", "Answers given at the deadline while the policy still ran (the "
+                      "catalogue's fill, exit_reason budget), by policy asked and policy run", ["policy", "ran"])
 DEFAULT_BUDGET = Gauge("specrec_gateway_default_budget_seconds", "The budget of a request that gives none")
 DEPENDENCY_UP = Gauge("specrec_gateway_dependency_up", "The gateway's view of a dependency: 0 while the verifier's "
                       "breaker is open, the drafter counts as down after a failure, or the item set has not answered "

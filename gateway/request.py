@@ -2,8 +2,8 @@
 
 :func:`validate` checks every field (INVALID_ARGUMENT naming the field), pins
 one catalogue version, resolves the history to item rows and fixes the
-request's one :class:`~specrec.deadline.Deadline`: the budget, or the caller's
-own gRPC deadline when that comes first. :class:`Admitted` is what admission
+request's one :class:`~specrec.deadline.Deadline`: the budget less the time to
+respond (``respond_ms``), or the caller's own gRPC deadline when that comes first. :class:`Admitted` is what admission
 (:meth:`gateway.service.GatewayService.admit`) hands the worker thread.
 """
 
@@ -88,7 +88,7 @@ def validate(r, s: GatewaySettings, snap: Snapshot, t0: float, caller_deadline: 
     params = _params(r, s, policy, f)
     rows, ignored = _rows(r, snap, f)
     budget = r.budget_ms or s.default_budget_ms
-    at = t0 + budget / 1000.0
+    at = t0 + max(0.0, budget - s.respond_ms) / 1000.0  # the answer built and sent by the budget's end
     if caller_deadline is not None:  # the time the request waited before this handler ran is spent already
         at = min(at, caller_deadline)
     left = len(snap.itemset) - (len(np.unique(rows)) if r.exclude_history else 0)  # items that can come back

@@ -39,7 +39,7 @@ from specrec.policies import Engine, RecResult, SpecMetrics, make_policy
 from specrec.policies.auto import AutoPolicy
 from specrec.policies.breaker import Breaker, Cooldown
 from specrec.policies.errors import DependencyDown, Unsupported
-from specrec.policies.fallback import Ladder
+from specrec.policies.fallback import Ladder, catalogue_only
 from specrec_rpc import tracing
 from specrec_rpc.catalogue import CatalogueWatcher, Snapshot
 from specrec_rpc.errors import register
@@ -47,7 +47,7 @@ from specrec_rpc.replicas import Replicas
 from specrec_rpc.server import Service, make_channel
 from specrec_rpc.v1 import drafter_pb2_grpc, recommender_pb2_grpc, verifier_pb2_grpc
 
-from .metrics import DEFAULT_BUDGET, DEPENDENCY_UP, STAGE, SpecCollector
+from .metrics import BUDGET_CUTS, DEFAULT_BUDGET, DEPENDENCY_UP, STAGE, SpecCollector
 from .parts import VerifierParts
 from .queueing import QueueModel
 from .remote import GRACE_S, RemoteDrafter, RemoteVerifier
@@ -168,16 +168,37 @@ class GatewayService(Service):
         return run
 
     async def serve(self, run: Admitted, ctx: contextvars.Context | None = None) -> RecResult:
-        """Run an admitted request on a worker thread (in ``ctx``, so the trace span and log bindings follow).
-        A request whose caller leaves while it still queues for a worker never runs, and its count at its
-        resource is returned at once: a queue of abandoned requests must not read as load forever."""
+        """Run an admitted request on a worker thread (in ``ctx``, so the trace span and log bindings follow),
+        and answer by its deadline whatever it asked: a policy (or its fallback) still running then is cut
+        (:meth:`_cut`). A request whose caller leaves while it still queues for a worker never runs, and its
+        count at its resource is returned at once: a queue of abandoned requests must not read as load
+        forever."""
         fn = self.run_policy if ctx is None else (lambda r: ctx.run(self.run_policy, r))
+        fut = asyncio.get_running_loop().run_in_executor(self.pool, fn, run)
         try:
-            return await asyncio.get_running_loop().run_in_executor(self.pool, fn, run)
+            return await asyncio.wait_for(asyncio.shield(fut), max(0.0, run.request.deadline.left(time.monotonic())))
+        except TimeoutError:
+            return self._cut(run, fut)
         except asyncio.CancelledError:
             if run.abandon():
                 self.queue.done(run.resource, served=False)
             raise
+
+    def _cut(self, run: Admitted, fut: asyncio.Future) -> RecResult:
+        """The deadline came and nothing answered (the verifier or the drafter late, the worker pool busy): the
+        catalogue's fill now, ``exit_reason = budget``, flagged degraded; the run, if it started, finishes on
+        its own thread (its downstream calls end at the deadline too) and its answer is dropped."""
+        if run.abandon():  # still queued for a worker: it never runs
+            self.queue.done(run.resource, served=False)
+            why = "no worker took it before the deadline"
+        else:
+            why = f"{run.policy} still running at the deadline"
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # its outcome is not waited for
+        valid = run.request
+        res = catalogue_only(self.engine(valid.snap, None), valid.rec_request(), f"budget: {why}")
+        res.stats.exit_reason = "budget"
+        BUDGET_CUTS.labels(valid.policy, run.policy).inc()
+        return res
 
     def run_policy(self, run: Admitted) -> RecResult:
         """In a worker thread: the admitted policy answers, or a fallback does."""

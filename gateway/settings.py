@@ -34,6 +34,10 @@ class GatewaySettings(ServiceSettings):
                               "(or twice the drafter's running cost when more, plus the wait behind the requests "
                               "queued at the drafter; at most 80% of the budget), so the drafter can still answer "
                               "when the verifier does not")
+    respond_ms: float = Field(1.5, ge=0.0, le=1000.0, description="time kept at the end of the budget to build and "
+                              "send the answer: the request's deadline, its downstream calls and the cut that answers "
+                              "a request still running (the catalogue's fill, exit_reason budget) come this long "
+                              "before the budget ends")
     reply_margin_ms: float = Field(5.0, ge=0.0, le=1000.0, description="when the caller's gRPC deadline comes before "
                                    "the budget, the answer is planned to leave this long before that deadline")
     breaker_failures: int = Field(3, ge=1, le=1000, description="verifier failures in a row that open the breaker")

@@ -102,6 +102,8 @@ class VerifierSettings(ServiceSettings):
         description="fail at start unless ONNX Runtime runs on the CUDA execution provider "
         "(a GPU verifier that silently fell back to the CPU would miss every budget)",
     )
+    fault_delay_ms: float = Field(0.0, ge=0.0, le=60_000, description="fault injection (chaos runs and tests): every "
+                                  "call waits this long before its job is queued; 0 = off")
     warmup_k: list[int] = Field([10, 50], description="list lengths K whose graphs (beam search of width K, the head's "
                                 "searches of every draft count) are ready before SERVING")
 
@@ -195,6 +197,8 @@ class VerifierService(Service):
 
     async def run(self, job, context):
         """One job through the batcher, the caller's deadline as the job's."""
+        if self.s.fault_delay_ms:  # a slowed verifier, on purpose (fault_delay_ms)
+            await asyncio.sleep(self.s.fault_delay_ms / 1000.0)
         try:
             return await self.batcher.submit(job, _deadline(context))
         except SessionStateError as e:

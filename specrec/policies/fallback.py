@@ -91,6 +91,9 @@ class Ladder:
         order = {"verifier": ["drafter"], "verifier part": ["beam", "drafter"]}.get(down, ["beam", "nezha"])
         reasons = [why]
         for name in order:
+            if req.deadline is not None and req.deadline.left(eng.clock()) < self.grace_s:
+                reasons.append("no time left for a fallback")  # nothing could come back in time
+                break
             if down == "drafter" and self.breaker.is_open():
                 break
             if name == "drafter" and self.drafter.is_down():

@@ -70,6 +70,7 @@ class Stack:
     gateway_overrides: dict = field(default_factory=dict)
     common_overrides: dict = field(default_factory=dict)  # every service's settings (e.g. TLS)
     itemset_overrides: dict = field(default_factory=dict)
+    verifier_overrides: dict = field(default_factory=dict)
     credentials: grpc.ChannelCredentials | None = None  # the test's own channels (None: plaintext)
 
     def addr(self, name: str) -> str:
@@ -83,8 +84,8 @@ class Stack:
                                                        write_token=TOKEN, bundle=self.bundle, startup_wait_s=5.0),
                                       **self.itemset_overrides})
         if name == "verifier":
-            return VerifierSettings(**common, bundle=self.bundle, itemset_addr=self.addr("itemset"), threads=1,
-                                    warmup_k=[10])
+            return VerifierSettings(**{**common, **dict(bundle=self.bundle, itemset_addr=self.addr("itemset"),
+                                                        threads=1, warmup_k=[10]), **self.verifier_overrides})
         if name == "drafter":
             return DrafterSettings(**common, bundle=self.bundle, itemset_addr=self.addr("itemset"))
         gw = dict(
@@ -165,13 +166,13 @@ class Stack:
 
 
 @contextlib.asynccontextmanager
-async def running(redis_url: str, prefix: str, bundle: Path):
+async def running(redis_url: str, prefix: str, bundle: Path, **overrides):
     """A stack on ``bundle`` in a Redis namespace of its own (``prefix-<ns>``), stopped and its keys deleted
-    at the end."""
+    at the end; ``overrides``: :class:`Stack`'s (``gateway_overrides``, ``verifier_overrides``, ...)."""
     from specrec_rpc.localstack import delete_keys, namespace_pattern
 
     ns = f"{prefix}-{time.time_ns()}"
-    st = await Stack(redis_url, ns, bundle).start()
+    st = await Stack(redis_url, ns, bundle, **overrides).start()
     try:
         yield st
     finally:

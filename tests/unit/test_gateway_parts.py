@@ -3,6 +3,8 @@ Admitted, the queue model and the reserve (costs from running requests), the res
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -47,7 +49,7 @@ def test_a_valid_request_is_typed_and_carries_one_deadline(snap):
                  s, snap, t0=100.0, rid="r1")
     assert v.policy == "specgr" and v.params == {"gamma": -2.0, "delta": 7}
     assert v.rows.tolist() == [3, 4] and v.ignored == ["nope"] and v.k == 5 and v.rid == "r1"
-    assert v.deadline.at == pytest.approx(100.02) and v.budget_ms == 20
+    assert v.deadline.at == pytest.approx(100.02 - s.respond_ms / 1000) and v.budget_ms == 20  # time to respond kept
     rec = v.rec_request()
     assert rec.deadline is v.deadline and rec.k == 5 and rec.history is v.rows  # the same object, not a copy
     # no budget given: the default; a caller deadline before the budget wins
@@ -206,7 +208,7 @@ def test_a_request_abandoned_while_it_queues_never_runs_and_stops_counting_as_lo
     gate, ran = threading.Event(), []
     fake = types.SimpleNamespace(pool=ThreadPoolExecutor(1), queue=queue)
     fake.run_policy = lambda run: ran.append(run) if run.begin() else None  # run_policy's first step
-    valid = validate(req(), settings(), snap, 0.0)
+    valid = validate(req(budget_ms=1000), settings(), snap, time.monotonic())  # no deadline passes here
 
     async def main():
         fake.pool.submit(gate.wait)  # the only worker is busy
