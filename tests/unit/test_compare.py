@@ -91,3 +91,17 @@ def test_the_order_rotates_and_warm_up_is_in_no_counter(setup):
     assert set(firsts) == set(pols)  # each policy runs first on some requests
     assert {firsts.count(n) for n in pols} == {N // len(pols)}
     assert dict(eng.metrics.requests) == {n: N for n in pols}  # not N + 3: the warm-up is not counted
+
+
+def test_every_policy_is_timed_against_the_eager_reference(setup):
+    """With ``beam@eager`` in the runs (``--compare-eager``), each policy's speedup over it is a key, and beam's
+    lists are compared with the reference's request by request (equal_to_eager)."""
+    pols, eng, ex, split, tick, calls = setup
+    pols["beam@eager"] = FakePolicy("beam@eager", eng, pols["beam"].clock, 16.0, lambda i: i % 2 == 0, calls)
+    runs = compare_policies(pols, ex, K, progress=False, warmup=3, clock=tick)
+    table, _ = comparison_table(runs, ex, split, [10, 50], eng.metrics.snapshot())
+    keys = summary_keys(table, "fake", "loo", K)
+    assert keys["fake.loo.beam.k50.speedup_vs_eager"] == pytest.approx(4.0)
+    assert keys["fake.loo.fast.k50.speedup_vs_eager"] == pytest.approx(16.0)
+    assert keys["fake.loo.beam.k50.equal_to_eager"] == 1.0
+    assert not any(k.startswith("fake.loo.beam@eager") for k in keys)
