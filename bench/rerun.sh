@@ -7,8 +7,9 @@
 #   BUNDLE=runs/x bash bench/rerun.sh policies
 #
 # Steps: quality (GR + SASRec, TIGER protocol and --exclude-history, all test users), policies (K=10/50,
-# 500 random test users, the cost model), drafters, backends, profile (policies and graphs), serving,
-# overload, soak, chaos, scaleout. Each step's output goes to $LOG/<step>.log; a line per step with its
+# 500 random test users, the cost model), temporal (bundles/beauty-temporal), drafters, backends, profile
+# (policies, graphs, pass cost and floor), startup (cold and warm start), index (HNSW), serving, overload,
+# soak, chaos, scaleout, keys (which summary keys no step writes: bench/summary_keys.py). Each step's output goes to $LOG/<step>.log; a line per step with its
 # wall time is appended to $LOG/steps.tsv. The commands are the ones bench/results/README.md documents.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -30,6 +31,14 @@ policies() {
   done
   python bench/cost_model.py
 }
+temporal() {  # the temporal split: unseen items, with and without the drafter's share of them
+  specrec eval --bundle bundles/beauty-temporal --policies beam,specgr --k 50 --sample 2000 --seed 0 --save
+  specrec eval --bundle bundles/beauty-temporal --policies beam,specgr --k 50 --sample 2000 --seed 0 --save \
+    --unseen-share 0
+}
+startup() { python bench/cold_start.py --bundle "$BUNDLE"; }
+index() { python bench/drafter_index.py --items 300000 --dim 64 --queries 500; }
+keys() { python bench/summary_keys.py; }  # last: summary keys no step writes (bench.keys_without_writer)
 drafters() { python bench/drafters.py --bundle "$BUNDLE" --users 1000 --timing-users 200 --seed 11; }
 backends() { python bench/backends.py --bundle "$BUNDLE" --n 200; }
 profile() {
@@ -46,7 +55,7 @@ soak() { python bench/soak.py --bundle "$BUNDLE" --minutes 10; }
 chaos() { python bench/chaos.py --bundle "$BUNDLE" --rate 10 --budget-ms 100; }
 scaleout() { python bench/scaleout.py --bundle "$BUNDLE" --rates 10,20,30,40 --duration 10; }
 
-ALL=(quality policies drafters backends profile serving overload soak chaos scaleout)
+ALL=(quality policies temporal drafters backends profile startup index serving overload soak chaos scaleout keys)
 STEPS=("$@")
 [ ${#STEPS[@]} -eq 0 ] && STEPS=("${ALL[@]}")
 for step in "${STEPS[@]}"; do

@@ -1,0 +1,76 @@
+"""Which keys of ``bench/results/summary.json`` no step of ``bench/rerun.sh`` writes.
+
+:data:`WRITERS` says, per step of ``rerun.sh``, the keys its commands write (as patterns). A key that matches
+none is left over from a command that no longer runs, or was renamed; it is reported, and the count is written
+as ``bench.keys_without_writer`` (``tests/unit/test_summary_keys.py`` holds it at 0 for the committed file).
+
+    python bench/summary_keys.py            # list them, write the count
+    python bench/summary_keys.py --retire   # also delete them from summary.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+from specrec.eval.results import update_summary
+
+SUMMARY = Path(__file__).resolve().parent / "results" / "summary.json"
+
+_P = r"(strict|nezha|specgr|drafter)"  # beam is the reference: no ratio to itself
+#: step of bench/rerun.sh -> the keys its commands write
+WRITERS: dict[str, list[str]] = {
+    "quality": [r"beauty\.loo\.(beam|sasrec)(\.excl)?\.(recall|ndcg)@\d+", r"beauty\.train\.minutes",
+                r"beauty\.model\.params"],
+    "policies": [rf"beauty\.loo\.{_P}(\.k50)?\.(recall|ndcg)@\d+",  # beam's: the quality step's (all users)
+                 rf"beauty\.loo\.{_P}(\.k50)?\.(speedup_vs_beam|recall_ratio_vs_beam|recall@10_ratio_vs_beam"
+                 r"|equal_to_beam|no_fallback_share|drafted_level_coverage|whole_frontier_share|item_acceptance"
+                 r"|token_acceptance)",
+                 r"beauty\.loo\.(beam|strict|nezha|specgr|drafter)(\.k50)?\.speedup_vs_eager",
+                 r"beauty\.loo\.beam(\.k50)?\.equal_to_eager"],
+    "temporal": [r"beauty\.temporal\.(beam|specgr)(\.unseen0)?\.(in_sample_|unseen_)?(recall|ndcg)@50"],
+    "backends": [r"backends\.(eager|onnx)\.[a-z0-9_+]+\.(p50_ms|speedup_vs_eager)",
+                 r"backends\.onnx\.max_abs_diff_vs_eager"],
+    "profile": [r"hotpath\.pass\.(fixed_ms|node_us)", r"hotpath\.floor_(ms|ratio)\.beam_w\d+"],
+    "startup": [r"verifier\.cold_start_s", r"stack\.(warm_start_s|cold_start_one_by_one_s)",
+                r"stack\.warm_start\.\w+_s"],
+    "index": [r"drafter\.hnsw\.(recall@50|speedup)"],
+    "serving": [r"gateway\.(auto|beam|strict|nezha|specgr)\.(overhead_p50_ms|p50_ms|p99_ms_at_\d+ms"
+                r"|server_p99_ms_at_\d+ms|budget_exit_share_at_\d+ms|model_answer_share_at_\d+ms)",
+                r"gateway\.auto\.(max_rps_p99_\d+ms|recall_ratio_at_\d+ms|all_fill_share_at_\d+ms)"],
+    "overload": [r"serving\.capacity_rps", r"serving\.overload_\dx\.(achieved_rps|client_p99_ms|error_share"
+                 r"|model_share|offered_rps|server_p99_ms|shed_share)"],
+    "soak": [r"soak\.(errors|minutes|p99_drift_ms|rate_rps|rss_growth_max|shed|upsert_errors|upserts_acked)"],
+    "chaos": [r"chaos\.(catalogue_items_lost|internal_errors|model_answer_share_during_faults"
+              r"|overload_p99_over_budget_ms|recovery_s_max|redis_failover_acked_writes_lost"
+              r"|redis_failover_internal_errors|redis_failover_recovery_s)"],
+    "scaleout": [r"scaleout\.(errors_on_replica_kill|max_rps_p99_one_replica|max_rps_p99_two_replicas"
+                 r"|replica_share_min)"],
+    "keys": [r"bench\.keys_without_writer"],
+}
+_ALL = re.compile("|".join(f"(?:{p})" for ps in WRITERS.values() for p in ps))
+
+
+def keys_without_writer(summary: dict) -> list[str]:
+    return sorted(k for k in summary if not _ALL.fullmatch(k))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--summary", default=str(SUMMARY))
+    ap.add_argument("--retire", action="store_true", help="delete the keys without a writer")
+    a = ap.parse_args(argv)
+    path = Path(a.summary)
+    orphans = keys_without_writer(json.loads(path.read_text()))
+    for k in orphans:
+        print(f"no writer: {k}")
+    update_summary({"bench.keys_without_writer": 0 if a.retire else len(orphans)}, path,
+                   retire=tuple(orphans) if a.retire else ())
+    print(f"bench.keys_without_writer = {0 if a.retire else len(orphans)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
