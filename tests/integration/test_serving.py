@@ -67,7 +67,8 @@ async def test_auto_answers_with_a_cheaper_model_when_the_verifier_is_slow(stack
             served.append(r.stats.served_by)
             totals.append(r.stats.total_ms)
             assert len(r.items) == 10
-            fills.append(all(it.source == "fill" for it in r.items))
+            # the fill of a request cut at its deadline (a probe whose drafter fallback came late) is counted apart
+            fills.append(all(it.source == "fill" for it in r.items) and r.stats.exit_reason != "budget")
         # the estimates catch up: auto moves to the drafter's list, a model answer, within the budget; a
         # probe of a verifier tier (once in probe_s = 1 s each) may still end in fill
         assert all(s in ("drafter", "fill") for s in served[-5:]) and served[-5:].count("drafter") >= 4, served
