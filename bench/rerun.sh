@@ -9,8 +9,8 @@
 # Steps: quality (GR + SASRec, TIGER protocol and --exclude-history, all test users), policies (K=10/50,
 # 500 random test users, the cost model), temporal (bundles/beauty-temporal), drafters, backends, profile
 # (policies, graphs, pass cost and floor), startup (cold and warm start), index (HNSW), serving, overload,
-# soak, chaos, scaleout, keys (which summary keys no step writes: bench/summary_keys.py). Each step's output goes to $LOG/<step>.log; a line per step with its
-# wall time is appended to $LOG/steps.tsv. The commands are the ones bench/results/README.md documents.
+# soak, chaos, scaleout, keys (which summary keys no step writes: bench/summary_keys.py). Each step's output
+# goes to $LOG/<step>.log; a line per step with its wall time is appended to $LOG/steps.tsv. The commands are the ones bench/results/README.md documents.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUNDLE=${BUNDLE:-bundles/beauty-loo}

@@ -37,8 +37,10 @@ decoder layers and the searches exist once. It computes what the
 reference the tests hold it to) computes with fewer, larger operations: one
 matrix for q/k/v, the attention scale folded into the q weights, keys kept
 transposed so no attention needs a transpose, the cross-attention keys/values
-of all layers in one matrix product, and only the stepped level's output
-layer. Every decoder pass is :meth:`FusedHotPath.decoder` with its own kind of
+of all layers in one matrix product, each layer's cross-attention query and
+output weights folded into a request's keys and values once per graph
+(:meth:`FusedHotPath.cross`), and only the stepped level's output layer.
+Every decoder pass is :meth:`FusedHotPath.decoder` with its own kind of
 self-attention (a mask, the static cache of a step, the root alone, a tree's
 gathered ancestors). It also has whole searches as single graphs: the
 constrained beam search (:meth:`FusedHotPath.beam_search`), the NEZHA head's

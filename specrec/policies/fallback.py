@@ -16,7 +16,7 @@ naming what answered:
   (fill, the last resort).
 
 A request with less time left than one call's grace answers with the fill at
-once. The breaker learns from every verdict on the verifier; a budget too
+once, and a fallback is not started with less. The breaker learns from every verdict on the verifier; a budget too
 small is no verdict (:meth:`~.breaker.Breaker.settle`). The drafter's own time
 in a fallback teaches the cost model what the next requests keep back for it.
 """
@@ -54,9 +54,13 @@ class Ladder:
         self.breaker, self.drafter, self.costs, self.grace_s = breaker, drafter, costs, grace_s
         self.on_down = on_down or (lambda e: None)
 
+    def _no_time(self, eng: Engine, req: RecRequest) -> bool:
+        """Less time left than one call needs to come back: no call is worth starting."""
+        return req.deadline is not None and req.deadline.left(eng.clock()) < self.grace_s
+
     def answer(self, name: str, params: dict, eng: Engine, req: RecRequest) -> RecResult:
         """``name`` (already admitted) answers, or the best fallback still available does."""
-        if req.deadline is not None and req.deadline.left(eng.clock()) < self.grace_s:
+        if self._no_time(eng, req):
             return catalogue_only(eng, req, "no time left for any call")  # no call could come back in time
         if name != "drafter" and not self.breaker.allow():
             return self.fallback(eng, req, "verifier", "verifier breaker open (recent failures)")
@@ -91,7 +95,7 @@ class Ladder:
         order = {"verifier": ["drafter"], "verifier part": ["beam", "drafter"]}.get(down, ["beam", "nezha"])
         reasons = [why]
         for name in order:
-            if req.deadline is not None and req.deadline.left(eng.clock()) < self.grace_s:
+            if self._no_time(eng, req):
                 reasons.append("no time left for a fallback")  # nothing could come back in time
                 break
             if down == "drafter" and self.breaker.is_open():

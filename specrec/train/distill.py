@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 
 from ..data.splits import Examples, Split, sample_examples
 from ..ids.trie import SidTrie
-from ..models.hotpath import FusedHotPath, SearchState, child_tables
+from ..models.hotpath import Cross, FusedHotPath, SearchState, child_tables
 from ..models.sid_mlp import SidMlpConfig, SidMlpDrafter
 from ..models.tiger import BOS_TOKEN, Tiger
 from .trainer import history_batch
@@ -96,7 +96,7 @@ class Frontier:
                    [z[f"logp{j}"] for j in range(n)])
 
 
-def _grow_step(fused: FusedHotPath, x: torch.Tensor, r: int, past: list, enc_mask, cross_k, cross_v):
+def _grow_step(fused: FusedHotPath, x: torch.Tensor, r: int, past: list, cross: Cross):
     """One decoder position for N = r * B sequences, x [N, d] (token + position embedded), with the keys and
     values of earlier positions ``past`` (per layer (k [N, h, t, dk], v), already in beam order; grown in place):
     the serving path's decoder (:meth:`FusedHotPath.decoder`) with a growing cache, since at training batch
@@ -112,7 +112,7 @@ def _grow_step(fused: FusedHotPath, x: torch.Tensor, r: int, past: list, enc_mas
         a = torch.softmax(qkv[:, 0] @ k.transpose(-1, -2), dim=-1) @ v  # [N, h, 1, dk]
         return a.transpose(1, 2).reshape(n, 1, fused.inner)
 
-    return fused.decoder(x.view(n, 1, fused.d), r, fused.cross(enc_mask, cross_k, cross_v), growing)[:, 0]
+    return fused.decoder(x.view(n, 1, fused.d), r, cross, growing)[:, 0]
 
 
 @torch.inference_mode()
@@ -122,6 +122,7 @@ def run_frontier(fused: FusedHotPath, tables: list[torch.Tensor], hist_sids: tor
     (h0 [R, d], root log-probs [R, V0], per level j >= 1 (prefixes [R, W, j], alive [R, W], log-probs [R, W, V_j]),
     the final state). The same search as the serving graph's (same top-k), with a growing cache."""
     keep, ck, cv = fused.encode(hist_sids)
+    cross = fused.cross(keep, ck, cv)  # once: every level's pass reads it
     r = keep.shape[0]
     sizes = fused.cfg.level_sizes
     tokens = torch.full((r, 1), BOS_TOKEN, dtype=torch.int64)
@@ -131,8 +132,7 @@ def run_frontier(fused: FusedHotPath, tables: list[torch.Tensor], hist_sids: tor
     levels = []
     for level in range(fused.L):
         b = tokens.shape[1]
-        hid = _grow_step(fused, (fused.tok[tokens] + fused.dec_pos[level]).reshape(r * b, fused.d), r, past, keep,
-                         ck, cv)
+        hid = _grow_step(fused, (fused.tok[tokens] + fused.dec_pos[level]).reshape(r * b, fused.d), r, past, cross)
         logp = fused._level_logprobs(hid, level).view(r, b, fused.vmax)
         if level == 0:
             h0, root = hid, logp[:, 0, : sizes[0]]
