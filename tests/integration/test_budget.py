@@ -7,7 +7,9 @@ answered (``stats.total_ms``: from the request's arrival to the answer built).""
 from __future__ import annotations
 
 import asyncio
+import time
 
+import grpc
 import numpy as np
 import pytest
 import pytest_asyncio
@@ -32,7 +34,14 @@ async def test_a_slow_verifier_still_gets_answers_on_time(slow, policy):
 
     totals = []
     for h in histories(Bundle.load(slow.bundle), 6, seed=7):
-        r = await slow.recommend(h, k=5, policy=policy, budget_ms=BUDGET_MS)
+        t0 = time.monotonic()
+        try:
+            r = await slow.recommend(h, k=5, policy=policy, budget_ms=BUDGET_MS)
+        except grpc.aio.AioRpcError as e:
+            # auto refuses at once when nothing it offers fits what it learned (documented): on time, no list
+            assert policy == "auto" and e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, e
+            totals.append((time.monotonic() - t0) * 1000.0)
+            continue
         totals.append(r.stats.total_ms)
         assert len(r.items) == 5
         if policy == "auto" and r.stats.served_by == "drafter" and not r.stats.degraded:
