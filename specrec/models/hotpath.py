@@ -218,25 +218,24 @@ class FusedHotPath(nn.Module):
             b.append((cross_v[i] @ layer.cross_o).reshape(r, self.h * s, self.d))
         return Cross(self._bias(enc_mask)[:, None, None, :], a, b)
 
-    def _cross_block(self, layer: _Layer, x, a, b, cbias, r: int):
-        """x [N, T, d] with N = r * M: a request's M sequences fold into the query axis. ``a`` [r, d, h*S] and
-        ``b`` [r, h*S, d] (:meth:`cross`): the logits of all heads in one product, their outputs summed over heads
-        in another (what a per-head query, attention and output projection compute; in ONNX Runtime 31 instead of
-        47 us a layer at 10 beams, 88 instead of 184 at 50)."""
-        n, tq, _ = x.shape
-        s = cbias.shape[-1]
-        logits = (layer.ln[1](x).reshape(r, -1, self.d) @ a).view(r, -1, self.h, s)
-        p = torch.softmax(logits + cbias, dim=-1).view(r, -1, self.h * s)
-        return x + (p @ b).reshape(n, tq, self.d)
+    def _cross_block(self, layer: _Layer, x, a, b, cbias, heads: tuple):
+        """x [R, T, d]; ``a`` [R, d, h*S] and ``b`` [R, h*S, d] (:meth:`cross`): the logits of all heads in one
+        product, their outputs summed over heads in another (what a per-head query, attention and output
+        projection compute; in ONNX Runtime 31 instead of 47 us a layer at 10 beams, 88 instead of 184 at 50).
+        ``heads`` is (R, T, h, S), read once per pass: a size read per layer is a chain of shape nodes per layer
+        in a graph."""
+        p = torch.softmax((layer.ln[1](x) @ a).view(heads) + cbias, dim=-1)
+        return x + p.view(heads[0], heads[1], -1) @ b
 
-    def decoder(self, x, r: int, cross: Cross, self_attention: SelfAttention):
-        """The decoder layers over x [N, T, d] (embedded inputs of N = r * M sequences) -> the final norm's
-        states [N, T, d]: every decoder pass, each with its own ``self_attention``; ``cross`` is
-        :meth:`cross`'s, made once for all passes of a graph."""
+    def decoder(self, x, cross: Cross, self_attention: SelfAttention):
+        """The decoder layers over x [R, T, d] (a request's T embedded positions: beams, tree nodes, or
+        sequences side by side) -> the final norm's states [R, T, d]: every decoder pass, each with its own
+        ``self_attention``; ``cross`` is :meth:`cross`'s, made once for all passes of a graph."""
+        heads = (x.shape[0], x.shape[1], self.h, cross.bias.shape[-1])
         for i, module in enumerate(self.dec_layers):
             layer = cast(_Layer, module)
             x = x + self_attention(i, layer, layer.ln[0](x)) @ layer.o
-            x = self._cross_block(layer, x, cross.a[i], cross.b[i], cross.bias, r)
+            x = self._cross_block(layer, x, cross.a[i], cross.b[i], cross.bias, heads)
             x = x + layer.ff(layer.ln[2](x))
         return self.dec_ln(x)
 
@@ -290,7 +289,7 @@ class FusedHotPath(nn.Module):
         """:meth:`step` up to the final norm: the decoder states [N, d] and the new cache."""
         r, b = tokens.shape
         n = r * b
-        x = (self.tok[tokens] + self.dec_pos[start]).view(n, 1, self.d)
+        x = self.tok[tokens] + self.dec_pos[start]  # [R, B, d]: a request's beams side by side
         cache_k = cache_k.index_select(1, parent)
         cache_v = cache_v.index_select(1, parent)
         slots = torch.arange(self.L, device=x.device)
@@ -305,10 +304,10 @@ class FusedHotPath(nn.Module):
             v = torch.where(write_v, qkv[:, 2].unsqueeze(2), cache_v[i])
             new_k.append(k)
             new_v.append(v)
-            return self._attend(qkv[:, 0].unsqueeze(2), k, v, sbias).reshape(n, 1, self.inner)
+            return self._attend(qkv[:, 0].unsqueeze(2), k, v, sbias).reshape(r, b, self.inner)
 
-        hidden = self.decoder(x, r, self.cross(enc_mask, cross_k, cross_v), cached)
-        return hidden[:, 0], torch.stack(new_k), torch.stack(new_v)
+        hidden = self.decoder(x, self.cross(enc_mask, cross_k, cross_v), cached)
+        return hidden.reshape(n, self.d), torch.stack(new_k), torch.stack(new_v)
 
     def empty_cache(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         n, dev = len(self.dec_layers), self.tok.device
@@ -320,7 +319,7 @@ class FusedHotPath(nn.Module):
         r, t = tokens.shape
         x = self.tok[tokens] + self.dec_pos[positions]
         sbias = self._bias(tree_mask).unsqueeze(1)
-        h = self.decoder(x, r, self.cross(enc_mask, cross_k, cross_v),
+        h = self.decoder(x, self.cross(enc_mask, cross_k, cross_v),
                          lambda i, layer, h: self._attention(layer, h, sbias))
         logits = (h @ self.head_flat).view(r, t, self.L, self.vmax) + self.head_b
         return torch.log_softmax(logits, dim=-1)
@@ -380,7 +379,7 @@ class FusedHotPath(nn.Module):
         x = x + self.dec_pos[: self.L].unsqueeze(0)
         idx = torch.arange(self.L, device=x.device)
         sbias = self._bias(idx.view(self.L, 1) >= idx.view(1, self.L)).view(1, 1, self.L, self.L)
-        return self.decoder(x, r, self.cross(enc_mask, cross_k, cross_v),
+        return self.decoder(x, self.cross(enc_mask, cross_k, cross_v),
                             lambda i, layer, h: self._attention(layer, h, sbias))
 
     def head_beam_search(self, enc_mask, cross_k, cross_v, tables: list[torch.Tensor], width: int):
@@ -412,7 +411,7 @@ class FusedHotPath(nn.Module):
             kv.append((h @ layer.qkv)[:, :, self.inner:])  # [R, 1, 2 * inner]: its key | value
             return kv[-1][:, :, self.inner:]
 
-        return self.decoder(x, r, cross, own)[:, 0], kv
+        return self.decoder(x, cross, own)[:, 0], kv
 
     def _drafter_logprobs(self, h0, codes):
         """The drafter's next level after prefixes codes [R, B, j] -> [R, B, Vmax] (-inf padding)."""
@@ -526,12 +525,13 @@ class FusedHotPath(nn.Module):
             kv = torch.cat([kept[i], qkv[:, :, inner:]], 1)  # [R, t + w, 2 * inner]
             out.append(kv)
             g = kv.reshape(-1, 2 * inner).index_select(0, flat).view(-1, w, m, 2, self.h, self.dk)
-            q = qkv[:, :, :inner].reshape(-1, w, 1, self.h, self.dk)
-            logits = (q * g[:, :, :, 0]).sum(-1)  # [R, w, m, h]
-            a = torch.softmax(logits if bias is None else logits + bias, dim=2)
-            return (a.unsqueeze(-1) * g[:, :, :, 1]).sum(2).reshape(-1, w, inner)
+            gk, gv = g.split(1, dim=3)  # [R, w, m, 1, h, dk] each: one node for both
+            q = qkv[:, :, :inner].reshape(-1, w, 1, 1, self.h, self.dk)
+            logits = (q * gk).sum(-1)  # [R, w, m, 1, h]
+            a = torch.softmax(logits if bias is None else logits + bias.unsqueeze(-1), dim=2)
+            return (a.unsqueeze(-1) * gv).sum(2).reshape(-1, w, inner)
 
-        return self.decoder(x, r, cross, ancestors), out
+        return self.decoder(x, cross, ancestors), out
 
     def _leaf_pass(self, codes, anc, kept, cross: Cross):
         """A second pass over the target's own beams of length L-1 (``codes`` [R, W, L-1]), whose ancestors are

@@ -102,6 +102,7 @@ def _grow_step(fused: FusedHotPath, x: torch.Tensor, r: int, past: list, cross: 
     the serving path's decoder (:meth:`FusedHotPath.decoder`) with a growing cache, since at training batch
     sizes the static cache of the serving step is mostly copying."""
     n = x.shape[0]
+    b = n // r
 
     def growing(i: int, layer: Any, h: torch.Tensor) -> torch.Tensor:
         qkv = (h @ layer.qkv).view(n, 3, fused.h, 1, fused.dk)
@@ -110,9 +111,9 @@ def _grow_step(fused: FusedHotPath, x: torch.Tensor, r: int, past: list, cross: 
             k, v = torch.cat([past[i][0], k], 2), torch.cat([past[i][1], v], 2)
         past[i] = (k, v)
         a = torch.softmax(qkv[:, 0] @ k.transpose(-1, -2), dim=-1) @ v  # [N, h, 1, dk]
-        return a.transpose(1, 2).reshape(n, 1, fused.inner)
+        return a.transpose(1, 2).reshape(r, b, fused.inner)
 
-    return fused.decoder(x.view(n, 1, fused.d), r, cross, growing)[:, 0]
+    return fused.decoder(x.view(r, b, fused.d), cross, growing).reshape(n, fused.d)
 
 
 @torch.inference_mode()
