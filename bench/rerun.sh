@@ -9,7 +9,7 @@
 # Steps: quality (GR + SASRec, TIGER protocol and --exclude-history, all test users), policies (K=10/50,
 # 500 random test users, the cost model), temporal (bundles/beauty-temporal), drafters, backends, profile
 # (policies, graphs, pass cost and floor), startup (cold and warm start), index (HNSW), serving, overload,
-# soak, chaos, scaleout, keys (which summary keys no step writes: bench/summary_keys.py). Each step's output
+# soak, chaos, scaleout, keys (which summary keys no step writes: bench.summary_keys). Each step's output
 # goes to $LOG/<step>.log; a line per step with its wall time is appended to $LOG/steps.tsv. The commands are the ones bench/results/README.md documents.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,31 +29,31 @@ policies() {
     specrec eval --bundle "$BUNDLE" --policies beam,strict,nezha,specgr,drafter --k "$k" --sample 500 --seed 11 \
       --compare-eager --save
   done
-  python bench/cost_model.py
+  python -m bench.cost_model
 }
 temporal() {  # the temporal split: unseen items, with and without the drafter's share of them
   specrec eval --bundle bundles/beauty-temporal --policies beam,specgr --k 50 --sample 2000 --seed 0 --save
   specrec eval --bundle bundles/beauty-temporal --policies beam,specgr --k 50 --sample 2000 --seed 0 --save \
     --unseen-share 0
 }
-startup() { python bench/cold_start.py --bundle "$BUNDLE"; }
-index() { python bench/drafter_index.py --items 300000 --dim 64 --queries 500; }
-keys() { python bench/summary_keys.py; }  # last: summary keys no step writes (bench.keys_without_writer)
-drafters() { python bench/drafters.py --bundle "$BUNDLE" --users 1000 --timing-users 200 --seed 11; }
-backends() { python bench/backends.py --bundle "$BUNDLE" --n 200; }
+startup() { python -m bench.cold_start --bundle "$BUNDLE"; }
+index() { python -m bench.drafter_index --items 300000 --dim 64 --queries 500; }
+keys() { python -m bench.summary_keys; }  # last: summary keys no step writes (bench.keys_without_writer)
+drafters() { python -m bench.drafters --bundle "$BUNDLE" --users 1000 --timing-users 200 --seed 11; }
+backends() { python -m bench.backends --bundle "$BUNDLE" --n 200; }
 profile() {
-  python bench/profile_policies.py --bundle "$BUNDLE" --n 150
-  python bench/profile_graphs.py --bundle "$BUNDLE" --k 10
-  python bench/pass_cost.py --bundle "$BUNDLE"
+  python -m bench.profile_policies --bundle "$BUNDLE" --n 150
+  python -m bench.profile_graphs --bundle "$BUNDLE" --k 10
+  python -m bench.pass_cost --bundle "$BUNDLE"
 }
 serving() {
-  python bench/serving.py --bundle "$BUNDLE" --policies auto,beam,strict,nezha,specgr --open-policies auto \
+  python -m bench.serving --bundle "$BUNDLE" --policies auto,beam,strict,nezha,specgr --open-policies auto \
     --rates 20,40 --duration 8 --requests 300 --overhead-requests 100
 }
-overload() { python bench/overload.py --bundle "$BUNDLE" --multiples 1,2,3 --duration 20; }
-soak() { python bench/soak.py --bundle "$BUNDLE" --minutes 10; }
-chaos() { python bench/chaos.py --bundle "$BUNDLE" --rate 10 --budget-ms 100; }
-scaleout() { python bench/scaleout.py --bundle "$BUNDLE" --rates 10,20,30,40 --duration 10; }
+overload() { python -m bench.overload --bundle "$BUNDLE" --multiples 1,2,3 --duration 20; }
+soak() { python -m bench.soak --bundle "$BUNDLE" --minutes 10; }
+chaos() { python -m bench.chaos --bundle "$BUNDLE" --rate 10 --budget-ms 100; }
+scaleout() { python -m bench.scaleout --bundle "$BUNDLE" --rates 10,20,30,40 --duration 10; }
 
 ALL=(quality policies temporal drafters backends profile startup index serving overload soak chaos scaleout keys)
 STEPS=("$@")
