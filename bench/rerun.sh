@@ -6,11 +6,15 @@
 #   bash bench/rerun.sh quality policies     # only these steps
 #   BUNDLE=runs/x bash bench/rerun.sh policies
 #
-# Steps: quality (GR + SASRec, TIGER protocol and --exclude-history, all test users), policies (K=10/50,
-# 500 random test users, the cost model), temporal (bundles/beauty-temporal), drafters, backends, profile
-# (policies, graphs, pass cost and floor), startup (cold and warm start), index (HNSW), serving, overload,
-# soak, chaos, scaleout, keys (which summary keys no step writes: bench.summary_keys). Each step's output
-# goes to $LOG/<step>.log; a line per step with its wall time is appended to $LOG/steps.tsv. The commands are the ones bench/results/README.md documents.
+# Steps: quality (GR + SASRec, TIGER protocol and --exclude-history, all test users; the learning curve),
+# policies (K=10/50, 500 random test users, the cost model), temporal (bundles/beauty-temporal, and where its
+# unseen targets are lost), drafters, backends, profile (policies, graphs, pass cost and floor), startup (cold
+# and warm start), index (HNSW), serving, overload, soak (and what a write costs), chaos, scaleout, keys (which
+# summary keys no step writes: bench.summary_keys). Not in the default list, run only when named: gpu
+# (bench/device_check.sh, on a machine with an NVIDIA GPU). Every script of bench/ runs from a step, as a module
+# (python -m bench.<name>, from the repository root). Each step's output goes to $LOG/<step>.log; a line per
+# step with its wall time is appended to $LOG/steps.tsv. The commands are the ones bench/results/README.md
+# documents.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUNDLE=${BUNDLE:-bundles/beauty-loo}
@@ -23,6 +27,7 @@ quality() {
   specrec eval --bundle "$BUNDLE" --ranker sasrec --batch-size 256 --save
   specrec eval --bundle "$BUNDLE" --ranker sasrec --batch-size 256 --exclude-history --save
   specrec eval --bundle "$BUNDLE" --batch-size 64 --exclude-history --save
+  python -m bench.learning_curve --bundle "$BUNDLE" --out bench/results/beauty_loo_learning_curve
 }
 policies() {
   for k in 10 50; do
@@ -35,6 +40,8 @@ temporal() {  # the temporal split: unseen items, with and without the drafter's
   specrec eval --bundle bundles/beauty-temporal --policies beam,specgr --k 50 --sample 2000 --seed 0 --save
   specrec eval --bundle bundles/beauty-temporal --policies beam,specgr --k 50 --sample 2000 --seed 0 --save \
     --unseen-share 0
+  python -m bench.unseen_drafted --bundle bundles/beauty-temporal --sample 2000 --seed 0
+  python -m bench.unseen_text_reach --data ../shared/data/beauty --emb bundles/beauty-loo/text_emb.npy
 }
 startup() { python -m bench.cold_start --bundle "$BUNDLE"; }
 index() { python -m bench.drafter_index --items 300000 --dim 64 --queries 500; }
@@ -51,15 +58,20 @@ serving() {
     --rates 20,40 --duration 8 --requests 300 --overhead-requests 100
 }
 overload() { python -m bench.overload --bundle "$BUNDLE" --multiples 1,2,3 --duration 20; }
-soak() { python -m bench.soak --bundle "$BUNDLE" --minutes 10; }
+soak() {
+  python -m bench.soak --bundle "$BUNDLE" --minutes 10
+  python -m bench.upsert_cost --bundle "$BUNDLE" --seconds 20  # the write path alone, no requests
+}
 chaos() { python -m bench.chaos --bundle "$BUNDLE" --rate 10 --budget-ms 100; }
 scaleout() { python -m bench.scaleout --bundle "$BUNDLE" --rates 10,20,30,40 --duration 10; }
+gpu() { bash bench/device_check.sh; }  # needs an NVIDIA GPU (exits 3 without one): only when named
 
 ALL=(quality policies temporal drafters backends profile startup index serving overload soak chaos scaleout keys)
+EXTRA=(gpu)
 STEPS=("$@")
 [ ${#STEPS[@]} -eq 0 ] && STEPS=("${ALL[@]}")
 for step in "${STEPS[@]}"; do
-  declare -F "$step" >/dev/null || { echo "unknown step: $step (one of: ${ALL[*]})" >&2; exit 2; }
+  declare -F "$step" >/dev/null || { echo "unknown step: $step (one of: ${ALL[*]} ${EXTRA[*]})" >&2; exit 2; }
 done
 for step in "${STEPS[@]}"; do
   echo "== $step ($(date -u +%H:%M:%S))"
