@@ -19,6 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUNDLE=${BUNDLE:-bundles/beauty-loo}
 LOG=${LOG:-runs/rerun}
+export BUNDLE LOG
 mkdir -p "$LOG"
 . .venv/bin/activate
 
@@ -77,7 +78,9 @@ for step in "${STEPS[@]}"; do
   echo "== $step ($(date -u +%H:%M:%S))"
   t0=$(date +%s)
   rc=0
-  "$step" >"$LOG/$step.log" 2>&1 || rc=$?
+  # in a shell of its own: run as `"$step" || rc=$?` here, errexit would be off inside it, and a failing
+  # command that is not the step's last would go unnoticed
+  bash -euo pipefail -c "$(declare -f "$step"); $step" >"$LOG/$step.log" 2>&1 || rc=$?
   printf '%s\t%s\t%ss\trc=%s\n' "$(date -u +%FT%TZ)" "$step" "$(( $(date +%s) - t0 ))" "$rc" | tee -a "$LOG/steps.tsv"
   [ "$rc" -eq 0 ] || echo "   failed: see $LOG/$step.log" >&2
 done
