@@ -70,6 +70,7 @@ from bench.harness import (
     no_nan,
     pct,
     raise_on_signals,
+    run_line,
     sample_users,
     sayer,
 )
@@ -341,8 +342,9 @@ def readme_body(res: dict) -> str:
                      for k, v in res["summary"].items())
     return "\n".join([
         "## Chaos: faults under load (`bench.chaos`, `chaos.*`)\n",
-        f"```bash\n{res['command']}\n```\n",
-        f"{res['machine']}. {res['users']}; `auto` at {res['budget_ms']:g} ms, {res['rate']:g} requests/s offered "
+        f"Command (rerun step `chaos`): `{res['command']}`\n",
+        f"Run: {res.get('run', 'n/a')}. {res['machine']}. {res['users']}; `auto` at {res['budget_ms']:g} ms, "
+        f"{res['rate']:g} requests/s offered "
         f"(Poisson); `overload` offers {res['flood_x']:g}x the capacity measured first ({fmt(res['capacity_rps'])} "
         "answers/s, closed loop, one at a time). Model share: the requests sent during the fault answered by the GR "
         "model or the drafter, not catalogue fill (errors count as not); recovery: from the fault's end (SIGCONT, or "
@@ -447,8 +449,8 @@ def main(argv=None) -> int:
     # the namespace is never deleted: the private Redis goes with the run
     procs = Stack(bundle_dir, redis.url, tmp / "logs", "chaos", threads=a.threads,
                   max_history=bundle.cfg.max_history).procs
-    res = {"command": command, "users": users.source, "machine": machine_line(), "budget_ms": a.budget_ms,
-           "rate": a.rate, "flood_x": a.flood_x, "streak": a.streak, "scenarios": []}
+    res = {"command": command, "run": run_line(), "users": users.source, "machine": machine_line(),
+           "budget_ms": a.budget_ms, "rate": a.rate, "flood_x": a.flood_x, "streak": a.streak, "scenarios": []}
     res["capacity_rps"] = float("nan")  # measured by the first phase (when it runs)
     single = [s for s in scenarios if s not in SENTINEL_SCENARIOS]
     failover = [s for s in scenarios if s in SENTINEL_SCENARIOS]

@@ -24,6 +24,7 @@ import math
 import os
 import platform
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -41,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 __all__ = ["ROOT", "RESULTS_DIR", "Redis", "Stack", "Users", "Writer", "add_common_args", "command_line", "fmt",
            "hit_and_ndcg", "itemset_stub", "machine_line", "no_nan", "open_stack", "pct", "raise_on_signals",
-           "request", "rss_mb", "sample_users", "sayer", "write_users"]
+           "request", "rss_mb", "run_line", "sample_users", "sayer", "write_users"]
 
 
 # -- messages ---------------------------------------------------------------------------------------
@@ -230,6 +231,22 @@ def machine_line() -> str:
         pass
     return (f"{os.cpu_count()} CPUs ({cpu}); everything co-located on this machine: Redis, the four services "
             f"and the load generator")
+
+
+def run_line() -> str:
+    """When and on which code a run is: ``2026-12-02, commit 5a1728f`` (``with local changes`` when tracked
+    files outside ``bench/results`` differ from the commit; the date alone outside a git checkout)."""
+    date = time.strftime("%Y-%m-%d", time.gmtime())
+    try:
+        git = ["git", "-C", str(ROOT)]
+        sha = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run([*git, "status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results"],
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return date
+    if sha.returncode != 0 or not sha.stdout.strip():
+        return date
+    return f"{date}, commit {sha.stdout.strip()}" + (" with local changes" if dirty.stdout.strip() else "")
 
 
 def command_line(module: str, argv=None) -> str:

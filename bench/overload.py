@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.harness import command_line, machine_line, no_nan, open_stack, pct, sayer
+from bench.harness import command_line, fmt, machine_line, no_nan, open_stack, pct, run_line, sayer
 from bench.loadgen import CAPACITY_BUDGET_MS, add_load_args, in_process, measured_capacity, py_spy
 from specrec.eval.results import markdown_table, readme_section, update_summary, write_json
 
@@ -113,6 +113,32 @@ def plot(rows: list[dict], budget_ms: float, path: Path, title: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def readme_body(res: dict) -> str:
+    """This benchmark's section of the results README (``res``: what ``overload.json`` holds)."""
+    rows = [f"| {r['multiple']:g}x | {fmt(r['offered_rps'], '.0f')} | {fmt(r['achieved_rps'], '.0f')} | "
+            f"{fmt(r['client_p99_ms'])} | {fmt(r['server_p99_ms'])} | {fmt(r['client_send_lag_p99_ms'])} | "
+            f"{fmt(100 * r['shed_share'] if r['shed_share'] is not None else None)}% | "
+            f"{fmt(100 * r['model_share'] if r['model_share'] is not None else None)}% | "
+            f"{fmt(100 * r['error_share'] if r['error_share'] is not None else None)}% |" for r in res["rows"]]
+    b = f"{res['budget_ms']:g}"
+    return "\n".join([
+        f"## Overload at {b} ms (`bench.overload`, `serving.capacity_rps`, `serving.overload_<m>x.*`)\n",
+        f"Command (rerun step `overload`): `{res['command']}`\n",
+        f"Run: {res.get('run', 'n/a')}. {res['machine']}. {res['users']}. Capacity: {fmt(res['capacity_rps'])} "
+        f"beam answers/s ({res['clients']} closed-loop callers, a budget that never acts); then `auto` at {b} ms, "
+        "Poisson arrivals at multiples of it from the load generator in its own process. Caller p99: every request "
+        "of the measured part from its scheduled send, shed ones included; gateway p99: its answers' "
+        "`stats.total_ms`; send lag: how late the generator sent (its own tail). "
+        "Table: [`overload.md`](overload.md).\n",
+        "| load | offered rps | achieved rps | caller p99 ms | gateway p99 ms | send lag p99 ms | shed | model answers "
+        "| errors |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+        "![overload](overload.png)\n",
+    ])
+
+
 def parse(argv):
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
@@ -166,8 +192,9 @@ def main(argv=None) -> int:
         stack.stop(say=say)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    res = {"command": command, "users": users.source, "budget_ms": a.budget_ms, "machine": machine_line(),
-           "capacity_rps": cap, "clients": a.clients, "rows": rows, **({"profiles": profiles} if profiles else {})}
+    res = {"command": command, "run": run_line(), "users": users.source, "budget_ms": a.budget_ms,
+           "machine": machine_line(), "capacity_rps": cap, "clients": a.clients, "rows": rows,
+           **({"profiles": profiles} if profiles else {})}
     write_json("overload", no_nan(res), out)
     plot(rows, a.budget_ms, out / "overload.png",
          f"{bundle.name}: auto at {a.budget_ms:g} ms, capacity {cap:.0f} rps, load generator in its own process")
@@ -183,9 +210,7 @@ def main(argv=None) -> int:
           f"({a.clients} closed-loop callers). Caller p99: every request of the measured part, shed ones included. "
           f"Table: [`overload.md`](overload.md).\n\n" + markdown_table(rows, cols) + "\n![overload](overload.png)\n")
     (out / "overload.md").write_text("# Overload at a budget\n\n" + md)
-    readme_section(out / "README.md", README_OWNER,
-                   f"## Overload at {a.budget_ms:g} ms (`bench.overload`, `serving.overload_*`)\n\n" + md,
-                   retire=("bench/overload.py",))
+    readme_section(out / "README.md", README_OWNER, readme_body(no_nan(res)), retire=("bench/overload.py",))
     print(json.dumps(no_nan(keys), indent=2))
     return 0
 

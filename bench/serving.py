@@ -70,6 +70,7 @@ from bench.harness import (
     pct,
     raise_on_signals,
     request,
+    run_line,
     sample_users,
     sayer,
 )
@@ -291,8 +292,9 @@ def readme_body(res: dict, summary: dict) -> str:
                 f"{fmt(fill, '.1%')} of answers only fill.")
     return "\n".join([
         "## Serving through the gateway (`bench.serving`, `gateway.*`)\n",
-        f"```bash\n{res['command']}\n```\n",
-        f"{res['machine']}. {res['users']}, K = {res['k']}. Closed loop, one request at a time, at the {b} ms "
+        f"Command (rerun step `serving`): `{res['command']}`\n",
+        f"Run: {res.get('run', 'n/a')}. {res['machine']}. {res['users']}, K = {res['k']}. "
+        f"Closed loop, one request at a time, at the {b} ms "
         "budget: p50 / p99 on the caller's clock, server p99 on the gateway's (`stats.total_ms`); overhead: gateway "
         "p50 minus in-process p50 at a 1 s budget. Keys `gateway.<policy>.{p50_ms, p99_ms_at_" + b + "ms, "
         "server_p99_ms_at_" + b + "ms, budget_exit_share_at_" + b + "ms, model_answer_share_at_" + b + "ms, "
@@ -404,6 +406,7 @@ def main(argv=None) -> int:
                   max_history=bundle.cfg.max_history)
     res = {
         "command": command,
+        "run": run_line(),
         "users": users.source,
         "k": a.k,
         "budget_ms": a.budget_ms,

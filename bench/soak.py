@@ -25,7 +25,7 @@ import threading
 import time
 from pathlib import Path
 
-from bench.harness import Writer, command_line, fmt, machine_line, no_nan, open_stack, pct, rss_mb, sayer
+from bench.harness import Writer, command_line, fmt, machine_line, no_nan, open_stack, pct, rss_mb, run_line, sayer
 from bench.loadgen import add_load_args, in_process, measured_capacity
 from specrec.eval.results import markdown_table, readme_section, update_summary, write_json
 
@@ -98,12 +98,13 @@ def readme_body(res: dict) -> str:
     def pc(v) -> str:
         return "n/a" if v is None else f"{100.0 * v:.1f}%"
 
-    rss = [f"| {n} | {fmt(v['start_mb'], '.0f')} | {fmt(v['end_mb'], '.0f')} | {pc(v['growth'])} |"
-           for n, v in res["rss"].items()]
+    rss = ", ".join(f"{n} {fmt(v['start_mb'], '.0f')} -> {fmt(v['end_mb'], '.0f')} ({pc(v['growth'])})"
+                    for n, v in res["rss"].items())
     return "\n".join([
         "## Soak (`bench.soak`, `soak.*`)\n",
-        f"```bash\n{res['command']}\n```\n",
-        f"{res['machine']}. `auto` at {res.get('budget_ms', 30.0):g} ms, {res['rate_rps']:.1f} rps (capacity "
+        f"Command (rerun step `soak`): `{res['command']}`\n",
+        f"Run: {res.get('run', 'n/a')}. {res['machine']}. `auto` at {res.get('budget_ms', 30.0):g} ms, "
+        f"{res['rate_rps']:.1f} rps (capacity "
         f"{res['capacity_rps']:.1f} beam answers/s) for {res['soak.minutes']} min, an upsert every "
         f"{res.get('upsert_every_s', 1.0):g} s through the item set. RSS growth: the last minute's median against the "
         "second minute's; errors: any status but OK, shed (RESOURCE_EXHAUSTED) apart; p99 drift: the last minute's "
@@ -113,10 +114,7 @@ def readme_body(res: dict) -> str:
         f"| {pc(res['soak.rss_growth_max'])} | {res['soak.errors']} | {res['soak.shed']} | "
         f"{fmt(res['soak.p99_drift_ms'])} | {res['soak.upserts_acked']} | {res['soak.upsert_errors']} |",
         "",
-        "| service | RSS start, MB | end, MB | growth |",
-        "|---|---|---|---|",
-        *rss,
-        "",
+        f"RSS at the start and the end, MB: {rss}.\n",
         "![soak](soak.png)\n",
     ])
 
@@ -190,9 +188,9 @@ def main(argv=None) -> int:
             "soak.minutes": a.minutes}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    res = {"command": command, "users": users.source, "machine": machine_line(), "capacity_rps": cap, "rate_rps": rate,
-           "budget_ms": a.budget_ms, "upsert_every_s": a.upsert_every_s, "minutes": minutes, "rss": rss,
-           "rss_samples": sampler.samples, **keys}
+    res = {"command": command, "run": run_line(), "users": users.source, "machine": machine_line(),
+           "capacity_rps": cap, "rate_rps": rate, "budget_ms": a.budget_ms, "upsert_every_s": a.upsert_every_s,
+           "minutes": minutes, "rss": rss, "rss_samples": sampler.samples, **keys}
     write_json("soak", no_nan(res), out)
     plot(minutes, sampler.samples, names, t_load, out / "soak.png",
          f"{bundle.name}: auto at {a.budget_ms:g} ms, {rate:.0f} rps ({a.load:g} x capacity), an upsert every "
