@@ -39,13 +39,14 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from bench.harness import ROOT, add_common_args, request
 
 #: what a record holds of one answer: (user index, the response or None, the gRPC error or None) -> fields
-Describe = Callable[[int, object, object], dict]
+Describe = Callable[[int, Any, Any], dict]
 
 #: the capacity phase: this policy, with a budget that never acts
 CAPACITY_POLICY, CAPACITY_BUDGET_MS = "beam", 1000.0
@@ -66,7 +67,7 @@ async def poisson(target: str, histories: list[list[str]], *, rate: float | Call
                   duration: float | None = None, stop: threading.Event | None = None, policy: str = "auto",
                   k: int = 10, budget_ms: float = 30.0, seed: int = 0, timeout_s: float = 5.0,
                   user_prefix: str = "load", start_delay_s: float = 0.0, describe: Describe = answer_fields,
-                  records: list[dict] | None = None, on_record: Callable[[dict], None] | None = None,
+                  records: list[dict] | None = None, on_record: Callable[[dict], object] | None = None,
                   progress_every: float | None = None) -> tuple[list[dict], int, float]:
     """Poisson arrivals at ``rate`` requests/s (a callable: read at every arrival) of ``policy`` requests,
     user ``j % len(histories)`` for the j-th, from ``start_delay_s`` after the channel is ready until
