@@ -11,8 +11,9 @@ the load they send comes from :mod:`bench.loadgen`, the one load generator.
   :class:`Stack` (a private namespace and the four services as subprocesses on free ports, stopped with
   the namespace deleted), :func:`open_stack` (bundle, users and stack from a script's options).
 - **Timing**: :func:`pct`, :func:`hit_and_ndcg`, :func:`rss_mb`.
-- **Results**: :func:`command_line` (the command as a reader types it, into every result), :func:`machine_line`,
-  :func:`no_nan`, :func:`fmt`, :func:`add_common_args`; writing goes through :mod:`specrec.eval.results`.
+- **Results**: :func:`command_line` (the command as a reader types it, into every result), :func:`run_line`
+  (the date and commit), :func:`machine_line`, :func:`no_nan`, :func:`fmt`, :func:`add_common_args`; writing
+  goes through :mod:`specrec.eval.results`.
 - **Writes**: :class:`Writer` (one item upserted at a time through the item set, each answer recorded).
 """
 
