@@ -6,7 +6,7 @@ on real histories of the bundle, after a warm-up, interleaved so that every
 backend sees the same machine state. Also checks each backend's outputs
 against eager's.
 
-    python bench/backends.py --bundle bundles/beauty-loo --n 200
+    python -m bench.backends --bundle bundles/beauty-loo --n 200
 
 Writes bench/results/backends.{json,md}.
 """
@@ -23,12 +23,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from specrec.bundle import Bundle  # noqa: E402
-from specrec.decoding.beam import beam_search  # noqa: E402
-from specrec.decoding.scoring import score_sids  # noqa: E402
+from bench.harness import ROOT, command_line
+from specrec.bundle import Bundle
+from specrec.decoding.beam import beam_search
+from specrec.decoding.scoring import score_sids
 
 
 def main() -> int:
@@ -122,7 +120,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "backends.json").write_text(json.dumps(res, indent=2) + "\n")
     cols = list(calls)
-    lines = ["# Hot-path backends", "", f"Command: `python bench/backends.py {' '.join(sys.argv[1:])}`", "",
+    lines = ["# Hot-path backends", "", f"Command: `{command_line('bench.backends')}`", "",
              f"Batch 1, {a.threads} threads, {a.n} random histories per call, interleaved; p50 ms "
              f"(mean in brackets). {platform_line()}", "",
              "| backend | " + " | ".join(cols) + " | setup s |", "|---" * (len(cols) + 2) + "|"]

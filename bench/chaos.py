@@ -1,6 +1,6 @@
 """Chaos benchmark: faults under open-loop load through the gateway.
 
-    python bench/chaos.py --bundle bundles/beauty-loo --rate 10 --budget-ms 100
+    python -m bench.chaos --bundle bundles/beauty-loo --rate 10 --budget-ms 100
 
 Starts its own stack: a private ``redis-server`` without persistence (it is
 killed in one scenario: never the machine's Redis), the item set, verifier,
@@ -44,7 +44,6 @@ section of README.md there.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import shutil
@@ -52,34 +51,41 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
-from serving import add_common_args, command_line, fmt, machine_line, no_nan, pct, request, sample_users  # noqa: E402
-
-from specrec.eval.results import markdown_table, readme_section, update_summary, write_json  # noqa: E402
-from specrec_rpc.localstack import ServiceProcs, free_port, redis_ping  # noqa: E402
+from bench.harness import (
+    Stack,
+    Writer,
+    add_common_args,
+    command_line,
+    fmt,
+    itemset_stub,
+    machine_line,
+    no_nan,
+    pct,
+    raise_on_signals,
+    run_line,
+    sample_users,
+    sayer,
+)
+from bench.loadgen import InThread, capacity
+from specrec.eval.results import markdown_table, readme_section, update_summary, write_json
+from specrec_rpc.localstack import free_port, redis_ping
 
 SCENARIOS = ("pause-verifier", "kill-verifier", "pause-drafter", "kill-drafter", "pause-itemset", "kill-itemset",
              "redis-loss", "overload", "kill-redis-primary")
 SENTINEL_SCENARIOS = {"kill-redis-primary"}  # run on a stack of their own, over a Sentinel-managed Redis
 MODEL_FAULTS = {"pause-verifier", "kill-verifier", "pause-drafter", "kill-drafter"}  # one of the two models is away
+#: this benchmark's section of the results README
+README_OWNER = "bench.chaos"
 
-
-def say(msg: str) -> None:
-    from tqdm.auto import tqdm
-
-    tqdm.write(f"[chaos] {time.strftime('%H:%M:%S')} {msg}")
+say = sayer("chaos", clock=True)
 
 
 # -- the private Redis -----------------------------------------------------------------------------
@@ -114,85 +120,29 @@ class PrivateRedis:
 
 
 # -- load ------------------------------------------------------------------------------------------
-@dataclass
-class Load:
-    """Open-loop Poisson load in its own thread and event loop; every answer recorded."""
+def describe(i: int, resp, error) -> dict:
+    """A chaos record of one answer (:class:`bench.loadgen.InThread` adds the times): ``model`` is a list
+    ranked by a model (the GR model or the drafter), not made only of catalogue fill; a degraded answer's
+    reason is kept (``detail``), as is an error's."""
+    if error is not None:
+        return {"code": error.code().name, "served_by": "", "degraded": True, "model": False,
+                "detail": (error.details() or "")[:200]}
+    sources = [it.source for it in resp.items]
+    fill_only = bool(sources) and all(s == "fill" for s in sources)
+    rec = {"code": "OK", "served_by": resp.stats.served_by or resp.stats.policy, "degraded": bool(resp.stats.degraded),
+           "model": not fill_only and (resp.stats.served_by or "") != "fill" and len(sources) > 0,
+           "server_ms": resp.stats.total_ms}  # the gateway's own time (latency_ms: the caller's)
+    if resp.stats.degraded:
+        rec["detail"] = resp.stats.degraded_reason[:200]
+    return rec
 
-    target: str
-    users: object
-    budget_ms: float
-    rate: float
-    k: int = 10
-    seed: int = 0
-    records: list[dict] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._run()), name="load", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(30)
-
-    async def _run(self) -> None:
-        import grpc
-
-        from specrec_rpc.v1 import recommender_pb2_grpc
-
-        rng = np.random.default_rng(self.seed)
-        n = len(self.users.ids)
-        async with grpc.aio.insecure_channel(self.target) as ch:
-            stub = recommender_pb2_grpc.RecommenderStub(ch)
-            await ch.channel_ready()
-            tasks: set[asyncio.Task] = set()
-            j, t_next = 0, time.monotonic()
-            while not self._stop.is_set():
-                t_next += rng.exponential(1.0 / self.rate)  # the rate may change between arrivals
-                d = t_next - time.monotonic()
-                if d > 0:
-                    await asyncio.sleep(d)
-                task = asyncio.ensure_future(self._one(stub, j % n, t_next))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
-                j += 1
-            if tasks:
-                await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _one(self, stub, i: int, sched: float) -> None:
-        import grpc
-
-        rec = {"t": sched, "user": i}
-        try:
-            resp = await stub.Recommend(request(self.users, i, "auto", self.k, self.budget_ms), timeout=5.0)
-            sources = [it.source for it in resp.items]
-            fill_only = bool(sources) and all(s == "fill" for s in sources)
-            rec.update(
-                code="OK",
-                served_by=resp.stats.served_by or resp.stats.policy,
-                degraded=bool(resp.stats.degraded),
-                model=not fill_only and (resp.stats.served_by or "") != "fill" and len(sources) > 0,
-                server_ms=resp.stats.total_ms,  # the gateway's own time (latency_ms: the caller's)
-            )
-            if resp.stats.degraded:
-                rec["detail"] = resp.stats.degraded_reason[:200]
-        except grpc.aio.AioRpcError as e:
-            rec.update(code=e.code().name, served_by="", degraded=True, model=False, detail=(e.details() or "")[:200])
-        rec["latency_ms"] = (time.monotonic() - sched) * 1000.0
-        self.records.append(rec)
+def make_load(target: str, users, budget_ms: float, rate: float, seed: int) -> InThread:
+    """``auto`` at ``rate`` requests/s (Poisson, open loop) for as long as the run lasts."""
+    return InThread(target, users.ids, rate, budget_ms, seed=seed, describe=describe)
 
 
 # -- the catalogue --------------------------------------------------------------------------------
-def itemset_stub(addr: str):
-    import grpc
-
-    from specrec_rpc.v1 import itemset_pb2_grpc
-
-    return grpc.insecure_channel(addr), itemset_pb2_grpc.ItemSetStub
-
-
 def upsert_items(addr: str, token: str, n: int) -> list[str]:
     from specrec_rpc.v1 import itemset_pb2
 
@@ -228,72 +178,14 @@ def catalogue_check(addr: str, expected_n: int, upserted: list[str], timeout_s: 
                 time.sleep(0.5)
 
 
-class Writer:
-    """Upserts one item at a time through the item set, in its own thread; every answer recorded."""
-
-    def __init__(self, addr: str, token: str, pause_s: float = 0.05):
-        self.addr, self.token, self.pause_s = addr, token, pause_s
-        self.acked: dict[str, float] = {}  # item id -> when its write was sent (acknowledged ones only)
-        self.records: list[dict] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="writer", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(30)
-
-    def _run(self) -> None:
-        import grpc
-
-        from specrec_rpc.v1 import itemset_pb2
-
-        ch, Stub = itemset_stub(self.addr)
-        words = ("lipstick matte red velvet serum hydrating night cream shampoo argan oil mascara volume black "
-                 "eyeliner waterproof blush peach powder foundation liquid beige nail polish coral perfume floral "
-                 "musk sunscreen mineral toner rose clay mask charcoal brush comb bamboo lotion shea vanilla").split()
-        rng = np.random.default_rng(7)
-        with ch:
-            stub = Stub(ch)
-            k = 0
-            while not self._stop.is_set():
-                item_id = f"failover-{uuid.uuid4().hex[:8]}"
-                text = " ".join(rng.choice(words, size=5, replace=False))
-                t = time.monotonic()
-                try:
-                    stub.Upsert(itemset_pb2.UpsertRequest(items=[itemset_pb2.UpsertItem(
-                        item_id=item_id, title=f"failover item {k}", text=text)]),
-                        metadata=(("authorization", f"Bearer {self.token}"),), timeout=5)
-                    self.acked[item_id] = t
-                    code = "OK"
-                except grpc.RpcError as e:
-                    code = e.code().name
-                self.records.append({"t": t, "done": time.monotonic(), "code": code})
-                k += 1
-                self._stop.wait(self.pause_s)
-
-
 # -- scenarios ------------------------------------------------------------------------------------
 def measure_capacity(target: str, users, budget_ms: float, seconds: float = 4.0) -> float:
-    """Answers/s of a closed loop, one request at a time (requests served one after another)."""
-    import grpc
-
-    from specrec_rpc.v1 import recommender_pb2_grpc
-
-    with grpc.insecure_channel(target) as ch:
-        stub = recommender_pb2_grpc.RecommenderStub(ch)
-        n, t0 = 0, time.monotonic()
-        while time.monotonic() - t0 < seconds:
-            stub.Recommend(request(users, n % len(users.ids), "auto", 10, budget_ms), timeout=5)
-            n += 1
-    return n / (time.monotonic() - t0)
+    """Answers/s of a closed loop, one request at a time (``auto`` at the budget: requests served one after
+    another)."""
+    return capacity(target, users.ids, 1, seconds, "auto", budget_ms)
 
 
-def run_scenario(
-    name: str, procs: ServiceProcs, redis: PrivateRedis, load: Load, a, capacity: float
-) -> tuple[float, float]:
+def run_scenario(name: str, procs, redis: PrivateRedis, load: InThread, a, capacity: float) -> tuple[float, float]:
     """Inflict the fault; (start, end) of the fault in time.monotonic()."""
     t0 = time.monotonic()
     kind, _, svc = name.partition("-")
@@ -421,32 +313,50 @@ def write_results(out: Path, res: dict) -> dict:
         summary["chaos.recovery_s_max"] = float("inf")  # a scenario never recovered within the run
     res["summary"] = summary
     write_json("chaos", no_nan(res), out)
+    table = scenario_table(rows)
+    (out / "chaos.md").write_text(f"# Chaos benchmark\n\n{head_line(res)}\n\n{table}\n")
+    readme_section(out / "README.md", README_OWNER, readme_body(no_nan(res)), retire=("bench/chaos.py",))
+    update_summary(no_nan(summary), out / "summary.json")
+    return summary
+
+
+def scenario_table(rows: list[dict]) -> str:
     cols = ["scenario", "fault s", "requests", "model share", "degraded share", "p99 ms (during)", "shed", "errors",
             "recovery s", "items lost"]
-    table = markdown_table([dict(zip(cols, [
+    return markdown_table([dict(zip(cols, [
         r["scenario"], fmt(r["fault_s"], ".1f"), r["requests_during"], fmt(r["model_share_during"], ".1%"),
         fmt(r["degraded_share_during"], ".1%"), fmt(r["p99_ms_during"], ".1f"), r["shed_during"],
         ", ".join(f"{c} {n}" for c, n in sorted(r["errors"].items())) or "none", fmt(r["recovery_s"], ".2f"),
         r["catalogue_items_lost"]])) for r in rows], cols)
-    head = (f"Produced by `{res['command']}` ({res['machine']}). {res['users']}; policy auto, budget "
+
+
+def head_line(res: dict) -> str:
+    return (f"Produced by `{res['command']}` ({res['machine']}). {res['users']}; policy auto, budget "
             f"{res['budget_ms']:g} ms, {res['rate']:g} requests/s offered (Poisson), capacity measured at "
-            f"{res['capacity_rps']:.1f} answers/s (closed loop, one at a time), overload at {res['flood_x']:g}x that.")
-    (out / "chaos.md").write_text(f"# Chaos benchmark\n\n{head}\n\n{table}\n")
-    keys = "\n".join(f"| `{k}` | {fmt(v, '.3f') if isinstance(v, float) else v} |" for k, v in summary.items())
-    body = (f"## Chaos: faults under load (`bench/chaos.py`, `chaos.*`)\n\n```bash\n{res['command']}\n```\n\n{head}\n\n"
-            f"{table}\n\n| key | value |\n|---|---|\n{keys}\n\n![timeline](chaos.png)\n\n"
-            "Model share: answers ranked by the GR model or the drafter (not catalogue fill; errors count as not), "
-            "among the requests sent while the fault lasted. Recovery: from the end of the fault (SIGCONT, or the "
-            f"restarted process SERVING) to the first of {res['streak']} answers in a row served by the GR model "
-            "through the verifier again (not the drafter, not fill, not degraded). kill-redis-primary runs on a "
-            "stack of its own over a Sentinel-managed Redis (a primary, one replica, three sentinels) with a writer "
-            "upserting one item at a time through the item set: its fault lasts from the SIGKILL to the promotion, "
-            "its recovery from the SIGKILL until a write sent after it is acknowledged and the answers have "
-            "recovered as above, whichever is later (so it includes one write's duration); items lost counts "
-            "acknowledged writes missing from the catalogue afterwards.\n")
-    readme_section(out / "README.md", "bench/chaos.py", body)
-    update_summary(no_nan(summary), out / "summary.json")
-    return summary
+            f"{fmt(res['capacity_rps'])} answers/s (closed loop, one at a time), overload at {res['flood_x']:g}x that.")
+
+
+def readme_body(res: dict) -> str:
+    """This benchmark's section of the results README (``res``: what ``chaos.json`` holds)."""
+    keys = ", ".join(f"`{k.removeprefix('chaos.')}` {fmt(v, '.3g') if isinstance(v, float) else v}"
+                     for k, v in res["summary"].items())
+    return "\n".join([
+        "## Chaos: faults under load (`bench.chaos`, `chaos.*`)\n",
+        f"Command (rerun step `chaos`): `{res['command']}`\n",
+        f"Run: {res.get('run', 'n/a')}. {res['machine']}. {res['users']}; `auto` at {res['budget_ms']:g} ms, "
+        f"{res['rate']:g} requests/s offered "
+        f"(Poisson); `overload` offers {res['flood_x']:g}x the capacity measured first ({fmt(res['capacity_rps'])} "
+        "answers/s, closed loop, one at a time). Model share: the requests sent during the fault answered by the GR "
+        "model or the drafter, not catalogue fill (errors count as not); recovery: from the fault's end (SIGCONT, or "
+        f"the new process SERVING) to the first of {res['streak']} undegraded answers in a row from the GR model "
+        "through the verifier. `kill-redis-primary` runs last, on a stack of its own over a Sentinel-managed Redis "
+        "(a primary, a replica, three sentinels) with a writer upserting one item at a time: its fault lasts from "
+        "the SIGKILL to the promotion, its recovery until writes are acknowledged again and the answers have "
+        "recovered; its items lost are acknowledged writes missing afterwards. Table: [`chaos.md`](chaos.md).\n",
+        scenario_table(res["scenarios"]),
+        f"Keys: {keys}.\n",
+        "![timeline](chaos.png)\n",
+    ])
 
 
 def run_failover_phase(a, bundle_dir: Path, bundle, users, tmp: Path, name: str = "kill-redis-primary") -> dict:
@@ -455,13 +365,13 @@ def run_failover_phase(a, bundle_dir: Path, bundle, users, tmp: Path, name: str 
 
     rs = LocalSentinel(tmp / "sentinel").start()
     say(f"{name}: Sentinel-managed Redis up ({rs.url}); starting the stack on it")
-    namespace = f"bench-chaos-fo-{uuid.uuid4().hex[:10]}"
-    procs = ServiceProcs(bundle_dir, rs.url, namespace, tmp / "logs-failover", max_history=bundle.cfg.max_history,
-                         env={"SPECREC_VERIFIER_THREADS": str(a.threads), "SPECREC_ITEMSET_REDIS_TIMEOUT_S": "1.0"})
+    stack = Stack(bundle_dir, rs.url, tmp / "logs-failover", "chaos-fo", threads=a.threads,
+                  max_history=bundle.cfg.max_history, env={"SPECREC_ITEMSET_REDIS_TIMEOUT_S": "1.0"})
+    procs = stack.procs
     load = writer = None
     try:
         procs.start(a.startup_timeout, say=say)
-        load = Load(procs.addr("gateway"), users, a.budget_ms, a.rate, seed=a.seed + 1)
+        load = make_load(procs.addr("gateway"), users, a.budget_ms, a.rate, seed=a.seed + 1)
         writer = Writer(procs.addr("itemset"), procs.token)
         load.start()
         writer.start()
@@ -496,7 +406,7 @@ def run_failover_phase(a, bundle_dir: Path, bundle, users, tmp: Path, name: str 
             writer.stop()
         if load is not None:
             load.stop()
-        procs.stop(say=say)
+        stack.stop(say=say, delete_namespace=False)  # the private Sentinel-managed Redis goes with the run
         rs.stop()
 
 
@@ -520,16 +430,12 @@ def parse(argv):
 
 def main(argv=None) -> int:
     a = parse(argv)
-    command = command_line("bench/chaos.py", argv)
+    command = command_line("bench.chaos", argv)
     scenarios = [s.strip() for s in a.scenarios.split(",") if s.strip()]
     bad = [s for s in scenarios if s not in SCENARIOS]
     if bad:
         raise SystemExit(f"unknown scenarios {bad}; known: {', '.join(SCENARIOS)}")
-
-    def _interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, _interrupt)
+    raise_on_signals(signal.SIGTERM)
 
     from specrec.bundle import Bundle
 
@@ -540,11 +446,11 @@ def main(argv=None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="specrec-chaos-"))
     redis = PrivateRedis(free_port(), tmp / "redis")
     redis.start()
-    namespace = f"bench-chaos-{uuid.uuid4().hex[:10]}"
-    procs = ServiceProcs(bundle_dir, redis.url, namespace, tmp / "logs", max_history=bundle.cfg.max_history,
-                         env={"SPECREC_VERIFIER_THREADS": str(a.threads)})
-    res = {"command": command, "users": users.source, "machine": machine_line(), "budget_ms": a.budget_ms,
-           "rate": a.rate, "flood_x": a.flood_x, "streak": a.streak, "scenarios": []}
+    # the namespace is never deleted: the private Redis goes with the run
+    procs = Stack(bundle_dir, redis.url, tmp / "logs", "chaos", threads=a.threads,
+                  max_history=bundle.cfg.max_history).procs
+    res = {"command": command, "run": run_line(), "users": users.source, "machine": machine_line(),
+           "budget_ms": a.budget_ms, "rate": a.rate, "flood_x": a.flood_x, "streak": a.streak, "scenarios": []}
     res["capacity_rps"] = float("nan")  # measured by the first phase (when it runs)
     single = [s for s in scenarios if s not in SENTINEL_SCENARIOS]
     failover = [s for s in scenarios if s in SENTINEL_SCENARIOS]
@@ -563,7 +469,7 @@ def main(argv=None) -> int:
             upserted = upsert_items(procs.addr("itemset"), procs.token, a.upserts)
             expected = base["n_items"] + len(upserted)
             say(f"catalogue: {base['n_items']} items, {len(upserted)} upserted -> {expected} expected")
-            load = Load(target, users, a.budget_ms, a.rate, seed=a.seed)
+            load = make_load(target, users, a.budget_ms, a.rate, seed=a.seed)
             load.start()
             t_base = time.monotonic()
             time.sleep(a.settle_s)

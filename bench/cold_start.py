@@ -9,7 +9,7 @@
    (``specrec_rpc.localstack.ServiceProcs.start``: item set, verifier and drafter together, then the
    gateway; ``stack.warm_start_s``: the first spawn to the gateway's SERVING).
 
-    python bench/cold_start.py --bundle bundles/beauty-loo
+    python -m bench.cold_start --bundle bundles/beauty-loo
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ and the model's prediction from the measured alpha and rho:
 - ``specgr``: alpha = item acceptance, rho = its draft stage / beam's time;
 - ``nezha``: alpha = recall ratio to beam, rho = its whole time / beam's (it never verifies).
 
-    python bench/cost_model.py      # reads bench/results/beauty_loo_policies_k{10,50}.json, drafters.json
+    python -m bench.cost_model      # reads bench/results/beauty_loo_policies_k{10,50}.json, drafters.json
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ The drafters search exactly (faiss IndexFlatIP) up to 200k items and with
 HNSW beyond. This measures, on a synthetic catalogue of clustered unit
 vectors, HNSW's recall@n against exact search and the query time of both.
 
-    python bench/drafter_index.py --items 300000 --dim 64 --queries 500
+    python -m bench.drafter_index --items 300000 --dim 64 --queries 500
 
 Writes bench/results/drafter_index.json and .md and the summary keys
 ``drafter.hnsw.recall@50`` and ``drafter.hnsw.speedup``.
@@ -16,14 +16,12 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from specrec.drafters.vector import build_index  # noqa: E402
-from specrec.eval.results import RESULTS_DIR, update_summary, write_json  # noqa: E402
+from bench.harness import command_line
+from specrec.drafters.vector import build_index
+from specrec.eval.results import RESULTS_DIR, update_summary, write_json
 
 
 def main(argv=None) -> int:
@@ -68,7 +66,7 @@ def main(argv=None) -> int:
         "exact": {"kind": type(exact).__name__, "build_s": t_build_exact, "query_p50_ms": float(np.median(t_e) * 1e3)},
         "hnsw": {"kind": type(hnsw).__name__, "build_s": t_build_hnsw, "query_p50_ms": float(np.median(t_h) * 1e3),
                  "recall_at_n_vs_exact": recall, "M": 32, "efSearch": hnsw.hnsw.efSearch},
-        "command": "python " + " ".join(["bench/drafter_index.py", *(argv if argv is not None else sys.argv[1:])]),
+        "command": command_line("bench.drafter_index", argv),
     }
     write_json("drafter_index", res)
     md = (

@@ -15,21 +15,20 @@ new draft-and-verify graph (ancestor attention, one head per node, drafting
 and the target's search included), and the target's beam search, and plots
 the per-node cost curve.
 
-    python bench/drafters.py --bundle bundles/beauty-loo --users 1000 --seed 11
+    python -m bench.drafters --bundle bundles/beauty-loo --users 1000 --seed 11
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
-HERE = Path(__file__).resolve().parent
+from bench.harness import RESULTS_DIR, command_line
 
 
 def _median_ms(fn, inputs, repeat: int = 1) -> float:
@@ -49,7 +48,7 @@ def main(argv=None) -> int:
     ap.add_argument("--timing-users", type=int, default=200, help="random test users for timing")
     ap.add_argument("--seed", type=int, default=11)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default=str(HERE / "results"))
+    ap.add_argument("--out", default=str(RESULTS_DIR))
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
     from specrec.bundle import Bundle
@@ -153,7 +152,7 @@ def main(argv=None) -> int:
         )
     print(f"encode {cost['encode']:.2f} ms")
     params = {"sid_mlp": b.sid_mlp.n_params(), "nezha_head": b.nezha_head.n_params() if b.nezha_head else None}
-    out = {"command": "python bench/drafters.py " + " ".join(sys.argv[1:]), "users": a.users, "seed": a.seed,
+    out = {"command": command_line("bench.drafters", argv), "users": a.users, "seed": a.seed,
            "timing_users": a.timing_users, "threads": a.threads, "coverage": cov, "cost_ms": cost, "curve": curve,
            "params": params}
     res = Path(a.out)

@@ -6,8 +6,8 @@ curve never chooses). This reads the run's ``train_log.jsonl`` (or a bundle's ``
 where the run's curve is kept as ``training.curve``) and plots both curves, with the learning rate,
 so anyone can see where more compute would take the model.
 
-    python bench/learning_curve.py --run runs/beauty-loo-r3 --out bench/results/beauty_loo_learning_curve
-    python bench/learning_curve.py --bundle bundles/beauty-loo --out bench/results/beauty_loo_learning_curve
+    python -m bench.learning_curve --run runs/beauty-loo-r3 --out bench/results/beauty_loo_learning_curve
+    python -m bench.learning_curve --bundle bundles/beauty-loo --out bench/results/beauty_loo_learning_curve
 """
 
 from __future__ import annotations

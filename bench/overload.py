@@ -1,16 +1,16 @@
 """Overload at a 30 ms budget: ``auto`` through the gateway at 1x, 2x and 3x the stack's capacity.
 
-    python bench/overload.py --bundle bundles/beauty-loo --multiples 1,2,3 --duration 20
+    python -m bench.overload --bundle bundles/beauty-loo --multiples 1,2,3 --duration 20
 
-Starts its own stack (Redis as ``bench/serving.py`` finds or starts one; the four services as
-subprocesses; a private namespace) and stops it at the end. Requests are a seeded random sample of
+Starts its own stack (``bench.harness.open_stack``: Redis found or started, the four services as
+subprocesses, a private namespace) and stops it at the end. Requests are a seeded random sample of
 leave-one-out test users.
 
 1. **Capacity**: the GR model's answers/s: a closed loop of ``--clients`` concurrent callers (each sends
    its next request when the last is answered) asking ``beam`` with a budget that never acts, counting
    beam's own answers: what the stack serves at full quality when saturated.
 2. **Load**: for each multiple m, Poisson arrivals at m x capacity for warm-up + ``--duration``
-   seconds from ``bench/loadgen.py`` in its own process (the caller's event loop never competes with
+   seconds from ``bench.loadgen`` in its own process (the caller's event loop never competes with
    anything of ours). Reported over the measured part: the caller-side p99 (scheduled send to answer,
    every request, shed ones included), the gateway-side p99 (``stats.total_ms`` of its answers), the
    shed share (RESOURCE_EXHAUSTED), other errors, and the share of answers that are model answers
@@ -25,112 +25,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-import signal
-import subprocess
 import sys
-import tempfile
-import threading
 import time
-import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+from bench.harness import command_line, fmt, machine_line, no_nan, open_stack, pct, run_line, sayer
+from bench.loadgen import CAPACITY_BUDGET_MS, add_load_args, in_process, measured_capacity, py_spy
+from specrec.eval.results import markdown_table, readme_section, update_summary, write_json
 
-from serving import add_common_args, command_line, machine_line, no_nan, pct, request, sample_users, say  # noqa: E402
+#: this benchmark's section of the results README
+README_OWNER = "bench.overload"
 
-from specrec.eval.results import markdown_table, readme_section, update_summary, write_json  # noqa: E402
-from specrec_rpc.localstack import ServiceProcs, delete_namespace, find_or_start_redis, stop_process  # noqa: E402
-
-#: the capacity phase: this policy, with a budget that never acts
-CAPACITY_POLICY, CAPACITY_BUDGET_MS = "beam", 1000.0
-
-
-def capacity(target: str, users, clients: int, seconds: float) -> float:
-    """The GR model's answers/s: ``clients`` closed-loop callers (threads, one channel each) asking ``beam``
-    with a budget that never acts, over ``seconds``, counting answers beam served and not degraded. (Under
-    ``auto`` at the budget the stack also answers from the drafter when the verifier is busy, cheaply, and
-    how much depends on what auto has learned: that would measure the drafter, or the moment.)"""
-    import grpc
-
-    from specrec_rpc.v1 import recommender_pb2_grpc
-
-    counts = [0] * clients
-    stop = time.monotonic() + seconds
-
-    def caller(c: int) -> None:
-        with grpc.insecure_channel(target) as ch:
-            stub = recommender_pb2_grpc.RecommenderStub(ch)
-            i = c
-            while time.monotonic() < stop:
-                try:
-                    resp = stub.Recommend(request(users, i % len(users.ids), CAPACITY_POLICY, 10, CAPACITY_BUDGET_MS),
-                                          timeout=5)
-                    counts[c] += int(resp.stats.served_by == CAPACITY_POLICY and not resp.stats.degraded)
-                except grpc.RpcError:
-                    pass
-                i += clients
-
-    t0 = time.monotonic()
-    threads = [threading.Thread(target=caller, args=(c,)) for c in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return sum(counts) / (time.monotonic() - t0)
-
-
-def write_users(users, path: Path) -> Path:
-    path.write_text(json.dumps({"ids": users.ids, "targets": users.targets}))
-    return path
-
-
-def run_load(target: str, users_file: Path, rate: float, seconds: float, budget_ms: float, seed: int,
-             out: Path, profile: dict[str, int] | None = None, profile_dir: Path | None = None) -> list[dict]:
-    """``bench/loadgen.py`` in its own process; its records. With ``profile`` (name -> pid), py-spy samples
-    those processes and the load generator for the whole run into ``profile_dir`` (see :func:`top_frames`;
-    each sampler's messages in ``<name>.err``)."""
-    cmd = [sys.executable, str(ROOT / "bench" / "loadgen.py"), "--target", target, "--users", str(users_file),
-           "--rate", f"{rate:.3f}", "--duration", f"{seconds:.1f}", "--budget-ms", str(budget_ms),
-           "--seed", str(seed), "--out", str(out)]
-    gen = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    spies: list[tuple[str, subprocess.Popen]] = []
-    try:
-        if profile and profile_dir is not None:
-            profile_dir.mkdir(parents=True, exist_ok=True)
-            for name, pid in {**profile, "loadgen": gen.pid}.items():
-                with open(profile_dir / f"{name}.err", "w") as err:
-                    spies.append((name, subprocess.Popen(
-                        [py_spy(), "record", "--pid", str(pid), "--rate", "250", "--format", "raw", "--nonblocking",
-                         "--threads", "-o", str(profile_dir / f"{name}.txt")],
-                        stdout=subprocess.DEVNULL, stderr=err)))
-        if gen.wait() != 0:
-            raise subprocess.CalledProcessError(gen.returncode, cmd)
-    finally:
-        if gen.poll() is None:
-            gen.terminate()
-            gen.wait(timeout=10)
-        for name, sp in spies:  # py-spy writes its file when interrupted
-            if sp.poll() is None:
-                sp.send_signal(signal.SIGINT)
-            try:
-                sp.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                sp.kill()
-            if sp.returncode not in (0, -signal.SIGINT) or not (profile_dir / f"{name}.txt").exists():
-                say(f"py-spy of {name} gave nothing (exit {sp.returncode}): see {profile_dir / f'{name}.err'}")
-    return [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
-
-
-def py_spy() -> str:
-    exe = Path(sys.executable).with_name("py-spy")
-    found = str(exe) if exe.exists() else shutil.which("py-spy")
-    if not found:
-        raise SystemExit("--profile needs py-spy (pip install py-spy)")
-    return found
+say = sayer("overload")
 
 
 def top_frames(path: Path, seconds: float, rate: float = 250.0, n: int = 15) -> dict:
@@ -207,56 +113,30 @@ def plot(rows: list[dict], budget_ms: float, path: Path, title: str) -> None:
     fig.savefig(path, dpi=120)
 
 
-def open_stack(a, prefix: str):
-    """What every stack benchmark starts from (this one, ``soak.py``, ``churn_probe.py``): the bundle, its
-    sampled users (written where the load generator reads them), a scratch directory, and the stack started
-    on them (``stack[0].start`` waits for it to serve; ``stop_stack(*stack)`` ends it)."""
-    from specrec.bundle import Bundle
-
-    bundle = Bundle.load(Path(a.bundle).resolve())
-    users = sample_users(bundle, a.requests, a.seed)
-    tmp = Path(tempfile.mkdtemp(prefix=f"specrec-{prefix}-"))
-    users_file = write_users(users, tmp / "users.json")
-    return bundle, users, tmp, users_file, start_stack(a, bundle, tmp)
-
-
-def start_stack(a, bundle, tmp: Path):
-    namespace = f"bench-overload-{uuid.uuid4().hex[:10]}"
-    redis_url, redis_proc = find_or_start_redis(a.redis_url, workdir=tmp / "redis", log_path=tmp / "redis.log")
-    procs = ServiceProcs(
-        Path(a.bundle).resolve(),
-        redis_url,
-        namespace,
-        tmp / "logs",
-        max_history=bundle.cfg.max_history,
-        env={"SPECREC_VERIFIER_THREADS": str(a.threads)},
-    )
-    return procs, redis_url, redis_proc, namespace
-
-
-def stop_stack(procs, redis_url, redis_proc, namespace) -> None:
-    procs.stop(say=say)
-    try:
-        delete_namespace(redis_url, namespace)
-    except Exception as e:  # noqa: BLE001
-        say(f"could not delete Redis namespace {namespace}: {e}")
-    stop_process(redis_proc)
-
-
-def add_load_args(ap: argparse.ArgumentParser) -> None:
-    """The options a benchmark at multiples of the measured capacity shares (this one and ``bench/soak.py``)."""
-    ap.add_argument("--bundle", required=True)
-    ap.add_argument("--clients", type=int, default=4, help="closed-loop callers of the capacity phase")
-    ap.add_argument("--capacity-seconds", type=float, default=8.0)
-    ap.add_argument("--budget-ms", type=float, default=30.0)
-    ap.add_argument("--requests", type=int, default=1000, help="test users sampled")
-    add_common_args(ap)
-
-
-def measured_capacity(target: str, users, a) -> float:
-    """The capacity (:func:`capacity`) after a 2-second warm-up of the same loop."""
-    capacity(target, users, a.clients, 2.0)
-    return capacity(target, users, a.clients, a.capacity_seconds)
+def readme_body(res: dict) -> str:
+    """This benchmark's section of the results README (``res``: what ``overload.json`` holds)."""
+    rows = [f"| {r['multiple']:g}x | {fmt(r['offered_rps'], '.0f')} | {fmt(r['achieved_rps'], '.0f')} | "
+            f"{fmt(r['client_p99_ms'])} | {fmt(r['server_p99_ms'])} | {fmt(r['client_send_lag_p99_ms'])} | "
+            f"{fmt(100 * r['shed_share'] if r['shed_share'] is not None else None)}% | "
+            f"{fmt(100 * r['model_share'] if r['model_share'] is not None else None)}% | "
+            f"{fmt(100 * r['error_share'] if r['error_share'] is not None else None)}% |" for r in res["rows"]]
+    b = f"{res['budget_ms']:g}"
+    return "\n".join([
+        f"## Overload at {b} ms (`bench.overload`, `serving.capacity_rps`, `serving.overload_<m>x.*`)\n",
+        f"Command (rerun step `overload`): `{res['command']}`\n",
+        f"Run: {res.get('run', 'n/a')}. {res['machine']}. {res['users']}. Capacity: {fmt(res['capacity_rps'])} "
+        f"beam answers/s ({res['clients']} closed-loop callers, a budget that never acts); then `auto` at {b} ms, "
+        "Poisson arrivals at multiples of it from the load generator in its own process. Caller p99: every request "
+        "of the measured part from its scheduled send, shed ones included; gateway p99: its answers' "
+        "`stats.total_ms`; send lag: how late the generator sent (its own tail). "
+        "Table: [`overload.md`](overload.md).\n",
+        "| load | offered rps | achieved rps | caller p99 ms | gateway p99 ms | send lag p99 ms | shed | model answers "
+        "| errors |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+        "![overload](overload.png)\n",
+    ])
 
 
 def parse(argv):
@@ -277,20 +157,19 @@ def main(argv=None) -> int:
     a = parse(argv)
     if a.profile:
         py_spy()  # before anything starts
-    command = command_line("bench/overload.py", argv)
+    command = command_line("bench.overload", argv)
     bundle, users, tmp, users_file, stack = open_stack(a, "overload")
-    procs = stack[0]
     rows: list[dict] = []
     profiles: dict = {}
     try:
-        procs.start(a.startup_timeout, say=say)
-        target = procs.addr("gateway")
-        cap = measured_capacity(target, users, a)
+        stack.start(a.startup_timeout, say=say)
+        target = stack.addr("gateway")
+        cap = measured_capacity(target, users.ids, a)
         say(f"capacity: {cap:.1f} beam answers/s ({a.clients} closed-loop callers, budget {CAPACITY_BUDGET_MS:g} ms)")
         multiples = [float(x) for x in a.multiples.split(",") if x.strip()]
         for m in multiples:
-            recs = run_load(target, users_file, m * cap, a.warmup + a.duration, a.budget_ms, a.seed + int(10 * m),
-                            tmp / f"load_{m:g}x.jsonl")
+            recs = in_process(target, users_file, m * cap, a.warmup + a.duration, a.budget_ms, a.seed + int(10 * m),
+                              tmp / f"load_{m:g}x.jsonl", say=say)
             t0 = min(r["t"] for r in recs)
             row = {"multiple": m, **summarise(recs, t0 + a.warmup, t0 + a.warmup + a.duration)}
             rows.append(row)
@@ -299,10 +178,10 @@ def main(argv=None) -> int:
                 f"errors {row['error_share']:.1%}")
             time.sleep(2.0)
         if a.profile:  # one more run at the last multiple, with the samplers: its figures are not the table's
-            spy = {n: procs.procs[n].pid for n in ("gateway", "verifier")}
+            spy = {n: stack.procs.procs[n].pid for n in ("gateway", "verifier")}
             m = multiples[-1]
-            run_load(target, users_file, m * cap, a.warmup + a.duration, a.budget_ms, a.seed + int(10 * m) + 1,
-                     tmp / "load_profiled.jsonl", spy, tmp / "profile")
+            in_process(target, users_file, m * cap, a.warmup + a.duration, a.budget_ms, a.seed + int(10 * m) + 1,
+                       tmp / "load_profiled.jsonl", spy, tmp / "profile", say=say)
             profiles = {n: top_frames(tmp / "profile" / f"{n}.txt", a.warmup + a.duration) for n in [*spy, "loadgen"]
                         if (tmp / "profile" / f"{n}.txt").exists()}
             profiles["multiple"] = m
@@ -310,11 +189,12 @@ def main(argv=None) -> int:
         say("interrupted: stopping the stack; nothing written")
         return 130
     finally:
-        stop_stack(*stack)
+        stack.stop(say=say)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    res = {"command": command, "users": users.source, "budget_ms": a.budget_ms, "machine": machine_line(),
-           "capacity_rps": cap, "clients": a.clients, "rows": rows, **({"profiles": profiles} if profiles else {})}
+    res = {"command": command, "run": run_line(), "users": users.source, "budget_ms": a.budget_ms,
+           "machine": machine_line(), "capacity_rps": cap, "clients": a.clients, "rows": rows,
+           **({"profiles": profiles} if profiles else {})}
     write_json("overload", no_nan(res), out)
     plot(rows, a.budget_ms, out / "overload.png",
          f"{bundle.name}: auto at {a.budget_ms:g} ms, capacity {cap:.0f} rps, load generator in its own process")
@@ -330,7 +210,7 @@ def main(argv=None) -> int:
           f"({a.clients} closed-loop callers). Caller p99: every request of the measured part, shed ones included. "
           f"Table: [`overload.md`](overload.md).\n\n" + markdown_table(rows, cols) + "\n![overload](overload.png)\n")
     (out / "overload.md").write_text("# Overload at a budget\n\n" + md)
-    readme_section(out / "README.md", "bench/overload.py", "## Overload at 30 ms (`bench/overload.py`)\n\n" + md)
+    readme_section(out / "README.md", README_OWNER, readme_body(no_nan(res)), retire=("bench/overload.py",))
     print(json.dumps(no_nan(keys), indent=2))
     return 0
 

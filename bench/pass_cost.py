@@ -11,7 +11,7 @@ row after 64 MB went through the caches (as another graph, another request or a 
 requests in a server): cold (the first run) against warm (the second), with the bytes of weights the graph
 holds: what the caches are worth to a pass.
 
-    python bench/pass_cost.py --bundle bundles/beauty-loo
+    python -m bench.pass_cost --bundle bundles/beauty-loo
 
 Last, the floor of each beam-search graph, measured in the same run: its weight products alone (every
 layer's q|k|v, output, both feed-forward matrices, its cross-attention's two products with the request's
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 import warnings
@@ -38,12 +37,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from specrec.eval.results import update_summary  # noqa: E402
-
-HERE = Path(__file__).resolve().parent
+from bench.harness import RESULTS_DIR, command_line
+from specrec.eval.results import update_summary
 
 
 def gemm_floor_graph(fused, rows: list[int], path: Path, s: int = 20) -> tuple[Path, dict]:
@@ -123,7 +118,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads (the backend's default: 1)")
     ap.add_argument("--iters", type=int, default=300)
     ap.add_argument("--cache-iters", type=int, default=100, help="warm/cold pairs per graph (0: skip)")
-    ap.add_argument("--out", default=str(HERE / "results"))
+    ap.add_argument("--out", default=str(RESULTS_DIR))
     a = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
     import onnxruntime as ort
@@ -179,7 +174,7 @@ def main(argv=None) -> int:
     xs = np.array([t for t in nodes if t > 0], dtype=float)
     ys = np.array([med[f"T={int(t)}"] - root for t in xs])
     node_ms, fixed_ms = np.polyfit(xs, ys, 1)
-    res = {"command": "python bench/pass_cost.py " + " ".join(sys.argv[1:] if argv is None else argv),
+    res = {"command": command_line("bench.pass_cost", argv),
            "threads": a.threads, "iters": a.iters, "p50_ms": med, "root_ms": root,
            "pass_fixed_ms": float(fixed_ms), "pass_node_us": float(node_ms * 1e3)}
     for w in widths:  # what its L passes over 1 + (L-1)W nodes would cost by the line, against the graph

@@ -5,14 +5,13 @@ length K (default N = 2K drafts per level), batch 1, one intra-op thread, it
 reports the nodes ONNX Runtime executes per call (after its graph
 optimisations), their kernel time by operator type, and the MatMuls' share.
 
-    python bench/profile_graphs.py --bundle bundles/beauty-loo --k 10
+    python -m bench.profile_graphs --bundle bundles/beauty-loo --k 10
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -20,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-HERE = Path(__file__).resolve().parent
+from bench.harness import RESULTS_DIR, command_line
 
 
 def profile(path: Path, feed: dict, runs: int) -> dict:
@@ -53,7 +52,7 @@ def main(argv=None) -> int:
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--n", type=int, default=None, help="drafts per level (default 2K)")
     ap.add_argument("--runs", type=int, default=100)
-    ap.add_argument("--out", default=str(HERE / "results"))
+    ap.add_argument("--out", default=str(RESULTS_DIR))
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     from specrec.backends.onnx import search_name
@@ -68,7 +67,7 @@ def main(argv=None) -> int:
     tables = be._tables_of(b.trie)
     feed = {"enc_mask": enc.keep.numpy(), "cross_k": enc.cross_k.numpy(), "cross_v": enc.cross_v.numpy(),
             **{f"table{j}": t for j, t in enumerate(tables)}}
-    out = {"command": "python bench/profile_graphs.py " + " ".join(sys.argv[1:]), "k": a.k, "n": n}
+    out = {"command": command_line("bench.profile_graphs", argv), "k": a.k, "n": n}
     for kind, name in (("beam", search_name("beam", a.k)), ("strict", search_name("strict", a.k, n, be.drafter_bits))):
         out[kind] = profile(be.graph_path(name), feed, a.runs)
         r = out[kind]

@@ -5,7 +5,7 @@ own stage timers (encode, draft, verify, beam, head, fallback, sample) are
 summed per request, the rest of the wall time is "other" (fill-up, list
 building, Python glue). A cProfile of one policy gives the hottest functions.
 
-    python bench/profile_policies.py --bundle bundles/beauty-loo --n 200
+    python -m bench.profile_policies --bundle bundles/beauty-loo --n 200
 
 Writes bench/results/profile_policies.{json,md,png}.
 """
@@ -19,13 +19,11 @@ import pstats
 import sys
 import time
 from collections import defaultdict
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from specrec.eval.results import RESULTS_DIR, write_json  # noqa: E402
+from bench.harness import command_line
+from specrec.eval.results import RESULTS_DIR, write_json
 
 SETUPS = {  # label -> (policy, params)
     "beam": ("beam", {}),
@@ -84,7 +82,7 @@ def main(argv=None) -> int:
             s = io.StringIO()
             pstats.Stats(prof, stream=s).sort_stats("cumulative").print_stats(25)
             prof_text = s.getvalue()
-    cmd = "python " + " ".join(["bench/profile_policies.py", *(argv if argv is not None else sys.argv[1:])])
+    cmd = command_line("bench.profile_policies", argv)
     write_json("profile_policies", {"command": cmd, "n": len(hists), "k": a.k, "threads": a.threads, "setups": out})
     stage_names = sorted({s for r in out.values() for s in r["stages_mean_ms"]})
     md = [f"# Where the time goes, per policy\n\nCommand: `{cmd}`\n\n{len(hists)} validation requests, K = {a.k}, "

@@ -6,15 +6,20 @@
 #   bash bench/rerun.sh quality policies     # only these steps
 #   BUNDLE=runs/x bash bench/rerun.sh policies
 #
-# Steps: quality (GR + SASRec, TIGER protocol and --exclude-history, all test users), policies (K=10/50,
-# 500 random test users, the cost model), temporal (bundles/beauty-temporal), drafters, backends, profile
-# (policies, graphs, pass cost and floor), startup (cold and warm start), index (HNSW), serving, overload,
-# soak, chaos, scaleout, keys (which summary keys no step writes: bench/summary_keys.py). Each step's output
-# goes to $LOG/<step>.log; a line per step with its wall time is appended to $LOG/steps.tsv. The commands are the ones bench/results/README.md documents.
+# Steps: quality (GR + SASRec, TIGER protocol and --exclude-history, all test users; the learning curve),
+# policies (K=10/50, 500 random test users, the cost model), temporal (bundles/beauty-temporal, and where its
+# unseen targets are lost), drafters, backends, profile (policies, graphs, pass cost and floor), startup (cold
+# and warm start), index (HNSW), serving, overload, soak (and what a write costs), chaos, scaleout, keys (which
+# summary keys no step writes: bench.summary_keys). Not in the default list, run only when named: gpu
+# (bench/device_check.sh, on a machine with an NVIDIA GPU). Every script of bench/ runs from a step, as a module
+# (python -m bench.<name>, from the repository root). Each step's output goes to $LOG/<step>.log; a line per
+# step with its wall time is appended to $LOG/steps.tsv. The commands are the ones bench/results/README.md
+# documents.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUNDLE=${BUNDLE:-bundles/beauty-loo}
 LOG=${LOG:-runs/rerun}
+export BUNDLE LOG
 mkdir -p "$LOG"
 . .venv/bin/activate
 
@@ -23,49 +28,59 @@ quality() {
   specrec eval --bundle "$BUNDLE" --ranker sasrec --batch-size 256 --save
   specrec eval --bundle "$BUNDLE" --ranker sasrec --batch-size 256 --exclude-history --save
   specrec eval --bundle "$BUNDLE" --batch-size 64 --exclude-history --save
+  python -m bench.learning_curve --bundle "$BUNDLE" --out bench/results/beauty_loo_learning_curve
 }
 policies() {
   for k in 10 50; do
     specrec eval --bundle "$BUNDLE" --policies beam,strict,nezha,specgr,drafter --k "$k" --sample 500 --seed 11 \
       --compare-eager --save
   done
-  python bench/cost_model.py
+  python -m bench.cost_model
 }
 temporal() {  # the temporal split: unseen items, with and without the drafter's share of them
   specrec eval --bundle bundles/beauty-temporal --policies beam,specgr --k 50 --sample 2000 --seed 0 --save
   specrec eval --bundle bundles/beauty-temporal --policies beam,specgr --k 50 --sample 2000 --seed 0 --save \
     --unseen-share 0
+  python -m bench.unseen_drafted --bundle bundles/beauty-temporal --sample 2000 --seed 0
+  python -m bench.unseen_text_reach --data ../shared/data/beauty --emb bundles/beauty-loo/text_emb.npy
 }
-startup() { python bench/cold_start.py --bundle "$BUNDLE"; }
-index() { python bench/drafter_index.py --items 300000 --dim 64 --queries 500; }
-keys() { python bench/summary_keys.py; }  # last: summary keys no step writes (bench.keys_without_writer)
-drafters() { python bench/drafters.py --bundle "$BUNDLE" --users 1000 --timing-users 200 --seed 11; }
-backends() { python bench/backends.py --bundle "$BUNDLE" --n 200; }
+startup() { python -m bench.cold_start --bundle "$BUNDLE"; }
+index() { python -m bench.drafter_index --items 300000 --dim 64 --queries 500; }
+keys() { python -m bench.summary_keys; }  # last: summary keys no step writes (bench.keys_without_writer)
+drafters() { python -m bench.drafters --bundle "$BUNDLE" --users 1000 --timing-users 200 --seed 11; }
+backends() { python -m bench.backends --bundle "$BUNDLE" --n 200; }
 profile() {
-  python bench/profile_policies.py --bundle "$BUNDLE" --n 150
-  python bench/profile_graphs.py --bundle "$BUNDLE" --k 10
-  python bench/pass_cost.py --bundle "$BUNDLE"
+  python -m bench.profile_policies --bundle "$BUNDLE" --n 150
+  python -m bench.profile_graphs --bundle "$BUNDLE" --k 10
+  python -m bench.pass_cost --bundle "$BUNDLE"
 }
 serving() {
-  python bench/serving.py --bundle "$BUNDLE" --policies auto,beam,strict,nezha,specgr --open-policies auto \
+  python -m bench.serving --bundle "$BUNDLE" --policies auto,beam,strict,nezha,specgr --open-policies auto \
     --rates 20,40 --duration 8 --requests 300 --overhead-requests 100
 }
-overload() { python bench/overload.py --bundle "$BUNDLE" --multiples 1,2,3 --duration 20; }
-soak() { python bench/soak.py --bundle "$BUNDLE" --minutes 10; }
-chaos() { python bench/chaos.py --bundle "$BUNDLE" --rate 10 --budget-ms 100; }
-scaleout() { python bench/scaleout.py --bundle "$BUNDLE" --rates 10,20,30,40 --duration 10; }
+overload() { python -m bench.overload --bundle "$BUNDLE" --multiples 1,2,3 --duration 20; }
+soak() {
+  python -m bench.soak --bundle "$BUNDLE" --minutes 10
+  python -m bench.upsert_cost --bundle "$BUNDLE" --seconds 20  # the write path alone, no requests
+}
+chaos() { python -m bench.chaos --bundle "$BUNDLE" --rate 10 --budget-ms 100; }
+scaleout() { python -m bench.scaleout --bundle "$BUNDLE" --rates 10,20,30,40 --duration 10; }
+gpu() { bash bench/device_check.sh; }  # needs an NVIDIA GPU (exits 3 without one): only when named
 
 ALL=(quality policies temporal drafters backends profile startup index serving overload soak chaos scaleout keys)
+EXTRA=(gpu)
 STEPS=("$@")
 [ ${#STEPS[@]} -eq 0 ] && STEPS=("${ALL[@]}")
 for step in "${STEPS[@]}"; do
-  declare -F "$step" >/dev/null || { echo "unknown step: $step (one of: ${ALL[*]})" >&2; exit 2; }
+  declare -F "$step" >/dev/null || { echo "unknown step: $step (one of: ${ALL[*]} ${EXTRA[*]})" >&2; exit 2; }
 done
 for step in "${STEPS[@]}"; do
   echo "== $step ($(date -u +%H:%M:%S))"
   t0=$(date +%s)
   rc=0
-  "$step" >"$LOG/$step.log" 2>&1 || rc=$?
+  # in a shell of its own: run as `"$step" || rc=$?` here, errexit would be off inside it, and a failing
+  # command that is not the step's last would go unnoticed
+  bash -euo pipefail -c "$(declare -f "$step"); $step" >"$LOG/$step.log" 2>&1 || rc=$?
   printf '%s\t%s\t%ss\trc=%s\n' "$(date -u +%FT%TZ)" "$step" "$(( $(date +%s) - t0 ))" "$rc" | tee -a "$LOG/steps.tsv"
   [ "$rc" -eq 0 ] || echo "   failed: see $LOG/$step.log" >&2
 done

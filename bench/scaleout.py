@@ -1,8 +1,8 @@
 """Scale-out: two verifier replicas against one, through the gateway, on this machine.
 
-    python bench/scaleout.py --bundle bundles/beauty-loo --rates 10,20,30,40 --duration 10
+    python -m bench.scaleout --bundle bundles/beauty-loo --rates 10,20,30,40 --duration 10
 
-Two stacks in turn (a private namespace each; Redis as in bench/serving.py):
+Two stacks in turn (a private namespace each, on one Redis found or started as ``bench.harness.Redis`` does):
 one verifier, then two verifier replicas (and two drafters), the gateway
 spreading requests over them (per-request affinity, the less busy of two random replicas). Each
 is driven open loop (Poisson, policy ``auto``, budget ``--budget-ms``) at
@@ -28,34 +28,14 @@ import tempfile
 import threading
 import time
 import urllib.request
-import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+from bench.harness import Redis, Stack, add_common_args, command_line, machine_line, no_nan, sample_users, sayer
+from bench.serving import best_rate, offline_beam, open_loop, passes, summarise
+from specrec.eval.results import markdown_table, update_summary, write_json
+from specrec_rpc.localstack import ServiceProcs, free_port
 
-from serving import (  # noqa: E402
-    add_common_args,
-    best_rate,
-    command_line,
-    machine_line,
-    no_nan,
-    offline_beam,
-    open_loop,
-    passes,
-    sample_users,
-    summarise,
-)
-
-from specrec.eval.results import markdown_table, update_summary, write_json  # noqa: E402
-from specrec_rpc.localstack import ServiceProcs, delete_namespace, find_or_start_redis, free_port, stop_process  # noqa: E402
-
-
-def say(msg: str) -> None:
-    from tqdm.auto import tqdm
-
-    tqdm.write(f"[scaleout] {msg}")
+say = sayer("scaleout")
 
 
 def calls(metrics_port: int) -> float:
@@ -120,7 +100,7 @@ def parse(argv):
 
 def main(argv=None) -> int:
     a = parse(argv)
-    command = command_line("bench/scaleout.py", argv)
+    command = command_line("bench.scaleout", argv)
     from specrec.bundle import Bundle
 
     bundle_dir = Path(a.bundle).resolve()
@@ -130,17 +110,17 @@ def main(argv=None) -> int:
     say(users.source)
     offline_hits = offline_beam(bundle, users, 10)
     tmp = Path(tempfile.mkdtemp(prefix="specrec-scaleout-"))
-    redis_url, redis_proc = find_or_start_redis(a.redis_url, workdir=tmp / "redis", log_path=tmp / "redis.log")
+    redis = Redis(a.redis_url, tmp)  # one for both stacks, each on a namespace of its own
     res = {"command": command, "users": users.source, "machine": machine_line(), "budget_ms": a.budget_ms,
            "note": "both verifier replicas share the same 2 CPU cores with every other process here",
            "one": [], "two": [], "shares": {}, "kill": {}}
     try:
         for label, n in (("one", 1), ("two", 2)):
-            ns = f"bench-scaleout-{uuid.uuid4().hex[:8]}"
-            procs = ServiceProcs(bundle_dir, redis_url, ns, tmp / f"logs-{label}", max_history=bundle.cfg.max_history,
-                                 env={"SPECREC_VERIFIER_THREADS": str(a.threads)},
-                                 metrics_ports={"itemset": 0, "verifier": free_port(), "drafter": 0, "gateway": 0},
-                                 replicas={"verifier": n, "drafter": n})
+            stack = Stack(bundle_dir, redis.url, tmp / f"logs-{label}", "scaleout", threads=a.threads,
+                          max_history=bundle.cfg.max_history,
+                          metrics_ports={"itemset": 0, "verifier": free_port(), "drafter": 0, "gateway": 0},
+                          replicas={"verifier": n, "drafter": n})
+            procs = stack.procs
             try:
                 say(f"{label} verifier replica(s)")
                 procs.start(a.startup_timeout, say=say)
@@ -154,10 +134,9 @@ def main(argv=None) -> int:
                     say(f"shares of the requests: {res['shares']}")
                     res["kill"] = kill_during_load(procs, users, offline_hits, a)
             finally:
-                procs.stop(say=say)
-                delete_namespace(redis_url, ns)
+                stack.stop(say=say)
     finally:
-        stop_process(redis_proc)
+        redis.stop()
     b1, b2 = best_rate(res["one"]), best_rate(res["two"])
     summary = {"scaleout.replica_share_min": min(res["shares"].values()) if res["shares"] else float("nan"),
                "scaleout.errors_on_replica_kill": int(res["kill"].get("errors", 0)) if res["kill"] else None,

@@ -1,6 +1,6 @@
 """Serving at a budget: quality and latency through the gateway.
 
-    python bench/serving.py --bundle bundles/beauty-loo --policies auto,beam,strict,nezha,specgr \\
+    python -m bench.serving --bundle bundles/beauty-loo --policies auto,beam,strict,nezha,specgr \\
         --rates 10,20,30,40,60,80 --duration 15 --requests 500
 
 Starts its own stack on this machine (Redis: ``--redis-url`` / ``$REDIS_URL``,
@@ -47,70 +47,42 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
-import platform
 import signal
 import sys
 import tempfile
 import time
-import uuid
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from specrec.eval.results import RESULTS_DIR, markdown_table, readme_section, update_summary, write_json  # noqa: E402
-from specrec_rpc.localstack import ServiceProcs, delete_namespace, find_or_start_redis, stop_process  # noqa: E402
+from bench.harness import (
+    Redis,
+    Stack,
+    Users,
+    add_common_args,
+    command_line,
+    fmt,
+    hit_and_ndcg,
+    machine_line,
+    no_nan,
+    pct,
+    raise_on_signals,
+    request,
+    run_line,
+    sample_users,
+    sayer,
+)
+from bench.loadgen import poisson
+from specrec.eval.results import markdown_table, readme_section, update_summary, write_json
 
 RETIRED_KEYS = ("gateway.specgr.max_rps_p99_30ms", "gateway.specgr.p99_ms_at_20rps", "gateway.beam.p99_ms_at_20rps",
                 "gateway.beam.grpc_overhead_p50_ms", "gateway.specgr.grpc_overhead_p50_ms")
+#: this benchmark's section of the results README (``<!-- bench.serving: begin -->`` ... ``end``)
+README_OWNER = "bench.serving"
 
-
-def say(msg: str) -> None:
-    from tqdm.auto import tqdm
-
-    tqdm.write(f"[serving] {msg}")
-
-
-@dataclass
-class Users:
-    """The sampled test users: histories (item ids, for the gateway; rows, in-process) and targets."""
-
-    ids: list[list[str]]
-    rows: list[np.ndarray]
-    targets: list[str]
-    source: str
-
-
-def sample_users(bundle, n: int, seed: int) -> Users:
-    from specrec.data.splits import make_split, sample_examples
-    from specrec.pipeline import open_dataset
-
-    data = bundle.meta.get("data_path")
-    ds = open_dataset(data)
-    if ds.catalogue.ids != bundle.catalogue.ids:
-        raise SystemExit(f"the bundle's dataset ({data}) has another catalogue")
-    test = sample_examples(make_split(ds, "loo", bundle.cfg.max_history).test, n, seed)
-    ids = bundle.catalogue.ids
-    rows = test.histories()
-    return Users([[ids[r] for r in h] for h in rows], rows, [ids[t] for t in test.target],
-                 f"{len(rows)} leave-one-out test users of {data}, a random sample (seed {seed})")
-
-
-def hit_and_ndcg(items: list[str], target: str, k: int = 10) -> tuple[float, float]:
-    for i, it in enumerate(items[:k]):
-        if it == target:
-            return 1.0, 1.0 / math.log2(i + 2)
-    return 0.0, 0.0
-
-
-def pct(x, q: float) -> float:
-    return float(np.percentile(x, q)) if len(x) else float("nan")
+say = sayer("serving")
 
 
 def summarise(answers: list[dict], offline_hits: np.ndarray, n_sent: int) -> dict:
@@ -192,19 +164,13 @@ def overhead(bundle, target: str, users: Users, policy: str, k: int, n: int, war
 
 
 # -- phases 3 and 4: through the gateway ---------------------------------------------------------
-def request(users: Users, i: int, policy: str, k: int, budget_ms: float):
-    from specrec_rpc.v1 import recommender_pb2
-
-    return recommender_pb2.RecommendRequest(history=users.ids[i], k=k, policy=policy, budget_ms=budget_ms,
-                                            user_id=f"bench-{i}")
-
-
-def answer(i: int, resp, latency_ms: float, users: Users, error: str | None = None) -> dict:
+def answer(i: int, resp, users: Users, error: str | None = None) -> dict:
+    """What the figures need of one answer (the caller adds ``latency_ms``)."""
     if error is not None:
-        return {"index": i, "error": error, "latency_ms": latency_ms}
+        return {"index": i, "error": error}
     items = [it.item_id for it in resp.items]
     hit, ndcg = hit_and_ndcg(items, users.targets[i])
-    return {"index": i, "error": None, "latency_ms": latency_ms, "items": items, "hit": hit, "ndcg": ndcg,
+    return {"index": i, "error": None, "items": items, "hit": hit, "ndcg": ndcg,
             "sources": [it.source for it in resp.items], "served_by": resp.stats.served_by or resp.stats.policy,
             "exit": resp.stats.exit_reason, "server_ms": resp.stats.total_ms, "degraded": resp.stats.degraded}
 
@@ -218,69 +184,31 @@ async def closed_loop(target: str, users: Users, policy: str, k: int, budget_ms:
     async with grpc.aio.insecure_channel(target) as ch:
         stub = recommender_pb2_grpc.RecommenderStub(ch)
         for i in range(min(5, n)):  # warm-up, not measured
-            await stub.Recommend(request(users, i, policy, k, budget_ms), timeout=5.0)
+            await stub.Recommend(request(users.ids[i], i, policy, k, budget_ms), timeout=5.0)
         for i in range(n):
             t0 = time.perf_counter()
             try:
-                resp = await stub.Recommend(request(users, i, policy, k, budget_ms), timeout=5.0)
-                out.append(answer(i, resp, (time.perf_counter() - t0) * 1000.0, users))
+                resp = await stub.Recommend(request(users.ids[i], i, policy, k, budget_ms), timeout=5.0)
+                out.append({**answer(i, resp, users), "latency_ms": (time.perf_counter() - t0) * 1000.0})
             except grpc.aio.AioRpcError as e:
-                out.append(answer(i, None, (time.perf_counter() - t0) * 1000.0, users, e.code().name))
+                out.append({**answer(i, None, users, e.code().name), "latency_ms": (time.perf_counter() - t0) * 1000.0})
     return out
 
 
 async def open_loop(target: str, users: Users, policy: str, k: int, budget_ms: float, rate: float, duration: float,
                     warmup: float, seed: int) -> tuple[list[dict], int, float]:
-    """Poisson arrivals at ``rate`` for warmup + duration seconds; answers of the measured part,
-    requests sent in it, and the achieved rate of answers."""
-    import grpc
+    """Poisson arrivals at ``rate`` for warmup + duration seconds (:func:`bench.loadgen.poisson`, in this
+    process); answers of the measured part, requests sent in it, and the achieved rate of answers."""
     from tqdm.auto import tqdm
 
-    from specrec_rpc.v1 import recommender_pb2_grpc
-
-    rng = np.random.default_rng(seed)
-    offsets, t = [], 0.0
-    while True:
-        t += rng.exponential(1.0 / rate)
-        if t >= warmup + duration:
-            break
-        offsets.append(t)
-    results: list[dict | None] = [None] * len(offsets)
-    loop = asyncio.get_running_loop()
-    n_users = len(users.ids)
-    async with grpc.aio.insecure_channel(target) as ch:
-        stub = recommender_pb2_grpc.RecommenderStub(ch)
-        await ch.channel_ready()
-        bar = tqdm(total=len(offsets), desc=f"{policy} @ {rate:g} rps", unit="req", leave=False)
-
-        async def one(j: int, sched: float) -> None:
-            i = j % n_users
-            try:
-                resp = await stub.Recommend(request(users, i, policy, k, budget_ms), timeout=2.0)
-                results[j] = {
-                    **answer(i, resp, (loop.time() - sched) * 1000.0, users),
-                    "sched": sched,
-                    "done": loop.time(),
-                }
-            except grpc.aio.AioRpcError as e:
-                results[j] = {
-                    **answer(i, None, (loop.time() - sched) * 1000.0, users, e.code().name),
-                    "sched": sched,
-                    "done": loop.time(),
-                }
-            bar.update()
-
-        start = loop.time() + 0.1
-        tasks = []
-        for j, off in enumerate(offsets):
-            d = start + off - loop.time()
-            if d > 0:
-                await asyncio.sleep(d)
-            tasks.append(asyncio.ensure_future(one(j, start + off)))
-        await asyncio.gather(*tasks)
-        bar.close()
+    bar = tqdm(total=round(rate * (warmup + duration)), desc=f"{policy} @ {rate:g} rps", unit="req", leave=False)
+    results, _, start = await poisson(
+        target, users.ids, rate=rate, duration=warmup + duration, policy=policy, k=k, budget_ms=budget_ms, seed=seed,
+        timeout_s=2.0, user_prefix="bench", start_delay_s=0.1, on_record=lambda r: bar.update(),
+        describe=lambda i, resp, e: answer(i, resp, users, None if e is None else e.code().name))
+    bar.close()
     t_measure = start + warmup
-    measured = [r for r in results if r["sched"] >= t_measure]
+    measured = [r for r in results if r["t"] >= t_measure]
     done = [r["done"] for r in measured if r["error"] is None]
     span = (max(done) - t_measure) if done else float("nan")
     return measured, len(measured), len(done) / span if done and span > 0 else float("nan")
@@ -321,31 +249,8 @@ def plot(rows: list[dict], policies: list[str], budget_ms: float, path: Path, ti
     plt.close(fig)
 
 
-def no_nan(o):
-    if isinstance(o, float) and math.isnan(o):
-        return None
-    if isinstance(o, dict):
-        return {k: no_nan(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [no_nan(v) for v in o]
-    return o
-
-
-def fmt(v, spec: str = ".1f") -> str:
-    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
-
-
-def machine_line() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return (f"{os.cpu_count()} CPUs ({cpu}); everything co-located on this machine: Redis, the four services "
-            f"and the load generator")
-
-
-def write_results(out: Path, res: dict, policies: list[str], budget_ms: float) -> dict:
+def summary_of(res: dict, policies: list[str], budget_ms: float) -> dict:
+    """The summary keys of a run (``res``: what ``serving.json`` holds)."""
     b = f"{budget_ms:g}"
     summary: dict = {}
     for p, o in res["overhead"].items():
@@ -364,6 +269,49 @@ def write_results(out: Path, res: dict, policies: list[str], budget_ms: float) -
         ref = auto["offline_beam_recall@10"]
         summary[f"gateway.auto.recall_ratio_at_{b}ms"] = auto["recall@10"] / ref if ref else None
         summary[f"gateway.auto.all_fill_share_at_{b}ms"] = auto["all_fill_share"]
+    return summary
+
+
+def readme_body(res: dict, summary: dict) -> str:
+    """This benchmark's section of the results README: per policy, the closed loop at the budget and the
+    gRPC path's overhead; the open loop's highest passing rate; the plot."""
+    b = f"{res['budget_ms']:g}"
+    rows = []
+    for p, c in res["closed"].items():
+        o = res["overhead"].get(p, {})
+        rows.append(f"| {p} | {fmt(c['p50_ms'])} | {fmt(c['p99_ms'])} | {fmt(c['server_p99_ms'])} | "
+                    f"{fmt(c['budget_exit_share'], '.1%')} | {fmt(c['model_answer_share'], '.1%')} | "
+                    f"{fmt(o.get('overhead_p50_ms'), '.2f')} |")
+    tried = ", ".join(f"{x:g}" for x in sorted({r["offered_rps"] for r in res["open"]}))
+    rates = "; ".join(f"{p}: {f'none of {tried} rps' if v is None else f'{v:g} rps'}"
+                      for p, v in res["max_rps"].items())
+    auto = ""
+    if "auto" in res["closed"]:
+        ratio, fill = (summary.get(f"gateway.auto.{k}_at_{b}ms") for k in ("recall_ratio", "all_fill_share"))
+        auto = (f" `auto` in the closed loop: R@10 {fmt(ratio, '.3f')} x the offline beam's on the same users, "
+                f"{fmt(fill, '.1%')} of answers only fill.")
+    return "\n".join([
+        "## Serving through the gateway (`bench.serving`, `gateway.*`)\n",
+        f"Command (rerun step `serving`): `{res['command']}`\n",
+        f"Run: {res.get('run', 'n/a')}. {res['machine']}. {res['users']}, K = {res['k']}. "
+        f"Closed loop, one request at a time, at the {b} ms "
+        "budget: p50 / p99 on the caller's clock, server p99 on the gateway's (`stats.total_ms`); overhead: gateway "
+        "p50 minus in-process p50 at a 1 s budget. Keys `gateway.<policy>.{p50_ms, p99_ms_at_" + b + "ms, "
+        "server_p99_ms_at_" + b + "ms, budget_exit_share_at_" + b + "ms, model_answer_share_at_" + b + "ms, "
+        "overhead_p50_ms}`; tables [`serving.md`](serving.md).\n",
+        "| policy | p50 ms | p99 ms | server p99 ms | budget exits | model answers | overhead p50 ms |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+        f"Open loop (Poisson), the highest rate passing ({res['criterion']}; `gateway.<policy>.max_rps_p99_{b}ms`): "
+        f"{rates or 'no open-loop sweep in this run'}.{auto}\n",
+        "![R@10 and p99 against the offered rate](serving.png)\n",
+    ])
+
+
+def write_results(out: Path, res: dict, policies: list[str], budget_ms: float) -> dict:
+    b = f"{budget_ms:g}"
+    summary = summary_of(res, policies, budget_ms)
     write_json("serving", no_nan(res), out)
     cols = ["policy", "answered", "recall@10", "ndcg@10", "offline_beam_recall@10", "fill_share", "all_fill_share",
             "budget_exit_share", "model_answer_share", "no_answer_share", "p50_ms", "p95_ms", "p99_ms",
@@ -398,12 +346,8 @@ def write_results(out: Path, res: dict, policies: list[str], budget_ms: float) -
     ]
     (out / "serving.md").write_text("\n".join(lines))
     update_summary(summary, out / "summary.json", retire=RETIRED_KEYS)
-    body = ["## Serving at a budget (`bench/serving.py`)\n", f"Produced by:\n\n```bash\n{res['command']}\n```\n",
-            f"{res['machine']}. Tables: [`serving.md`](serving.md), rows in [`serving.json`](serving.json).\n",
-            "| key | value |", "|---|---|", *[f"| `{k}` | {fmt(v, '.4g') if isinstance(v, float) else v} |"
-                                             for k, v in summary.items() if v is not None],
-            "\n![R@10 and p99 against the offered rate](serving.png)\n"]
-    readme_section(out / "README.md", "bench/serving.py", "\n".join(body), retire=("bench/load.py",))
+    readme_section(out / "README.md", README_OWNER, readme_body(res, summary),
+                   retire=("bench/load.py", "bench/serving.py"))
     return summary
 
 
@@ -415,21 +359,6 @@ def best_rate(rows: list[dict]) -> float | None:
             break
         best = r["offered_rps"]
     return best
-
-
-def add_common_args(ap: argparse.ArgumentParser, redis_url: bool = True) -> None:
-    """Options every benchmark of the stack takes (serving, chaos, scaleout)."""
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=1, help="verifier intra-op threads (each verifier process)")
-    if redis_url:
-        ap.add_argument("--redis-url", default=os.environ.get("REDIS_URL"))
-    ap.add_argument("--out", default=str(RESULTS_DIR))
-    ap.add_argument("--startup-timeout", type=float, default=600.0)
-
-
-def command_line(script: str, argv) -> str:
-    """The command that produced the results, as a reader would type it."""
-    return "python " + " ".join([script, *(argv if argv is not None else sys.argv[1:])])
 
 
 # -- main ---------------------------------------------------------------------------------------
@@ -453,13 +382,8 @@ def parse(argv):
 
 def main(argv=None) -> int:
     a = parse(argv)
-    command = command_line("bench/serving.py", argv)
-
-    def _interrupt(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGHUP, _interrupt)
+    command = command_line("bench.serving", argv)
+    raise_on_signals(signal.SIGTERM, signal.SIGHUP)
 
     import torch
 
@@ -478,12 +402,11 @@ def main(argv=None) -> int:
     say(f"offline beam R@10 {offline_hits.mean():.4f}")
 
     tmp = Path(tempfile.mkdtemp(prefix="specrec-serving-"))
-    namespace = f"bench-serving-{uuid.uuid4().hex[:10]}"
-    redis_url, redis_proc = find_or_start_redis(a.redis_url, workdir=tmp / "redis", log_path=tmp / "redis.log")
-    procs = ServiceProcs(bundle_dir, redis_url, namespace, tmp / "logs", max_history=bundle.cfg.max_history,
-                         env={"SPECREC_VERIFIER_THREADS": str(a.threads)})
+    stack = Stack(bundle_dir, Redis(a.redis_url, tmp), tmp / "logs", "serving", threads=a.threads,
+                  max_history=bundle.cfg.max_history)
     res = {
         "command": command,
+        "run": run_line(),
         "users": users.source,
         "k": a.k,
         "budget_ms": a.budget_ms,
@@ -497,8 +420,8 @@ def main(argv=None) -> int:
         "max_rps": {},
     }
     try:
-        procs.start(a.startup_timeout, say=say)
-        target = procs.addr("gateway")
+        stack.start(a.startup_timeout, say=say)
+        target = stack.addr("gateway")
         say("phase 2: overhead of the gRPC path")
         for p in [p for p in policies if p != "auto"]:
             o = overhead(bundle, target, users, p, a.k, a.overhead_requests)
@@ -535,12 +458,7 @@ def main(argv=None) -> int:
         say("interrupted: stopping the stack; nothing written")
         return 130
     finally:
-        procs.stop(say=say)
-        try:
-            delete_namespace(redis_url, namespace)
-        except Exception as e:  # noqa: BLE001
-            say(f"could not delete Redis namespace {namespace}: {e}")
-        stop_process(redis_proc)
+        stack.stop(say=say)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     plot(res["open"], open_policies, a.budget_ms, out / "serving.png",

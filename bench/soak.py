@@ -1,10 +1,10 @@
 """A soak run: ``auto`` through the gateway at half the stack's capacity for ten minutes, with an
 item upserted every second, watching each service's memory and the latency minute by minute.
 
-    python bench/soak.py --bundle bundles/beauty-loo --minutes 10
+    python -m bench.soak --bundle bundles/beauty-loo --minutes 10
 
-Starts its own stack (as ``bench/overload.py``), measures the capacity the same way, then runs
-``bench/loadgen.py`` in its own process at ``--load`` x capacity for ``--minutes`` while a writer
+Starts its own stack (as ``bench.overload``), measures the capacity the same way, then runs
+``bench.loadgen`` in its own process at ``--load`` x capacity for ``--minutes`` while a writer
 thread upserts one new item a second through the item set (with the write token) and a sampler reads
 every service's RSS from ``/proc`` every ``--sample-s`` seconds.
 
@@ -25,25 +25,14 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+from bench.harness import Writer, command_line, fmt, machine_line, no_nan, open_stack, pct, rss_mb, run_line, sayer
+from bench.loadgen import add_load_args, in_process, measured_capacity
+from specrec.eval.results import markdown_table, readme_section, update_summary, write_json
 
-from chaos import Writer  # noqa: E402
-from overload import add_load_args, measured_capacity, open_stack, run_load, stop_stack  # noqa: E402
-from serving import command_line, machine_line, no_nan, pct, say  # noqa: E402
+#: this benchmark's section of the results README
+README_OWNER = "bench.soak"
 
-from specrec.eval.results import markdown_table, readme_section, update_summary, write_json  # noqa: E402
-
-
-def rss_mb(pid: int) -> float | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0
-    except OSError:
-        return None
-    return None
+say = sayer("soak")
 
 
 class Sampler:
@@ -104,6 +93,32 @@ def plot(minutes: list[dict], samples: list[dict], names: list[str], t0: float, 
     fig.savefig(path, dpi=120)
 
 
+def readme_body(res: dict) -> str:
+    """This benchmark's section of the results README (``res``: what ``soak.json`` holds)."""
+    def pc(v) -> str:
+        return "n/a" if v is None else f"{100.0 * v:.1f}%"
+
+    rss = ", ".join(f"{n} {fmt(v['start_mb'], '.0f')} -> {fmt(v['end_mb'], '.0f')} ({pc(v['growth'])})"
+                    for n, v in res["rss"].items())
+    return "\n".join([
+        "## Soak (`bench.soak`, `soak.*`)\n",
+        f"Command (rerun step `soak`): `{res['command']}`\n",
+        f"Run: {res.get('run', 'n/a')}. {res['machine']}. `auto` at {res.get('budget_ms', 30.0):g} ms, "
+        f"{res['rate_rps']:.1f} rps (capacity "
+        f"{res['capacity_rps']:.1f} beam answers/s) for {res['soak.minutes']} min, an upsert every "
+        f"{res.get('upsert_every_s', 1.0):g} s through the item set. RSS growth: the last minute's median against the "
+        "second minute's; errors: any status but OK, shed (RESOURCE_EXHAUSTED) apart; p99 drift: the last minute's "
+        "caller p99 minus the first's. Minute by minute: [`soak.md`](soak.md).\n",
+        "| `rss_growth_max` | `errors` | `shed` | `p99_drift_ms` | `upserts_acked` | `upsert_errors` |",
+        "|---|---|---|---|---|---|",
+        f"| {pc(res['soak.rss_growth_max'])} | {res['soak.errors']} | {res['soak.shed']} | "
+        f"{fmt(res['soak.p99_drift_ms'])} | {res['soak.upserts_acked']} | {res['soak.upsert_errors']} |",
+        "",
+        f"RSS at the start and the end, MB: {rss}.\n",
+        "![soak](soak.png)\n",
+    ])
+
+
 def parse(argv):
     ap = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
@@ -118,13 +133,13 @@ def parse(argv):
 
 def main(argv=None) -> int:
     a = parse(argv)
-    command = command_line("bench/soak.py", argv)
+    command = command_line("bench.soak", argv)
     bundle, users, tmp, users_file, stack = open_stack(a, "soak")
-    procs = stack[0]
+    procs = stack.procs
     try:
-        procs.start(a.startup_timeout, say=say)
-        target = procs.addr("gateway")
-        cap = measured_capacity(target, users, a)
+        stack.start(a.startup_timeout, say=say)
+        target = stack.addr("gateway")
+        cap = measured_capacity(target, users.ids, a)
         rate = a.load * cap
         say(f"capacity {cap:.1f} beam answers/s; soaking at {rate:.1f} rps for {a.minutes} min, an upsert every "
             f"{a.upsert_every_s:g} s")
@@ -135,7 +150,8 @@ def main(argv=None) -> int:
         sampler.start()
         writer.start()
         try:
-            recs = run_load(target, users_file, rate, 60.0 * a.minutes, a.budget_ms, a.seed, tmp / "soak.jsonl")
+            recs = in_process(target, users_file, rate, 60.0 * a.minutes, a.budget_ms, a.seed, tmp / "soak.jsonl",
+                              say=say)
         finally:
             writer.stop()
             sampler.stop()
@@ -143,7 +159,7 @@ def main(argv=None) -> int:
         say("interrupted: stopping the stack; nothing written")
         return 130
     finally:
-        stop_stack(*stack)
+        stack.stop(say=say)
     t_load = min(r["t"] for r in recs) if recs else t0
     minutes = per_minute(recs, t_load, a.minutes)
     # a minute's median at each end, not one sample: RSS swings by several percent between samples as the
@@ -172,7 +188,8 @@ def main(argv=None) -> int:
             "soak.minutes": a.minutes}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    res = {"command": command, "users": users.source, "machine": machine_line(), "capacity_rps": cap, "rate_rps": rate,
+    res = {"command": command, "run": run_line(), "users": users.source, "machine": machine_line(),
+           "capacity_rps": cap, "rate_rps": rate, "budget_ms": a.budget_ms, "upsert_every_s": a.upsert_every_s,
            "minutes": minutes, "rss": rss, "rss_samples": sampler.samples, **keys}
     write_json("soak", no_nan(res), out)
     plot(minutes, sampler.samples, names, t_load, out / "soak.png",
@@ -187,7 +204,7 @@ def main(argv=None) -> int:
           + markdown_table(minutes, ["minute", "requests", "p50_ms", "p99_ms", "errors", "shed"])
           + "\n![soak](soak.png)\n")
     (out / "soak.md").write_text("# Soak\n\n" + md)
-    readme_section(out / "README.md", "bench/soak.py", "## Soak (`bench/soak.py`)\n\n" + md)
+    readme_section(out / "README.md", README_OWNER, readme_body(no_nan(res)), retire=("bench/soak.py",))
     print(json.dumps(no_nan(keys), indent=2))
     return 0
 

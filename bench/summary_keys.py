@@ -4,8 +4,8 @@
 none is left over from a command that no longer runs, or was renamed; it is reported, and the count is written
 as ``bench.keys_without_writer`` (``tests/unit/test_summary_keys.py`` holds it at 0 for the committed file).
 
-    python bench/summary_keys.py            # list them, write the count
-    python bench/summary_keys.py --retire   # also delete them from summary.json
+    python -m bench.summary_keys            # list them, write the count
+    python -m bench.summary_keys --retire   # also delete them from summary.json
 """
 
 from __future__ import annotations

@@ -3,26 +3,23 @@ of a sample whose target is unseen, how often the engine's drafter (the text-awa
 the bundle's ``drafters.unseen_share``) drafts the target, and how often ``specgr``'s top K holds it with
 the unseen places (``specgr.unseen_share``, by default the drafter's) and without them (0).
 
-    python bench/unseen_drafted.py --bundle bundles/beauty-temporal --sample 2000 --seed 0
+    python -m bench.unseen_drafted --bundle bundles/beauty-temporal --sample 2000 --seed 0
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from specrec.bundle import Bundle  # noqa: E402
-from specrec.cli import _load_eval_data  # noqa: E402
-from specrec.data.splits import sample_examples  # noqa: E402
-from specrec.drafters.base import DraftRequest  # noqa: E402
-from specrec.policies import RecRequest, make_policy  # noqa: E402
+from bench.harness import command_line
+from specrec.bundle import Bundle
+from specrec.cli import _load_eval_data
+from specrec.data.splits import sample_examples
+from specrec.drafters.base import DraftRequest
+from specrec.policies import RecRequest, make_policy
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         drafted += t in eng.drafter.draft([DraftRequest(history=h, n=a.drafts)])[0].items.tolist()
         listed += t in with_places.run([RecRequest(h, a.k)])[0].items.tolist()
         listed_without += t in without.run([RecRequest(h, a.k)])[0].items.tolist()
-    out = {"bundle": a.bundle, "sample": a.sample, "seed": a.seed, "k": a.k, "drafts": a.drafts,
+    out = {"command": command_line("bench.unseen_drafted", argv), "bundle": a.bundle, "sample": a.sample,
+           "seed": a.seed, "k": a.k, "drafts": a.drafts,
            "drafter_unseen_share": eng.drafter.unseen_share, "unseen_target_users": int(len(users)),
            "target_drafted": drafted, "target_listed_with_places": listed,
            "target_listed_without_places": listed_without}

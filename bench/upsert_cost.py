@@ -1,14 +1,14 @@
 """What catalogue writes cost the serving stack: each service's CPU seconds while idle and while an item
 is upserted every ``--every-s`` seconds, read from ``/proc/<pid>/stat``.
 
-    python bench/upsert_cost.py --bundle bundles/beauty-loo --seconds 20
+    python -m bench.upsert_cost --bundle bundles/beauty-loo --seconds 20
 
-Starts its own stack (Redis as ``bench/serving.py`` finds or starts one; the four services as
-subprocesses; a private namespace), measures ``--seconds`` of idle, then ``--seconds`` with the
-soak's writer (``bench/chaos.py``'s ``Writer``) upserting one new item at a time, and stops it all.
+Starts its own stack (``bench.harness.Stack``: Redis found or started, the four services as
+subprocesses, a private namespace), measures ``--seconds`` of idle, then ``--seconds`` with the
+soak's writer (``bench.harness.Writer``) upserting one new item at a time, and stops it all.
 Prints and writes ``upsert_cost.json`` (into ``--out``): CPU seconds per service in each phase and per
 acknowledged upsert beyond idle. No request traffic: this is the write path's own cost, which the
-soak (``bench/soak.py``) pays on top of serving.
+soak (``bench.soak``) pays on top of serving.
 """
 
 from __future__ import annotations
@@ -16,21 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+from bench.harness import RESULTS_DIR, Redis, Stack, Writer, command_line, machine_line, sayer
+from specrec.eval.results import write_json
 
-from chaos import Writer  # noqa: E402
-from serving import command_line, machine_line, say  # noqa: E402
-
-from specrec.eval.results import RESULTS_DIR, write_json  # noqa: E402
-from specrec_rpc.localstack import ServiceProcs, delete_namespace, find_or_start_redis, stop_process  # noqa: E402
+say = sayer("upsert_cost")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -54,11 +47,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(RESULTS_DIR))
     a = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="upsert-cost-"))
-    namespace = f"bench-upsert-{uuid.uuid4().hex[:10]}"
-    redis_url, redis_proc = find_or_start_redis(a.redis_url, workdir=tmp / "redis", log_path=tmp / "redis.log")
-    procs = ServiceProcs(Path(a.bundle).resolve(), redis_url, namespace, tmp / "logs")
+    stack = Stack(Path(a.bundle).resolve(), Redis(a.redis_url, tmp), tmp / "logs", "upsert", threads=None)
+    procs = stack.procs
     try:
-        procs.start(say=say)
+        stack.start(say=say)
         pids = {n: p.pid for n, p in procs.procs.items()}
         time.sleep(3.0)  # start-up work settles
         say(f"idle for {a.seconds:g} s")
@@ -71,12 +63,10 @@ def main(argv=None) -> int:
         finally:
             writer.stop()
     finally:
-        procs.stop(say=say)
-        delete_namespace(redis_url, namespace)
-        stop_process(redis_proc)
+        stack.stop(say=say)
     acked = max(1, len(writer.acked))
     res = {
-        "command": command_line("bench/upsert_cost.py", sys.argv[1:] if argv is None else argv),
+        "command": command_line("bench.upsert_cost", argv),
         "machine": machine_line(),
         "seconds": a.seconds,
         "every_s": a.every_s,

@@ -3,7 +3,7 @@ services as subprocesses, each waited on until its gRPC health check says
 ``SERVING``.
 
 Used by ``specrec stack up`` (fixed ports, state under ``runs/stack``) and by
-the benchmarks (``bench/load.py``: free ports, a private Redis namespace,
+the benchmarks (``bench/harness.py``: free ports, a private Redis namespace,
 everything stopped at the end):
 
     from specrec_rpc.localstack import ServiceProcs, delete_namespace, find_or_start_redis

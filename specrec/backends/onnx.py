@@ -368,10 +368,10 @@ class OrtBackend(Backend):
         (:func:`quantize_drafter`; the target's are never touched), None for float32; "auto": 8 on the
         CPU, float32 where a GPU runs the graphs. ``threads``: intra-op threads, 1 unless given; ``spinning``:
         they spin between the graph's nodes instead of sleeping. Measured at batch 1 on 2 cores
-        (bench/results/README.md, "Current"): a beam request took 7.46 ms with one thread, 8.19 ms with two that
-        sleep between nodes (each of the graph's ~900 small nodes wakes the other one); two that spin ran the
-        graph faster alone but took the cores from all other work in the process (eager torch beside them: 120
-        ms a request instead of 16.7). A machine with more cores and bigger batches sets ``threads`` (the
+        (bench/results/HISTORY.md, "Before this session"): a beam request took 7.46 ms with one thread, 8.19 ms
+        with two that sleep between nodes (each of the graph's ~900 small nodes wakes the other one); two that
+        spin ran the graph faster alone but took the cores from all other work in the process (eager torch beside
+        them: 120 ms a request instead of 16.7). A machine with more cores and bigger batches sets ``threads`` (the
         verifier's SPECREC_VERIFIER_THREADS)."""
         super().__init__(model, head, drafter=drafter)
         import onnxruntime as ort

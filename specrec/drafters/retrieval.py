@@ -13,7 +13,7 @@ unseen items alone it finds them (on Beauty's temporal split, 3,000
 random test users: the unseen target is among the 10 unseen items most like
 the last three items of the history for about 10% of the users whose target
 is unseen, and among the 50 most like them for 34%, against 7% for the top 50
-of all items: ``python bench/unseen_text_reach.py``).
+of all items: ``python -m bench.unseen_text_reach``).
 """
 
 from __future__ import annotations

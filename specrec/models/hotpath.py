@@ -330,7 +330,7 @@ class FusedHotPath(nn.Module):
         token_logp [R, W, L], alive [R, W]. One decoder pass per level over the kept beams, each attending
         to its ancestors' keys/values kept from the earlier passes (at most L): unlike :meth:`step`'s static
         cache, nothing is reordered or rewritten per step, which made beam 1.20x (K=10) to 1.57x (K=50)
-        faster end to end on the CPU (``bench/results/README.md``)."""
+        faster end to end on the CPU (``bench/results/HISTORY.md``, "Policies side by side")."""
         r, dev = enc_mask.shape[0], enc_mask.device
         cross = self.cross(enc_mask, cross_k, cross_v)
         h0, kept = self.root(cross)
@@ -552,7 +552,7 @@ class FusedHotPath(nn.Module):
 
         Tree nodes attend to their ancestors only (the root, whose keys/values come from the root pass, and
         at most L-1 more), and only their own level's output layer is computed. The last level needs no
-        drafts: drafting it (N more nodes) cost more than the small pass (measured: ``bench/results/README.md``).
+        drafts: drafting it (N more nodes) cost more than the small pass (measured: ``bench/results/HISTORY.md``).
         Returns the target's beams (codes, scores, token_logp, alive: exactly ``beam``'s where ``covered``),
         ``covered`` [R] (every beam the target kept at levels 1..L-2 was drafted) and ``frontier``
         [R, L-1, 2]: per level, the target's kept prefixes and how many of them the tree held (at level 0 and

@@ -55,7 +55,7 @@ class SpecGRConfig(PolicyConfig):
     beta: int | None = Field(None, ge=1, le=1000, description="beam width of guided re-drafting (default: K)")
     gamma: float = Field(-2.0, ge=-100.0, le=0.0,
                          description="accept a draft when its length-normalised log-likelihood V > gamma (-2: "
-                         "chosen on validation users with the distilled drafter, see bench/results/README.md)")
+                         "chosen on validation users with the distilled drafter, see bench/results/HISTORY.md)")
     unseen_rule: bool = Field(True, description="score unseen items over the first L-1 levels")
     max_rounds: int | None = Field(
         None, ge=1, le=16, description="draft rounds at most (default: L, one per beam level)"
