@@ -43,7 +43,7 @@ from specrec.policies.fallback import Ladder, catalogue_only
 from specrec_rpc import tracing
 from specrec_rpc.catalogue import CatalogueWatcher, Snapshot
 from specrec_rpc.errors import register
-from specrec_rpc.replicas import Replicas
+from specrec_rpc.replicas import Replicas, wait_serving
 from specrec_rpc.server import Service, make_channel
 from specrec_rpc.v1 import drafter_pb2_grpc, recommender_pb2_grpc, verifier_pb2_grpc
 
@@ -90,9 +90,10 @@ class GatewayService(Service):
         await self.catalogue.start()
         # blocking channels (policies run in worker threads), one per replica
         self.verifiers = Replicas(s.verifier_addr, verifier_pb2_grpc.VerifierStub, self.client_channel)
+        self.drafters = Replicas(s.drafter_addr, drafter_pb2_grpc.DrafterStub, self.client_channel)
+        await asyncio.to_thread(self._wait_for_backends)
         self.verifier_parts = VerifierParts(self.verifiers)
         await asyncio.to_thread(self.verifier_parts.describe_all)  # policies plan with what the bundles have
-        self.drafters = Replicas(s.drafter_addr, drafter_pb2_grpc.DrafterStub, self.client_channel)
         try:
             REGISTRY.register(self._collector)
         except ValueError:
@@ -102,6 +103,19 @@ class GatewayService(Service):
         DEPENDENCY_UP.labels("itemset").set_function(
             lambda: 1.0 if time.monotonic() - self.catalogue.last_ok < 5.0 else 0.0)
         await self._warmup()
+
+    def _wait_for_backends(self) -> None:
+        """Until every verifier and drafter replica is SERVING (``backends_wait_s`` at most): the gateway starts
+        beside them, and plans and warms up only once they answer."""
+        t0 = time.monotonic()
+        for name, replicas in (("verifier", self.verifiers), ("drafter", self.drafters)):
+            serving = wait_serving(replicas, max(0.0, self.s.backends_wait_s - (time.monotonic() - t0)))
+            known, waited = sorted(replicas.replicas), round(time.monotonic() - t0, 2)
+            if serving == known and known:
+                self.log.info("backends serving", service=name, replicas=known, waited_s=waited)
+            else:
+                self.log.warning("starting without every backend serving", service=name, serving=serving,
+                                 replicas=known, waited_s=waited)
 
     async def _warmup(self) -> None:
         """Every policy auto may pick, a few times: connections up, cost estimates seeded (not fatal)."""

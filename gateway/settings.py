@@ -40,6 +40,9 @@ class GatewaySettings(ServiceSettings):
                               "before the budget ends")
     reply_margin_ms: float = Field(5.0, ge=0.0, le=1000.0, description="when the caller's gRPC deadline comes before "
                                    "the budget, the answer is planned to leave this long before that deadline")
+    backends_wait_s: float = Field(120.0, ge=0.0, le=3600.0, description="at start, how long the gateway waits for "
+                                   "every verifier and drafter replica to be SERVING before it plans and warms up "
+                                   "with those that are (so it can start beside them)")
     breaker_failures: int = Field(3, ge=1, le=1000, description="verifier failures in a row that open the breaker")
     breaker_open_s: float = Field(
         1.0, gt=0, le=600, description="how long an open breaker sends requests to the drafter"

@@ -39,9 +39,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ORDER = ("itemset", "verifier", "drafter", "gateway")  # start order; stopped in reverse
-# started together, stage after stage: the verifier and the drafter load their models while the item set starts
-# (they ask it for the catalogue until it answers), and the gateway warms up against all three
-STAGES = (("itemset", "verifier", "drafter"), ("gateway",))
+# started together: the verifier and the drafter load their models while the item set starts (they ask it for the
+# catalogue until it answers), and the gateway waits until all three serve before it warms up against them
+# (``backends_wait_s``); one stage: a stage after it waited for the gateway's own start (its imports: 4-5 s)
+STAGES = (("itemset", "verifier", "drafter", "gateway"),)
 MODULES = {"itemset": "itemset_svc", "drafter": "drafter_svc", "verifier": "verifier_svc", "gateway": "gateway"}
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 
@@ -249,9 +250,8 @@ class ServiceProcs:
 
     def start(self, timeout: float = 300.0, say: Callable[[str], None] = print,
               on_started: Callable[[str, int], None] | None = None) -> ServiceProcs:
-        """Start item set, verifier and drafter together, then the gateway, each stage waited on
-        until all of it is SERVING (SystemExit with the log tail otherwise; what was
-        started keeps running: call :meth:`stop`)."""
+        """Start the services together (:data:`STAGES`), each stage waited on until all of it is SERVING
+        (SystemExit with the log tail otherwise; what was started keeps running: call :meth:`stop`)."""
         for stage in STAGES:
             keys = [key for name in stage for key in self.keys(name)]
             t0 = {}

@@ -164,11 +164,29 @@ class Replicas:
             self.replicas.clear()
 
 
-def wait_ready(replicas: Replicas, timeout_s: float) -> None:
-    """Until every replica's channel connects (or the time is up); for start-up."""
-    t0 = time.monotonic()
-    for r in list(replicas.replicas.values()):
-        try:
-            grpc.channel_ready_future(r.channel).result(timeout=max(0.1, timeout_s - (time.monotonic() - t0)))
-        except grpc.FutureTimeoutError:
-            pass
+def wait_serving(replicas: Replicas, timeout_s: float, poll_s: float = 0.2) -> list[str]:
+    """Until every replica answers its health check SERVING (a service is NOT_SERVING while it loads its models),
+    or ``timeout_s`` is up: for a client's start, so that it can start beside the services it calls. Returns
+    the addresses that answered SERVING (all of them, unless the time ran out)."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    deadline = time.monotonic() + timeout_s
+    serving: set[str] = set()
+    while True:
+        with replicas._lock:
+            waiting = [r for a, r in replicas.replicas.items() if a not in serving]
+            known = len(replicas.replicas)
+        for r in waiting:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                resp = health_pb2_grpc.HealthStub(r.channel).Check(health_pb2.HealthCheckRequest(service=""),
+                                                                    timeout=min(1.0, left))
+                if resp.status == health_pb2.HealthCheckResponse.SERVING:
+                    serving.add(r.address)
+            except grpc.RpcError:
+                pass  # not listening yet
+        if (known and len(serving) >= known) or time.monotonic() + poll_s > deadline:
+            return sorted(serving)
+        time.sleep(poll_s)
