@@ -1263,7 +1263,9 @@ def test_compose_health_and_order(compose):
     assert cond("itemset") == {"redis": "service_healthy", "catalogue-loader": "service_completed_successfully"}
     assert cond("drafter") == {"itemset": "service_healthy"}
     assert cond("verifier") == {"itemset": "service_healthy"}
-    assert cond("gateway") == {c: "service_healthy" for c in ("itemset", "drafter", "verifier")}
+    # the gateway starts beside the drafter and the verifier and waits for them itself (backends_wait_s)
+    assert cond("gateway") == {"itemset": "service_healthy", "drafter": "service_started",
+                               "verifier": "service_started"}
     # only the gateway's gRPC port is published
     published = {name: svc.get("ports", []) for name, svc in s.items() if svc.get("ports")}
     assert list(published) == ["gateway"]
