@@ -22,15 +22,16 @@ SUMMARY = Path(__file__).resolve().parent / "results" / "summary.json"
 _P = r"(strict|nezha|specgr|drafter)"  # beam is the reference: no ratio to itself
 #: step of bench/rerun.sh -> the keys its commands write
 WRITERS: dict[str, list[str]] = {
-    "quality": [r"beauty\.loo\.(beam|sasrec)(\.excl)?\.(recall|ndcg)@\d+", r"beauty\.train\.minutes",
+    "quality": [r"beauty\.loo\.(beam|sasrec)(\.excl)?\.((recall|ndcg)@\d+|users)", r"beauty\.train\.minutes",
                 r"beauty\.model\.params"],
     "policies": [rf"beauty\.loo\.{_P}(\.k50)?\.(recall|ndcg)@\d+",  # beam's: the quality step's (all users)
                  rf"beauty\.loo\.{_P}(\.k50)?\.(speedup_vs_beam|recall_ratio_vs_beam|recall@10_ratio_vs_beam"
                  r"|equal_to_beam|no_fallback_share|drafted_level_coverage|whole_frontier_share|item_acceptance"
                  r"|token_acceptance)",
                  r"beauty\.loo\.(beam|strict|nezha|specgr|drafter)(\.k50)?\.speedup_vs_eager",
-                 r"beauty\.loo\.beam(\.k50)?\.equal_to_eager"],
-    "temporal": [r"beauty\.temporal\.(beam|specgr)(\.unseen0)?\.(in_sample_|unseen_)?(recall|ndcg)@50"],
+                 r"beauty\.loo\.beam(\.k50)?\.equal_to_eager", r"beauty\.loo\.policies(\.k50)?\.users"],
+    "temporal": [r"beauty\.temporal\.(beam|specgr)(\.unseen0)?\.(in_sample_|unseen_)?(recall|ndcg)@50",
+                 r"beauty\.temporal\.policies(\.unseen0)?\.users"],
     "backends": [r"backends\.(eager|onnx)\.[a-z0-9_+]+\.(p50_ms|speedup_vs_eager)",
                  r"backends\.onnx\.max_abs_diff_vs_eager"],
     "profile": [r"hotpath\.pass\.(fixed_ms|node_us)", r"hotpath\.floor_(ms|ratio)\.beam_w\d+"],

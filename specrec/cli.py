@@ -200,8 +200,9 @@ def cmd_eval(a: argparse.Namespace) -> int:
             f"p99 {res.latency['p99_ms']:.1f} ms; n = {res.n}\n"
         )
         (Path(a.results_dir) / f"{name}.md").write_text(md)
-        keys = {f"{ds_name}.{split.protocol}.{a.ranker}{tag.replace('_', '.')}.{k}": v for k, v in res.overall.items()
-                if k.split("@")[1] in ("5", "10")}
+        pre = f"{ds_name}.{split.protocol}.{a.ranker}{tag.replace('_', '.')}"
+        keys = {f"{pre}.{k}": v for k, v in res.overall.items() if k.split("@")[1] in ("5", "10")}
+        keys[f"{pre}.users"] = res.n  # the sample these figures are of
         tr = bundle.meta.get("training", {})
         if split.protocol == "loo" and a.ranker == "beam" and a.sample is None and a.limit is None:
             if "train_minutes" in tr:

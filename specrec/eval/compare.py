@@ -105,6 +105,9 @@ def summary_keys(table: dict, dataset: str, protocol: str, k: int, tag: str = ""
     ``.excl`` for requests that exclude their history)."""
     keys = {}
     infix = ("" if k == 10 else f".k{k}") + tag
+    if table:  # the block's sample: the requests every policy of the run answered (temporal keys name no K)
+        block = f"{dataset}.{protocol}.policies" + (tag if protocol == "temporal" else infix)
+        keys[f"{block}.users"] = next(iter(table.values())).n
     for n, r in table.items():
         if "@" in n:
             continue

@@ -64,6 +64,7 @@ def test_ratios_are_exactly_what_the_lists_and_the_clock_say(setup):
     keys = summary_keys(table, "fake", "loo", K)
     assert keys["fake.loo.fast.k50.recall_ratio_vs_beam"] == pytest.approx(0.5)
     assert keys["fake.loo.fast.k50.speedup_vs_beam"] == pytest.approx(4.0)
+    assert keys["fake.loo.policies.k50.users"] == len(ex)  # the block says its sample
 
 
 def test_the_recall_ratio_is_taken_at_the_lists_k(setup):
