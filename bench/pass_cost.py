@@ -4,7 +4,7 @@ A lossless speculative search must still score every prefix the target's beam se
 nodes for width W), so against beam it can only save the fixed cost of the passes it folds together,
 and it pays for every drafted node the target did not keep. This measures both terms: for T nodes, one
 ONNX graph running the root pass and one pass over T nodes that attend to three ancestors each (the
-hot path's own ``FusedHotPath.root`` and ``_pass_over``), batch 1, interleaved, ``--threads`` intra-op
+hot path's own ``FusedHotPath.root`` and ``ancestor_pass``), batch 1, interleaved, ``--threads`` intra-op
 threads; a least-squares line through the medians gives the fixed cost per pass and the cost per node,
 and the target's whole width-W beam-search graph is timed beside them. Then each graph runs twice in a
 row after 64 MB went through the caches (as another graph, another request or a pause does between two
@@ -106,7 +106,7 @@ class _RootAndPass(torch.nn.Module):
         x = f.tok[codes + f.offsets[self.depth - 1]] + f.dec_pos[self.depth]
         own = torch.arange(self.t).view(1, self.t, 1) + 1
         cols = torch.cat([torch.zeros_like(own)] * self.depth + [own], -1)
-        hid, _ = f._pass_over(x, cols, kept, cross)
+        hid, _ = f.ancestor_pass(x, cols, kept, cross)
         return torch.log_softmax(hid @ f.head_w[self.depth] + f.head_b[self.depth], dim=-1)
 
 

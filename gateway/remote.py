@@ -33,6 +33,7 @@ import torch
 from specrec.deadline import Deadline
 from specrec.decoding.beam import Beams
 from specrec.decoding.scoring import Scores
+from specrec.decoding.searches import SEARCHES
 from specrec.policies.errors import BudgetExceeded, DependencyDown
 from specrec.verifier import Drafted, Parts, SelectRule, Session, StepCoverage
 from specrec_rpc.catalogue import Snapshot
@@ -59,6 +60,13 @@ class RemoteState:
     rule: SelectRule | None = None
     trie: Any = None  # the trie beam_start was given (a request's view of it carries the SIDs it excludes)
     tried: set = field(default_factory=set)  # replicas that failed this request
+
+
+def _rpc(search: str) -> str:
+    """The verifier RPC that serves whole search ``search`` (the registry's: :data:`SEARCHES`)."""
+    rpc = SEARCHES[search].rpc
+    assert rpc is not None, f"{search} runs inside another search's call"
+    return rpc
 
 
 def _beams(m: verifier_pb2.Beams, sess: Session) -> Beams:
@@ -225,7 +233,7 @@ class RemoteVerifier:
         return _beams(r, sess)
 
     def beam_search(self, sess: Session, trie, width: int, rule: SelectRule | None = None) -> Beams:
-        r = self._session_call(sess, "BeamSearch", lambda ref: verifier_pb2.BeamSearchRequest(
+        r = self._session_call(sess, _rpc("beam"), lambda ref: verifier_pb2.BeamSearchRequest(
             ref=_excluding(ref, trie), width=width, rule=_rule(rule)), keep=False)
         return _beams(r, sess)
 
@@ -236,7 +244,7 @@ class RemoteVerifier:
         return [to_torch(x, "logp") for x in r.logp]
 
     def head_beams(self, sess: Session, trie, width: int) -> Beams:
-        r = self._part_call(sess, "draft_head", "HeadDrafts", lambda ref: verifier_pb2.HeadDraftsRequest(
+        r = self._part_call(sess, "draft_head", _rpc("head"), lambda ref: verifier_pb2.HeadDraftsRequest(
             ref=_excluding(ref, trie), width=width))
         return _beams(r, sess)
 
@@ -269,7 +277,7 @@ class RemoteVerifier:
     def draft_beams(self, sess: Session, trie, width: int, target_scores: bool = False) -> Beams | None:
         r = self._distilled(
             sess,
-            "HeadDrafts",
+            _rpc("score" if target_scores else "draft"),
             lambda ref: verifier_pb2.HeadDraftsRequest(ref=_excluding(ref, trie), width=width, distilled=True,
                                                        target_scores=target_scores),
         )
@@ -278,8 +286,8 @@ class RemoteVerifier:
         return _beams(r, sess)
 
     def draft_verify(self, sess: Session, trie, width: int, n: int) -> Drafted | None:
-        r = self._distilled(sess, "DraftVerify", lambda ref: verifier_pb2.DraftVerifyRequest(ref=_excluding(ref, trie),
-                                                                                              width=width, n=n))
+        r = self._distilled(sess, _rpc("strict"), lambda ref: verifier_pb2.DraftVerifyRequest(ref=_excluding(ref, trie),
+                                                                                               width=width, n=n))
         if r is None:
             return None
         return Drafted(_beams(r.beams, sess), to_torch(r.covered, "covered").numpy().astype(bool),

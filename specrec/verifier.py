@@ -39,6 +39,7 @@ import torch
 
 from .decoding.beam import Beams, BeamSearch, select_topk
 from .decoding.scoring import Scores, VerifiedPrefixes, prefix_logprobs, tree_pass
+from .decoding.searches import SEARCHES
 from .decoding.tree import read_level, token_logprobs
 from .ids.trie import SidTrie
 from .models.tiger import EncoderState
@@ -397,19 +398,32 @@ def _session(job: Any) -> Session:
     return sess
 
 
+def whole_search(job: Job) -> tuple[str, SidTrie, tuple[int, ...]] | None:
+    """The whole search of the registry (:data:`~specrec.decoding.searches.SEARCHES`) a job asks for: its
+    name, catalogue and widths; None for a job that is not one (or a beam search that must step: it reads
+    what the session verified, or picks its beams by the relaxed rule)."""
+    if isinstance(job, BeamJob):
+        if job.whole and not _session(job).state.verified and (job.search.rule is None
+                                                               or job.search.rule.kind == "exact"):
+            return "beam", job.search.trie, (job.search.width,)
+        return None
+    if isinstance(job, HeadJob):
+        return ("score" if job.target_scores else "draft") if job.distilled else "head", job.trie, (job.width,)
+    if isinstance(job, DraftVerifyJob):
+        return "strict", job.trie, (job.width, job.n)
+    return None
+
+
 def _group_key(n: int, job: Job) -> tuple:
     """Jobs with equal keys share one computation; ``("single", n)`` runs alone."""
     if isinstance(job, EncodeJob):
         return ("encode",)
     if isinstance(job, ScoreJob):
         return ("score", job.full)
-    if isinstance(job, BeamJob) and job.whole and not _session(job).state.verified and \
-            (job.search.rule is None or job.search.rule.kind == "exact"):
-        return ("search", id(job.search.trie), job.search.width)
-    if isinstance(job, HeadJob):
-        return ("head", id(job.trie), job.width, job.distilled, job.target_scores)
-    if isinstance(job, DraftVerifyJob):
-        return ("draft_verify", id(job.trie), job.width, job.n)
+    search = whole_search(job)
+    if search is not None:
+        name, trie, widths = search
+        return ("search", name, id(trie), *widths)
     return ("single", n)
 
 
@@ -427,7 +441,7 @@ def run_jobs(verifier: LocalVerifier, jobs: list[Job]) -> list[Any]:
     if embedded:
         try:
             with torch.inference_mode():
-                sessions = _run_group(verifier, "encode", [j.session for j in embedded])
+                sessions = _run_group(verifier, ("encode",), [j.session for j in embedded])
         except Exception as exc:  # noqa: BLE001
             sessions = [exc] * len(embedded)
         for j, s in zip(embedded, sessions):
@@ -442,7 +456,7 @@ def run_jobs(verifier: LocalVerifier, jobs: list[Job]) -> list[Any]:
     with torch.inference_mode():
         for key, idx in groups.items():
             try:
-                results = _run_group(verifier, key[0], [jobs[n] for n in idx])
+                results = _run_group(verifier, key, [jobs[n] for n in idx])
             except Exception as exc:  # noqa: BLE001 - the group failed together: each caller learns why
                 results = [exc] * len(idx)
             for n, r in zip(idx, results):
@@ -471,23 +485,16 @@ def _cat_encoders(jobs: list) -> EncoderState:
     return encs[0] if len(encs) == 1 else EncoderState.cat(encs)
 
 
-def _run_group(ver: LocalVerifier, kind: str, jobs: list) -> list[Any]:
+def _run_group(ver: LocalVerifier, key: tuple, jobs: list) -> list[Any]:
+    """The jobs of one group (``key``: :func:`_group_key`'s) -> one result each."""
+    kind = key[0]
     if kind == "encode":
         enc = ver.backend.encode(torch.from_numpy(np.concatenate([j.hist for j in jobs])))
         return [ver.session(enc.select(torch.arange(a, b))) for a, b in _split([len(j.hist) for j in jobs])]
     if kind == "score":
         return _score_group(ver, jobs)
-    if kind == "draft_verify":
-        first = jobs[0]
-        out = ver.backend.draft_verify(_cat_encoders(jobs), first.trie, first.width, first.n)
-        if out is None:  # no distilled drafter (or no dense tables for this catalogue)
-            return [None] * len(jobs)
-        beams, covered, frontier = out
-        return [Drafted(beams.select(torch.arange(a, b)), np.asarray(covered[a:b], dtype=bool),
-                        np.asarray(frontier[a:b]))
-                for a, b in _split([_session(j).n for j in jobs])]
-    if kind in ("search", "head"):
-        return _search_group(ver, kind, jobs)
+    if kind == "search":
+        return _search_group(ver, key[1], jobs)
     return [_run_one(ver, j) for j in jobs]
 
 
@@ -545,27 +552,30 @@ def _rows_of(codes: torch.Tensor, alive: torch.Tensor, start: int, rows: int) ->
     return c, ok
 
 
-def _search_group(ver: LocalVerifier, kind: str, jobs: list) -> list[Any]:
-    """Whole beam searches (``search``) or draft-head searches (``head``) of one catalogue and width, in one
-    backend call where the backend has one."""
+def _search_group(ver: LocalVerifier, name: str, jobs: list) -> list[Any]:
+    """Whole searches ``name`` (:data:`~specrec.decoding.searches.SEARCHES`) of one catalogue and widths, in one
+    call of the backend's method for it (the registry's ``backend``). Where the backend has none (it answers
+    None): a beam search steps, the NEZHA head searches in eager torch, and the distilled drafter's searches
+    (no drafter, or no dense tables for this catalogue) answer None."""
     enc, first = _cat_encoders(jobs), jobs[0]
-    if kind == "search":
-        beams = ver.backend.search(enc, first.search.trie, first.search.width)
-        if beams is None:
+    _, trie, widths = whole_search(first)  # type: ignore[misc]  # a search group's jobs are searches
+    out = getattr(ver.backend, SEARCHES[name].backend)(enc, trie, *widths)
+    if out is None:
+        if name == "beam":
             return [_attempt(ver._stepwise_search, _session(j), j.search) for j in jobs]
-    elif first.distilled:
-        search = ver.backend.draft_score if first.target_scores else ver.backend.draft_search
-        beams = search(enc, first.trie, first.width)
-        if beams is None:  # no distilled drafter (or no dense tables for this catalogue)
-            return [None] * len(jobs)
-    else:
-        beams = ver.backend.head_search(enc, first.trie, first.width)
-        if beams is None:
+        if name == "head":
             return [_attempt(ver._head_beams_eager, _session(j), j.trie, j.width) for j in jobs]
+        return [None] * len(jobs)
+    spans = _split([_session(j).n for j in jobs])
+    if name == "strict":
+        beams, covered, frontier = out
+        return [Drafted(beams.select(torch.arange(a, b)), np.asarray(covered[a:b], dtype=bool),
+                        np.asarray(frontier[a:b]))
+                for a, b in spans]
     res = []
-    for j, (a, b) in zip(jobs, _split([_session(j).n for j in jobs])):
-        part = beams.select(torch.arange(a, b)) if len(jobs) > 1 else beams
-        if kind == "search":  # every level computed in the one call, none read from a verified pass
+    for j, (a, b) in zip(jobs, spans):
+        part = out.select(torch.arange(a, b)) if len(jobs) > 1 else out
+        if name == "beam":  # every level computed in the one call, none read from a verified pass
             _session(j).coverage.extend(
                 StepCoverage([0] * (b - a), part.alive.sum(1).tolist()) for _ in ver.level_sizes
             )

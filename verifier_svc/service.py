@@ -9,6 +9,14 @@ protos to core jobs (:class:`~specrec.verifier.EncodeJob`,
 carries a history instead of a session is encoded in the same batch as its
 operation. The catalogue (for constrained decoding) follows the item set by
 version.
+
+The whole searches' RPCs are the ones the registry of searches names
+(:data:`specrec.decoding.searches.SEARCHES`, each search's ``rpc``):
+``BeamSearch`` (``beam``), ``HeadDrafts`` (``head``; with ``distilled``,
+``draft``; with ``target_scores`` too, ``score``) and ``DraftVerify``
+(``strict``, and ``resume`` inside it for the rows its drafts missed). The
+wire's names stay as they are; the core groups their jobs by the registry's
+names (:func:`specrec.verifier.whole_search`).
 """
 
 from __future__ import annotations

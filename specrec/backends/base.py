@@ -16,9 +16,10 @@ beams and tree nodes to buckets (:meth:`Backend.padded`); the eager backend
 pads nothing.
 
 The eager backend runs :class:`~specrec.models.hotpath.FusedHotPath` in torch:
-the same functions, the same decoder step and the same whole searches that the
-graph backends export, so a graph backend's test against it checks the export,
-and the fused functions are themselves checked against the model
+the same functions, the same decoder step, and the same whole searches of the
+registry (:data:`specrec.decoding.searches.SEARCHES`) that the graph backends
+export, so a graph backend's test against it checks the export, and the fused
+functions are themselves checked against the model
 (:class:`~specrec.models.tiger.Tiger`, ``tests/unit/test_hotpath.py``).
 """
 
@@ -31,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from ..decoding.beam import Beams
+from ..decoding.searches import SEARCHES
 from ..decoding.tree import PrefixTree
 from ..models.hotpath import FusedHotPath, child_tables
 from ..models.tiger import EncoderState, Tiger
@@ -86,7 +88,7 @@ class Backend:
         """``device``: where the eager backend computes ("cuda" for a GPU; the
         decoding around it stays on the CPU, tensors cross at the four calls).
         ``drafter``: the distilled drafter (:class:`~specrec.models.sid_mlp.SidMlpDrafter`), for
-        :meth:`draft_verify` and :meth:`draft_search`."""
+        :meth:`draft_verify`, :meth:`draft_search` and :meth:`draft_score`."""
         self.device = torch.device(device)
         self.model = model.eval()
         self.cfg = model.cfg
@@ -143,12 +145,12 @@ class Backend:
         return None
 
     def draft_verify(self, enc: EncoderState, trie, width: int, n: int):
-        """``strict``'s draft and verification (:meth:`FusedHotPath.draft_verify`): the target's beams, exactly
-        its beam search's in every row, ``covered`` [R] (the drafts held the target's whole frontier) and
+        """``strict``'s draft and verification (:mod:`specrec.decoding.searches.strict`): the target's beams,
+        exactly its beam search's in every row, ``covered`` [R] (the drafts held the target's whole frontier) and
         ``frontier`` [R, L-1, 2] (kept, held) per level. A row that is not covered is finished by a second call
-        for those rows alone (:meth:`FusedHotPath.resume`), from the levels the first one verified.
-        None without a distilled drafter or dense tables."""
-        out = self._drafted("verify", enc, trie, width, n)
+        for those rows alone (``resume``, :mod:`specrec.decoding.searches.resume`), from the levels the first one
+        verified. None without a distilled drafter or dense tables."""
+        out = self._drafted("strict", enc, trie, width, n)
         if out is None:
             return None
         codes, scores, tlp, alive, covered, frontier, *at1 = out
@@ -161,18 +163,18 @@ class Backend:
         return beams, covered, frontier
 
     def _resume(self, enc: EncoderState, trie, width: int, state: list[torch.Tensor]) -> list[torch.Tensor]:
-        """:meth:`FusedHotPath.resume` on these rows -> codes, scores, token_logp, alive."""
+        """The registry's ``resume`` on these rows -> codes, scores, token_logp, alive."""
         dense = child_tables(trie, max(self.cfg.level_sizes))
         assert dense is not None  # draft_verify ran on them
         tables = [x.to(self.device) for x in dense]
         enc_mask, cross_k, cross_v = self._to(*self._fused_encoder(enc))
         with torch.inference_mode():
-            out = self.fused.resume(enc_mask, cross_k, cross_v, tables, width, *self._to(*state))
+            out = SEARCHES["resume"].fn(self.fused, enc_mask, cross_k, cross_v, tables, width, *self._to(*state))
         return [self._back(x) for x in out]
 
     def draft_search(self, enc: EncoderState, trie, width: int):
         """The distilled drafter's own beams (level 0 exact), one call; None without a distilled drafter."""
-        return self._drafted_beams("search", enc, trie, width)
+        return self._drafted_beams("draft", enc, trie, width)
 
     def _drafted_beams(self, kind: str, enc: EncoderState, trie, width: int):
         out = self._drafted(kind, enc, trie, width, None)
@@ -184,11 +186,13 @@ class Backend:
     def draft_score(self, enc: EncoderState, trie, width: int):
         """The distilled drafter's own beams, their ``token_logp`` the *target's* log-probability of each code
         (one tree pass over the beams' kept prefixes in the same call; ``scores`` stay the drafter's), one call
-        (:meth:`FusedHotPath.draft_score`); None without a distilled drafter."""
+        (:mod:`specrec.decoding.searches.score`); None without a distilled drafter."""
         return self._drafted_beams("score", enc, trie, width)
 
     def _drafted(self, kind: str, enc: EncoderState, trie, width: int, n: int | None):
-        """Eager: the fused functions themselves, in torch (what the graph backends export)."""
+        """Search ``kind`` of the registry that runs the distilled drafter (``draft``, ``score``, ``strict``; ``n``
+        drafts per level for ``strict``) -> its outputs, or None without a distilled drafter or dense tables.
+        Eager: the registry's functions themselves, in torch (what the graph backends export)."""
         if self.drafter is None:
             return None
         tables = child_tables(trie, max(self.cfg.level_sizes))  # kept by the trie (a request's view: by the view)
@@ -196,14 +200,9 @@ class Backend:
             return None
         tables = [x.to(self.device) for x in tables]
         enc_mask, cross_k, cross_v = self._to(*self._fused_encoder(enc))
+        widths = (width,) if n is None else (width, n)
         with torch.inference_mode():
-            if kind == "verify":
-                assert n is not None  # draft_verify is asked with its draft count
-                out = self.fused.draft_verify(enc_mask, cross_k, cross_v, tables, width, n)
-            elif kind == "score":
-                out = self.fused.draft_score(enc_mask, cross_k, cross_v, tables, width)
-            else:
-                out = self.fused.draft_search(enc_mask, cross_k, cross_v, tables, width)
+            out = SEARCHES[kind].fn(self.fused, enc_mask, cross_k, cross_v, tables, *widths)
         return [self._back(x) for x in out]
 
     def _fused_encoder(self, enc: EncoderState):

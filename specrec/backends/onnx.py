@@ -4,11 +4,14 @@
 -- ``encode``, ``step``, ``tree`` and, with a NEZHA head, ``head`` (its decoder
 pass) -- with every varying axis dynamic, so nothing is padded and nothing
 recompiles, plus ``config.json``. Whole searches are graphs too, one per
-beam width, exported on first use and kept beside the others:
-``beam_w{W}.onnx`` (the target's constrained beam search) and
-``head_w{W}.onnx`` (the NEZHA head's, its decoder pass included). They read
-the item set as dense child tables, made once per catalogue version; a
-catalogue too big for dense tables falls back to step-by-step search.
+search of the registry (:data:`specrec.decoding.searches.SEARCHES`: the export
+table) and width, exported on first use (:func:`export_search`) and kept beside
+the others under the registry's names (:func:`search_name`): ``beam_w{W}.onnx``
+(the target's constrained beam search), ``head_w{W}.onnx`` (the NEZHA head's,
+its decoder pass included), ``draft_``, ``score_``, ``strict_w{W}_n{N}`` and
+``resume_w{W}``. They read the item set as dense child tables, made once per
+catalogue version; a catalogue too big for dense tables falls back to
+step-by-step search.
 
 :class:`OrtBackend` runs them with full graph optimisations (exported once per
 weights into ``$SPECREC_CACHE/onnx/<fingerprint>`` unless told where), on the CUDA
@@ -19,6 +22,7 @@ process also runs gRPC and Python.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
@@ -29,7 +33,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..decoding import searches
 from ..decoding.beam import Beams
+from ..decoding.searches import SEARCHES, search_name
 from ..models.hotpath import FusedHotPath, child_tables
 from ..models.tiger import Tiger
 from .base import DRAFT_FACTORS, Backend, draft_count
@@ -52,7 +58,8 @@ class _Fn(nn.Module):
 
 
 class _Search(nn.Module):
-    """A whole search with its tables as separate inputs and the widths baked in."""
+    """A whole search (``fn``: a registry search's function, bound to its hot path) with its tables as separate
+    inputs and the widths baked in."""
 
     def __init__(self, fn, n_tables: int, *widths: int, n_extra: int = 0):
         super().__init__()
@@ -63,26 +70,11 @@ class _Search(nn.Module):
         return self.fn(enc_mask, cross_k, cross_v, list(tables), *self.widths, *extra)
 
 
-# where ``strict``'s graph leaves a row its drafts missed, and the inputs (after the tables) of the graph that
-# finishes it (:meth:`FusedHotPath.resume`); the keys/values' row axis is their second
-RESUME = ["codes1", "scores1", "token_logp1", "nodes1", "parent1", "kept_kv"]
-# whole-search graphs: kind -> (FusedHotPath method, outputs)
-SEARCHES = {
-    "beam": ("beam_search", ["codes", "scores", "token_logp", "alive"]),
-    "head": ("head_beam_search", ["codes", "scores", "token_logp", "alive"]),
-    "draft": ("draft_search", ["codes", "scores", "token_logp", "alive"]),
-    "score": ("draft_score", ["codes", "scores", "token_logp", "alive"]),
-    "strict": ("draft_verify", ["codes", "scores", "token_logp", "alive", "covered", "frontier", *RESUME]),
-    "resume": ("resume", ["codes", "scores", "token_logp", "alive"]),
-}
-
-
-# the whole-search graphs that run the distilled drafter (its weights may be 8-bit there)
-DRAFTER_KINDS = ("draft", "score", "strict")
-
-
-def search_name(kind: str, width: int, n: int | None = None, drafter_bits: int | None = None) -> str:
-    return f"{kind}_w{width}" + (f"_n{n}" if n is not None else "") + (f"_q{drafter_bits}" if drafter_bits else "")
+# the export table is the registry of searches (kind -> its function, widths, inputs and outputs); the graphs
+# that run the distilled SID drafter, and the inputs (after the tables) of the graph that finishes a row
+# ``strict``'s drafts missed (``resume``'s: what strict's graph leaves), are read from it
+DRAFTER_KINDS = searches.DRAFTER_KINDS
+RESUME = list(SEARCHES["resume"].inputs)
 
 
 def _export(module: nn.Module, args, inputs, outputs, axes, path: Path, post=None) -> None:
@@ -252,16 +244,17 @@ def export_onnx(model: Tiger, out_dir: str | Path, head=None, drafter=None) -> P
 
 def weights_fingerprint(*modules) -> str:
     """sha256 (first 16 hex digits) of the modules' weights and of the code the graphs are traced
-    from (this file, the hot path, the head's functions and the constrained top-k): exported graphs
-    belong to exactly these."""
+    from (this file, the hot path, the head's functions, the constrained top-k and every module of the
+    registry of searches): exported graphs belong to exactly these."""
     import hashlib
     import inspect
 
     from ..decoding import topk
     from ..models import hotpath, nezha_head
 
-    h = hashlib.sha256(b"".join(Path(inspect.getfile(m)).read_bytes() for m in (hotpath, nezha_head, topk))
-                       + Path(__file__).read_bytes())
+    code = [Path(inspect.getfile(m)) for m in (hotpath, nezha_head, topk)]
+    code += sorted(Path(inspect.getfile(searches)).parent.glob("*.py"))
+    h = hashlib.sha256(b"".join(f.read_bytes() for f in code) + Path(__file__).read_bytes())
     for m in modules:
         if m is None:
             continue
@@ -286,19 +279,23 @@ def export_search(model: Tiger, out_dir: str | Path, kind: str, width: int, head
     if tables is None:
         raise ValueError(f"a level of {model.cfg.level_sizes} is too big for dense child tables")
     names = [f"table{j}" for j in range(len(tables))]
-    method, outputs = SEARCHES[kind]
+    search = SEARCHES[kind]
+    outputs = list(search.outputs)
     widths = (width,) if n is None else (width, n)
+    if len(widths) != len(search.widths):
+        raise ValueError(f"search {kind!r} takes {', '.join(search.widths)}")
     path = out / f"{search_name(kind, width, n, drafter_bits)}.onnx"
     axes = {**ENC_AXES, **{nm: {0: f"nodes{j}"} for j, nm in enumerate(names)},
             **{o: {1 if o.startswith("kept") else 0: "R"} for o in outputs}}
     extra: tuple = ()
-    if kind == "resume":  # its state comes from strict's graph: an example of it
+    if search.inputs:  # another graph's outputs (resume: strict's): an example of them
+        assert search.example is not None  # a search with inputs declares how to make them
         with torch.no_grad():
-            enc_mask, cross_k, cross_v = enc
-            extra = tuple(fused.draft_verify(enc_mask, cross_k, cross_v, tables, width, 2 * width)[6:])
-        axes.update({nm: {1 if nm.startswith("kept") else 0: "R"} for nm in RESUME})
-    _export(_Search(getattr(fused, method), len(tables), *widths, n_extra=len(extra)), (*enc, *tables, *extra),
-            [*ENC, *names, *(RESUME if extra else [])], outputs, axes, path,
+            extra = tuple(search.example(fused, enc, tables, width))
+        axes.update({nm: {1 if nm.startswith("kept") else 0: "R"} for nm in search.inputs})
+    # the hot path is not a submodule: its weights are traced as constants (:func:`share_constants`)
+    _export(_Search(functools.partial(search.fn, fused), len(tables), *widths, n_extra=len(extra)),
+            (*enc, *tables, *extra), [*ENC, *names, *(search.inputs if extra else [])], outputs, axes, path,
             post=(lambda p: quantize_drafter(p, drafter, drafter_bits)) if drafter_bits and drafter is not None
             else None)
     return path
@@ -478,8 +475,8 @@ class OrtBackend(Backend):
         tables = self._tables_of(trie)
         if (
             tables is None
-            or (kind == "head" and self.head is None)
-            or (kind in DRAFTER_KINDS and self.drafter is None)
+            or (SEARCHES[kind].uses_head and self.head is None)
+            or (SEARCHES[kind].uses_sid_drafter and self.drafter is None)
         ):
             return None
         name = self._exported(kind, width, n)
@@ -522,7 +519,7 @@ class OrtBackend(Backend):
         return self._run(name, used, [feed[k] for k in used])
 
     def _drafted(self, kind: str, enc, trie, width: int, n: int | None):
-        return self._whole({"verify": "strict", "search": "draft", "score": "score"}[kind], enc, trie, width, n)
+        return self._whole(kind, enc, trie, width, n)
 
     def warmup(self, trie, ks=(10,), drafts=DRAFT_FACTORS) -> None:
         """Export and load, before serving, the whole-search graphs a list length K uses: the beam search

@@ -17,7 +17,7 @@ The head's maths is written once, here: :func:`head_level_logprobs`,
 the constrained search :func:`head_search`. :class:`NezhaHead` runs them on its
 parameters (training, and the search over a trie); the fused hot path runs the
 same functions on copied weights, and that is what the ONNX graph of the head's
-whole search traces (:meth:`specrec.models.hotpath.FusedHotPath.head_beam_search`).
+whole search traces (``head`` of the registry of searches, :mod:`specrec.decoding.searches.head`).
 """
 
 from __future__ import annotations

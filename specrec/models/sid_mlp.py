@@ -15,7 +15,7 @@ the prefixes the target's own beam search keeps at every level, so the
 drafter's beams hold the target's frontier, which is what one tree pass needs
 to verify a whole beam search (``strict``). Its beam search is a few small
 matrix products per level and runs inside the same graph as that tree pass
-(:meth:`specrec.models.hotpath.FusedHotPath.draft_verify`).
+(``strict``'s graph, :mod:`specrec.decoding.searches.strict`).
 """
 
 from __future__ import annotations

@@ -32,8 +32,9 @@ from pydantic import BaseModel, Field
 from tqdm.auto import tqdm
 
 from ..data.splits import Examples, Split, sample_examples
+from ..decoding.searches import SearchState
 from ..ids.trie import SidTrie
-from ..models.hotpath import Cross, FusedHotPath, SearchState, child_tables
+from ..models.hotpath import Cross, FusedHotPath, child_tables
 from ..models.sid_mlp import SidMlpConfig, SidMlpDrafter
 from ..models.tiger import BOS_TOKEN, Tiger
 from .trainer import history_batch
@@ -134,7 +135,7 @@ def run_frontier(fused: FusedHotPath, tables: list[torch.Tensor], hist_sids: tor
     for level in range(fused.L):
         b = tokens.shape[1]
         hid = _grow_step(fused, (fused.tok[tokens] + fused.dec_pos[level]).reshape(r * b, fused.d), r, past, cross)
-        logp = fused._level_logprobs(hid, level).view(r, b, fused.vmax)
+        logp = fused.level_logprobs(hid, level).view(r, b, fused.vmax)
         if level == 0:
             h0, root = hid, logp[:, 0, : sizes[0]]
         else:

@@ -32,7 +32,8 @@ def run(eng, name, hists, k, **params):
 @pytest.mark.parametrize("backend", ["eager", "onnx"])
 def test_draft_verify_equals_beam_search_in_every_row(backend, tmp_path, monkeypatch):
     """Covered rows are read from the tree pass; rows the drafts missed are finished from the verified levels
-    (:meth:`FusedHotPath.resume`) in the same call: both equal the target's beam search."""
+    (the registry's ``resume``, :mod:`specrec.decoding.searches.resume`) in the same call: both equal the
+    target's beam search."""
     monkeypatch.setenv("SPECREC_CACHE", str(tmp_path))
     eng = make_engine(3, n_items=70, distilled=True, backend=backend)
     ver, trie = eng.verifier, eng.itemset.trie

@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from specrec.decoding.beam import root_beams, select_topk
+from specrec.decoding.searches import SEARCHES, SearchState
 from specrec.decoding.topk import constrained_topk
 from specrec.ids import SidTrie
-from specrec.models.hotpath import FusedHotPath, SearchState, child_tables
+from specrec.models.hotpath import FusedHotPath, child_tables
 from specrec.models.nezha_head import NezhaHead, gru_cell
 from specrec.models.tiger import BOS_TOKEN, Tiger
 
@@ -86,7 +87,7 @@ def test_nezha_head_on_the_fused_path_is_the_head(model):
     tables = child_tables(trie, fused.vmax)
     for width in (1, 4, 9):
         want = head.beam_search(m, want_h, trie, width)
-        codes, scores, _, alive = fused.head_beam_search(*enc, tables, width)
+        codes, scores, _, alive = SEARCHES["head"].fn(fused, *enc, tables, width)
         assert torch.equal(codes[alive], want.codes[want.alive])
         assert (scores - want.scores).nan_to_num(0, 0, 0).abs().max() < TOL
 

@@ -1,0 +1,37 @@
+"""The registry of whole searches: each one a module, declared once (:class:`~.registry.Search`), above the
+model maths (:class:`~specrec.models.hotpath.FusedHotPath`; the searches import the models, never the
+other way round).
+
+=========  ====================================================  ======================  ============
+name       what                                                  backend call            verifier RPC
+=========  ====================================================  ======================  ============
+``beam``   the target's constrained beam search (:mod:`.beam`)   ``search``              BeamSearch
+``head``   the NEZHA head's search (:mod:`.head`)                ``head_search``         HeadDrafts
+``draft``  the distilled SID drafter's search (:mod:`.draft`)    ``draft_search``        HeadDrafts
+``score``  ``draft`` + the target's scores of it (:mod:`.score`) ``draft_score``         HeadDrafts
+``strict`` drafts verified level by level (:mod:`.strict`)       ``draft_verify``        DraftVerify
+``resume`` finishes a ``strict`` row its drafts missed           ``_resume``             (in DraftVerify)
+=========  ====================================================  ======================  ============
+
+The ONNX export table (:func:`specrec.backends.onnx.export_search`, graph files named by
+:func:`~.registry.search_name`), the SID drafter's kinds (:data:`DRAFTER_KINDS`), the backends' whole-search
+calls and the verifier's job groups read :data:`SEARCHES`. RPC and proto names stay the wire's
+(``HeadDrafts`` serves three searches, told apart by its ``distilled`` and ``target_scores`` fields); the
+registry records which RPC serves each search. Every search is tested against its eager reference
+(:mod:`specrec.decoding.beam`, :class:`~specrec.models.tiger.Tiger`): ``tests/unit/test_hotpath.py``,
+``tests/unit/test_distilled.py``, ``tests/unit/test_backends.py``.
+"""
+
+from __future__ import annotations
+
+from . import beam, draft, head, resume, score, strict
+from .common import SearchState
+from .registry import BEAMS, Search, search_name
+
+SEARCHES: dict[str, Search] = {s.name: s for s in (beam.SEARCH, head.SEARCH, draft.SEARCH, score.SEARCH,
+                                                   strict.SEARCH, resume.SEARCH)}
+
+#: the searches that run the distilled SID drafter (its weights may be 8-bit in their graphs)
+DRAFTER_KINDS = tuple(name for name, s in SEARCHES.items() if s.uses_sid_drafter)
+
+__all__ = ["BEAMS", "DRAFTER_KINDS", "SEARCHES", "Search", "SearchState", "search_name"]

@@ -1,0 +1,47 @@
+"""``beam``: the target's constrained beam search in one graph, and the level-by-level descent it shares with
+``resume`` (:func:`descend`).
+
+One decoder pass per level over the kept beams, each attending to its ancestors' keys/values kept from the
+earlier passes (at most L): unlike the hot path's static-cache step, nothing is reordered or rewritten per
+step, which made beam 1.20x (K=10) to 1.57x (K=50) faster end to end on the CPU (``bench/results/HISTORY.md``,
+"Policies side by side"). Its reference is :func:`specrec.decoding.beam.beam_search` (eager, KV-cached steps).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...models.hotpath import Cross, FusedHotPath
+from .common import SearchState
+from .registry import BEAMS, Search
+
+
+def run(fused: FusedHotPath, enc_mask, cross_k, cross_v, tables: list[torch.Tensor], width: int):
+    """-> codes [R, W, L], scores [R, W], token_logp [R, W, L], alive [R, W]."""
+    r, dev = enc_mask.shape[0], enc_mask.device
+    cross = fused.cross(enc_mask, cross_k, cross_v)
+    h0, kept = fused.root(cross)
+    state, _ = SearchState.root(r, dev).advance(fused.level_logprobs(h0, 0).view(-1, 1, fused.vmax), tables[0],
+                                                 width)
+    anc = torch.zeros(r, state.codes.shape[1], 1, dtype=torch.int64, device=dev)  # columns into ``kept``
+    return descend(fused, state, anc, kept, cross, tables, width).beams()
+
+
+def descend(fused: FusedHotPath, state: SearchState, anc, kept, cross: Cross, tables: list[torch.Tensor],
+            width: int) -> SearchState:
+    """The beam search's remaining levels from ``state`` (prefixes of length l): one decoder pass per level
+    over the kept beams, each beam attending to its ancestors ``anc`` [R, W, l] (columns into the earlier
+    passes' keys/values ``kept``, the root first) and itself."""
+    r, dev = state.codes.shape[0], state.codes.device
+    for level in range(state.codes.shape[2], fused.L):
+        w = state.codes.shape[1]
+        own = torch.arange(w, device=dev).view(1, w, 1).expand(r, -1, -1) + kept[0].shape[1]
+        cols = torch.cat([anc, own], -1)  # [R, W, level + 1]: the root, the beam's ancestors, itself
+        x = fused.tok[state.codes[:, :, -1].clamp(min=0) + fused.offsets[level - 1]] + fused.dec_pos[level]
+        hid, kept = fused.ancestor_pass(x, cols, kept, cross)
+        state, par = state.advance(fused.level_logprobs(hid, level), tables[level], width)
+        anc = cols.gather(1, par.unsqueeze(-1).expand(-1, -1, cols.shape[-1]))
+    return state
+
+
+SEARCH = Search("beam", run, BEAMS, backend="search", rpc="BeamSearch")

@@ -1,0 +1,50 @@
+"""The declaration of a whole search (:class:`Search`) and the names of its graphs (:func:`search_name`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+#: every whole search returns the target's (or a drafter's) beams first, named so in its graph
+BEAMS = ("codes", "scores", "token_logp", "alive")
+
+
+@dataclass(frozen=True)
+class Search:
+    """One whole constrained search, declared once: what every layer calls it and reads about it.
+
+    ``name`` is the operation's one name: the key of :data:`~specrec.decoding.searches.SEARCHES`, the ``kind``
+    of the ONNX export table and of its graph files (:func:`search_name`: ``beam_w10``,
+    ``strict_w10_n20_q8``), of the backends' whole-search calls and of the verifier's job groups.
+
+    ``fn(fused, enc_mask, cross_k, cross_v, tables, *widths, *inputs)`` is the search as tensor functions of a
+    :class:`~specrec.models.hotpath.FusedHotPath` (the model maths) -> the tensors named ``outputs``; the eager
+    backend calls it in torch, the graph backends trace it. ``enc_mask`` [R, S], ``cross_k``/``cross_v`` the
+    hot path's encoder state, ``tables[j]`` [nodes_j + 1, Vmax] int32 the item set's dense child tables.
+    ``widths`` names its static integers, baked into its graph (``width``; ``n``, drafts per level);
+    ``inputs`` the tensors it reads after the tables (another graph's outputs), with ``example(fused,
+    (enc_mask, cross_k, cross_v), tables, width)`` making an example of them to trace with.
+
+    ``uses_sid_drafter``: it runs the distilled SID drafter (whose weights a graph may hold in 8 bits);
+    ``uses_head``: the NEZHA draft head. ``backend`` is the :class:`~specrec.backends.base.Backend` method
+    that runs it, ``rpc`` the verifier service's RPC that serves it (``verifier.proto``; None: it runs inside
+    another search's call). RPC and proto names are the wire's and stay as they are."""
+
+    name: str
+    fn: Callable[..., tuple[torch.Tensor, ...]]
+    outputs: tuple[str, ...]
+    backend: str
+    rpc: str | None
+    widths: tuple[str, ...] = ("width",)
+    inputs: tuple[str, ...] = ()
+    example: Callable[..., tuple[torch.Tensor, ...]] | None = None
+    uses_sid_drafter: bool = False
+    uses_head: bool = False
+
+
+def search_name(kind: str, width: int, n: int | None = None, drafter_bits: int | None = None) -> str:
+    """The graph file name of search ``kind`` (``beam_w10``, ``strict_w10_n20_q8``): exported graphs and
+    caches are found by it, so it does not change."""
+    return f"{kind}_w{width}" + (f"_n{n}" if n is not None else "") + (f"_q{drafter_bits}" if drafter_bits else "")

@@ -1,0 +1,89 @@
+"""The registry of whole searches (:mod:`specrec.decoding.searches`): one declaration per search, read by
+every layer under one name, above the model maths; the beam search, run in torch from the registry, is the
+eager reference's (:func:`specrec.decoding.beam.beam_search`)."""
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+
+from specrec.backends import Backend
+from specrec.backends import onnx as onnx_backend
+from specrec.decoding.beam import beam_search
+from specrec.decoding.searches import DRAFTER_KINDS, SEARCHES, search_name
+from specrec.ids import SidTrie
+from specrec.models.hotpath import child_tables
+from specrec.models.tiger import Tiger
+
+from ..conftest import random_sids, sharpen, tiny_config
+
+TOL = 1e-4
+MODELS = Path(__file__).resolve().parents[2] / "specrec" / "models"
+
+
+def test_one_declaration_per_search_read_by_every_layer():
+    assert list(SEARCHES) == ["beam", "head", "draft", "score", "strict", "resume"]
+    assert all(name == s.name for name, s in SEARCHES.items())
+    assert DRAFTER_KINDS == onnx_backend.DRAFTER_KINDS == ("draft", "score", "strict")
+    assert onnx_backend.RESUME == list(SEARCHES["resume"].inputs)
+    assert SEARCHES["strict"].outputs[-len(SEARCHES["resume"].inputs):] == SEARCHES["resume"].inputs
+    for s in SEARCHES.values():  # each names the backend call that runs it
+        assert callable(getattr(Backend, s.backend)), s.name
+    from verifier_svc.service import Servicer
+
+    rpcs = {s.rpc for s in SEARCHES.values()} - {None}
+    assert rpcs == {"BeamSearch", "HeadDrafts", "DraftVerify"}
+    assert all(r in Servicer.__dict__ for r in rpcs)  # the service serves each one
+
+
+def test_graph_names_stay_the_same():
+    """Exported graphs and caches are found by these names."""
+    assert search_name("beam", 10) == "beam_w10"
+    assert search_name("strict", 10, 20, 8) == "strict_w10_n20_q8"
+    assert search_name("score", 20, None, 8) == "score_w20_q8"
+    assert search_name("resume", 10) == "resume_w10"
+
+
+def test_the_models_do_not_import_the_searches():
+    """The searches import the model maths, never the other way round."""
+    for f in MODELS.glob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                assert "searches" not in (node.module or ""), f.name
+            elif isinstance(node, ast.Import):
+                assert not any("searches" in a.name for a in node.names), f.name
+    hotpath = ast.parse((MODELS / "hotpath.py").read_text())
+    assert not [n for n in ast.walk(hotpath) if isinstance(n, ast.ImportFrom) and "decoding" in (n.module or "")]
+
+
+def test_the_fingerprint_covers_the_searches(monkeypatch, tmp_path):
+    """A change to a search's module is a change of its graphs: exported graphs are fingerprinted with it."""
+    torch.manual_seed(0)
+    m = Tiger(tiny_config(max_history=8)).eval()
+    before = onnx_backend.weights_fingerprint(m)
+    src = Path(onnx_backend.searches.__file__).parent / "beam.py"
+    real = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes", lambda p: real(p) + (b"#" if p == src else b""))
+    assert onnx_backend.weights_fingerprint(m) != before
+
+
+@pytest.mark.parametrize("width", [1, 6, 11])
+@torch.inference_mode()
+def test_the_registrys_beam_search_is_the_eager_reference(width):
+    torch.manual_seed(11)
+    m = Tiger(tiny_config(max_history=8)).eval()
+    sharpen(m, 20)
+    sids = random_sids(50, m.cfg.level_sizes, 11)
+    be, trie = Backend(m), SidTrie(sids, m.cfg.level_sizes)
+    hist = torch.full((3, 8, 4), -1, dtype=torch.int64)
+    for i, k in enumerate([7, 3, 1]):
+        hist[i, 8 - k :] = torch.from_numpy(sids[i : i + k])
+    enc = be.encode(hist)
+    want = beam_search(be, enc, trie, width)
+    tables = child_tables(trie, be.fused.vmax)
+    assert tables is not None
+    codes, scores, _, alive = SEARCHES["beam"].fn(be.fused, *be._fused_encoder(enc), tables, width)
+    assert torch.equal(alive, want.alive)
+    assert torch.equal(codes[alive], want.codes[want.alive])
+    assert (scores - want.scores).nan_to_num(0, 0, 0).abs().max() < TOL
