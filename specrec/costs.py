@@ -23,12 +23,90 @@ one lock.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
 from .deadline import Deadline
+
+
+class TailEstimate:
+    """The ``q``-quantile of the last ``window`` observations: a streaming tail that follows change.
+
+    A ring buffer of the last ``window`` values; :meth:`tail` sorts them on demand (cached until the
+    next observation) and interpolates linearly between order statistics (numpy's default quantile,
+    ``np.quantile(values, q)``). :attr:`count` is every observation since the last :meth:`reset`.
+
+    **Few samples.** A sample of n values holds its q-quantile only once it has about ``1 / (1 - q)``
+    of them (a p99 needs 100 to see one value in a hundred): below :attr:`min_samples` =
+    ``min(window, round(1 / (1 - q)))`` observations, :meth:`tail` is the largest value seen, the
+    highest cost known to happen (an interpolated quantile of a short sample would sit just under it
+    anyway, and the maximum says plainly what it is). A window shorter than ``1 / (1 - q)`` (q = 0.999
+    with 200) never resolves its quantile: its tail is then always close to the window's maximum.
+
+    **Following a machine.** The window holds the last ``window`` observations only. When every cost
+    doubles (a step to values above all the old ones), the tail is one of the new values once
+    ``ceil((1 - q) * (window - 1)) + 1`` of them are in (a p99 of 200: three; the window's two largest
+    values alone do not move it), and nothing of the old machine is left after ``window``. A machine
+    that speeds up is followed more slowly (its old slow values leave the top only as the window turns
+    over): an estimate that errs, errs on the side of time.
+
+    Not thread-safe: its owner (:class:`CostModel`, the gateway's queue model) holds a lock."""
+
+    def __init__(self, q: float = 0.99, window: int = 200):
+        if not 0.0 < q < 1.0:
+            raise ValueError(f"quantile {q} is not in (0, 1)")
+        if window < 1:
+            raise ValueError(f"window {window} holds no observation")
+        self.q, self.window = q, window
+        self.min_samples = min(window, max(1, round(1.0 / (1.0 - q))))
+        self._ring: list[float] = []
+        self._next = 0  # where the next observation goes once the ring is full
+        self.count = 0
+        self._cache: tuple[float, float] | None = None  # (tail, mean) of the ring as it is
+
+    def observe(self, x: float) -> None:
+        if len(self._ring) < self.window:
+            self._ring.append(float(x))
+        else:
+            self._ring[self._next] = float(x)
+            self._next = (self._next + 1) % self.window
+        self.count += 1
+        self._cache = None
+
+    def reset(self) -> None:
+        """Forget every observation (the next one starts a new estimate)."""
+        self._ring.clear()
+        self._next = self.count = 0
+        self._cache = None
+
+    def _read(self) -> tuple[float, float] | None:
+        if not self._ring:
+            return None
+        if self._cache is None:
+            vals = sorted(self._ring)
+            n = len(vals)
+            if self.count < self.min_samples:
+                tail = vals[-1]
+            else:
+                pos = (n - 1) * self.q
+                lo = math.floor(pos)
+                hi = min(lo + 1, n - 1)
+                tail = vals[lo] + (pos - lo) * (vals[hi] - vals[lo])
+            self._cache = (tail, math.fsum(vals) / n)
+        return self._cache
+
+    def tail(self) -> float | None:
+        """The ``q``-quantile of the window (its largest value before :attr:`min_samples`); None when empty."""
+        got = self._read()
+        return None if got is None else got[0]
+
+    def mean(self) -> float | None:
+        """The window's mean; None when empty."""
+        got = self._read()
+        return None if got is None else got[1]
 
 
 class CostStage(str, Enum):

@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from specrec.costs import CostModel, CostStage, Resource, resource_of
+from specrec.costs import CostModel, CostStage, Resource, TailEstimate, resource_of
 from specrec.deadline import Deadline
 from specrec.policies import RecRequest, make_policy
 
@@ -136,3 +136,77 @@ def test_engines_on_worker_threads_share_one_model():
         cost = shared.stage(policy, stage)
         assert cost is not None and np.isfinite(cost) and cost > 0
     assert all(shared.expected(p) is not None for p in ("specgr", "beam"))
+
+
+# -- the tail estimator, on fake streams ----------------------------------------------------------------
+
+
+def test_the_tail_is_the_exact_quantile_of_known_data():
+    est = TailEstimate(q=0.99, window=200)
+    rng = np.random.default_rng(0)
+    for x in rng.permutation(np.arange(1, 201)):  # 1..200 in any order
+        est.observe(float(x))
+    # sorted, position 199 * 0.99 = 197.01: a hundredth of the way from the 198th value to the 199th
+    assert est.tail() == pytest.approx(198.01) and est.mean() == pytest.approx(100.5) and est.count == 200
+    med = TailEstimate(q=0.5, window=4)
+    for x in (4.0, 1.0, 3.0, 2.0):
+        med.observe(x)
+    assert med.tail() == pytest.approx(2.5)
+    # random data: numpy's default (linear) quantile, to the last bit
+    for q, n in ((0.99, 150), (0.95, 200), (0.9, 37)):
+        est = TailEstimate(q=q, window=200)
+        data = rng.lognormal(-4.0, 0.5, n)
+        for x in data:
+            est.observe(x)
+        assert est.tail() == pytest.approx(float(np.quantile(data, q)), rel=1e-12)
+
+
+def test_few_samples_read_as_the_largest_seen():
+    est = TailEstimate(q=0.99, window=200)
+    assert est.tail() is None and est.mean() is None and est.min_samples == 100
+    est.observe(0.010)
+    assert est.tail() == 0.010  # one sample: itself
+    rng = np.random.default_rng(1)
+    data = [0.010] + list(rng.uniform(0.005, 0.015, 98))
+    for x in data[1:]:
+        est.observe(x)
+    assert est.count == 99 and est.tail() == max(data)  # 99 < 1 / (1 - 0.99): the largest, not a quantile
+    est.observe(0.006)
+    data.append(0.006)
+    assert est.tail() == pytest.approx(float(np.quantile(data, 0.99))) and est.tail() < max(data)
+    assert TailEstimate(q=0.999, window=200).min_samples == 200  # the window can never resolve a p99.9
+    est.reset()
+    assert est.tail() is None and est.count == 0
+    est.observe(0.5)
+    assert est.tail() == 0.5
+    for bad in (dict(q=1.0), dict(q=0.0), dict(window=0)):
+        with pytest.raises(ValueError):
+            TailEstimate(**bad)
+
+
+def test_the_window_follows_a_machine_that_slows_down_and_forgets_the_old_one():
+    """A machine 2x slower from one observation on: the p99 over 200 is one of the slow values from the
+    third on (the window's two largest alone do not move it), and after 200 nothing of the old one is left."""
+    rng = np.random.default_rng(2)
+    est = TailEstimate(q=0.99, window=200)
+    fast = rng.uniform(0.010, 0.020, 200)
+    for x in fast:
+        est.observe(x)
+    before = est.tail()
+    assert before == pytest.approx(float(np.quantile(fast, 0.99)))
+    slow = 2.0 * rng.uniform(0.010, 0.020, 200)  # every value above every old one
+    for x in slow[:2]:
+        est.observe(x)
+    assert est.tail() < min(slow[:2])  # two slow values: still the old machine's tail (nudged)
+    est.observe(slow[2])
+    assert est.tail() >= min(slow[:3])  # three: the tail is a slow one
+    for x in slow[3:]:
+        est.observe(x)
+    assert est.tail() == pytest.approx(float(np.quantile(slow, 0.99)))  # the window: the new machine only
+    assert est.tail() > 1.8 * before
+    # a machine that speeds up again is followed as the slow values leave the window: late, on the side of time
+    for _ in range(197):
+        est.observe(0.010)
+    assert est.tail() >= min(slow[-3:])  # three slow values left in the window
+    est.observe(0.010)
+    assert est.tail() < min(slow[-2:])
