@@ -396,7 +396,9 @@ class Policy(ABC):
                 self._run(batch)
         finally:  # a request that failed still teaches what it cost
             self.online.requests += 1
-            self.costs.observe_request((eng.clock() - t0) / max(1, len(requests)))
+            # a batch is as slow as its longest list: its time counts for its largest K
+            k = max((r.k for r in requests), default=0)
+            self.costs.observe_request((eng.clock() - t0) / max(1, len(requests)), k)
         results = [res for res in batch.results if res is not None]
         if len(results) < len(batch.results):
             raise RuntimeError(f"{self.name} left {len(batch.results) - len(results)} requests without a result")

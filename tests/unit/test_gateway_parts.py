@@ -80,7 +80,7 @@ def test_admitted_keeps_the_params_only_for_the_policy_asked(snap):
 
 
 def test_the_queue_wait_is_the_requests_ahead_at_the_cost_learned_by_running(eng):
-    costs = CostModel(resource_alpha=1.0)  # the last request's time is the cost: the arithmetic stays plain
+    costs = CostModel()  # one request: its time is the cost, the arithmetic stays plain
     t = [0.0]
     q = QueueModel(costs, reserve_s=0.006, drafter=Cooldown(1.0), alpha=1.0, clock=lambda: t[0])
     eng.clock = lambda: t[0]
@@ -111,7 +111,7 @@ def test_the_queue_wait_is_the_requests_ahead_at_the_cost_learned_by_running(eng
 def test_the_queue_wait_follows_completions_when_requests_run_at_once():
     """Four requests that run together, each 20 ms of wall time, complete every 5 ms: the wait of the
     ones ahead is 5 ms each (the queue over the throughput), not 20 ms each as if they ran in turn."""
-    costs = CostModel(resource_alpha=1.0)
+    costs = CostModel()
     t = [0.0]
     q = QueueModel(costs, 0.006, Cooldown(1.0), alpha=1.0, clock=lambda: t[0])
     costs.observe_resource(Resource.VERIFIER, 0.020)  # each request's own wall time
@@ -136,7 +136,7 @@ def test_the_queue_wait_follows_completions_when_requests_run_at_once():
 def test_the_queue_wait_carries_the_spread_of_uneven_completions():
     """Completions 2 ms and 8 ms apart in turn: mean 5 ms, yet a request behind four others waits longer
     than 4 x 5 ms about as often as not; the wait adds spread deviations times sqrt(ahead)."""
-    costs = CostModel(resource_alpha=1.0)
+    costs = CostModel()
     t = [0.0]
     q = QueueModel(costs, 0.006, Cooldown(1.0), alpha=0.5, clock=lambda: t[0], spread=2.0)
     for _ in range(5):
@@ -159,7 +159,7 @@ def test_the_queue_wait_carries_the_spread_of_uneven_completions():
 
 
 def test_the_reserve_holds_the_drafters_queue():
-    costs = CostModel(resource_alpha=1.0)
+    costs = CostModel()
     t = [0.0]
     q = QueueModel(costs, reserve_s=0.006, drafter=Cooldown(1.0), alpha=1.0, clock=lambda: t[0])
     assert q.reserve(0.030) == pytest.approx(0.006)
@@ -173,7 +173,7 @@ def test_the_reserve_holds_the_drafters_queue():
 
 
 def test_the_reserve_for_the_drafters_answer():
-    costs = CostModel(resource_alpha=1.0)
+    costs = CostModel()
     down = Cooldown(1.0)
     q = QueueModel(costs, reserve_s=0.006, drafter=down)
     assert q.reserve(0.030) == pytest.approx(0.006)  # the setting, while the drafter is cheap
