@@ -5,9 +5,10 @@ The gateway's default. Candidates are tried from the most accurate down
 by estimate is tried), then ``nezha`` (the draft head's list), then
 ``drafter`` (the drafter's list, no verifier). Only policies that can run on
 the engine are candidates (:meth:`~.base.Policy.missing`: a verifier whose
-bundle has no SID drafter offers no ``nezha``). A candidate fits when
+bundle has no SID drafter offers no ``nezha``). A candidate is admitted when
+its tail completion fits:
 
-    now + tail cost + the verifier's queue wait <= deadline
+    now + tail cost + the queue wait's tail <= deadline - reserve
 
 The tail cost is the high quantile (p99 by default) of the policy's request
 times at the request's list length K over a recent window (across every K
@@ -15,11 +16,16 @@ while that K has none; learned online from its own requests, in the engine's
 :class:`~specrec.costs.CostModel`; a request that failed counts with the time
 it took): admitted on a mean, a tier whose mean fits answers late whenever it
 runs slow, and the budget is a promise on every request. The queue wait is the
-engine's live estimate for the service the policy uses (``Engine.load(policy)``;
-0 in-process). A request that nothing fits, not even the drafter, is refused
-(:class:`Overloaded`): the gateway answers RESOURCE_EXHAUSTED at once, while
-there is still time to say so, instead of computing an answer that would
-arrive late.
+engine's live tail estimate for the service the policy uses
+(``Engine.load(policy)``; 0 in-process). The reserve (``Engine.reserve``) is
+the time the gateway keeps back from a verifier policy's calls for its
+fallback, the drafter's own tail answer: the verifier's calls end there, so a
+tier that does not end before it would not end at all. The ``drafter`` tier
+keeps nothing back (its fallback, the catalogue's fill, takes no time); nor
+does any tier in-process, or while the drafter is down. A request that nothing
+fits, not even the drafter, is refused (:class:`Overloaded`): the gateway
+answers RESOURCE_EXHAUSTED at once, while there is still time to say so,
+instead of computing an answer that would arrive late.
 
 Estimates of a tier that was not chosen for a while go stale (they were
 learned under load, or while the verifier was paused), so a better tier that
@@ -37,6 +43,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from ..costs import Resource, resource_of
 from .base import LiveBatch, Policy, PolicyConfig, RecRequest, make_policy, register
 from .errors import Overloaded, Unsupported
 
@@ -65,6 +72,11 @@ class AutoPolicy(Policy):
     def _cost(self, name: str, k: int) -> float | None:
         return self.engine.costs.tail(name, k)
 
+    def _kept_back(self, name: str, left: float) -> float:
+        """What ``name``'s calls leave, out of ``left``, for its fallback's tail answer: the engine's reserve for
+        a verifier policy (the drafter answers when it misses), none for ``drafter`` (its fallback is the fill)."""
+        return 0.0 if resource_of(name) is Resource.DRAFTER else self.engine.reserve(left)
+
     def choose(self, req: RecRequest) -> str:
         eng, cfg, costs = self.engine, self.config, self.engine.costs
         tiers = self.runnable()
@@ -78,7 +90,7 @@ class AutoPolicy(Policy):
         for n, tier in enumerate(tiers):
             name = self._cheapest(tier, req.k)
             cost = self._cost(name, req.k)
-            left = budget - eng.load(name)
+            left = budget - eng.load(name) - self._kept_back(name, budget)
             last = costs.last_tried(name, now)
             if cost is None or cost <= left:
                 costs.tried(name, now)
@@ -89,7 +101,8 @@ class AutoPolicy(Policy):
                 return name
         raise Overloaded(
             f"no policy fits the {max(0.0, budget) * 1000:.1f} ms left "
-            f"(queue ahead: verifier {eng.load('beam') * 1000:.1f} ms, drafter {eng.load('drafter') * 1000:.1f} ms)"
+            f"(queue ahead: verifier {eng.load('beam') * 1000:.1f} ms, drafter {eng.load('drafter') * 1000:.1f} ms; "
+            f"kept back for the drafter's answer: {self._kept_back('beam', budget) * 1000:.1f} ms)"
         )
 
     def runnable(self) -> list[list[str]]:

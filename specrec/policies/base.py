@@ -77,7 +77,10 @@ class Engine:
     clock: Callable[[], float] = time.perf_counter
     metrics: SpecMetrics = field(default_factory=SpecMetrics)
     online: dict = field(default_factory=dict)  # policy name -> Online: what each policy learned, across requests
-    load: Callable[[str], float] = lambda policy: 0.0  # expected queue wait (s) of the service a policy uses
+    load: Callable[[str], float] = lambda policy: 0.0  # the queue wait's tail (s) at the service a policy uses
+    # seconds a verifier policy's calls keep back, out of ``left`` seconds, for its fallback's (the drafter's) own
+    # tail answer: the gateway's reserve; 0 in-process, where nothing is kept back
+    reserve: Callable[[float], float] = lambda left: 0.0
     costs: CostModel = field(default_factory=CostModel)  # what stages and requests cost, per policy and resource
 
     def learned(self, policy: str) -> Online:

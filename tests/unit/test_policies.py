@@ -375,6 +375,32 @@ def test_auto_refuses_a_tier_whose_tail_misses_the_budget_though_its_mean_fits()
     assert auto.choose(RecRequest(h, 5, deadline=0.045)) == "beam"
 
 
+def test_auto_admits_a_verifier_tier_only_if_it_ends_before_the_reserve_for_the_drafters_answer():
+    """beam's tail is 20 ms, nezha's 5 ms, the drafter's 5 ms: with 12 ms of a 30 ms budget kept back for the
+    drafter's answer beam does not fit (it would be cut where the reserve starts), nezha does; with nothing
+    kept back (the drafter down) beam does. The drafter's own tier keeps nothing back: its fallback is the
+    fill."""
+    from specrec.policies import Overloaded
+
+    eng = make_engine(13)
+    t = [0.0]
+    eng.clock = lambda: t[0]
+    teach_costs(eng, t, {"beam": 0.02, "strict": 0.03, "nezha": 0.005, "drafter": 0.005})
+    auto = make_policy("auto", eng)
+    h = histories(eng, 1, 13)[0]
+    asked = []
+    eng.reserve = lambda left: asked.append(left) or 0.012
+    assert auto.choose(RecRequest(h, 5, deadline=0.030)) == "nezha"
+    assert asked and all(left == pytest.approx(0.030) for left in asked)  # out of the time left on arrival
+    eng.reserve = lambda left: 0.0
+    assert auto.choose(RecRequest(h, 5, deadline=0.030)) == "beam"
+    eng.reserve = lambda left: 0.008
+    assert auto.choose(RecRequest(h, 5, deadline=0.010)) == "drafter"  # nezha's 5 ms miss the 2 ms before it
+    eng.load = lambda p: 0.006 if p == "drafter" else 0.0  # and the queue's tail counts for the drafter too
+    with pytest.raises(Overloaded, match="kept back for the drafter's answer: 8.0 ms"):
+        auto.choose(RecRequest(h, 5, deadline=0.010))
+
+
 def test_auto_probes_a_skipped_tier_and_relearns_its_cost():
     """After a fault, beam's learned cost (200 ms) misses a 150 ms budget: auto answers with the drafter,
     then after probe_s tries beam once; that request's time replaces the stale estimate, and beam is back."""
