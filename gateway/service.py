@@ -8,8 +8,8 @@ request admitted before it): the most accurate policy whose tail cost plus
 the tail of the queue ahead of it (at the service it uses, :mod:`.queueing`)
 fits the remaining budget less the reserve for its fallback's tail answer; a
 request that nothing fits, not even the drafter's list, is refused at once
-with RESOURCE_EXHAUSTED. Every cost is a high quantile (p99) over a window
-of recent observations, not a mean.
+with RESOURCE_EXHAUSTED. Every cost is a high quantile (``cost_quantile``)
+over a window of recent observations (``cost_window``), not a mean.
 
 The chosen policy (the core library's loop) runs in a worker thread against
 gRPC-backed verifier and drafter adapters (:mod:`.remote`), with the remaining
@@ -79,7 +79,7 @@ class GatewayService(Service):
         self._collector = SpecCollector(self.metrics)
         self.online: dict = {}  # what every policy learned, across requests (a policy object lives for one request)
         # what stages, requests and services cost (their tails): policies, auto, queue and reserve
-        self.costs = CostModel()
+        self.costs = CostModel(settings.cost_quantile, settings.cost_window)
         self.breaker = Breaker(settings.breaker_failures, settings.breaker_open_s)
         self.drafter = Cooldown(settings.breaker_open_s)  # the drafter counts as down for a while after it failed
         self.queue = QueueModel(self.costs, settings.reserve_ms / 1000.0, self.drafter)

@@ -208,6 +208,23 @@ def test_the_reserve_is_the_drafters_own_tail_answer():
     assert q.reserve(0.030) == 0.0  # the drafter is down: the verifier gets it all
 
 
+def test_the_cost_settings_set_every_tail_the_gateway_keeps():
+    from pydantic import ValidationError
+
+    from gateway.service import GatewayService
+
+    svc = GatewayService(settings(cost_quantile=0.95, cost_window=40))
+    try:
+        est = svc.costs.estimator()
+        assert (est.q, est.window, est.min_samples) == (0.95, 40, 20)
+        assert svc.queue.costs is svc.costs  # the queue's intervals and the reserve read the same model
+    finally:
+        svc.pool.shutdown()
+    for bad in (dict(cost_quantile=1.0), dict(cost_quantile=0.4), dict(cost_window=5)):
+        with pytest.raises(ValidationError):
+            settings(**bad)
+
+
 def test_the_response_names_the_version_the_request_and_what_it_ignored(eng, snap):
     v = validate(req(history=["item-1", "nope"], budget_ms=50), settings(), snap, t0=0.0, rid="abc")
     res = make_policy("beam", eng).run([v.rec_request()])[0]
