@@ -1,28 +1,42 @@
 """The gateway's queue model: requests admitted and not finished, per resource.
 
-``auto`` (at admission) adds the expected wait of the service a policy uses
-to its cost (:meth:`QueueModel.wait`): the requests ahead of this one at that
-service, times the service's measured time between completions while it is
-busy (Little's law: the wait is the queue over the throughput). Under load
-many requests run at once (worker threads, the verifier's batches), so each
-one's own wall time grows while completions come as fast as ever: the time
-per request of the :class:`~specrec.costs.CostModel` would count each of them
-as if they ran one after another, overestimate the wait by the concurrency
-and shed requests the stack would have answered in time. Until a service has
-completed requests, the cost model's time per request stands in.
+``auto`` (at admission) adds the tail of the wait at the service a policy
+uses to its tail cost (:meth:`QueueModel.wait`): the requests ahead of this
+one at that service, times the service's measured time between completions
+while it is busy (Little's law: the wait is the queue over the throughput).
+Under load many requests run at once (worker threads, the verifier's
+batches), so each one's own wall time grows while completions come as fast
+as ever: the time per request of the :class:`~specrec.costs.CostModel` would
+count each of them as if they ran one after another, overestimate the wait by
+the concurrency and shed requests the stack would have answered in time.
+Until a service has completed requests, the cost model's tail time per
+request stands in.
 
 Completions do not come evenly (arrivals are bursty, the services share the
-cores), so the wait of ``n`` requests ahead is not ``n`` mean intervals for
-certain: like a policy's cost, it carries ``spread`` running mean absolute
-deviations of the interval, scaled by sqrt(n) (the spread of a sum of n
-roughly independent intervals). Without that term a request admitted to a
-queue that ran slower than its mean answered late (most late answers at 3x
-capacity on a slow 2-core machine were the drafter's, admitted on the mean).
+cores, a machine slows down), so the wait is a tail too, not a mean: the time
+between completions is a :class:`~specrec.costs.TailEstimate` (the cost
+model's quantile, p99 by default, over its window of the last completions),
+and the wait of ``n`` requests ahead is
+
+    n * mean + sqrt(n) * (tail - mean)
+
+of that interval. One request ahead waits the interval's tail itself. ``n``
+of them wait a sum of ``n`` intervals, whose mean is ``n`` means and whose
+spread grows as sqrt(n) (the spread of a sum of n roughly independent
+intervals), so the sum's excess over its mean at the same quantile is
+sqrt(n) times one interval's (exact for normal intervals, the central limit
+theorem's scaling otherwise). ``n`` times the tail would assume every one of
+them slow at once, double count the queue at load and shed requests that
+would have been answered; the mean alone admitted requests to a queue that
+then ran slow, and they answered late. Intervals that are slow together (a
+stalled machine) are what the window is for: it follows the stall within a
+few completions.
 
 The verifier's calls end :meth:`QueueModel.reserve` before the deadline, so
-the drafter can still answer when the verifier does not; the reserve holds the
-drafter's queue as well, since a fallback waits behind the requests already
-there.
+the drafter can still answer when the verifier does not: the drafter's own
+tail answer (its request time's tail in the cost model, at least
+``reserve_s``) plus the tail of the wait behind the requests already queued
+there, since a fallback waits behind them.
 """
 
 from __future__ import annotations
@@ -37,14 +51,12 @@ from specrec.policies.breaker import Cooldown
 
 
 class QueueModel:
-    def __init__(self, costs: CostModel, reserve_s: float, drafter: Cooldown, alpha: float = 0.1,
-                 clock: Callable[[], float] = time.monotonic, spread: float = 2.0):
-        self.costs, self.reserve_s, self.drafter = costs, reserve_s, drafter
-        self.alpha, self.clock, self.spread = alpha, clock, spread
+    def __init__(self, costs: CostModel, reserve_s: float, drafter: Cooldown,
+                 clock: Callable[[], float] = time.monotonic):
+        self.costs, self.reserve_s, self.drafter, self.clock = costs, reserve_s, drafter, clock
         self.pending = {r: 0 for r in Resource}
         self._mark = {r: 0.0 for r in Resource}  # the last completion, or when the resource last became busy
-        self._interval: dict[Resource, float] = {}  # running mean busy time between completions
-        self._dev: dict[Resource, float] = {}  # its running mean absolute deviation
+        self._gaps = {r: costs.estimator() for r in Resource}  # busy time between completions: mean and tail
         self._lock = threading.Lock()
 
     def take(self, resource: Resource) -> None:
@@ -58,55 +70,43 @@ class QueueModel:
         """A request finished at ``resource``; ``served`` False: it left before it ran (it completed nothing,
         and the busy time goes on counting towards the next completion)."""
         with self._lock:
+            self.pending[resource] -= 1
             if not served:
-                self.pending[resource] -= 1
                 return
             now = self.clock()
-            gap = now - self._mark[resource]  # busy all along: it had a request since the mark
+            self._gaps[resource].observe(now - self._mark[resource])  # busy all along: it had a request since
             self._mark[resource] = now
-            self.pending[resource] -= 1
-            old = self._interval.get(resource)
-            if old is None:
-                self._interval[resource], self._dev[resource] = gap, 0.0
-            else:
-                a = self.alpha
-                self._interval[resource] = (1 - a) * old + a * gap
-                self._dev[resource] = (1 - a) * self._dev[resource] + a * abs(gap - old)
-
-    def per_request(self, resource: Resource) -> float:
-        """Seconds of the resource's busy time per completed request (the cost model's time per request
-        until it has completed any)."""
-        with self._lock:
-            got = self._interval.get(resource)
-        return self.costs.resource(resource) if got is None else got
 
     def _behind(self, resource: Resource, n: int) -> float:
-        """Seconds until ``n`` requests at ``resource`` complete: n busy times per completion, plus ``spread``
-        deviations of it times sqrt(n)."""
+        """The tail (s) of the time until ``n`` requests at ``resource`` complete: ``n`` mean intervals plus
+        sqrt(n) times one interval's excess of its tail over its mean (the module's docstring); n times the
+        cost model's tail per request before the resource completed any."""
         if n <= 0:
             return 0.0
         with self._lock:
-            dev = self._dev.get(resource, 0.0)
-        return n * self.per_request(resource) + self.spread * math.sqrt(n) * dev
+            gaps = self._gaps[resource]
+            tail, mean = gaps.tail(), gaps.mean()
+        if tail is None or mean is None:
+            return n * self.costs.resource(resource)
+        return n * mean + math.sqrt(n) * (tail - mean)
 
     def wait(self, policy: str = "") -> float:
-        """Expected wait (s) before a new request's first call is served: the requests admitted
-        ahead of it that use the same service (the drafter for ``drafter``, else the verifier),
-        at that service's busy time per completed request, plus ``spread`` deviations of that time
-        times sqrt(ahead)."""
+        """The tail (s) of the wait before a new request's first call is served: the requests admitted ahead
+        of it that use the same service (the drafter for ``drafter``, else the verifier), at that service's
+        busy time per completed request (:meth:`_behind`)."""
         resource = resource_of(policy)
         with self._lock:
             ahead = self.pending[resource] - 1
         return self._behind(resource, ahead)
 
     def reserve(self, left_s: float) -> float:
-        """Time kept back from the verifier's calls for the drafter's answer: ``reserve_s``, or twice the
-        drafter's running cost (fallback calls included: they are the ones made under pressure) when that
-        is more, plus the wait behind the requests queued at the drafter now; at most 80% of what is left;
-        none while the drafter is down (its :class:`Cooldown`): the verifier gets it all."""
+        """Time kept back from the verifier's calls for the drafter's answer, its own tail completion: the
+        drafter's tail request time (fallback calls included: they are the ones made under pressure), at least
+        ``reserve_s``, plus the tail of the wait behind the requests queued at the drafter now; at most 80% of
+        what is left; none while the drafter is down (its :class:`Cooldown`): the verifier gets it all."""
         if self.drafter.is_down():
             return 0.0
         with self._lock:
             queued = self.pending[Resource.DRAFTER]
-        want = max(self.reserve_s, 2.0 * self.costs.resource(Resource.DRAFTER)) + self._behind(Resource.DRAFTER, queued)
+        want = max(self.reserve_s, self.costs.resource(Resource.DRAFTER)) + self._behind(Resource.DRAFTER, queued)
         return min(want, 0.8 * max(left_s, 0.0))

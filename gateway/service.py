@@ -4,16 +4,19 @@ The request path reads validate -> admit -> serve -> respond
 (:mod:`.servicer`). Validation (:mod:`.request`) pins one catalogue version
 and fixes the request's one :class:`~specrec.deadline.Deadline`. Admission is
 ``auto``'s, decided when a request arrives (on the event loop, seeing every
-request admitted before it): the most accurate policy whose estimated cost
-plus the queue ahead of it (at the service it uses, :mod:`.queueing`) fits the
-remaining budget; a request that nothing fits, not even the drafter's list,
-is refused at once with RESOURCE_EXHAUSTED.
+request admitted before it): the most accurate policy whose tail cost plus
+the tail of the queue ahead of it (at the service it uses, :mod:`.queueing`)
+fits the remaining budget less the reserve for its fallback's tail answer; a
+request that nothing fits, not even the drafter's list, is refused at once
+with RESOURCE_EXHAUSTED. Every cost is a high quantile (``cost_quantile``)
+over a window of recent observations (``cost_window``), not a mean.
 
 The chosen policy (the core library's loop) runs in a worker thread against
 gRPC-backed verifier and drafter adapters (:mod:`.remote`), with the remaining
 budget as every downstream call's deadline. The verifier's calls end
-``reserve_ms`` before the deadline (or twice the drafter's running cost when
-more), leaving the drafter time to answer. When a dependency fails, the core's
+``reserve_ms`` before the deadline (or the drafter's tail request time when
+more, plus the wait behind the drafter's queue), leaving the drafter time to
+answer. When a dependency fails, the core's
 fallback ladder (:mod:`specrec.policies.fallback`) answers instead and says so
 in ``stats.degraded`` / ``degraded_reason``; after ``breaker_failures``
 verifier failures in a row the breaker (:mod:`specrec.policies.breaker`) stops
@@ -75,7 +78,8 @@ class GatewayService(Service):
         self.pool = ThreadPoolExecutor(max_workers=settings.workers, thread_name_prefix="policy")
         self._collector = SpecCollector(self.metrics)
         self.online: dict = {}  # what every policy learned, across requests (a policy object lives for one request)
-        self.costs = CostModel()  # what stages, requests and services cost: policies, auto, queue and reserve
+        # what stages, requests and services cost (their tails): policies, auto, queue and reserve
+        self.costs = CostModel(settings.cost_quantile, settings.cost_window)
         self.breaker = Breaker(settings.breaker_failures, settings.breaker_open_s)
         self.drafter = Cooldown(settings.breaker_open_s)  # the drafter counts as down for a while after it failed
         self.queue = QueueModel(self.costs, settings.reserve_ms / 1000.0, self.drafter)
@@ -164,6 +168,7 @@ class GatewayService(Service):
             itemset=snap.itemset, max_history=self.s.max_history,
             drafter=RemoteDrafter(self.drafters, snap, deadline, self.s.drafter_mode, md),
             clock=time.monotonic, metrics=self.metrics, online=self.online, load=self.queue.wait, costs=self.costs,
+            reserve=self.queue.reserve,  # auto admits a verifier tier only if it ends before the drafter's reserve
         )
 
     def admit(self, valid: ValidRequest) -> Admitted:

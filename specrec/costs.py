@@ -1,34 +1,126 @@
 """What things cost: one model, learned online from the requests that ran.
 
+Every cost is a **tail**, not a mean: the ``quantile`` (0.99 by default) of
+the last ``window`` (200) observations (:class:`TailEstimate`). The budget is
+a promise on every request, so a decision taken on a mean is wrong for the
+slow part of them: a tier whose mean fits the time left but whose p99 does
+not answers late one time in a few, and those late answers are exactly what
+a latency SLO pages on. A window, not the whole history, so the estimate
+follows the machine: a machine that slows down (a noisy neighbour, a
+throttled core) moves the tail within a few observations, and the estimate
+forgets the old machine once the window has turned over.
+
 Every reader and writer of a cost goes through one :class:`CostModel`:
 
 - **stage costs per policy** (:class:`CostStage`): a policy times its stages
   (a ``specgr`` round, a drafting call, a verify pass, a beam step, a whole
   beam search) and its budget hook asks, before the next one, whether it
-  still fits the request's deadline (:meth:`PolicyCosts.fits`). Running mean,
-  the first observation taken as it is.
-- **request cost per policy**: running mean and mean absolute deviation of a
-  whole request; ``auto`` picks by ``mean + spread * deviation``
-  (:meth:`CostModel.expected`). ``auto`` also records here when it last chose
-  each policy (its probe timer), and marks a policy whose next request's time
-  replaces its stale estimate (:meth:`CostModel.relearn`).
+  still fits the request's deadline (:meth:`PolicyCosts.fits`, on the stage's
+  tail: a stage started on its mean would step past the deadline whenever it
+  runs slow). ``specgr``'s choice whether drafting pays is an expected
+  saving against an expected cost, so it reads the stage's mean over the
+  same window (:meth:`PolicyCosts.mean`).
+- **request cost per (policy, K)**: the tail of a whole request's time, by
+  the list length K (a K = 50 beam costs several K = 10 ones); a K not
+  measured yet reads the policy's tail across every K. ``auto`` admits a
+  tier by it (:meth:`CostModel.tail`). ``auto`` also records here when it
+  last chose each policy (its probe timer), and marks a policy whose next
+  request's time replaces its stale estimates (:meth:`CostModel.relearn`).
 - **request cost per resource** (:class:`Resource`, the service a policy
-  uses): the gateway's queue wait (requests ahead x cost per request) and the
-  time it keeps back for the drafter's answer.
+  uses): its tail stands in for the gateway's queue model until the service
+  has completed requests, and is the drafter's own tail that the gateway
+  keeps back for its answer (:mod:`gateway.queueing`).
 
 A policy object lives for one request; the model lives as long as the engine
 (or the gateway) and is shared by the worker threads, so every method holds
-one lock.
+one lock (a :class:`TailEstimate` has none of its own).
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
 from enum import Enum
 
 from .deadline import Deadline
+
+
+class TailEstimate:
+    """The ``q``-quantile of the last ``window`` observations: a streaming tail that follows change.
+
+    A ring buffer of the last ``window`` values; :meth:`tail` sorts them on demand (cached until the
+    next observation) and interpolates linearly between order statistics (numpy's default quantile,
+    ``np.quantile(values, q)``). :attr:`count` is every observation since the last :meth:`reset`.
+
+    **Few samples.** A sample of n values holds its q-quantile only once it has about ``1 / (1 - q)``
+    of them (a p99 needs 100 to see one value in a hundred): below :attr:`min_samples` =
+    ``min(window, round(1 / (1 - q)))`` observations, :meth:`tail` is the largest value seen, the
+    highest cost known to happen (an interpolated quantile of a short sample would sit just under it
+    anyway, and the maximum says plainly what it is). A window shorter than ``1 / (1 - q)`` (q = 0.999
+    with 200) never resolves its quantile: its tail is then always close to the window's maximum.
+
+    **Following a machine.** The window holds the last ``window`` observations only. When every cost
+    doubles (a step to values above all the old ones), the tail is one of the new values once
+    ``ceil((1 - q) * (window - 1)) + 1`` of them are in (a p99 of 200: three; the window's two largest
+    values alone do not move it), and nothing of the old machine is left after ``window``. A machine
+    that speeds up is followed more slowly (its old slow values leave the top only as the window turns
+    over): an estimate that errs, errs on the side of time.
+
+    Not thread-safe: its owner (:class:`CostModel`, the gateway's queue model) holds a lock."""
+
+    def __init__(self, q: float = 0.99, window: int = 200):
+        if not 0.0 < q < 1.0:
+            raise ValueError(f"quantile {q} is not in (0, 1)")
+        if window < 1:
+            raise ValueError(f"window {window} holds no observation")
+        self.q, self.window = q, window
+        self.min_samples = min(window, max(1, round(1.0 / (1.0 - q))))
+        self._ring: list[float] = []
+        self._next = 0  # where the next observation goes once the ring is full
+        self.count = 0
+        self._cache: tuple[float, float] | None = None  # (tail, mean) of the ring as it is
+
+    def observe(self, x: float) -> None:
+        if len(self._ring) < self.window:
+            self._ring.append(float(x))
+        else:
+            self._ring[self._next] = float(x)
+            self._next = (self._next + 1) % self.window
+        self.count += 1
+        self._cache = None
+
+    def reset(self) -> None:
+        """Forget every observation (the next one starts a new estimate)."""
+        self._ring.clear()
+        self._next = self.count = 0
+        self._cache = None
+
+    def _read(self) -> tuple[float, float] | None:
+        if not self._ring:
+            return None
+        if self._cache is None:
+            vals = sorted(self._ring)
+            n = len(vals)
+            if self.count < self.min_samples:
+                tail = vals[-1]
+            else:
+                pos = (n - 1) * self.q
+                lo = math.floor(pos)
+                hi = min(lo + 1, n - 1)
+                tail = vals[lo] + (pos - lo) * (vals[hi] - vals[lo])
+            self._cache = (tail, math.fsum(vals) / n)
+        return self._cache
+
+    def tail(self) -> float | None:
+        """The ``q``-quantile of the window (its largest value before :attr:`min_samples`); None when empty."""
+        got = self._read()
+        return None if got is None else got[0]
+
+    def mean(self) -> float | None:
+        """The window's mean; None when empty."""
+        got = self._read()
+        return None if got is None else got[1]
 
 
 class CostStage(str, Enum):
@@ -57,63 +149,77 @@ def resource_of(policy: str) -> Resource:
 #: a resource's cost per request before any was measured (seconds)
 RESOURCE_START = {Resource.VERIFIER: 0.004, Resource.DRAFTER: 0.002}
 
-
-@dataclass
-class _Spread:
-    mean: float
-    dev: float
+#: the tail's quantile and window by default (the gateway's ``cost_quantile`` and ``cost_window``)
+QUANTILE, WINDOW = 0.99, 200
 
 
 class CostModel:
-    """Costs by (policy, stage), by policy (whole requests) and by resource; thread-safe.
+    """Costs by (policy, stage), by (policy, K) (whole requests) and by resource, each a
+    :class:`TailEstimate` of ``quantile`` over the last ``window`` observations; thread-safe."""
 
-    ``stage_alpha``, ``request_alpha`` and ``resource_alpha`` are the running means' weights of a new
-    observation."""
-
-    def __init__(self, stage_alpha: float = 0.3, request_alpha: float = 0.1, resource_alpha: float = 0.1,
+    def __init__(self, quantile: float = QUANTILE, window: int = WINDOW,
                  resource_start: dict[Resource, float] | None = None):
-        self.stage_alpha, self.request_alpha, self.resource_alpha = stage_alpha, request_alpha, resource_alpha
-        self._stages: dict[tuple[str, CostStage], float] = {}
-        self._requests: dict[str, _Spread] = {}
+        self.quantile, self.window = quantile, window
+        self.estimator()  # a bad quantile or window fails here, not at the first observation
+        self._stages: dict[tuple[str, CostStage], TailEstimate] = {}
+        self._requests: dict[tuple[str, int | None], TailEstimate] = {}  # (policy, K); K None: every K
         self._relearn: set[str] = set()
         self._tried: dict[str, float] = {}
-        self._resources: dict[Resource, float] = dict(resource_start or RESOURCE_START)
+        self._resource_start = dict(resource_start or RESOURCE_START)
+        self._resources = {r: self.estimator() for r in Resource}
         self._lock = threading.Lock()
+
+    def estimator(self) -> TailEstimate:
+        """A new, empty tail of this model's quantile and window (the gateway's queue model keeps its own)."""
+        return TailEstimate(self.quantile, self.window)
 
     # -- stages ------------------------------------------------------------------------------
     def stage(self, policy: str, stage: CostStage) -> float | None:
-        """The running mean cost (s) of ``policy``'s ``stage``; None before any was measured."""
+        """The tail cost (s) of ``policy``'s ``stage``; None before any was measured."""
         with self._lock:
-            return self._stages.get((policy, stage))
+            got = self._stages.get((policy, stage))
+            return None if got is None else got.tail()
+
+    def stage_mean(self, policy: str, stage: CostStage) -> float | None:
+        """The mean cost (s) of ``policy``'s ``stage`` over the same window; None before any was measured."""
+        with self._lock:
+            got = self._stages.get((policy, stage))
+            return None if got is None else got.mean()
 
     def observe_stage(self, policy: str, stage: CostStage, seconds: float) -> None:
         with self._lock:
-            old = self._stages.get((policy, stage))
-            a = self.stage_alpha
-            self._stages[policy, stage] = seconds if old is None else (1 - a) * old + a * seconds
+            got = self._stages.get((policy, stage))
+            if got is None:
+                got = self._stages[policy, stage] = self.estimator()
+            got.observe(seconds)
 
-    # -- whole requests, per policy ----------------------------------------------------------------
-    def observe_request(self, policy: str, seconds: float) -> None:
-        """One request's time (a failed one too): running mean and mean absolute deviation. After
-        :meth:`relearn` the observation replaces the estimate instead of nudging it."""
+    # -- whole requests, per policy and K ------------------------------------------------------------
+    def observe_request(self, policy: str, seconds: float, k: int) -> None:
+        """One request's time (a failed one too) at list length ``k``, counted for ``k`` and across every K.
+        After :meth:`relearn` the observation replaces the policy's estimates (every K's) instead of joining
+        them."""
         with self._lock:
-            old = self._requests.get(policy)
-            if old is None or policy in self._relearn:
+            if policy in self._relearn:
                 self._relearn.discard(policy)
-                self._requests[policy] = _Spread(seconds, 0.5 * seconds)
-                return
-            a = self.request_alpha
-            old.dev = (1 - a) * old.dev + a * abs(seconds - old.mean)
-            old.mean = (1 - a) * old.mean + a * seconds
+                for key in [key for key in self._requests if key[0] == policy]:
+                    del self._requests[key]
+            for key in ((policy, k), (policy, None)):
+                got = self._requests.get(key)
+                if got is None:
+                    got = self._requests[key] = self.estimator()
+                got.observe(seconds)
 
-    def expected(self, policy: str, spread: float = 2.0) -> float | None:
-        """A high estimate of a ``policy`` request's time (mean + ``spread`` deviations); None before any."""
+    def tail(self, policy: str, k: int | None = None) -> float | None:
+        """The tail (s) of a ``policy`` request's time at list length ``k``; the policy's tail across every K
+        while that K has none (or for ``k`` None); None before any request of the policy."""
         with self._lock:
-            s = self._requests.get(policy)
-            return None if s is None else s.mean + spread * s.dev
+            got = self._requests.get((policy, k))
+            if got is None:
+                got = self._requests.get((policy, None))
+            return None if got is None else got.tail()
 
     def relearn(self, policy: str) -> None:
-        """``policy``'s next request time replaces its estimate (a probe of a stale tier)."""
+        """``policy``'s next request time replaces its estimates (a probe of a stale tier)."""
         with self._lock:
             self._relearn.add(policy)
 
@@ -128,14 +234,14 @@ class CostModel:
 
     # -- resources -----------------------------------------------------------------------------
     def resource(self, resource: Resource) -> float:
-        """The running mean time (s) of a request answered by ``resource``."""
+        """The tail time (s) of a request answered by ``resource`` (``resource_start`` before any)."""
         with self._lock:
-            return self._resources[resource]
+            got = self._resources[resource].tail()
+            return self._resource_start[resource] if got is None else got
 
     def observe_resource(self, resource: Resource, seconds: float) -> None:
         with self._lock:
-            a = self.resource_alpha
-            self._resources[resource] = (1 - a) * self._resources[resource] + a * seconds
+            self._resources[resource].observe(seconds)
 
     def for_policy(self, policy: str, clock: Callable[[], float]) -> PolicyCosts:
         return PolicyCosts(self, policy, clock)
@@ -148,14 +254,19 @@ class PolicyCosts:
         self.model, self.policy, self.clock = model, policy, clock
 
     def fits(self, deadline: Deadline | None, stage: CostStage) -> bool:
-        """Whether one more ``stage`` ends by ``deadline`` (an unmeasured stage costs 0)."""
+        """Whether one more ``stage`` ends by ``deadline`` at its tail cost (an unmeasured stage costs 0)."""
         if deadline is None:
             return True
         return self.clock() + self.estimate(stage) <= deadline.at
 
     def estimate(self, stage: CostStage) -> float:
-        """The stage's running mean cost (s); 0 before any was measured."""
+        """The stage's tail cost (s); 0 before any was measured."""
         cost = self.model.stage(self.policy, stage)
+        return 0.0 if cost is None else cost
+
+    def mean(self, stage: CostStage) -> float:
+        """The stage's mean cost (s), for choices on expected costs; 0 before any was measured."""
+        cost = self.model.stage_mean(self.policy, stage)
         return 0.0 if cost is None else cost
 
     def measured(self, stage: CostStage) -> bool:
@@ -164,8 +275,5 @@ class PolicyCosts:
     def observe(self, stage: CostStage, seconds: float) -> None:
         self.model.observe_stage(self.policy, stage, seconds)
 
-    def observe_request(self, seconds: float) -> None:
-        self.model.observe_request(self.policy, seconds)
-
-    def expected(self, spread: float = 2.0) -> float | None:
-        return self.model.expected(self.policy, spread)
+    def observe_request(self, seconds: float, k: int) -> None:
+        self.model.observe_request(self.policy, seconds, k)

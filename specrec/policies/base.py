@@ -77,7 +77,10 @@ class Engine:
     clock: Callable[[], float] = time.perf_counter
     metrics: SpecMetrics = field(default_factory=SpecMetrics)
     online: dict = field(default_factory=dict)  # policy name -> Online: what each policy learned, across requests
-    load: Callable[[str], float] = lambda policy: 0.0  # expected queue wait (s) of the service a policy uses
+    load: Callable[[str], float] = lambda policy: 0.0  # the queue wait's tail (s) at the service a policy uses
+    # seconds a verifier policy's calls keep back, out of ``left`` seconds, for its fallback's (the drafter's) own
+    # tail answer: the gateway's reserve; 0 in-process, where nothing is kept back
+    reserve: Callable[[float], float] = lambda left: 0.0
     costs: CostModel = field(default_factory=CostModel)  # what stages and requests cost, per policy and resource
 
     def learned(self, policy: str) -> Online:
@@ -396,7 +399,9 @@ class Policy(ABC):
                 self._run(batch)
         finally:  # a request that failed still teaches what it cost
             self.online.requests += 1
-            self.costs.observe_request((eng.clock() - t0) / max(1, len(requests)))
+            # a batch is as slow as its longest list: its time counts for its largest K
+            k = max((r.k for r in requests), default=0)
+            self.costs.observe_request((eng.clock() - t0) / max(1, len(requests)), k)
         results = [res for res in batch.results if res is not None]
         if len(results) < len(batch.results):
             raise RuntimeError(f"{self.name} left {len(batch.results) - len(results)} requests without a result")

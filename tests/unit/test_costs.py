@@ -1,5 +1,6 @@
-"""The cost model (specrec.costs): every cost here is learned by running requests on the in-process
-engine (a fake clock that the verifier's calls advance), never set by hand."""
+"""The cost model (specrec.costs): a policy's costs here are learned by running requests on the in-process
+engine (a fake clock that the verifier's calls advance), never set by hand; the tail estimator, and the
+costs the gateway feeds it (a service's time per request), are given fake streams of known data."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from specrec.costs import CostModel, CostStage, Resource, resource_of
+from specrec.costs import CostModel, CostStage, Resource, TailEstimate, resource_of
 from specrec.deadline import Deadline
 from specrec.policies import RecRequest, make_policy
 
@@ -34,7 +35,7 @@ def test_stage_costs_are_kept_per_policy_under_enum_names():
     assert costs.stage("specgr", CostStage.SEARCH) is None and costs.stage("beam", CostStage.ROUND) is None
     assert costs.stage("specgr", CostStage.VERIFY) == pytest.approx(0.03)  # one call: the pass and the step
     # a round is one verify-and-step call (30 ms), or a step alone where drafting found nothing new (10 ms)
-    assert 0.01 <= costs.stage("specgr", CostStage.ROUND) <= 0.03
+    assert 0.01 <= costs.stage("specgr", CostStage.ROUND) <= 0.03 + 1e-9  # (a fake clock: float sums)
     assert CostStage("round") is CostStage.ROUND  # the stage names are one Enum
 
 
@@ -50,30 +51,67 @@ def test_the_budget_hook_reads_what_running_taught():
     assert pol.costs.fits(None, CostStage.ROUND)
 
 
-def test_request_costs_nudge_and_a_relearn_replaces_them():
-    eng = make_engine(5)
-    t = fake_clock(eng)
+def timed_runs(eng, t):
+    """run(seconds, k): one beam request of list length k that takes ``seconds`` on the fake clock (in the encode)."""
     h = histories(eng, 1, 5)[0]
     pol = make_policy("beam", eng)
     real = eng.verifier.encode
 
-    def run(seconds: float) -> None:
+    def run(seconds: float, k: int = 5) -> None:
         def slow(*a, **kw):
             t[0] += seconds
             return real(*a, **kw)
 
         eng.verifier.encode = slow
-        pol.run([RecRequest(h, 5)])
+        try:
+            pol.run([RecRequest(h, k)])
+        finally:
+            eng.verifier.encode = real
 
+    return run
+
+
+def test_request_costs_are_a_tail_and_a_relearn_replaces_them():
+    eng = make_engine(5)
+    t = fake_clock(eng)
+    run = timed_runs(eng, t)
     run(0.01)
-    assert eng.costs.expected("beam") == pytest.approx(0.02)  # first request: mean 10 ms, deviation 5 ms
-    assert eng.costs.expected("beam", spread=0.0) == pytest.approx(0.01)
-    run(0.10)  # one slow request moves the running mean a tenth of the way
-    assert eng.costs.expected("beam", spread=0.0) == pytest.approx(0.019)
+    assert eng.costs.tail("beam", 5) == pytest.approx(0.01)  # one request: its own time
+    run(0.10)  # one slow request: few samples read as the largest, not a mean nudged a tenth of the way
+    assert eng.costs.tail("beam", 5) == pytest.approx(0.10)
     eng.costs.relearn("beam")  # what auto does before it probes a stale tier
     run(0.05)
-    assert eng.costs.expected("beam") == pytest.approx(0.10)  # replaced: mean 50 ms, deviation 25 ms
-    assert eng.costs.expected("strict") is None
+    assert eng.costs.tail("beam", 5) == pytest.approx(0.05)  # replaced
+    assert eng.costs.tail("strict", 5) is None
+
+
+def test_request_costs_are_kept_per_list_length_with_the_policy_across_k_until_one_is_measured():
+    eng = make_engine(5)
+    t = fake_clock(eng)
+    run = timed_runs(eng, t)
+    for _ in range(5):
+        run(0.01, k=5)
+    assert eng.costs.tail("beam", 50) == pytest.approx(0.01)  # K = 50 not measured yet: beam across every K
+    run(0.04, k=50)
+    assert eng.costs.tail("beam", 50) == pytest.approx(0.04)  # its own now
+    assert eng.costs.tail("beam", 5) == pytest.approx(0.01)  # K = 50's cost does not leak into K = 5's
+    assert eng.costs.tail("beam", 20) == pytest.approx(0.04)  # across every K: the largest of six so far
+    assert eng.costs.tail("beam") == eng.costs.tail("beam", 20)
+    eng.costs.relearn("beam")  # a probe replaces every K's estimate: all of them were learned on the old machine
+    run(0.02, k=5)
+    assert eng.costs.tail("beam", 50) == pytest.approx(0.02) and eng.costs.tail("beam", 5) == pytest.approx(0.02)
+
+
+def test_a_batch_counts_for_its_largest_list_length():
+    costs = CostModel()
+    eng = make_engine(5)
+    eng.costs = costs
+    t = fake_clock(eng)
+    slow_calls(eng, t, {"beam_search": 0.03})
+    h = histories(eng, 2, 5)
+    make_policy("beam", eng).run([RecRequest(h[0], 5), RecRequest(h[1], 9)])
+    assert costs.tail("beam", 9) == pytest.approx(0.015)  # 30 ms for two requests
+    assert costs.tail("beam", 5) == pytest.approx(0.015)  # K = 5 has none of its own: across every K
 
 
 def test_a_failed_request_still_teaches_its_cost():
@@ -87,7 +125,7 @@ def test_a_failed_request_still_teaches_its_cost():
     eng.verifier.beam_search = down
     with pytest.raises(RuntimeError):
         make_policy("beam", eng).run([RecRequest(histories(eng, 1, 6)[0], 5)])
-    assert eng.costs.expected("beam", spread=0.0) == pytest.approx(0.3)
+    assert eng.costs.tail("beam", 5) == pytest.approx(0.3)
 
 
 def test_auto_keeps_its_probe_timer_in_the_cost_model():
@@ -102,12 +140,28 @@ def test_auto_keeps_its_probe_timer_in_the_cost_model():
 
 
 def test_resource_costs_and_which_resource_a_policy_uses():
-    costs = CostModel()
+    costs = CostModel(resource_start={Resource.VERIFIER: 0.004, Resource.DRAFTER: 0.002})
     assert resource_of("drafter") is Resource.DRAFTER and resource_of("specgr") is Resource.VERIFIER
-    start = costs.resource(Resource.VERIFIER)
-    costs.observe_resource(Resource.VERIFIER, start + 0.01)
-    assert costs.resource(Resource.VERIFIER) == pytest.approx(start + 0.001)
+    assert costs.resource(Resource.VERIFIER) == 0.004  # the start value until one was measured
+    for ms in [5.0] * 150 + [20.0]:
+        costs.observe_resource(Resource.VERIFIER, ms / 1000)
+    assert costs.resource(Resource.VERIFIER) == pytest.approx(0.005)  # one slow request in 151: not the p99's
+    for _ in range(2):
+        costs.observe_resource(Resource.VERIFIER, 0.020)
+    assert costs.resource(Resource.VERIFIER) == pytest.approx(0.020)  # three in 153 (2%): the p99 is theirs
     assert costs.resource(Resource.DRAFTER) == pytest.approx(0.002)
+
+
+def test_stage_costs_are_a_tail_for_the_budget_hook_and_a_mean_for_choices_on_expected_cost():
+    costs = CostModel()
+    for ms in [10.0] * 149 + [30.0] * 3:
+        costs.observe_stage("specgr", CostStage.ROUND, ms / 1000)
+    pol = costs.for_policy("specgr", clock=lambda: 1.0)
+    assert pol.estimate(CostStage.ROUND) == pytest.approx(0.030)  # 3 in 152 past 10 ms: the p99 is theirs
+    assert pol.mean(CostStage.ROUND) == pytest.approx((149 * 0.010 + 3 * 0.030) / 152)
+    assert not pol.fits(Deadline(1.0 + 0.02), CostStage.ROUND)  # the mean (10.4 ms) would fit: the tail does not
+    assert pol.fits(Deadline(1.0 + 0.03), CostStage.ROUND)
+    assert pol.mean(CostStage.DRAFT) == 0.0 and not pol.measured(CostStage.DRAFT)
 
 
 def test_engines_on_worker_threads_share_one_model():
@@ -135,4 +189,78 @@ def test_engines_on_worker_threads_share_one_model():
     for policy, stage in (("specgr", CostStage.ROUND), ("specgr", CostStage.VERIFY), ("beam", CostStage.SEARCH)):
         cost = shared.stage(policy, stage)
         assert cost is not None and np.isfinite(cost) and cost > 0
-    assert all(shared.expected(p) is not None for p in ("specgr", "beam"))
+    assert all(shared.tail(p, 5) is not None for p in ("specgr", "beam"))
+
+
+# -- the tail estimator, on fake streams ----------------------------------------------------------------
+
+
+def test_the_tail_is_the_exact_quantile_of_known_data():
+    est = TailEstimate(q=0.99, window=200)
+    rng = np.random.default_rng(0)
+    for x in rng.permutation(np.arange(1, 201)):  # 1..200 in any order
+        est.observe(float(x))
+    # sorted, position 199 * 0.99 = 197.01: a hundredth of the way from the 198th value to the 199th
+    assert est.tail() == pytest.approx(198.01) and est.mean() == pytest.approx(100.5) and est.count == 200
+    med = TailEstimate(q=0.5, window=4)
+    for x in (4.0, 1.0, 3.0, 2.0):
+        med.observe(x)
+    assert med.tail() == pytest.approx(2.5)
+    # random data: numpy's default (linear) quantile, to the last bit
+    for q, n in ((0.99, 150), (0.95, 200), (0.9, 37)):
+        est = TailEstimate(q=q, window=200)
+        data = rng.lognormal(-4.0, 0.5, n)
+        for x in data:
+            est.observe(x)
+        assert est.tail() == pytest.approx(float(np.quantile(data, q)), rel=1e-12)
+
+
+def test_few_samples_read_as_the_largest_seen():
+    est = TailEstimate(q=0.99, window=200)
+    assert est.tail() is None and est.mean() is None and est.min_samples == 100
+    est.observe(0.010)
+    assert est.tail() == 0.010  # one sample: itself
+    rng = np.random.default_rng(1)
+    data = [0.010] + list(rng.uniform(0.005, 0.015, 98))
+    for x in data[1:]:
+        est.observe(x)
+    assert est.count == 99 and est.tail() == max(data)  # 99 < 1 / (1 - 0.99): the largest, not a quantile
+    est.observe(0.006)
+    data.append(0.006)
+    assert est.tail() == pytest.approx(float(np.quantile(data, 0.99))) and est.tail() < max(data)
+    assert TailEstimate(q=0.999, window=200).min_samples == 200  # the window can never resolve a p99.9
+    est.reset()
+    assert est.tail() is None and est.count == 0
+    est.observe(0.5)
+    assert est.tail() == 0.5
+    for bad in (dict(q=1.0), dict(q=0.0), dict(window=0)):
+        with pytest.raises(ValueError):
+            TailEstimate(**bad)
+
+
+def test_the_window_follows_a_machine_that_slows_down_and_forgets_the_old_one():
+    """A machine 2x slower from one observation on: the p99 over 200 is one of the slow values from the
+    third on (the window's two largest alone do not move it), and after 200 nothing of the old one is left."""
+    rng = np.random.default_rng(2)
+    est = TailEstimate(q=0.99, window=200)
+    fast = rng.uniform(0.010, 0.020, 200)
+    for x in fast:
+        est.observe(x)
+    before = est.tail()
+    assert before == pytest.approx(float(np.quantile(fast, 0.99)))
+    slow = 2.0 * rng.uniform(0.010, 0.020, 200)  # every value above every old one
+    for x in slow[:2]:
+        est.observe(x)
+    assert est.tail() < min(slow[:2])  # two slow values: still the old machine's tail (nudged)
+    est.observe(slow[2])
+    assert est.tail() >= min(slow[:3])  # three: the tail is a slow one
+    for x in slow[3:]:
+        est.observe(x)
+    assert est.tail() == pytest.approx(float(np.quantile(slow, 0.99)))  # the window: the new machine only
+    assert est.tail() > 1.8 * before
+    # a machine that speeds up again is followed as the slow values leave the window: late, on the side of time
+    for _ in range(197):
+        est.observe(0.010)
+    assert est.tail() >= min(slow[-3:])  # three slow values left in the window
+    est.observe(0.010)
+    assert est.tail() < min(slow[-2:])

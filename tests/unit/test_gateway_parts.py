@@ -80,9 +80,9 @@ def test_admitted_keeps_the_params_only_for_the_policy_asked(snap):
 
 
 def test_the_queue_wait_is_the_requests_ahead_at_the_cost_learned_by_running(eng):
-    costs = CostModel(resource_alpha=1.0)  # the last request's time is the cost: the arithmetic stays plain
+    costs = CostModel()
     t = [0.0]
-    q = QueueModel(costs, reserve_s=0.006, drafter=Cooldown(1.0), alpha=1.0, clock=lambda: t[0])
+    q = QueueModel(costs, reserve_s=0.006, drafter=Cooldown(1.0), clock=lambda: t[0])
     eng.clock = lambda: t[0]
     real = eng.verifier.encode
 
@@ -111,9 +111,9 @@ def test_the_queue_wait_is_the_requests_ahead_at_the_cost_learned_by_running(eng
 def test_the_queue_wait_follows_completions_when_requests_run_at_once():
     """Four requests that run together, each 20 ms of wall time, complete every 5 ms: the wait of the
     ones ahead is 5 ms each (the queue over the throughput), not 20 ms each as if they ran in turn."""
-    costs = CostModel(resource_alpha=1.0)
+    costs = CostModel()
     t = [0.0]
-    q = QueueModel(costs, 0.006, Cooldown(1.0), alpha=1.0, clock=lambda: t[0])
+    q = QueueModel(costs, 0.006, Cooldown(1.0), clock=lambda: t[0])
     costs.observe_resource(Resource.VERIFIER, 0.020)  # each request's own wall time
     for _ in range(4):
         q.take(Resource.VERIFIER)
@@ -122,46 +122,69 @@ def test_the_queue_wait_follows_completions_when_requests_run_at_once():
         t[0] += 0.005
         q.done(Resource.VERIFIER)
         q.take(Resource.VERIFIER)
-    assert q.per_request(Resource.VERIFIER) == pytest.approx(0.005)
     assert q.wait("beam") == pytest.approx(3 * 0.005)
     for _ in range(4):
+        t[0] += 0.005
         q.done(Resource.VERIFIER)
     t[0] += 1.0  # idle for a second: that time is not busy time
-    q.take(Resource.VERIFIER)
+    for _ in range(3):
+        q.take(Resource.VERIFIER)
     t[0] += 0.005
     q.done(Resource.VERIFIER)
-    assert q.per_request(Resource.VERIFIER) == pytest.approx(0.005)
+    assert q.wait("beam") == pytest.approx(0.005)  # one ahead; counted as busy, the idle second would be the tail
 
 
-def test_the_queue_wait_carries_the_spread_of_uneven_completions():
-    """Completions 2 ms and 8 ms apart in turn: mean 5 ms, yet a request behind four others waits longer
-    than 4 x 5 ms about as often as not; the wait adds spread deviations times sqrt(ahead)."""
-    costs = CostModel(resource_alpha=1.0)
+def test_the_queue_wait_is_a_tail_scaled_by_the_square_root_of_the_queue():
+    """Completions 2 ms and 8 ms apart in turn: mean 5 ms, p99 8 ms. One request ahead waits the tail; four
+    wait 4 means plus sqrt(4) excesses of the tail (26 ms): 4 means (20 ms) answered late whenever the queue
+    ran slow, 4 tails (32 ms) would count all four slow at once and shed at load."""
+    costs = CostModel()
     t = [0.0]
-    q = QueueModel(costs, 0.006, Cooldown(1.0), alpha=0.5, clock=lambda: t[0], spread=2.0)
+    q = QueueModel(costs, 0.006, Cooldown(1.0), clock=lambda: t[0])
     for _ in range(5):
         q.take(Resource.DRAFTER)
-    for gap in [0.002, 0.008] * 20:
+    for gap in [0.002, 0.008] * 100:
         t[0] += gap
         q.done(Resource.DRAFTER)
         q.take(Resource.DRAFTER)
-    mean, dev = q._interval[Resource.DRAFTER], q._dev[Resource.DRAFTER]
-    assert 0.003 < mean < 0.007 and dev > 0.002  # uneven: the deviation is of the gaps' size
-    assert q.wait("drafter") == pytest.approx(4 * mean + 2.0 * 2.0 * dev)  # four ahead: sqrt(4) = 2
-    even = QueueModel(costs, 0.006, Cooldown(1.0), alpha=0.5, clock=lambda: t[0], spread=2.0)
+    assert q.wait("drafter") == pytest.approx(4 * 0.005 + 2.0 * (0.008 - 0.005))  # four ahead: sqrt(4) = 2
+    q.done(Resource.DRAFTER, served=False)
+    q.done(Resource.DRAFTER, served=False)
+    q.done(Resource.DRAFTER, served=False)  # two left: one ahead of the newest
+    assert q.wait("drafter") == pytest.approx(0.008)
+    even = QueueModel(costs, 0.006, Cooldown(1.0), clock=lambda: t[0])
     for _ in range(5):
         even.take(Resource.DRAFTER)
     for _ in range(40):
         t[0] += 0.005
         even.done(Resource.DRAFTER)
         even.take(Resource.DRAFTER)
-    assert even.wait("drafter") == pytest.approx(4 * 0.005)  # even completions: no spread to add
+    assert even.wait("drafter") == pytest.approx(4 * 0.005)  # even completions: no excess to add
+
+
+def test_the_queue_wait_follows_a_service_that_slows_down():
+    """Completions every 5 ms for a while, then every 10 ms (a machine 2x slower): within three completions
+    the wait of one request ahead is the new machine's."""
+    costs = CostModel(window=200)
+    t = [0.0]
+    q = QueueModel(costs, 0.006, Cooldown(1.0), clock=lambda: t[0])
+    q.take(Resource.VERIFIER)
+    q.take(Resource.VERIFIER)
+    for gap in [0.005] * 300 + [0.010] * 2:
+        t[0] += gap
+        q.done(Resource.VERIFIER)
+        q.take(Resource.VERIFIER)
+    assert q.wait("beam") < 0.006  # two slow completions in 200: not yet the tail
+    t[0] += 0.010
+    q.done(Resource.VERIFIER)
+    q.take(Resource.VERIFIER)
+    assert q.wait("beam") == pytest.approx(0.010)
 
 
 def test_the_reserve_holds_the_drafters_queue():
-    costs = CostModel(resource_alpha=1.0)
+    costs = CostModel()
     t = [0.0]
-    q = QueueModel(costs, reserve_s=0.006, drafter=Cooldown(1.0), alpha=1.0, clock=lambda: t[0])
+    q = QueueModel(costs, reserve_s=0.006, drafter=Cooldown(1.0), clock=lambda: t[0])
     assert q.reserve(0.030) == pytest.approx(0.006)
     q.take(Resource.DRAFTER)
     t[0] += 0.003
@@ -172,16 +195,34 @@ def test_the_reserve_holds_the_drafters_queue():
     assert q.reserve(0.010) == pytest.approx(0.008)  # still at most 80% of what is left
 
 
-def test_the_reserve_for_the_drafters_answer():
-    costs = CostModel(resource_alpha=1.0)
+def test_the_reserve_is_the_drafters_own_tail_answer():
+    costs = CostModel()
     down = Cooldown(1.0)
     q = QueueModel(costs, reserve_s=0.006, drafter=down)
     assert q.reserve(0.030) == pytest.approx(0.006)  # the setting, while the drafter is cheap
-    costs.observe_resource(Resource.DRAFTER, 0.005)  # a drafter answer took 5 ms
-    assert q.reserve(0.030) == pytest.approx(0.010)  # twice its cost
+    for ms in [3.0] * 147 + [9.0] * 3:  # drafter answers: 3 ms, and 2% of them 9 ms
+        costs.observe_resource(Resource.DRAFTER, ms / 1000)
+    assert q.reserve(0.030) == pytest.approx(0.009)  # its p99, not its mean (3.1 ms, under the setting)
     assert q.reserve(0.010) == pytest.approx(0.008)  # at most 80% of what is left
     down.failed()
     assert q.reserve(0.030) == 0.0  # the drafter is down: the verifier gets it all
+
+
+def test_the_cost_settings_set_every_tail_the_gateway_keeps():
+    from pydantic import ValidationError
+
+    from gateway.service import GatewayService
+
+    svc = GatewayService(settings(cost_quantile=0.95, cost_window=40))
+    try:
+        est = svc.costs.estimator()
+        assert (est.q, est.window, est.min_samples) == (0.95, 40, 20)
+        assert svc.queue.costs is svc.costs  # the queue's intervals and the reserve read the same model
+    finally:
+        svc.pool.shutdown()
+    for bad in (dict(cost_quantile=1.0), dict(cost_quantile=0.4), dict(cost_window=5)):
+        with pytest.raises(ValidationError):
+            settings(**bad)
 
 
 def test_the_response_names_the_version_the_request_and_what_it_ignored(eng, snap):

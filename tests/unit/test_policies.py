@@ -307,27 +307,30 @@ def test_drafter_policy_is_the_drafters_list():
 
 
 
-def teach_costs(eng, t, seconds: dict[str, float], n: int = 50) -> None:
-    """Each policy's request cost, learned by running ``n`` requests that take that long on the fake clock
-    ``t`` (the time is spent in the encode, or in the drafter for ``drafter``); the clock is then put back."""
+def teach_costs(eng, t, seconds: dict[str, float | list[float]], n: int = 50) -> None:
+    """Each policy's request cost, learned by running ``n`` requests (K = 5) that take that long on the fake
+    clock ``t`` (the time is spent in the encode, or in the drafter for ``drafter``), or one request per time
+    in a list; the clock is then put back."""
     start = t[0]
-    hists = histories(eng, n, 99)
     for name, cost in seconds.items():
+        times = cost if isinstance(cost, list) else [cost] * n
         owner, method = (eng.drafter, "draft") if name == "drafter" else (eng.verifier, "encode")
         real = getattr(owner, method)
+        each = iter(times)
 
-        def slow(*a, _real=real, _cost=cost, **kw):
-            t[0] += _cost
+        def slow(*a, _real=real, _each=each, **kw):
+            t[0] += next(_each)
             return _real(*a, **kw)
 
         setattr(owner, method, slow)
         try:
             pol = make_policy(name, eng)
-            for h in hists:
+            for h in histories(eng, len(times), 99):
                 pol.run([RecRequest(h, 5)])
         finally:
             setattr(owner, method, real)
-        assert eng.costs.expected(name) == pytest.approx(cost, rel=0.01)
+        if not isinstance(cost, list):
+            assert eng.costs.tail(name, 5) == pytest.approx(cost, rel=0.01)
     t[0] = start
 
 
@@ -347,13 +350,55 @@ def test_auto_picks_the_most_accurate_policy_that_fits():
         assert auto.choose(RecRequest(h, 5, deadline=budget)) == want
     with pytest.raises(Overloaded):
         auto.choose(RecRequest(h, 5, deadline=0.0005))
-    eng.load = lambda p: 0.0 if p == "drafter" else 0.095  # the verifier's queue: only the drafter fits 100 ms
+    eng.load = lambda p: 0.0 if p == "drafter" else 0.096  # the verifier's queue: only the drafter fits 100 ms
     assert auto.choose(RecRequest(h, 5, deadline=0.1)) == "drafter"
     eng.load = lambda p: 0.0
     before = eng.metrics.snapshot()["beam"]["requests"]  # the teaching requests
     res = auto.run([RecRequest(h, 5, deadline=0.1)])[0]
     assert res.served_by == "beam" and len(res.items) == 5
     assert eng.metrics.snapshot()["beam"]["requests"] == before + 1 and "auto" not in eng.metrics.snapshot()
+
+
+def test_auto_refuses_a_tier_whose_tail_misses_the_budget_though_its_mean_fits():
+    """beam and strict answer in 10 ms, but 3 requests in 120 take 40 ms (p99 40 ms, mean 10.75 ms): a
+    30 ms budget gets nezha (the mean, or the running mean plus two running mean deviations that auto read
+    before, 19.5 ms here, would take beam and answer late 1 time in 40); 45 ms gets beam."""
+    eng = make_engine(13)
+    t = [0.0]
+    eng.clock = lambda: t[0]
+    spiky = [0.010] * 39 + [0.040]
+    teach_costs(eng, t, {"beam": spiky * 3, "strict": spiky * 3, "nezha": 0.005, "drafter": 0.001})
+    assert eng.costs.tail("beam", 5) == pytest.approx(0.040)
+    auto = make_policy("auto", eng)
+    h = histories(eng, 1, 13)[0]
+    assert auto.choose(RecRequest(h, 5, deadline=0.030)) == "nezha"
+    assert auto.choose(RecRequest(h, 5, deadline=0.045)) == "beam"
+
+
+def test_auto_admits_a_verifier_tier_only_if_it_ends_before_the_reserve_for_the_drafters_answer():
+    """beam's tail is 20 ms, nezha's 5 ms, the drafter's 5 ms: with 12 ms of a 30 ms budget kept back for the
+    drafter's answer beam does not fit (it would be cut where the reserve starts), nezha does; with nothing
+    kept back (the drafter down) beam does. The drafter's own tier keeps nothing back: its fallback is the
+    fill."""
+    from specrec.policies import Overloaded
+
+    eng = make_engine(13)
+    t = [0.0]
+    eng.clock = lambda: t[0]
+    teach_costs(eng, t, {"beam": 0.02, "strict": 0.03, "nezha": 0.005, "drafter": 0.005})
+    auto = make_policy("auto", eng)
+    h = histories(eng, 1, 13)[0]
+    asked = []
+    eng.reserve = lambda left: asked.append(left) or 0.012
+    assert auto.choose(RecRequest(h, 5, deadline=0.030)) == "nezha"
+    assert asked and all(left == pytest.approx(0.030) for left in asked)  # out of the time left on arrival
+    eng.reserve = lambda left: 0.0
+    assert auto.choose(RecRequest(h, 5, deadline=0.030)) == "beam"
+    eng.reserve = lambda left: 0.008
+    assert auto.choose(RecRequest(h, 5, deadline=0.010)) == "drafter"  # nezha's 5 ms miss the 2 ms before it
+    eng.load = lambda p: 0.006 if p == "drafter" else 0.0  # and the queue's tail counts for the drafter too
+    with pytest.raises(Overloaded, match="kept back for the drafter's answer: 8.0 ms"):
+        auto.choose(RecRequest(h, 5, deadline=0.010))
 
 
 def test_auto_probes_a_skipped_tier_and_relearns_its_cost():
@@ -371,7 +416,7 @@ def test_auto_probes_a_skipped_tier_and_relearns_its_cost():
     t[0] += 0.4
     assert auto.choose(RecRequest(h, 5, deadline=t[0] + 0.15)) == "beam"  # the probe
     make_policy("beam", eng).run([RecRequest(h, 5, deadline=None)])  # the fake clock does not move: 0 s
-    assert eng.costs.expected("beam") == 0.0
+    assert eng.costs.tail("beam", 5) == 0.0
     assert auto.choose(RecRequest(h, 5, deadline=t[0] + 0.15)) == "beam"
 
 
