@@ -510,7 +510,7 @@ def write_results(out: Path, res: dict) -> dict:
         summary["chaos.recovery_s_max"] = float(np.nanmax([r["recovery_s"] for r in rows]))
         if any(np.isnan(r["recovery_s"]) for r in rows):
             summary["chaos.recovery_s_max"] = float("inf")  # a scenario never recovered within the run
-    if rows or mrows:
+        # over every fault of the run, the machine's included (alone, theirs are in their table)
         summary["chaos.internal_errors"] = int(sum(r["internal_errors"] for r in [*rows, *mrows]))
     if faults:
         summary["chaos.model_answer_share_during_faults"] = model / during if during else float("nan")
@@ -808,7 +808,8 @@ def main(argv=None) -> int:
         t_base if t_base is not None else min((r["t"] for r in recs), default=0.0),
         budgets,
         out / "chaos.png",
-        f"{bundle.name}: {'; then '.join(x for x in (first, rest) if x)}; {os.cpu_count()} CPUs, everything co-located",
+        f"{bundle.name}: {'; then '.join(x for x in (first, rest) if x) or 'no load'}; {os.cpu_count()} CPUs, "
+        "everything co-located",
     )
     summary = write_results(out, res)
     print(json.dumps(no_nan(summary), indent=2))
