@@ -4,12 +4,25 @@ writes and retires."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import subprocess
+import sys
+from concurrent import futures
+from dataclasses import dataclass
 
+import grpc
 import pytest
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import Histogram as PromHistogram
 
 from bench import chaos, summary_keys
+from bench.cpus import Hog, affinity, usable
+from bench.harness import Users
+from specrec_rpc.localstack import free_port
+from specrec_rpc.server import LATENCY_BUCKETS
+from specrec_rpc.v1 import recommender_pb2, recommender_pb2_grpc
 
 
 def rec(t: float, served_by: str = "nezha", code: str = "OK", lag: float = 0.5, latency: float = 20.0,
@@ -57,7 +70,7 @@ def test_a_fault_of_the_machine_run_alone_writes_its_keys_and_no_other_scenarios
     written = json.loads((tmp_path / "summary.json").read_text())
     assert written["chaos.cpu_hog.server_p99_ms"] == 29.0 and written["chaos.cpu_hog.model_answer_share"] == 1.0
     assert written["chaos.recovery_s_max"] == 2.2  # the other scenarios did not run: their keys are left alone
-    assert "chaos.model_answer_share_during_faults" not in summary and summary["chaos.internal_errors"] == 0
+    assert "chaos.model_answer_share_during_faults" not in summary and "chaos.internal_errors" not in summary
     assert "| cpu-hog | 1 |" in (tmp_path / "chaos.md").read_text()
     assert "cpu-hog" in (tmp_path / "README.md").read_text()
 
@@ -72,3 +85,79 @@ def test_a_fault_of_the_machine_skipped_retires_its_keys(tmp_path):
     assert written["chaos.cpu_hog.server_p99_ms"] == 25.0  # not asked for in this run: left alone
     assert "one-core skipped: 1 CPU" in (tmp_path / "chaos.md").read_text()
     assert math.isnan(chaos.machine_row("x", [], 0.0, 1.0, {}, {})["model_answer_share"])
+
+
+# -- the phase, against a fake gateway ----------------------------------------------------------------
+class FakeGateway(recommender_pb2_grpc.RecommenderServicer):
+    """Answers at once, every fifth list the item drafter's, and observes each answer in a histogram of its
+    own registry, as the gateway's interceptor does."""
+
+    def __init__(self, registry):
+        self.latency = PromHistogram("specrec_rpc_latency_seconds", "RPC latency", ["service", "method"],
+                                     buckets=LATENCY_BUCKETS, registry=registry)
+        self.n = 0
+
+    def Recommend(self, request, context):
+        self.n += 1
+        self.latency.labels("gateway", "Recommend").observe(0.012)
+        return recommender_pb2.RecommendResponse(
+            items=[recommender_pb2.RecommendedItem(item_id="x", source="beam")],
+            stats=recommender_pb2.RecommendStats(policy=request.policy, total_ms=12.0,
+                                                 served_by="drafter" if self.n % 5 == 0 else "nezha"))
+
+
+@dataclass
+class FakeProcs:
+    """What the phase reads of a ServiceProcs: addresses, processes, replica keys, metrics ports."""
+
+    ports: dict[str, int]
+    metrics_ports: dict[str, int]
+    procs: dict[str, subprocess.Popen]
+
+    def addr(self, name: str) -> str:
+        return f"127.0.0.1:{self.ports[name]}"
+
+    def keys(self, name: str) -> list[str]:
+        return [name]
+
+
+@pytest.fixture
+def fake_stack():
+    registry = CollectorRegistry()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    recommender_pb2_grpc.add_RecommenderServicer_to_server(FakeGateway(registry), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    mport = free_port()
+    http, thread = start_http_server(mport, addr="127.0.0.1", registry=registry)
+    verifier = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    yield FakeProcs({"gateway": port}, {"gateway": mport}, {"verifier": verifier})
+    verifier.kill()
+    verifier.wait()
+    http.shutdown()
+    thread.join(5)
+    server.stop(None)
+
+
+def test_the_machine_phase_measures_each_window_and_puts_the_verifier_back(fake_stack, monkeypatch):
+    cpus = usable()
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs")
+    monkeypatch.setattr(chaos, "measure_capacity", lambda target, users, budget_ms: 40.0)  # no closed loop here
+    monkeypatch.setattr(chaos, "Hog", lambda cpu: Hog(cpu, code="import time\ntime.sleep(60)\n"))  # no spinning
+    a = argparse.Namespace(machine_budget_ms=30.0, machine_load=0.5, machine_fault_s=0.6, settle_s=0.2, fault_cpu=None,
+                           seed=0)
+    users = Users([["a"], ["b"]], [], ["x", "y"], "two users")
+    res = chaos.run_machine_phase(a, fake_stack, users, ["cpu-hog", "one-core"])
+    rows = {r["scenario"]: r for r in res["rows"]}
+    assert list(rows) == ["baseline", "cpu-hog", "one-core"] and res["rate"] == 20.0 and res["cpu"] == cpus[-1]
+    for r in rows.values():
+        assert r["requests"] > 0 and r["model_answer_share"] < 1.0  # the drafter's lists are not the model's
+        assert r["server_count"] > 0 and 10.0 < r["server_p99_ms"] <= 15.0  # the fake's 12 ms, in its bucket
+        assert r["fill_share"] == 0.0 and "server_error" not in r
+    assert "hog" in rows["cpu-hog"]["cpu_share"] and "hog" not in rows["baseline"]["cpu_share"]
+    assert rows["one-core"]["verifier_cpus"] == [cpus[-1]]  # confined while its window lasted
+    assert {frozenset(c) for c in affinity(fake_stack.procs["verifier"].pid).values()} == {frozenset(cpus)}  # back
+    assert [w[0] for w in res["windows"]] == ["cpu-hog", "one-core"]
+    assert set(chaos.machine_keys(res["rows"])) == {f"chaos.{s}.{f}" for s in ("cpu_hog", "one_core")
+                                                    for f in chaos.MACHINE_FIGURES}

@@ -3,9 +3,24 @@ are not model answers; the generator's own send lag), the void rule, and the key
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import subprocess
+import sys
+from concurrent import futures
+from types import SimpleNamespace
+
+import grpc
 import pytest
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import Histogram as PromHistogram
 
 from bench import overload, summary_keys
+from bench.cpus import confine, usable
+from specrec_rpc.localstack import free_port
+from specrec_rpc.server import LATENCY_BUCKETS
+from specrec_rpc.v1 import recommender_pb2, recommender_pb2_grpc
 
 
 def rec(t: float, served_by: str = "nezha", code: str = "OK", lag: float = 0.5, latency: float = 20.0,
@@ -50,3 +65,69 @@ def test_only_a_run_that_is_not_void_writes_figures_and_a_void_one_retires_its_m
     assert {"serving.overload_1x.model_share", "serving.overload_3x.model_share"} <= set(retire)
     assert summary_keys.keys_without_writer(keys) == []  # bench/summary_keys.py knows every key it writes
     assert summary_keys.keys_without_writer({"serving.overload_1x.model_share": 1}) != []  # replaced: no writer
+
+
+# -- against a fake gateway ---------------------------------------------------------------------------
+class FakeGateway(recommender_pb2_grpc.RecommenderServicer):
+    """Answers at once and observes each answer (12 ms) in a histogram of its own registry, as the gateway's
+    interceptor does."""
+
+    def __init__(self, registry):
+        self.latency = PromHistogram("specrec_rpc_latency_seconds", "RPC latency", ["service", "method"],
+                                     buckets=LATENCY_BUCKETS, registry=registry)
+
+    def Recommend(self, request, context):
+        self.latency.labels("gateway", "Recommend").observe(0.012)
+        return recommender_pb2.RecommendResponse(
+            items=[recommender_pb2.RecommendedItem(item_id="x", source="beam")],
+            stats=recommender_pb2.RecommendStats(policy=request.policy, served_by="nezha", total_ms=12.0))
+
+
+@pytest.fixture
+def gateway():
+    registry = CollectorRegistry()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    recommender_pb2_grpc.add_RecommenderServicer_to_server(FakeGateway(registry), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    mport = free_port()
+    http, thread = start_http_server(mport, addr="127.0.0.1", registry=registry)
+    yield f"127.0.0.1:{port}", f"http://127.0.0.1:{mport}/metrics"
+    http.shutdown()
+    thread.join(5)
+    server.stop(None)
+
+
+def test_a_run_reads_the_histogram_over_its_measured_part_and_applies_the_void_rule(gateway, tmp_path):
+    target, metrics = gateway
+    users = tmp_path / "users.json"
+    users.write_text(json.dumps({"ids": [["a"], ["b"]], "targets": ["x", "y"]}))
+    a = argparse.Namespace(warmup=0.4, duration=0.8, budget_ms=30.0, seed=0, max_lag_ms=2.0)
+    row = overload.load_run(target, metrics, users, 1.0, 60.0, a, tmp_path, {usable()[-1]}, None)
+    assert row["sent"] > 10 and row["answered"] == row["sent"] and row["model_answer_share"] == 1.0
+    # the histogram counts what the gateway answered from the first reading on: the measured part's requests
+    # and the few of the warm-up still in flight then (none here: it answers at once)
+    assert row["server_count"] == pytest.approx(row["sent"], abs=3)
+    assert 10.0 < row["server_p99_ms"] <= 15.0 and row["server_over_budget_share"] == 0.0
+    assert row["void"] == (row["generator_lag_p99_ms"] > 2.0)  # whatever this machine's load gives it
+    placed = overload.load_run(target, metrics, users, 1.0, 60.0, a, tmp_path, None, "1 CPU(s): no CPU of its own")
+    assert placed["void"] and "no CPU of its own" in placed["void_reason"]
+
+
+def test_placement_confines_the_services_and_this_process_apart():
+    cpus = usable()
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs")
+    gen, svc = {cpus[-1]}, set(cpus[:-1])
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    stack = SimpleNamespace(procs=SimpleNamespace(procs={"verifier": child}), redis=None,
+                            redis_url="redis://127.0.0.1:6379/0")
+    try:
+        placed = overload.place(stack, gen, svc)
+        assert usable() == sorted(gen)
+    finally:
+        confine([os.getpid()], set(cpus))
+        child.kill()
+        child.wait()
+    assert placed["processes"] == {"verifier": sorted(svc), "bench": sorted(gen)}
+    assert placed["generator_cpus"] == sorted(gen) and "not started here" in placed["redis"]
