@@ -1,10 +1,40 @@
-"""Chaos benchmark: faults under open-loop load through the gateway.
+"""Chaos benchmark: faults under open-loop load through the gateway, faults of the machine included.
 
-    python -m bench.chaos --bundle bundles/beauty-loo --rate 10 --budget-ms 100
+    python -m bench.chaos --bundle bundles/beauty-loo --rate 10 --budget-ms 100 --machine-budget-ms 30
+    python -m bench.chaos --bundle bundles/beauty-loo --scenarios cpu-hog,one-core \\
+        --machine-fault-s 3 --settle-s 2 --requests 200 --out /tmp/chaos-smoke      # a smoke run
 
 Starts its own stack: a private ``redis-server`` without persistence (it is
 killed in one scenario: never the machine's Redis), the item set, verifier,
-drafter and gateway as subprocesses, a private namespace. A seeded random
+drafter and gateway as subprocesses (the gateway's ``/metrics`` on a free
+port), a private namespace.
+
+**Faults of the machine** run first, on the fresh stack, at the budget
+``--machine-budget-ms`` (30 ms) and at ``--machine-load`` (half) the
+capacity measured at that budget (closed loop, one request at a time, as
+below): Poisson arrivals of ``auto`` for ``--settle-s`` of warm-up, then
+windows of ``--machine-fault-s`` seconds each, ``--settle-s`` apart:
+
+- ``baseline``: no fault (the reference, in the same run);
+- ``cpu-hog``: a busy process (a Python loop) confined to one CPU
+  (``--fault-cpu``, default the last this process may use) with
+  ``sched_setaffinity``, started before its window and killed after it;
+  the services stay where they were (every CPU);
+- ``one-core``: every thread of the verifier confined to that one CPU
+  (``bench.cpus.confine``) for its window, its masks restored after.
+
+Per window: the model-answer share (answers the GR model made: served by a
+verifier policy, not the item drafter, no catalogue fill; of the requests
+sent, shed and errors counting as not), the fill share (answers holding
+catalogue fill, of the answers), the gateway's own p99 (its latency
+histogram, ``specrec_rpc_latency_seconds`` of ``Recommend``, read when the
+window opens and when it closes: the difference, interpolated within a
+bucket as PromQL does), the caller's p99 (every request, from its scheduled
+send), the shed share, and the CPU time each process used over the window
+(the hog's share shows it took its CPU). With fewer than two CPUs they are
+skipped, saying so (a fault that takes one CPU leaves none).
+
+Then the other faults: a seeded random
 sample of leave-one-out test users is sent as Poisson arrivals at ``--rate``
 (policy ``auto``, budget ``--budget-ms``) for the whole run, while, in turn:
 
@@ -37,8 +67,11 @@ Per scenario: errors by gRPC code; the share of answers ranked by a model
 the client latency (from the scheduled send); the time to recover after the
 fault ends (until ``--streak`` answers in a row are model answers that are
 not degraded); catalogue items lost. Writes ``chaos.{json,md}`` and
-``chaos.png`` (timeline) into ``--out``, the ``chaos.*`` summary keys, and its
-section of README.md there.
+``chaos.png`` (timeline) into ``--out``, the ``chaos.*`` summary keys of the
+scenarios that ran (the faults of the machine:
+``chaos.{cpu_hog,one_core}.{server_p99_ms,client_p99_ms,model_answer_share,
+fill_share,shed_share}``; a fault of the machine skipped retires its keys),
+and its section of README.md there.
 """
 
 from __future__ import annotations
@@ -59,6 +92,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.cpus import Hog, affinity, confine, cpu_seconds, restore, usable
 from bench.harness import (
     Stack,
     Writer,
@@ -67,21 +101,30 @@ from bench.harness import (
     fmt,
     itemset_stub,
     machine_line,
+    metrics_url,
     no_nan,
     pct,
     raise_on_signals,
     run_line,
     sample_users,
     sayer,
+    scrape_histogram,
+    server_figures,
 )
-from bench.loadgen import InThread, capacity
+from bench.loadgen import InThread, capacity, model_answer
 from specrec.eval.results import markdown_table, readme_section, update_summary, write_json
 from specrec_rpc.localstack import free_port, redis_ping
 
-SCENARIOS = ("pause-verifier", "kill-verifier", "pause-drafter", "kill-drafter", "pause-itemset", "kill-itemset",
-             "redis-loss", "overload", "kill-redis-primary")
+SCENARIOS = ("cpu-hog", "one-core", "pause-verifier", "kill-verifier", "pause-drafter", "kill-drafter",
+             "pause-itemset", "kill-itemset", "redis-loss", "overload", "kill-redis-primary")
 SENTINEL_SCENARIOS = {"kill-redis-primary"}  # run on a stack of their own, over a Sentinel-managed Redis
 MODEL_FAULTS = {"pause-verifier", "kill-verifier", "pause-drafter", "kill-drafter"}  # one of the two models is away
+MACHINE_SCENARIOS = ("cpu-hog", "one-core")  # faults of the machine: run first, at their own budget and rate
+#: a fault of the machine's summary keys: chaos.<scenario, with _>.<figure>
+MACHINE_FIGURES = ("server_p99_ms", "client_p99_ms", "model_answer_share", "fill_share", "shed_share")
+#: from a fault of the machine starting to its window opening: the hog's interpreter starting (the window then
+#: holds how the stack adapts to the fault)
+HOLD_S = 0.25
 #: this benchmark's section of the results README
 README_OWNER = "bench.chaos"
 
@@ -122,15 +165,17 @@ class PrivateRedis:
 # -- load ------------------------------------------------------------------------------------------
 def describe(i: int, resp, error) -> dict:
     """A chaos record of one answer (:class:`bench.loadgen.InThread` adds the times): ``model`` is a list
-    ranked by a model (the GR model or the drafter), not made only of catalogue fill; a degraded answer's
-    reason is kept (``detail``), as is an error's."""
+    ranked by a model (the GR model or the drafter), not made only of catalogue fill; ``any_fill``: some
+    of it is fill (:func:`bench.loadgen.model_answer` reads both); a degraded answer's reason is kept
+    (``detail``), as is an error's."""
     if error is not None:
-        return {"code": error.code().name, "served_by": "", "degraded": True, "model": False,
+        return {"code": error.code().name, "served_by": "", "degraded": True, "model": False, "any_fill": False,
                 "detail": (error.details() or "")[:200]}
     sources = [it.source for it in resp.items]
     fill_only = bool(sources) and all(s == "fill" for s in sources)
     rec = {"code": "OK", "served_by": resp.stats.served_by or resp.stats.policy, "degraded": bool(resp.stats.degraded),
            "model": not fill_only and (resp.stats.served_by or "") != "fill" and len(sources) > 0,
+           "any_fill": "fill" in sources,
            "server_ms": resp.stats.total_ms}  # the gateway's own time (latency_ms: the caller's)
     if resp.stats.degraded:
         rec["detail"] = resp.stats.degraded_reason[:200]
@@ -247,9 +292,165 @@ def scenario_row(name: str, recs: list[dict], t0: float, t1: float, t_next: floa
     return row
 
 
+# -- faults of the machine ----------------------------------------------------------------------------
+class Fault:
+    """A fault of the machine for one window: :meth:`start` it (-> the processes of the fault itself, to account
+    their CPU time), :meth:`stop` it. This one does nothing: the ``baseline`` window, the same load alone."""
+
+    def start(self) -> dict[str, int]:
+        return {}
+
+    def stop(self) -> None:
+        pass
+
+
+class CpuHog(Fault):
+    """``cpu-hog``: a busy process confined to ``cpu`` (:class:`bench.cpus.Hog`); the services untouched."""
+
+    def __init__(self, cpu: int):
+        self.hog = Hog(cpu)
+
+    def start(self) -> dict[str, int]:
+        self.hog.start()
+        return {"hog": self.hog.pid}
+
+    def stop(self) -> None:
+        self.hog.stop()
+
+
+class OneCore(Fault):
+    """``one-core``: every thread of the verifier's processes confined to ``cpu``; their masks back after."""
+
+    def __init__(self, pids: list[int], cpu: int):
+        self.pids, self.cpu = pids, cpu
+        self.before: dict[int, dict[int, set[int]]] = {}
+
+    def start(self) -> dict[str, int]:
+        self.before = confine(self.pids, {self.cpu})
+        return {}
+
+    def stop(self) -> None:
+        restore(self.before)
+
+
+def cpu_shares(before: dict[str, float | None], after: dict[str, float | None], seconds: float) -> dict[str, float]:
+    """CPU seconds per second of each process over a window (1.0: one CPU the whole time), from two readings of
+    :func:`bench.cpus.cpu_seconds` (a process unread at either end left out)."""
+    out = {}
+    for n, b in before.items():
+        e = after.get(n)
+        if b is not None and e is not None and seconds > 0:
+            out[n] = round((e - b) / seconds, 3)
+    return out
+
+
+def machine_row(name: str, recs: list[dict], s0: float, s1: float, server: dict, extra: dict) -> dict:
+    """The figures of a window of a fault of the machine: the records sent in [s0, s1) and the gateway's
+    histogram over it (``server``: :func:`bench.harness.server_figures`)."""
+    part = [r for r in recs if s0 <= r["t"] < s1]
+    ok = [r for r in part if r["code"] == "OK"]
+    nan = float("nan")
+    codes = Counter(r["code"] for r in part)
+    return {
+        "scenario": name, "seconds": s1 - s0, "requests": len(part), "offered_rps": len(part) / max(s1 - s0, 1e-9),
+        "model_answer_share": sum(model_answer(r) for r in part) / len(part) if part else nan,
+        "fill_share": sum(bool(r.get("any_fill")) for r in ok) / len(ok) if ok else nan,
+        "drafter_share": sum(r["served_by"] == "drafter" for r in ok) / len(ok) if ok else nan,
+        "degraded_share": sum(bool(r["degraded"]) for r in ok) / len(ok) if ok else nan,
+        "shed_share": codes.get("RESOURCE_EXHAUSTED", 0) / len(part) if part else nan,
+        "errors": {c: n for c, n in codes.items() if c != "OK"},
+        "internal_errors": codes.get("INTERNAL", 0),
+        "client_p99_ms": pct([r["latency_ms"] for r in part], 99),
+        "client_p99_answered_ms": pct([r["latency_ms"] for r in ok], 99),
+        "generator_lag_p99_ms": pct([r["send_lag_ms"] for r in part], 99),  # the load thread's own, in this process
+        "server_stats_p99_ms": pct([r["server_ms"] for r in ok], 99),
+        "served_by": dict(Counter(r["served_by"] or r["code"] for r in part)),
+        **server, **extra,
+    }
+
+
+def machine_keys(rows: list[dict]) -> dict:
+    """The summary keys of the faults of the machine (``chaos.cpu_hog.server_p99_ms`` ...; not the baseline's)."""
+    return {f"chaos.{r['scenario'].replace('-', '_')}.{f}": r[f] for r in rows if r["scenario"] in MACHINE_SCENARIOS
+            for f in MACHINE_FIGURES}
+
+
+def run_machine_phase(a, procs, users, names: list[str]) -> dict:
+    """The faults of the machine (``names``, after a ``baseline`` window) under ``auto`` at ``a.machine_load`` x
+    the capacity measured at ``a.machine_budget_ms``. -> rows, records, windows, what was measured first; or
+    ``skipped`` (why) with fewer than two CPUs."""
+    cpus = usable()
+    res: dict = {"names": names, "rows": [], "records": [], "windows": [], "budget_ms": a.machine_budget_ms}
+    if len(cpus) < 2:
+        res["skipped"] = (f"{', '.join(names)} skipped: this process may use {len(cpus)} CPU ({cpus}), and a fault "
+                          "that takes one CPU leaves the stack none")
+        say(res["skipped"])
+        return res
+    cpu = cpus[-1] if a.fault_cpu is None else a.fault_cpu
+    target, metrics = procs.addr("gateway"), metrics_url(procs, "gateway")
+    cap = measure_capacity(target, users, a.machine_budget_ms)
+    rate = a.machine_load * cap
+    res.update(capacity_rps=cap, rate=rate, cpu=cpu)
+    say(f"faults of the machine: capacity {cap:.1f} answers/s at {a.machine_budget_ms:g} ms (closed loop, one at a "
+        f"time); {rate:.1f} rps offered, faults on CPU {cpu}")
+    verifiers = [procs.procs[k].pid for k in procs.keys("verifier")]
+    watched = {k: p.pid for k, p in procs.procs.items()}
+    load = make_load(target, users, a.machine_budget_ms, rate, seed=a.seed + 2)
+    windows = []
+    load.start()
+    try:
+        time.sleep(a.settle_s)  # warm-up at the rate, not measured
+        for name in ["baseline", *names]:
+            fault = Fault() if name == "baseline" else CpuHog(cpu) if name == "cpu-hog" else OneCore(verifiers, cpu)
+            try:
+                pids = {**watched, **fault.start()}
+                time.sleep(HOLD_S)
+                extra: dict = {"cpu": None if name == "baseline" else cpu}
+                error = None
+                try:
+                    h0 = scrape_histogram(metrics)
+                except OSError as e:
+                    h0, error = None, str(e)
+                s0 = time.monotonic()
+                c0 = {n: cpu_seconds(pid) for n, pid in pids.items()}
+                if name == "one-core":  # where the verifier's threads may run while its window lasts
+                    extra["verifier_cpus"] = sorted({c for v in verifiers for cs in affinity(v).values() for c in cs})
+                time.sleep(a.machine_fault_s)
+                s1 = time.monotonic()
+                c1 = {n: cpu_seconds(pid) for n, pid in pids.items()}
+                server: dict = {"server_p99_ms": float("nan")}
+                try:
+                    if h0 is not None:
+                        server = server_figures(scrape_histogram(metrics) - h0, a.machine_budget_ms)
+                        if not server["server_count"]:
+                            error = "the gateway's histogram observed no Recommend in the window"
+                except (OSError, ValueError) as e:
+                    error = str(e)
+            finally:
+                fault.stop()
+            extra["cpu_share"] = cpu_shares(c0, c1, s1 - s0)
+            if error:
+                extra["server_error"] = error
+            windows.append((name, s0, s1, server, extra))
+            say(f"{name}: {s1 - s0:.1f} s, gateway p99 {fmt(server['server_p99_ms'])} ms; CPU "
+                + ", ".join(f"{n} {v:.2f}" for n, v in extra["cpu_share"].items()))
+            time.sleep(a.settle_s)
+    finally:
+        load.stop()
+    recs = list(load.records)
+    res["rows"] = [machine_row(name, recs, s0, s1, server, extra) for name, s0, s1, server, extra in windows]
+    res["records"] = recs
+    res["windows"] = [(name, s0, s1) for name, s0, s1, _, _ in windows if name != "baseline"]
+    for r in res["rows"]:
+        say(f"{r['scenario']}: model answers {fmt(r['model_answer_share'], '.1%')}, fill "
+            f"{fmt(r['fill_share'], '.1%')}, gateway p99 {fmt(r['server_p99_ms'])} ms, caller p99 "
+            f"{fmt(r['client_p99_ms'])} ms, shed {fmt(r['shed_share'], '.1%')}")
+    return res
+
+
 # -- outputs --------------------------------------------------------------------------------------
-def plot(recs: list[dict], windows: list[tuple[str, float, float]], t_base: float, budget_ms: float, path: Path,
-         title: str) -> None:
+def plot(recs: list[dict], windows: list[tuple[str, float, float]], t_base: float, budgets_ms: list[float],
+         path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -270,7 +471,8 @@ def plot(recs: list[dict], windows: list[tuple[str, float, float]], t_base: floa
             a_.axvspan(t0 - t_base, t1 - t_base, color="tab:red", alpha=0.08)
         ax.text((t0 + t1) / 2 - t_base, 1.02, name, transform=ax.get_xaxis_transform(), ha="center", fontsize=7,
                 rotation=20)
-    ax.axhline(budget_ms, color="k", ls="--", lw=0.8, label=f"budget {budget_ms:g} ms")
+    for budget_ms, ls in zip(sorted(set(budgets_ms)), ("--", ":", "-.")):
+        ax.axhline(budget_ms, color="k", ls=ls, lw=0.8, label=f"budget {budget_ms:g} ms")
     ax.set_yscale("log")
     ax.set_ylabel("client latency, ms")
     ax.legend(loc="upper right", fontsize=7, ncol=3)
@@ -292,31 +494,46 @@ def plot(recs: list[dict], windows: list[tuple[str, float, float]], t_base: floa
 
 
 def write_results(out: Path, res: dict) -> dict:
+    """The summary keys of the scenarios that ran (a fault of the machine skipped retires its keys), then
+    ``chaos.{json,md}``, the README section and ``summary.json``."""
     rows = res["scenarios"]
+    mf = res.get("machine_faults") or {}
+    mrows = mf.get("rows", [])
     faults = [r for r in rows if r["scenario"] in MODEL_FAULTS]
     during = sum(r["requests_during"] for r in faults)
     model = sum(r["model_share_during"] * r["requests_during"] for r in faults if r["requests_during"])
     over = [r for r in rows if r["scenario"] == "overload"]
     fo = [r for r in rows if r["scenario"] == "kill-redis-primary"]
-    summary = {
-        "chaos.catalogue_items_lost": int(max([r["catalogue_items_lost"] for r in rows], default=0)),
-        "chaos.internal_errors": int(sum(r["internal_errors"] for r in rows)),
-        "chaos.model_answer_share_during_faults": model / during if during else float("nan"),
-        "chaos.recovery_s_max": float(np.nanmax([r["recovery_s"] for r in rows])) if rows else float("nan"),
-        "chaos.overload_p99_over_budget_ms": (over[0]["p99_ms_during"] - res["budget_ms"]) if over else float("nan"),
-    }
+    summary: dict = {}
+    if rows:
+        summary["chaos.catalogue_items_lost"] = int(max([r["catalogue_items_lost"] for r in rows], default=0))
+        summary["chaos.recovery_s_max"] = float(np.nanmax([r["recovery_s"] for r in rows]))
+        if any(np.isnan(r["recovery_s"]) for r in rows):
+            summary["chaos.recovery_s_max"] = float("inf")  # a scenario never recovered within the run
+        # over every fault of the run, the machine's included (alone, theirs are in their table)
+        summary["chaos.internal_errors"] = int(sum(r["internal_errors"] for r in [*rows, *mrows]))
+    if faults:
+        summary["chaos.model_answer_share_during_faults"] = model / during if during else float("nan")
+    if over:
+        summary["chaos.overload_p99_over_budget_ms"] = over[0]["p99_ms_during"] - res["budget_ms"]
     if fo:
         summary.update({"chaos.redis_failover_acked_writes_lost": int(fo[0]["acked_writes_lost"]),
                         "chaos.redis_failover_internal_errors": int(fo[0]["internal_errors"]),
                         "chaos.redis_failover_recovery_s": float(fo[0]["recovery_s"])})
-    if any(np.isnan(r["recovery_s"]) for r in rows):
-        summary["chaos.recovery_s_max"] = float("inf")  # a scenario never recovered within the run
+    summary.update(machine_keys(mrows))
+    retire = tuple(f"chaos.{n.replace('-', '_')}.{f}" for n in mf.get("names", []) for f in MACHINE_FIGURES
+                   if mf.get("skipped"))
     res["summary"] = summary
     write_json("chaos", no_nan(res), out)
-    table = scenario_table(rows)
-    (out / "chaos.md").write_text(f"# Chaos benchmark\n\n{head_line(res)}\n\n{table}\n")
+    parts = [f"# Chaos benchmark\n\n{head_line(res)}\n"]
+    if mf:
+        table = "" if mf.get("skipped") else machine_table(mrows)
+        parts.append(f"## Faults of the machine\n\n{machine_line_of(mf)}\n\n{table}")
+    if rows:
+        parts.append(f"## Faults of the services and of Redis\n\n{scenario_table(rows)}")
+    (out / "chaos.md").write_text("\n".join(parts) + "\n")
     readme_section(out / "README.md", README_OWNER, readme_body(no_nan(res)), retire=("bench/chaos.py",))
-    update_summary(no_nan(summary), out / "summary.json")
+    update_summary(no_nan(summary), out / "summary.json", retire=retire)
     return summary
 
 
@@ -330,33 +547,76 @@ def scenario_table(rows: list[dict]) -> str:
         r["catalogue_items_lost"]])) for r in rows], cols)
 
 
+def machine_table(rows: list[dict]) -> str:
+    """The windows of the faults of the machine, the baseline first."""
+    cols = ["window", "CPU", "seconds", "requests", "model answers", "fill", "drafter", "shed", "errors",
+            "gateway p99 ms", "its bucket ms", "over budget", "caller p99 ms", "CPU s / s"]
+
+    def bucket(b) -> str:
+        return "n/a" if not b else f"{fmt(b[0], 'g')}-{fmt(b[1], 'g') if b[1] is not None else 'inf'}"
+
+    return markdown_table([dict(zip(cols, [
+        r["scenario"], "all" if r.get("cpu") is None else r["cpu"], fmt(r["seconds"], ".1f"), r["requests"],
+        fmt(r["model_answer_share"], ".1%"), fmt(r["fill_share"], ".1%"), fmt(r["drafter_share"], ".1%"),
+        fmt(r["shed_share"], ".1%"), ", ".join(f"{c} {n}" for c, n in sorted(r["errors"].items())) or "none",
+        fmt(r["server_p99_ms"]), bucket(r.get("server_p99_bucket_ms")), fmt(r.get("server_over_budget_share"), ".1%"),
+        fmt(r["client_p99_ms"]), ", ".join(f"{n} {v:.2f}" for n, v in r.get("cpu_share", {}).items())]))
+        for r in rows], cols)
+
+
+def machine_line_of(mf: dict) -> str:
+    """What the faults of the machine ran at (``mf``: what ``chaos.json`` holds of them)."""
+    if mf.get("skipped"):
+        return f"Skipped: {mf['skipped']}."
+    return (f"`auto` at {mf['budget_ms']:g} ms, {fmt(mf.get('rate'))} requests/s offered (Poisson): "
+            f"{mf.get('load', 0.5):g} x the capacity measured at that budget first ({fmt(mf.get('capacity_rps'))} "
+            f"answers/s, closed loop, one at a time); each fault on CPU {mf.get('cpu')}, for a window of its own "
+            "after a `baseline` window without one. Model answers: the GR model's lists (a verifier policy's, not the "
+            "item drafter's, no fill) of the requests sent, shed and errors counting as not; fill: answers holding "
+            "catalogue fill, of the answers; gateway p99: its own latency histogram over the window (the difference "
+            "of two readings, interpolated within the bucket as PromQL does; the bucket and the share over the budget "
+            "beside it); caller p99: every request from its scheduled send; CPU s / s: the CPU time each process "
+            "used over the window.")
+
+
 def head_line(res: dict) -> str:
-    return (f"Produced by `{res['command']}` ({res['machine']}). {res['users']}; policy auto, budget "
-            f"{res['budget_ms']:g} ms, {res['rate']:g} requests/s offered (Poisson), capacity measured at "
-            f"{fmt(res['capacity_rps'])} answers/s (closed loop, one at a time), overload at {res['flood_x']:g}x that.")
+    line = f"Produced by `{res['command']}` ({res['machine']}). {res['users']}."
+    if res["scenarios"]:
+        line += (f" Faults of the services: policy auto, budget {res['budget_ms']:g} ms, {res['rate']:g} requests/s "
+                 f"offered (Poisson), capacity measured at {fmt(res['capacity_rps'])} answers/s (closed loop, one at "
+                 f"a time), overload at {res['flood_x']:g}x that.")
+    return line
 
 
 def readme_body(res: dict) -> str:
     """This benchmark's section of the results README (``res``: what ``chaos.json`` holds)."""
     keys = ", ".join(f"`{k.removeprefix('chaos.')}` {fmt(v, '.3g') if isinstance(v, float) else v}"
                      for k, v in res["summary"].items())
-    return "\n".join([
+    mf = res.get("machine_faults") or {}
+    parts = [
         "## Chaos: faults under load (`bench.chaos`, `chaos.*`)\n",
         f"Command (rerun step `chaos`): `{res['command']}`\n",
-        f"Run: {res.get('run', 'n/a')}. {res['machine']}. {res['users']}; `auto` at {res['budget_ms']:g} ms, "
-        f"{res['rate']:g} requests/s offered "
-        f"(Poisson); `overload` offers {res['flood_x']:g}x the capacity measured first ({fmt(res['capacity_rps'])} "
-        "answers/s, closed loop, one at a time). Model share: the requests sent during the fault answered by the GR "
-        "model or the drafter, not catalogue fill (errors count as not); recovery: from the fault's end (SIGCONT, or "
-        f"the new process SERVING) to the first of {res['streak']} undegraded answers in a row from the GR model "
-        "through the verifier. `kill-redis-primary` runs last, on a stack of its own over a Sentinel-managed Redis "
-        "(a primary, a replica, three sentinels) with a writer upserting one item at a time: its fault lasts from "
-        "the SIGKILL to the promotion, its recovery until writes are acknowledged again and the answers have "
-        "recovered; its items lost are acknowledged writes missing afterwards. Table: [`chaos.md`](chaos.md).\n",
-        scenario_table(res["scenarios"]),
-        f"Keys: {keys}.\n",
-        "![timeline](chaos.png)\n",
-    ])
+        f"Run: {res.get('run', 'n/a')}. {res['machine']}. {res['users']}. Table: [`chaos.md`](chaos.md).\n",
+    ]
+    if mf:
+        parts += [f"Faults of the machine (`cpu-hog`: a busy process confined to one CPU; `one-core`: the verifier "
+                  f"confined to one CPU), run first: {machine_line_of(mf)}\n",
+                  *([] if mf.get("skipped") else [machine_table(mf.get("rows", []))])]
+    if res["scenarios"]:
+        parts += [
+            f"Faults of the services and of Redis: `auto` at {res['budget_ms']:g} ms, {res['rate']:g} requests/s "
+            f"offered (Poisson); `overload` offers {res['flood_x']:g}x the capacity measured first "
+            f"({fmt(res['capacity_rps'])} answers/s, closed loop, one at a time). Model share: the requests sent "
+            "during the fault answered by the GR model or the drafter, not catalogue fill (errors count as not); "
+            "recovery: from the fault's end (SIGCONT, or the new process SERVING) to the first of "
+            f"{res['streak']} undegraded answers in a row from the GR model through the verifier. "
+            "`kill-redis-primary` runs last, on a stack of its own over a Sentinel-managed Redis (a primary, a "
+            "replica, three sentinels) with a writer upserting one item at a time: its fault lasts from the SIGKILL "
+            "to the promotion, its recovery until writes are acknowledged again and the answers have recovered; its "
+            "items lost are acknowledged writes missing afterwards.\n",
+            scenario_table(res["scenarios"]),
+        ]
+    return "\n".join([*parts, f"Keys: {keys}.\n", "![timeline](chaos.png)\n"])
 
 
 def run_failover_phase(a, bundle_dir: Path, bundle, users, tmp: Path, name: str = "kill-redis-primary") -> dict:
@@ -424,6 +684,14 @@ def parse(argv):
     ap.add_argument("--scenarios", default=",".join(SCENARIOS))
     ap.add_argument("--requests", type=int, default=500, help="test users sampled")
     ap.add_argument("--upserts", type=int, default=5, help="items upserted before the faults")
+    ap.add_argument("--machine-budget-ms", type=float, default=30.0, help="faults of the machine: the budget")
+    ap.add_argument("--machine-load", type=float, default=0.5,
+                    help="faults of the machine: offered rate / the capacity measured at their budget")
+    ap.add_argument("--machine-fault-s", type=float, default=20.0,
+                    help="faults of the machine: the length of each window (and of the baseline's)")
+    ap.add_argument("--fault-cpu", type=int, default=None,
+                    help="faults of the machine: the CPU the hog takes and the verifier is confined to. None: the "
+                    "last CPU this process may use")
     add_common_args(ap, redis_url=False)  # chaos starts (and kills) a redis-server of its own
     return ap.parse_args(argv)
 
@@ -435,6 +703,8 @@ def main(argv=None) -> int:
     bad = [s for s in scenarios if s not in SCENARIOS]
     if bad:
         raise SystemExit(f"unknown scenarios {bad}; known: {', '.join(SCENARIOS)}")
+    if a.fault_cpu is not None and a.fault_cpu not in usable():
+        raise SystemExit(f"--fault-cpu {a.fault_cpu}: this process may use CPUs {usable()} only")
     raise_on_signals(signal.SIGTERM)
 
     from specrec.bundle import Bundle
@@ -448,19 +718,29 @@ def main(argv=None) -> int:
     redis.start()
     # the namespace is never deleted: the private Redis goes with the run
     procs = Stack(bundle_dir, redis.url, tmp / "logs", "chaos", threads=a.threads,
-                  max_history=bundle.cfg.max_history).procs
+                  max_history=bundle.cfg.max_history, metrics=("gateway",)).procs
     res = {"command": command, "run": run_line(), "users": users.source, "machine": machine_line(),
            "budget_ms": a.budget_ms, "rate": a.rate, "flood_x": a.flood_x, "streak": a.streak, "scenarios": []}
     res["capacity_rps"] = float("nan")  # measured by the first phase (when it runs)
-    single = [s for s in scenarios if s not in SENTINEL_SCENARIOS]
+    machine = [s for s in scenarios if s in MACHINE_SCENARIOS]
+    single = [s for s in scenarios if s not in SENTINEL_SCENARIOS and s not in MACHINE_SCENARIOS]
     failover = [s for s in scenarios if s in SENTINEL_SCENARIOS]
     load = None
     windows: list[tuple[str, float, float]] = []
     recs: list[dict] = []
-    t_base = time.monotonic()
+    t_base: float | None = None  # where the timeline starts: the first load's start
+    mf: dict = {}
     try:
-        if single:
+        if machine or single:
             procs.start(a.startup_timeout, say=say)
+        if machine:  # first, on the fresh stack
+            mf = run_machine_phase(a, procs, users, machine)
+            mf["load"] = a.machine_load
+            res["machine_faults"] = {k: v for k, v in mf.items() if k not in ("records", "windows")}
+            recs.extend(mf["records"])
+            windows.extend(mf["windows"])
+            t_base = min((r["t"] for r in mf["records"]), default=None)
+        if single:
             target = procs.addr("gateway")
             capacity = measure_capacity(target, users, a.budget_ms)
             res["capacity_rps"] = capacity
@@ -471,7 +751,7 @@ def main(argv=None) -> int:
             say(f"catalogue: {base['n_items']} items, {len(upserted)} upserted -> {expected} expected")
             load = make_load(target, users, a.budget_ms, a.rate, seed=a.seed)
             load.start()
-            t_base = time.monotonic()
+            t_base = time.monotonic() if t_base is None else t_base
             time.sleep(a.settle_s)
             marks = []
             for name in single:
@@ -493,6 +773,7 @@ def main(argv=None) -> int:
                     f"p99 {fmt(row['p99_ms_during'], '.1f')} ms, "
                     f"errors {row['errors'] or 'none'}, recovery {fmt(row['recovery_s'], '.2f')} s"
                 )
+        if machine or single:
             procs.stop(say=say)  # the next phase runs a stack of its own on the same cores
             redis.kill()
         if failover:
@@ -517,13 +798,17 @@ def main(argv=None) -> int:
         shutil.rmtree(tmp / "redis", ignore_errors=True)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    budgets = ([a.machine_budget_ms] if machine else []) + ([a.budget_ms] if single or failover else [])
+    first = (f"faults of the machine at {fmt(mf.get('rate'), '.0f')} rps, {a.machine_budget_ms:g} ms"
+             if machine and not mf.get("skipped") else "")
+    rest = f"auto at {a.rate:g} rps, budget {a.budget_ms:g} ms" if single or failover else ""
     plot(
         recs,
         windows,
-        t_base,
-        a.budget_ms,
+        t_base if t_base is not None else min((r["t"] for r in recs), default=0.0),
+        budgets,
         out / "chaos.png",
-        f"{bundle.name}: auto at {a.rate:g} rps, budget {a.budget_ms:g} ms, {os.cpu_count()} CPUs, "
+        f"{bundle.name}: {'; then '.join(x for x in (first, rest) if x) or 'no load'}; {os.cpu_count()} CPUs, "
         "everything co-located",
     )
     summary = write_results(out, res)

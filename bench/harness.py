@@ -10,7 +10,11 @@ the load they send comes from :mod:`bench.loadgen`, the one load generator.
 - **Stack**: :class:`Redis` (the URL given, else 127.0.0.1:6379, else a private ``redis-server``),
   :class:`Stack` (a private namespace and the four services as subprocesses on free ports, stopped with
   the namespace deleted), :func:`open_stack` (bundle, users and stack from a script's options).
-- **Timing**: :func:`pct`, :func:`hit_and_ndcg`, :func:`rss_mb`.
+- **Timing**: :func:`pct`, :func:`hit_and_ndcg`, :func:`rss_mb`; the gateway's own latency histogram
+  (``specrec_rpc_latency_seconds`` of ``Recommend``, which its metrics port serves when the stack is started
+  with ``metrics=("gateway",)``): :func:`scrape_histogram` reads it, two readings subtract into a
+  :class:`Histogram` of what was observed between them, and :func:`server_figures` gives its p50/p99 (as
+  PromQL's ``histogram_quantile``) and the share over the budget.
 - **Results**: :func:`command_line` (the command as a reader types it, into every result), :func:`run_line`
   (the date and commit), :func:`machine_line`, :func:`no_nan`, :func:`fmt`, :func:`add_common_args`; writing
   goes through :mod:`specrec.eval.results`.
@@ -41,9 +45,10 @@ from specrec.eval.results import RESULTS_DIR
 
 ROOT = Path(__file__).resolve().parents[1]
 
-__all__ = ["ROOT", "RESULTS_DIR", "Redis", "Stack", "Users", "Writer", "add_common_args", "command_line", "fmt",
-           "hit_and_ndcg", "itemset_stub", "machine_line", "no_nan", "open_stack", "pct", "raise_on_signals",
-           "request", "rss_mb", "run_line", "sample_users", "sayer", "write_users"]
+__all__ = ["ROOT", "RESULTS_DIR", "Histogram", "Redis", "Stack", "Users", "Writer", "add_common_args", "command_line",
+           "fmt", "hit_and_ndcg", "histogram_of", "itemset_stub", "machine_line", "no_nan", "open_stack", "pct",
+           "raise_on_signals", "request", "rss_mb", "run_line", "sample_users", "sayer", "scrape_histogram",
+           "server_figures", "write_users"]
 
 
 # -- messages ---------------------------------------------------------------------------------------
@@ -131,16 +136,21 @@ class Stack:
     """The four services as subprocesses on free ports, on a private namespace of ``redis`` (a URL, or a
     :class:`Redis` that :meth:`stop` ends too). Not started: :meth:`start` waits until every service is
     SERVING; :meth:`stop` stops them and deletes the namespace. ``threads``: the verifier's intra-op threads
-    (``SPECREC_VERIFIER_THREADS``; None: the service's default); the rest goes to ``ServiceProcs``."""
+    (``SPECREC_VERIFIER_THREADS``; None: the service's default); ``metrics``: the services whose Prometheus
+    ``/metrics`` is served (on a free port each, :meth:`metrics_url`; the others' is off); the rest goes to
+    ``ServiceProcs``."""
 
     def __init__(self, bundle_dir: Path, redis: str | Redis, logs: Path, prefix: str, *, threads: int | None = 1,
-                 max_history: int | None = None, env: dict[str, str] | None = None, **procs_kw):
-        from specrec_rpc.localstack import ServiceProcs
+                 max_history: int | None = None, env: dict[str, str] | None = None, metrics: tuple[str, ...] = (),
+                 **procs_kw):
+        from specrec_rpc.localstack import ServiceProcs, free_port
 
         self.redis = redis if isinstance(redis, Redis) else None
         self.redis_url = redis.url if isinstance(redis, Redis) else redis
         self.namespace = f"bench-{prefix}-{uuid.uuid4().hex[:10]}"
         base = {} if threads is None else {"SPECREC_VERIFIER_THREADS": str(threads)}
+        if metrics:
+            procs_kw["metrics_ports"] = {**{n: free_port() for n in metrics}, **procs_kw.get("metrics_ports", {})}
         self.procs = ServiceProcs(Path(bundle_dir), self.redis_url, self.namespace, logs, max_history=max_history,
                                   env={**base, **(env or {})}, **procs_kw)
 
@@ -150,6 +160,9 @@ class Stack:
 
     def addr(self, name: str) -> str:
         return self.procs.addr(name)
+
+    def metrics_url(self, name: str) -> str:
+        return metrics_url(self.procs, name)
 
     def start(self, timeout: float = 600.0, say: Callable[[str], None] = print) -> Stack:
         self.procs.start(timeout, say=say)
@@ -168,10 +181,19 @@ class Stack:
             self.redis.stop()
 
 
-def open_stack(a, prefix: str) -> tuple:
+def metrics_url(procs, name: str) -> str:
+    """Where a service process of a ``ServiceProcs`` serves its Prometheus metrics (ValueError when it does not)."""
+    port = procs.metrics_ports.get(name, 0)
+    if not port:
+        raise ValueError(f"{name} serves no metrics: start the stack with metrics=({name!r},)")
+    return f"http://127.0.0.1:{port}/metrics"
+
+
+def open_stack(a, prefix: str, **stack_kw) -> tuple:
     """What a benchmark of the stack under load starts from (``a``: its options, :func:`add_common_args` and
     ``--bundle``, ``--requests``): the bundle, its sampled users (also written where the load generator reads
-    them), a scratch directory, and the stack on them, not started -> (bundle, users, tmp, users_file, stack)."""
+    them), a scratch directory, and the stack on them (``stack_kw``: more of :class:`Stack`'s options), not
+    started -> (bundle, users, tmp, users_file, stack)."""
     from specrec.bundle import Bundle
 
     bundle = Bundle.load(Path(a.bundle).resolve())
@@ -179,7 +201,7 @@ def open_stack(a, prefix: str) -> tuple:
     tmp = Path(tempfile.mkdtemp(prefix=f"specrec-{prefix}-"))
     users_file = write_users(users, tmp / "users.json")
     stack = Stack(Path(a.bundle).resolve(), Redis(a.redis_url, tmp), tmp / "logs", prefix, threads=a.threads,
-                  max_history=bundle.cfg.max_history)
+                  max_history=bundle.cfg.max_history, **stack_kw)
     return bundle, users, tmp, users_file, stack
 
 
@@ -205,6 +227,113 @@ def rss_mb(pid: int) -> float | None:
     except OSError:
         return None
     return None
+
+
+#: the gateway's own latency histogram: every Recommend its handler ran, from the server's interceptor to the
+#: answer (auto's own refusals included; the calls the interceptor sheds at its concurrency limit are not observed)
+RPC_LATENCY = "specrec_rpc_latency_seconds"
+GATEWAY_RECOMMEND = {"service": "gateway", "method": "Recommend"}
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """A Prometheus histogram read at one moment: ``buckets`` = (upper bound, cumulative count), rising, the
+    last +Inf. ``later - earlier`` is what was observed between two readings of one process."""
+
+    buckets: tuple[tuple[float, float], ...] = ()
+
+    @property
+    def count(self) -> float:
+        return self.buckets[-1][1] if self.buckets else 0.0
+
+    def __sub__(self, earlier: Histogram) -> Histogram:
+        if not earlier.buckets:
+            return self
+        before = dict(earlier.buckets)
+        if set(before) != {b for b, _ in self.buckets}:
+            raise ValueError("the readings have different bucket bounds")
+        diff = tuple((b, c - before[b]) for b, c in self.buckets)
+        if any(c < 0 for _, c in diff):
+            raise ValueError("a count fell between the readings: the process restarted")
+        return Histogram(diff)
+
+    def quantile(self, q: float) -> float:
+        """The ``q``-quantile (0..1), as PromQL's ``histogram_quantile``: the rank ``q`` x count found in its
+        bucket and interpolated linearly within it (the first bucket from 0); in the +Inf bucket, the highest
+        finite bound. NaN with no observation."""
+        n = self.count
+        if n <= 0:
+            return float("nan")
+        rank = q * n
+        lower, below = 0.0, 0.0
+        for bound, c in self.buckets:
+            if c >= rank and c > below:
+                if math.isinf(bound):
+                    return lower
+                return lower + (bound - lower) * (rank - below) / (c - below)
+            lower, below = bound, c
+        return lower
+
+    def bucket_of(self, q: float) -> tuple[float, float] | None:
+        """(lower, upper) bound of the bucket the ``q``-quantile falls in (None with no observation)."""
+        n = self.count
+        if n <= 0:
+            return None
+        lower, below = 0.0, 0.0
+        for bound, c in self.buckets:
+            if c >= q * n and c > below:
+                return lower, bound
+            lower, below = bound, c
+        return None
+
+    def share_over(self, bound: float) -> float | None:
+        """The share of observations above ``bound``, exact when it is one of the buckets' bounds (None when it
+        is not, or with no observation)."""
+        for b, c in self.buckets:
+            if math.isclose(b, bound, rel_tol=1e-9) and self.count > 0:
+                return 1.0 - c / self.count
+        return None
+
+
+def histogram_of(text: str, name: str = RPC_LATENCY, labels: dict[str, str] | None = None) -> Histogram:
+    """The histogram ``name`` in a Prometheus text exposition, its series whose labels include ``labels``
+    summed bucket by bucket (an empty :class:`Histogram` when none is there)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    want = GATEWAY_RECOMMEND if labels is None else labels
+    counts: dict[float, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == f"{name}_bucket" and all(s.labels.get(k) == v for k, v in want.items()):
+                le = float(s.labels["le"])  # "+Inf" -> inf
+                counts[le] = counts.get(le, 0.0) + float(s.value)
+    return Histogram(tuple(sorted(counts.items())))
+
+
+def scrape_histogram(url: str, name: str = RPC_LATENCY, labels: dict[str, str] | None = None,
+                     timeout_s: float = 5.0) -> Histogram:
+    """Read the histogram ``name`` from a service's ``/metrics`` (``url``), asking for that family alone (the
+    exporter's ``name[]`` filter) so that a reading costs the service little; no proxy."""
+    import urllib.parse
+    import urllib.request
+
+    query = urllib.parse.urlencode([("name[]", f"{name}_bucket"), ("name[]", f"{name}_count")])
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(f"{url}?{query}", timeout=timeout_s) as r:
+        return histogram_of(r.read().decode(), name, labels)
+
+
+def server_figures(h: Histogram, budget_ms: float) -> dict:
+    """What the gateway's own histogram over a window says: its count, p50 and p99 (ms, interpolated within a
+    bucket, as PromQL does), the bucket the p99 falls in (ms: the interpolation's bounds), and the share over
+    the budget (exact when the budget is a bucket bound, else None); the p99 bucket's upper bound None when it
+    is +Inf."""
+    b99 = h.bucket_of(0.99)
+    return {"server_count": int(h.count), "server_p50_ms": 1000.0 * h.quantile(0.50),
+            "server_p99_ms": 1000.0 * h.quantile(0.99),
+            "server_p99_bucket_ms": None if b99 is None else [1000.0 * b99[0],
+                                                              None if math.isinf(b99[1]) else 1000.0 * b99[1]],
+            "server_over_budget_share": h.share_over(budget_ms / 1000.0)}
 
 
 # -- results -----------------------------------------------------------------------------------------

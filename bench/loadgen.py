@@ -7,7 +7,8 @@ callers that measure a capacity.
 - in a thread with its event loop, until stopped, its rate changeable while it runs: :class:`InThread`
   (``bench.chaos``);
 - in a process of its own, so that its event loop never competes with the measuring process's threads for
-  the GIL: :func:`in_process`, which runs this module (``bench.overload``, ``bench.soak``):
+  the GIL: :func:`in_process`, which runs this module (``bench.overload``, ``bench.soak``), optionally on
+  CPUs of its own (``--cpus``: every thread of it confined to them, :func:`bench.cpus.confine`):
 
     python -m bench.loadgen --target 127.0.0.1:50050 --users users.json --rate 40 --duration 20 --out rec.jsonl
 
@@ -17,8 +18,11 @@ the request (``send_lag_ms``: a caller-side tail the gateway never saw). Every a
 (the scheduled send), ``user`` (its index in the sample), ``send_lag_ms``, ``latency_ms``, ``done`` (when it
 came back) and what ``describe`` makes of the answer, by default :func:`answer_fields`: the status, who
 served, the gateway's own time (``server_ms``, ``stats.total_ms``), whether the list is a model answer (no
-catalogue fill). The process form writes the records as JSON lines in ``--out``; its users come from a
-JSON file (``{"ids": [[item id, ...], ...], "targets": [...]}``, :func:`bench.harness.write_users`).
+catalogue fill). :func:`model_answer` says whether a record is the GR model's answer (not the item drafter's,
+not holding catalogue fill). The process form writes the records as JSON lines in ``--out``; its users come
+from a JSON file (``{"ids": [[item id, ...], ...], "targets": [...]}``, :func:`bench.harness.write_users`); on
+its stdout, a line ``{"t0": ...}`` when its arrivals' clock starts (the monotonic clock every process of the
+machine shares: the measuring process times its own readings by it), and ``{"sent": n}`` at the end.
 
 :func:`capacity` is the closed loop: ``clients`` callers, each sending its next request when the last is
 answered; :func:`measured_capacity` is the GR model's own answers/s that ``bench.overload`` and ``bench.soak``
@@ -43,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.cpus import confine
 from bench.harness import ROOT, add_common_args, request
 
 #: what a record holds of one answer: (user index, the response or None, the gRPC error or None) -> fields
@@ -50,6 +55,9 @@ Describe = Callable[[int, Any, Any], dict]
 
 #: the capacity phase: this policy, with a budget that never acts
 CAPACITY_POLICY, CAPACITY_BUDGET_MS = "beam", 1000.0
+#: who served a list that is not the GR model's: the item drafter (auto's cheapest tier, or the fallback when the
+#: verifier is away) and the catalogue's fill
+NOT_THE_MODEL = ("drafter", "fill")
 
 
 def answer_fields(i: int, resp, error) -> dict:
@@ -63,17 +71,26 @@ def answer_fields(i: int, resp, error) -> dict:
             "any_fill": "fill" in sources}
 
 
+def model_answer(rec: dict) -> bool:
+    """A record of an answer the GR model made: answered, served by a policy of the verifier (not the item
+    drafter, not the catalogue fill: :data:`NOT_THE_MODEL`), with items, none of them fill. Degraded or not:
+    a verifier policy's list when the item drafter is away is still the model's."""
+    return (rec.get("code") == "OK" and rec.get("served_by") not in NOT_THE_MODEL and not rec.get("any_fill", False)
+            and bool(rec.get("model", False)))
+
+
 async def poisson(target: str, histories: list[list[str]], *, rate: float | Callable[[], float],
                   duration: float | None = None, stop: threading.Event | None = None, policy: str = "auto",
                   k: int = 10, budget_ms: float = 30.0, seed: int = 0, timeout_s: float = 5.0,
                   user_prefix: str = "load", start_delay_s: float = 0.0, describe: Describe = answer_fields,
                   records: list[dict] | None = None, on_record: Callable[[dict], object] | None = None,
+                  on_start: Callable[[float], object] | None = None,
                   progress_every: float | None = None) -> tuple[list[dict], int, float]:
     """Poisson arrivals at ``rate`` requests/s (a callable: read at every arrival) of ``policy`` requests,
     user ``j % len(histories)`` for the j-th, from ``start_delay_s`` after the channel is ready until
     ``duration`` seconds of arrivals or ``stop`` is set; then waits for every answer. -> (the records, in
     the order they came back (appended to ``records`` if given, as they come), requests sent, the monotonic
-    time the arrivals count from)."""
+    time the arrivals count from; ``on_start`` is told that time as soon as it is set)."""
     import grpc
 
     from specrec_rpc.v1 import recommender_pb2_grpc
@@ -108,6 +125,8 @@ async def poisson(target: str, histories: list[list[str]], *, rate: float | Call
         await ch.channel_ready()
         tasks: set[asyncio.Task] = set()
         t0 = t_next = time.monotonic() + start_delay_s
+        if on_start is not None:
+            on_start(t0)
         t_print = time.monotonic() + progress_every if progress_every else float("inf")
         j = 0
         while stop is None or not stop.is_set():
@@ -157,14 +176,23 @@ class InThread:
 
 def in_process(target: str, users_file: Path, rate: float, seconds: float, budget_ms: float, seed: int, out: Path,
                profile: dict[str, int] | None = None, profile_dir: Path | None = None,
-               say: Callable[[str], None] = print) -> list[dict]:
-    """This module in its own process (``auto``, K = 10, for ``seconds`` of arrivals); its records. With
-    ``profile`` (name -> pid), py-spy samples those processes and the load generator for the whole run into
-    ``profile_dir`` (``<name>.txt``, collapsed stacks; each sampler's messages in ``<name>.err``)."""
+               say: Callable[[str], None] = print, cpus: set[int] | None = None,
+               at: tuple[float, Callable[[], object]] | None = None) -> list[dict]:
+    """This module in its own process (``auto``, K = 10, for ``seconds`` of arrivals); its records. ``cpus``:
+    the CPUs it runs on (it confines itself at its start, and is confined again by its pid here). ``at`` =
+    (offset s, fn): ``fn()`` is called here once, ``offset`` seconds after its arrivals' clock starts (a
+    reading of the server at the start of the measured part). With ``profile`` (name -> pid), py-spy samples
+    those processes and the load generator for the whole run into ``profile_dir`` (``<name>.txt``, collapsed
+    stacks; each sampler's messages in ``<name>.err``)."""
     cmd = [sys.executable, "-m", "bench.loadgen", "--target", target, "--users", str(users_file),
            "--rate", f"{rate:.3f}", "--duration", f"{seconds:.1f}", "--budget-ms", str(budget_ms),
            "--seed", str(seed), "--out", str(out)]
-    gen = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if cpus:
+        cmd += ["--cpus", ",".join(str(c) for c in sorted(cpus))]
+    gen = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                           text=True)
+    if cpus:
+        confine([gen.pid], cpus)
     spies: list[tuple[str, subprocess.Popen]] = []
     try:
         if profile and profile_dir is not None:
@@ -175,6 +203,14 @@ def in_process(target: str, users_file: Path, rate: float, seconds: float, budge
                         [py_spy(), "record", "--pid", str(pid), "--rate", "250", "--format", "raw", "--nonblocking",
                          "--threads", "-o", str(profile_dir / f"{name}.txt")],
                         stdout=subprocess.DEVNULL, stderr=err)))
+        assert gen.stdout is not None
+        first = gen.stdout.readline()  # {"t0": ...} when its arrivals' clock starts ("" if it failed first)
+        if at is not None and first.strip():
+            t0 = json.loads(first).get("t0")
+            if t0 is not None:
+                time.sleep(max(0.0, t0 + at[0] - time.monotonic()))
+                at[1]()
+        gen.stdout.read()  # {"sent": n}
         if gen.wait() != 0:
             raise subprocess.CalledProcessError(gen.returncode, cmd)
     finally:
@@ -274,13 +310,18 @@ def main(argv=None) -> int:
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--cpus", help="run on these CPUs only (comma-separated): every thread of this process, and "
+                    "so every thread it starts")
     a = ap.parse_args(argv)
+    if a.cpus:
+        confine([os.getpid()], {int(c) for c in a.cpus.split(",")})
     users = json.loads(a.users.read_text())
     with open(a.out, "w") as fh:
         _, sent, _ = asyncio.run(poisson(a.target, users["ids"], rate=a.rate, duration=a.duration,
                                          budget_ms=a.budget_ms, k=a.k, seed=a.seed, progress_every=10.0,
-                                         on_record=lambda r: fh.write(json.dumps(r) + "\n")))
-    print(json.dumps({"sent": sent}))
+                                         on_record=lambda r: fh.write(json.dumps(r) + "\n"),
+                                         on_start=lambda t0: print(json.dumps({"t0": t0}), flush=True)))
+    print(json.dumps({"sent": sent}), flush=True)
     return 0
 
 

@@ -1,40 +1,78 @@
-"""Overload at a 30 ms budget: ``auto`` through the gateway at 1x, 2x and 3x the stack's capacity.
+"""Overload at a 30 ms budget that measures the server: ``auto`` through the gateway at 1x, 2x and 3x the
+stack's capacity, the load generator on a CPU of its own.
 
     python -m bench.overload --bundle bundles/beauty-loo --multiples 1,2,3 --duration 20
+    python -m bench.overload --bundle bundles/beauty-loo --multiples 1 --duration 3 --warmup 1 \\
+        --capacity-seconds 2 --requests 200 --out /tmp/overload-smoke        # a smoke run
 
 Starts its own stack (``bench.harness.open_stack``: Redis found or started, the four services as
-subprocesses, a private namespace) and stops it at the end. Requests are a seeded random sample of
-leave-one-out test users.
+subprocesses, a private namespace, the gateway's ``/metrics`` on a free port) and stops it at the end.
+Requests are a seeded random sample of leave-one-out test users.
 
-1. **Capacity**: the GR model's answers/s: a closed loop of ``--clients`` concurrent callers (each sends
-   its next request when the last is answered) asking ``beam`` with a budget that never acts, counting
-   beam's own answers: what the stack serves at full quality when saturated.
-2. **Load**: for each multiple m, Poisson arrivals at m x capacity for warm-up + ``--duration``
-   seconds from ``bench.loadgen`` in its own process (the caller's event loop never competes with
-   anything of ours). Reported over the measured part: the caller-side p99 (scheduled send to answer,
-   every request, shed ones included), the gateway-side p99 (``stats.total_ms`` of its answers), the
-   shed share (RESOURCE_EXHAUSTED), other errors, and the share of answers that are model answers
-   (no catalogue fill).
+0. **Placement**: once the stack is SERVING, every thread of every service (and of the private Redis, when
+   the stack started one; the machine's own Redis is not ours and is left where it runs) is confined to all
+   CPUs but one (``bench.cpus.confine``), and this process to that one (``--generator-cpu``, default the last
+   CPU this process may use): the capacity phase's callers and the load generator (also confined by its
+   pid) run there, the services never. With fewer than two CPUs nothing is placed and every run is void.
+1. **Capacity**: the GR model's answers/s of the services on their CPUs: a closed loop of ``--clients``
+   concurrent callers (each sends its next request when the last is answered) asking ``beam`` with a budget
+   that never acts, counting beam's own answers: what the stack serves at full quality when saturated.
+2. **Load**: for each multiple m, Poisson arrivals at m x capacity for warm-up + ``--duration`` seconds from
+   ``bench.loadgen`` in its own process. Reported over the measured part:
 
-Writes ``overload.{json,md,png}`` into ``--out`` and the summary keys
-``serving.overload_<m>x.{client_p99_ms,server_p99_ms,shed_share,model_share,error_share,offered_rps,
-achieved_rps}`` and ``serving.capacity_rps``.
+   - the **server p99** from the gateway's own latency histogram (``specrec_rpc_latency_seconds`` of
+     ``Recommend``): read when the measured part starts and again once every answer is in, the difference
+     is what the gateway observed in between (its p99 interpolated within a bucket, as PromQL's
+     ``histogram_quantile``; the bucket and the share over the budget beside it); the answers'
+     ``stats.total_ms`` p99 beside it;
+   - the **caller p99** (scheduled send to answer, every request, shed ones included);
+   - the **generator's send lag** p99 (how late it sent: its own tail, which the gateway never saw). A run
+     whose lag p99 exceeds ``--max-lag-ms`` (2 ms) is **void**: it measured the generator, not the server.
+     Its figures stay in ``overload.json`` with ``"void": true`` and the reason, but no summary key
+     claims them;
+   - the shed share (RESOURCE_EXHAUSTED), other errors, and the **model-answer share**: answers that the GR
+     model made (served by a verifier policy, not the item drafter, no catalogue fill), of the answers.
+
+Writes ``overload.{json,md,png}`` into ``--out``, its section of README.md there, and the summary keys
+``serving.capacity_rps``, per multiple ``serving.overload_<m>x.void`` (1/0) and
+``.generator_lag_p99_ms``, and from the runs that are not void ``serving.overload_<m>x.{server_p99_ms,
+client_p99_ms,shed_share,model_answer_share,error_share,offered_rps,achieved_rps}`` (a void run retires
+those of its multiple: an older figure is not left to stand for it).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 import time
 from pathlib import Path
 
-from bench.harness import command_line, fmt, machine_line, no_nan, open_stack, pct, run_line, sayer
-from bench.loadgen import CAPACITY_BUDGET_MS, add_load_args, in_process, measured_capacity, py_spy
+from bench.cpus import affinity, confine, split, usable
+from bench.harness import (
+    command_line,
+    fmt,
+    machine_line,
+    no_nan,
+    open_stack,
+    pct,
+    run_line,
+    sayer,
+    scrape_histogram,
+    server_figures,
+)
+from bench.loadgen import CAPACITY_BUDGET_MS, add_load_args, in_process, measured_capacity, model_answer, py_spy
 from specrec.eval.results import markdown_table, readme_section, update_summary, write_json
 
 #: this benchmark's section of the results README
 README_OWNER = "bench.overload"
+#: the figures of a run that are summary keys (only from a run that is not void)
+FIGURES = ("server_p99_ms", "client_p99_ms", "shed_share", "model_answer_share", "error_share", "offered_rps",
+           "achieved_rps")
+#: keys replaced: model_share counted the item drafter's lists as the model's (now model_answer_share)
+REPLACED = ("model_share",)
 
 say = sayer("overload")
 
@@ -62,6 +100,7 @@ def top_frames(path: Path, seconds: float, rate: float = 250.0, n: int = 15) -> 
 
 
 def summarise(recs: list[dict], t_from: float, t_to: float) -> dict:
+    """The caller's figures of the records sent in [t_from, t_to)."""
     part = [r for r in recs if t_from <= r["t"] < t_to]
     ok = [r for r in part if r["code"] == "OK"]
     n = max(1, len(part))
@@ -74,12 +113,14 @@ def summarise(recs: list[dict], t_from: float, t_to: float) -> dict:
         "client_p50_ms": pct(lat, 50),
         "client_p99_ms": pct(lat, 99),
         "client_p99_answered_ms": pct([r["latency_ms"] for r in ok], 99),
-        "client_send_lag_p99_ms": pct([r.get("send_lag_ms", 0.0) for r in part], 99),
-        "server_p50_ms": pct([r["server_ms"] for r in ok], 50),
-        "server_p99_ms": pct([r["server_ms"] for r in ok], 99),
+        "generator_lag_p99_ms": pct([r.get("send_lag_ms", 0.0) for r in part], 99),
+        "generator_lag_max_ms": max((r.get("send_lag_ms", 0.0) for r in part), default=float("nan")),
+        "server_stats_p50_ms": pct([r["server_ms"] for r in ok], 50),
+        "server_stats_p99_ms": pct([r["server_ms"] for r in ok], 99),
         "shed_share": sum(r["code"] == "RESOURCE_EXHAUSTED" for r in part) / n,
         "error_share": sum(r["code"] not in ("OK", "RESOURCE_EXHAUSTED") for r in part) / n,
-        "model_share": sum(bool(r.get("model")) for r in ok) / max(1, len(ok)),
+        "model_answer_share": sum(model_answer(r) for r in ok) / max(1, len(ok)),
+        "no_fill_share": sum(bool(r.get("model")) for r in ok) / max(1, len(ok)),
         "degraded_share": sum(bool(r.get("degraded")) for r in ok) / max(1, len(ok)),
         "served_by": {
             s: sum(r["served_by"] == s for r in ok) / max(1, len(ok)) for s in sorted({r["served_by"] for r in ok})
@@ -87,54 +128,124 @@ def summarise(recs: list[dict], t_from: float, t_to: float) -> dict:
     }
 
 
-def plot(rows: list[dict], budget_ms: float, path: Path, title: str) -> None:
+def void_reason(lag_p99_ms: float | None, max_lag_ms: float, placement: str | None = None,
+                server_error: str | None = None) -> str | None:
+    """Why a run's figures are not the server's (None: they are): the generator shared the services' CPUs
+    (``placement``), its send lag p99 exceeded ``max_lag_ms`` (or was not measured), or the gateway's
+    histogram could not be read."""
+    why = [placement] if placement else []
+    if lag_p99_ms is None or math.isnan(lag_p99_ms):
+        why.append("no send lag measured (no request in the measured part)")
+    elif lag_p99_ms > max_lag_ms:
+        why.append(f"the load generator's send lag p99 {lag_p99_ms:.2f} ms > {max_lag_ms:g} ms: the run measured "
+                   "the generator, not the server")
+    if server_error:
+        why.append(f"the gateway's histogram could not be read ({server_error})")
+    return "; ".join(why) or None
+
+
+def summary_keys(rows: list[dict], capacity_rps: float) -> tuple[dict, tuple[str, ...]]:
+    """(the summary keys of a run, the keys it retires): per multiple, ``void`` and the generator's lag p99
+    always, the :data:`FIGURES` only from a run that is not void (a void run retires its multiple's), and the
+    :data:`REPLACED` keys retired."""
+    keys: dict = {"serving.capacity_rps": capacity_rps}
+    retire: list[str] = []
+    for r in rows:
+        p = f"serving.overload_{r['multiple']:g}x"
+        keys[f"{p}.void"] = int(bool(r["void"]))
+        keys[f"{p}.generator_lag_p99_ms"] = r["generator_lag_p99_ms"]
+        retire += [f"{p}.{f}" for f in REPLACED]
+        for f in FIGURES:
+            if r["void"]:
+                retire.append(f"{p}.{f}")
+            else:
+                keys[f"{p}.{f}"] = r[f]
+    return keys, tuple(retire)
+
+
+def place(stack, generator: set[int], services: set[int]) -> dict:
+    """Confine every thread of every service (and of the stack's own Redis, when it started one) to
+    ``services``, and this process (the capacity phase's callers; the load generator it starts inherits it)
+    to ``generator`` -> where they ended up (each process: the CPUs its threads may use), for the results."""
+    pids = {n: p.pid for n, p in stack.procs.procs.items()}
+    own_redis = stack.redis is not None and stack.redis.proc is not None
+    if own_redis:
+        pids["redis"] = stack.redis.proc.pid
+    confine(pids.values(), services)
+    confine([os.getpid()], generator)
+    return {"generator_cpus": sorted(generator), "service_cpus": sorted(services),
+            "processes": {n: sorted(set().union(*map(set, affinity(pid).values()))) for n, pid in
+                          {**pids, "bench": os.getpid()}.items()},
+            "redis": "the stack's own redis-server, on the services' CPUs" if own_redis else
+            f"the Redis at {stack.redis_url}: not started here, left where it runs"}
+
+
+def plot(rows: list[dict], budget_ms: float, max_lag_ms: float, path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     m = [r["multiple"] for r in rows]
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (ax, lx, bx) = plt.subplots(1, 3, figsize=(14, 4))
+    ax.plot(m, [r["server_p99_ms"] for r in rows], "s-", label="gateway p99 (its histogram)")
     ax.plot(m, [r["client_p99_ms"] for r in rows], "o-", label="caller p99 (all requests)")
-    ax.plot(m, [r["server_p99_ms"] for r in rows], "s-", label="gateway p99 (its answers)")
     ax.axhline(budget_ms, color="grey", ls="--", lw=1, label=f"budget {budget_ms:g} ms")
-    ax.set_xlabel("offered load / capacity")
+    void = [r for r in rows if r["void"]]
+    if void:
+        ax.scatter([r["multiple"] for r in void], [r["server_p99_ms"] for r in void], marker="x", s=80, color="red",
+                   zorder=5, label="void (see overload.json)")
     ax.set_ylabel("ms")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    bx.plot(m, [r["model_share"] for r in rows], "o-", label="model answers / answers")
+    lx.plot(m, [r["generator_lag_p99_ms"] for r in rows], "o-", label="generator send lag p99")
+    lx.axhline(max_lag_ms, color="red", ls="--", lw=1, label=f"void above {max_lag_ms:g} ms")
+    lx.set_ylabel("ms")
+    bx.plot(m, [r["model_answer_share"] for r in rows], "o-", label="model answers / answers")
     bx.plot(m, [r["shed_share"] for r in rows], "s-", label="shed / requests")
-    bx.set_xlabel("offered load / capacity")
     bx.set_ylim(-0.02, 1.02)
-    bx.legend(fontsize=8)
-    bx.grid(alpha=0.3)
+    for x in (ax, lx, bx):
+        x.set_xlabel("offered load / capacity")
+        x.legend(fontsize=8)
+        x.grid(alpha=0.3)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def readme_body(res: dict) -> str:
     """This benchmark's section of the results README (``res``: what ``overload.json`` holds)."""
-    rows = [f"| {r['multiple']:g}x | {fmt(r['offered_rps'], '.0f')} | {fmt(r['achieved_rps'], '.0f')} | "
-            f"{fmt(r['client_p99_ms'])} | {fmt(r['server_p99_ms'])} | {fmt(r['client_send_lag_p99_ms'])} | "
-            f"{fmt(100 * r['shed_share'] if r['shed_share'] is not None else None)}% | "
-            f"{fmt(100 * r['model_share'] if r['model_share'] is not None else None)}% | "
-            f"{fmt(100 * r['error_share'] if r['error_share'] is not None else None)}% |" for r in res["rows"]]
+    def share(v) -> str:
+        return fmt(100 * v if v is not None else None) + "%"
+
+    rows = [f"| {r['multiple']:g}x | {'**void**' if r['void'] else 'no'} | {fmt(r['offered_rps'], '.0f')} | "
+            f"{fmt(r['achieved_rps'], '.0f')} | {fmt(r['server_p99_ms'])} | {fmt(r['client_p99_ms'])} | "
+            f"{fmt(r['generator_lag_p99_ms'], '.2f')} | {share(r['shed_share'])} | {share(r['model_answer_share'])} | "
+            f"{share(r['error_share'])} |" for r in res["rows"]]
+    voids = [f"- {r['multiple']:g}x is void: {r['void_reason']}." for r in res["rows"] if r["void"]]
     b = f"{res['budget_ms']:g}"
+    pl = res.get("placement") or {}
+    where = (f"the load generator (and the capacity phase's callers) on CPU {pl['generator_cpus']}, every thread "
+             f"of the services on {pl['service_cpus']}; {pl['redis']}" if pl.get("generator_cpus") else
+             "nothing placed: " + str(res.get("placement_void") or "n/a"))
     return "\n".join([
         f"## Overload at {b} ms (`bench.overload`, `serving.capacity_rps`, `serving.overload_<m>x.*`)\n",
         f"Command (rerun step `overload`): `{res['command']}`\n",
-        f"Run: {res.get('run', 'n/a')}. {res['machine']}. {res['users']}. Capacity: {fmt(res['capacity_rps'])} "
-        f"beam answers/s ({res['clients']} closed-loop callers, a budget that never acts); then `auto` at {b} ms, "
-        "Poisson arrivals at multiples of it from the load generator in its own process. Caller p99: every request "
-        "of the measured part from its scheduled send, shed ones included; gateway p99: its answers' "
-        "`stats.total_ms`; send lag: how late the generator sent (its own tail). "
-        "Table: [`overload.md`](overload.md).\n",
-        "| load | offered rps | achieved rps | caller p99 ms | gateway p99 ms | send lag p99 ms | shed | model answers "
-        "| errors |",
-        "|---|---|---|---|---|---|---|---|---|",
+        f"Run: {res.get('run', 'n/a')}. {res['machine']}. {res['users']}. Placement: {where}. Capacity: "
+        f"{fmt(res['capacity_rps'])} beam answers/s of the services on their CPUs ({res['clients']} closed-loop "
+        f"callers, a budget that never acts); then `auto` at {b} ms, Poisson arrivals at multiples of it from the "
+        "load generator in its own process. Gateway p99: the gateway's own latency histogram over the measured "
+        "part (the difference of two readings, interpolated within a bucket as PromQL does); caller p99: every "
+        "request of the measured part from its scheduled send, shed ones included; send lag: how late the "
+        f"generator sent (its own tail): a run whose p99 is over {res['max_lag_ms']:g} ms is void, its figures "
+        "kept in the JSON only; model answers: the GR model's lists (not the item drafter's, no fill) of the "
+        "answers. Table: [`overload.md`](overload.md).\n",
+        "| load | void | offered rps | achieved rps | gateway p99 ms | caller p99 ms | send lag p99 ms | shed "
+        "| model answers | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|",
         *rows,
         "",
+        *voids,
+        *([""] if voids else []),
         "![overload](overload.png)\n",
     ])
 
@@ -146,6 +257,10 @@ def parse(argv):
     ap.add_argument("--multiples", default="1,2,3", help="offered load as multiples of the measured capacity")
     ap.add_argument("--duration", type=float, default=20.0, help="measured seconds per multiple")
     ap.add_argument("--warmup", type=float, default=3.0, help="seconds per multiple sent first and not measured")
+    ap.add_argument("--generator-cpu", type=int, default=None, help="the CPU of the load generator (and of this "
+                    "process); the services get the others. None: the last CPU this process may use")
+    ap.add_argument("--max-lag-ms", type=float, default=2.0, help="a run whose load generator's send lag p99 is "
+                    "over this is void")
     ap.add_argument("--profile", action="store_true", help="then one more run at the last multiple with py-spy on the "
                     "gateway, the verifier and the load generator (needs py-spy); where their samples are goes into "
                     "overload.json (not the table: samplers beside it stretch the tail)")
@@ -153,35 +268,82 @@ def parse(argv):
     return ap.parse_args(argv)
 
 
+def load_run(target: str, metrics: str, users_file: Path, m: float, cap: float, a, tmp: Path,
+             cpus: set[int] | None, placement_void: str | None) -> dict:
+    """One multiple: its records' figures over the measured part, the gateway's histogram over the same part
+    (read when it starts, and again once every answer is in), and whether the run is void."""
+    first: dict = {}
+
+    def read_first() -> None:  # in this process, at the start of the measured part
+        first["t"] = time.monotonic()
+        try:
+            first["h"] = scrape_histogram(metrics)
+        except OSError as e:
+            first["error"] = str(e)
+
+    recs = in_process(target, users_file, m * cap, a.warmup + a.duration, a.budget_ms, a.seed + int(10 * m),
+                      tmp / f"load_{m:g}x.jsonl", say=say, cpus=cpus, at=(a.warmup, read_first))
+    t_from = first.get("t", min((r["t"] for r in recs), default=0.0) + a.warmup)
+    row = {"multiple": m, **summarise(recs, t_from, t_from + a.duration)}
+    error = first.get("error")
+    server: dict = {"server_p99_ms": float("nan")}
+    if "h" in first:
+        try:
+            server = server_figures(scrape_histogram(metrics) - first["h"], a.budget_ms)
+            if not server["server_count"]:
+                error = "it observed no Recommend in the measured part"
+        except (OSError, ValueError) as e:
+            error = str(e)
+    elif error is None:
+        error = "the load generator never started its arrivals"
+    row.update(server)
+    why = void_reason(row["generator_lag_p99_ms"], a.max_lag_ms, placement_void, error)
+    row.update(void=why is not None, void_reason=why)
+    return row
+
+
 def main(argv=None) -> int:
     a = parse(argv)
     if a.profile:
         py_spy()  # before anything starts
     command = command_line("bench.overload", argv)
-    bundle, users, tmp, users_file, stack = open_stack(a, "overload")
+    if a.generator_cpu is not None and a.generator_cpu not in usable():
+        raise SystemExit(f"--generator-cpu {a.generator_cpu}: this process may use CPUs {usable()} only")
+    gen_cpus: set[int] | None = None
+    svc_cpus: set[int] | None = None
+    placement_void: str | None = None
+    try:
+        gen_cpus, svc_cpus = split(usable(), a.generator_cpu)
+    except ValueError as e:
+        placement_void = f"{e}: the load generator cannot have a CPU of its own"
+        say(f"{placement_void}; every run will be void")
+    bundle, users, tmp, users_file, stack = open_stack(a, "overload", metrics=("gateway",))
     rows: list[dict] = []
     profiles: dict = {}
+    placement: dict = {}
     try:
         stack.start(a.startup_timeout, say=say)
-        target = stack.addr("gateway")
+        if gen_cpus is not None and svc_cpus is not None:
+            placement = place(stack, gen_cpus, svc_cpus)
+            say(f"the load generator on CPU {sorted(gen_cpus)}, the services on {sorted(svc_cpus)}: "
+                + ", ".join(f"{n} {c}" for n, c in placement["processes"].items()))
+        target, metrics = stack.addr("gateway"), stack.metrics_url("gateway")
         cap = measured_capacity(target, users.ids, a)
         say(f"capacity: {cap:.1f} beam answers/s ({a.clients} closed-loop callers, budget {CAPACITY_BUDGET_MS:g} ms)")
         multiples = [float(x) for x in a.multiples.split(",") if x.strip()]
         for m in multiples:
-            recs = in_process(target, users_file, m * cap, a.warmup + a.duration, a.budget_ms, a.seed + int(10 * m),
-                              tmp / f"load_{m:g}x.jsonl", say=say)
-            t0 = min(r["t"] for r in recs)
-            row = {"multiple": m, **summarise(recs, t0 + a.warmup, t0 + a.warmup + a.duration)}
+            row = load_run(target, metrics, users_file, m, cap, a, tmp, gen_cpus, placement_void)
             rows.append(row)
-            say(f"{m:g}x ({row['offered_rps']:.0f} rps offered): caller p99 {row['client_p99_ms']:.1f} ms, gateway p99 "
-                f"{row['server_p99_ms']:.1f} ms, shed {row['shed_share']:.1%}, model answers {row['model_share']:.1%}, "
-                f"errors {row['error_share']:.1%}")
+            say(f"{m:g}x ({row['offered_rps']:.0f} rps offered): gateway p99 {fmt(row['server_p99_ms'])} ms, caller "
+                f"p99 {fmt(row['client_p99_ms'])} ms, send lag p99 {fmt(row['generator_lag_p99_ms'], '.2f')} ms, shed "
+                f"{row['shed_share']:.1%}, model answers {row['model_answer_share']:.1%}, errors "
+                f"{row['error_share']:.1%}" + (f" -> VOID: {row['void_reason']}" if row["void"] else ""))
             time.sleep(2.0)
         if a.profile:  # one more run at the last multiple, with the samplers: its figures are not the table's
             spy = {n: stack.procs.procs[n].pid for n in ("gateway", "verifier")}
             m = multiples[-1]
             in_process(target, users_file, m * cap, a.warmup + a.duration, a.budget_ms, a.seed + int(10 * m) + 1,
-                       tmp / "load_profiled.jsonl", spy, tmp / "profile", say=say)
+                       tmp / "load_profiled.jsonl", spy, tmp / "profile", say=say, cpus=gen_cpus)
             profiles = {n: top_frames(tmp / "profile" / f"{n}.txt", a.warmup + a.duration) for n in [*spy, "loadgen"]
                         if (tmp / "profile" / f"{n}.txt").exists()}
             profiles["multiple"] = m
@@ -193,22 +355,24 @@ def main(argv=None) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     res = {"command": command, "run": run_line(), "users": users.source, "budget_ms": a.budget_ms,
-           "machine": machine_line(), "capacity_rps": cap, "clients": a.clients, "rows": rows,
+           "machine": machine_line(), "placement": placement, "placement_void": placement_void,
+           "max_lag_ms": a.max_lag_ms, "capacity_rps": cap, "clients": a.clients, "rows": rows,
            **({"profiles": profiles} if profiles else {})}
     write_json("overload", no_nan(res), out)
-    plot(rows, a.budget_ms, out / "overload.png",
-         f"{bundle.name}: auto at {a.budget_ms:g} ms, capacity {cap:.0f} rps, load generator in its own process")
-    keys = {"serving.capacity_rps": cap}
-    for r in rows:
-        for f in ("client_p99_ms", "server_p99_ms", "shed_share", "model_share", "error_share", "offered_rps",
-                  "achieved_rps"):
-            keys[f"serving.overload_{r['multiple']:g}x.{f}"] = r[f]
-    update_summary(no_nan(keys), out / "summary.json")
-    cols = ["multiple", "offered_rps", "achieved_rps", "client_p99_ms", "server_p99_ms", "shed_share", "model_share",
-            "error_share"]
+    plot(rows, a.budget_ms, a.max_lag_ms, out / "overload.png",
+         f"{bundle.name}: auto at {a.budget_ms:g} ms, capacity {cap:.0f} rps, load generator on CPU "
+         f"{sorted(gen_cpus) if gen_cpus else 'shared'}")
+    keys, retire = summary_keys(rows, cap)
+    update_summary(no_nan(keys), out / "summary.json", retire=retire)
+    cols = ["multiple", "void", "offered_rps", "achieved_rps", "server_p99_ms", "server_over_budget_share",
+            "server_stats_p99_ms", "client_p99_ms", "generator_lag_p99_ms", "shed_share", "model_answer_share",
+            "no_fill_share", "error_share"]
+    voids = "".join(f"- {r['multiple']:g}x is void: {r['void_reason']}.\n" for r in rows if r["void"])
     md = (f"Produced by:\n\n```bash\n{command}\n```\n\n{res['machine']}; capacity {cap:.1f} beam answers/s "
-          f"({a.clients} closed-loop callers). Caller p99: every request of the measured part, shed ones included. "
-          f"Table: [`overload.md`](overload.md).\n\n" + markdown_table(rows, cols) + "\n![overload](overload.png)\n")
+          f"({a.clients} closed-loop callers). Gateway p99 (`server_p99_ms`): its own histogram over the measured "
+          "part; `server_stats_p99_ms`: its answers' `stats.total_ms`. Caller p99: every request of the measured part, "
+          f"shed ones included. A run whose generator lag p99 is over {a.max_lag_ms:g} ms is void.\n\n"
+          + markdown_table(rows, cols) + ("\n" + voids if voids else "") + "\n![overload](overload.png)\n")
     (out / "overload.md").write_text("# Overload at a budget\n\n" + md)
     readme_section(out / "README.md", README_OWNER, readme_body(no_nan(res)), retire=("bench/overload.py",))
     print(json.dumps(no_nan(keys), indent=2))

@@ -9,7 +9,8 @@
 # Steps: quality (GR + SASRec, TIGER protocol and --exclude-history, all test users; the learning curve),
 # policies (K=10/50, 500 random test users, the cost model), temporal (bundles/beauty-temporal, and where its
 # unseen targets are lost), drafters, backends, profile (policies, graphs, pass cost and floor), startup (cold
-# and warm start), index (HNSW), serving, overload, soak (and what a write costs), chaos, scaleout, keys (which
+# and warm start), index (HNSW), serving, overload (the load generator on a CPU of its own), soak (and what a
+# write costs), chaos (faults of the services, of Redis and of the machine), scaleout, keys (which
 # summary keys no step writes: bench.summary_keys). Not in the default list, run only when named: gpu
 # (bench/device_check.sh, on a machine with an NVIDIA GPU). Every script of bench/ runs from a step, as a module
 # (python -m bench.<name>, from the repository root). Each step's output goes to $LOG/<step>.log; a line per
@@ -63,7 +64,7 @@ soak() {
   python -m bench.soak --bundle "$BUNDLE" --minutes 10
   python -m bench.upsert_cost --bundle "$BUNDLE" --seconds 20  # the write path alone, no requests
 }
-chaos() { python -m bench.chaos --bundle "$BUNDLE" --rate 10 --budget-ms 100; }
+chaos() { python -m bench.chaos --bundle "$BUNDLE" --rate 10 --budget-ms 100 --machine-budget-ms 30; }
 scaleout() { python -m bench.scaleout --bundle "$BUNDLE" --rates 10,20,30,40 --duration 10; }
 gpu() { bash bench/device_check.sh; }  # needs an NVIDIA GPU (exits 3 without one): only when named
 

@@ -41,12 +41,13 @@ WRITERS: dict[str, list[str]] = {
     "serving": [r"gateway\.(auto|beam|strict|nezha|specgr)\.(overhead_p50_ms|p50_ms|p99_ms_at_\d+ms"
                 r"|server_p99_ms_at_\d+ms|budget_exit_share_at_\d+ms|model_answer_share_at_\d+ms)",
                 r"gateway\.auto\.(max_rps_p99_\d+ms|recall_ratio_at_\d+ms|all_fill_share_at_\d+ms)"],
-    "overload": [r"serving\.capacity_rps", r"serving\.overload_\dx\.(achieved_rps|client_p99_ms|error_share"
-                 r"|model_share|offered_rps|server_p99_ms|shed_share)"],
+    "overload": [r"serving\.capacity_rps", r"serving\.overload_[\d.]+x\.(achieved_rps|client_p99_ms|error_share"
+                 r"|generator_lag_p99_ms|model_answer_share|offered_rps|server_p99_ms|shed_share|void)"],
     "soak": [r"soak\.(errors|minutes|p99_drift_ms|rate_rps|rss_growth_max|shed|upsert_errors|upserts_acked)"],
     "chaos": [r"chaos\.(catalogue_items_lost|internal_errors|model_answer_share_during_faults"
               r"|overload_p99_over_budget_ms|recovery_s_max|redis_failover_acked_writes_lost"
-              r"|redis_failover_internal_errors|redis_failover_recovery_s)"],
+              r"|redis_failover_internal_errors|redis_failover_recovery_s)",
+              r"chaos\.(cpu_hog|one_core)\.(server_p99_ms|client_p99_ms|model_answer_share|fill_share|shed_share)"],
     "scaleout": [r"scaleout\.(errors_on_replica_kill|max_rps_p99_one_replica|max_rps_p99_two_replicas"
                  r"|replica_share_min)"],
     "keys": [r"bench\.keys_without_writer"],

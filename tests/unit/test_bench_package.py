@@ -7,8 +7,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
-#: modules the scripts import, not steps of their own (the load generator's process form runs under overload and soak)
-LIBRARY = {"__init__", "harness", "loadgen"}
+#: modules the scripts import, not steps of their own (the load generator's process form runs under overload and soak;
+#: cpus places processes on CPUs for overload and chaos)
+LIBRARY = {"__init__", "harness", "loadgen", "cpus"}
 
 
 def test_every_script_is_a_step_of_rerun():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 import time
 from concurrent import futures
@@ -118,5 +119,33 @@ def test_the_process_form_writes_one_json_line_per_answer(gateway, tmp_path, cap
     assert loadgen.main(["--target", target, "--users", str(users), "--rate", "300", "--duration", "0.2",
                          "--out", str(out)]) == 0
     lines = [json.loads(x) for x in out.read_text().splitlines()]
-    assert json.loads(capsys.readouterr().out)["sent"] == len(lines) > 5
+    said = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [set(x) for x in said] == [{"t0"}, {"sent"}]  # when its arrivals' clock starts, then how many it sent
+    assert said[1]["sent"] == len(lines) > 5
+    assert said[0]["t0"] < min(r["t"] for r in lines)
     assert {"t", "user", "send_lag_ms", "code", "served_by", "model", "latency_ms"} <= set(lines[0])
+
+
+def test_the_process_form_on_a_cpu_calls_back_at_the_offset_from_its_start(gateway, tmp_path):
+    target, _ = gateway
+    users = tmp_path / "users.json"
+    users.write_text(json.dumps({"ids": HISTORIES, "targets": ["x", "y", "z"]}))
+    called: list[float] = []
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    recs = loadgen.in_process(target, users, 200.0, 0.6, 30.0, 0, tmp_path / "rec.jsonl", cpus={cpu},
+                              at=(0.2, lambda: called.append(time.monotonic())))
+    assert len(called) == 1 and len(recs) > 20
+    first = min(r["t"] for r in recs)  # its clock's start plus one gap (Exp, mean 5 ms)
+    assert first + 0.15 <= called[0] <= first + 1.2
+    assert called[0] < max(r["done"] for r in recs)
+
+
+def test_a_model_answer_is_the_verifier_policies_list_without_fill():
+    ok = {"code": "OK", "served_by": "nezha", "model": True, "any_fill": False}
+    assert loadgen.model_answer(ok)
+    assert loadgen.model_answer({**ok, "degraded": True})  # beam's list while the drafter is away is the model's
+    assert not loadgen.model_answer({**ok, "served_by": "drafter"})
+    assert not loadgen.model_answer({**ok, "served_by": "fill"})
+    assert not loadgen.model_answer({**ok, "any_fill": True})
+    assert not loadgen.model_answer({**ok, "model": False})
+    assert not loadgen.model_answer({**ok, "code": "RESOURCE_EXHAUSTED"})

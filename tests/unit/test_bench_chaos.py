@@ -1,0 +1,163 @@
+"""What ``bench.chaos`` makes of a window of a fault of the machine without a stack: its figures (model answers
+of the requests, fill of the answers, the window's bounds), its keys, and what a run of those faults alone
+writes and retires."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+from concurrent import futures
+from dataclasses import dataclass
+
+import grpc
+import pytest
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import Histogram as PromHistogram
+
+from bench import chaos, summary_keys
+from bench.cpus import Hog, affinity, usable
+from bench.harness import Users
+from specrec_rpc.localstack import free_port
+from specrec_rpc.server import LATENCY_BUCKETS
+from specrec_rpc.v1 import recommender_pb2, recommender_pb2_grpc
+
+
+def rec(t: float, served_by: str = "nezha", code: str = "OK", lag: float = 0.5, latency: float = 20.0,
+        fill: bool = False) -> dict:
+    return {"t": t, "user": 0, "send_lag_ms": lag, "latency_ms": latency, "done": t + latency / 1000.0, "code": code,
+            "served_by": served_by if code == "OK" else "", "degraded": served_by == "drafter" or code != "OK",
+            "server_ms": latency - 1.0, "model": code == "OK", "any_fill": fill}
+
+
+def test_a_window_counts_model_answers_of_the_requests_and_fill_of_the_answers():
+    inside = ([rec(10.0 + 0.01 * i) for i in range(16)] + [rec(10.2, "drafter"), rec(10.3, fill=True),
+              rec(10.4, code="RESOURCE_EXHAUSTED", latency=1.0), rec(10.5, code="INTERNAL", latency=90.0)])
+    outside = [rec(9.9, latency=500.0), rec(12.0, latency=500.0)]
+    server = {"server_p99_ms": 29.0, "server_count": 20}
+    row = chaos.machine_row("cpu-hog", outside + inside, 10.0, 11.0, server, {"cpu": 1})
+    assert row["requests"] == 20 and row["seconds"] == pytest.approx(1.0)
+    assert row["model_answer_share"] == pytest.approx(16 / 20)  # not the drafter's, not fill, not shed or failed
+    assert row["fill_share"] == pytest.approx(1 / 18) and row["drafter_share"] == pytest.approx(1 / 18)
+    assert row["shed_share"] == pytest.approx(1 / 20) and row["internal_errors"] == 1
+    assert row["client_p99_ms"] < 100.0  # the 500 ms answers outside the window are not its
+    assert row["server_p99_ms"] == 29.0 and row["cpu"] == 1
+
+
+def test_machine_keys_and_cpu_shares():
+    rows = [{"scenario": s, **{f: 0.5 for f in chaos.MACHINE_FIGURES}} for s in ("baseline", "cpu-hog", "one-core")]
+    keys = chaos.machine_keys(rows)
+    assert set(keys) == {f"chaos.{s}.{f}" for s in ("cpu_hog", "one_core") for f in chaos.MACHINE_FIGURES}
+    assert summary_keys.keys_without_writer(keys) == []
+    assert chaos.cpu_shares({"hog": 1.0, "verifier": 2.0, "gone": None}, {"hog": 10.5, "verifier": 6.0}, 10.0) == {
+        "hog": 0.95, "verifier": 0.4}
+
+
+def result(machine_faults: dict) -> dict:
+    return {"command": "python -m bench.chaos", "run": "today", "users": "users", "machine": "2 CPUs",
+            "budget_ms": 100.0, "rate": 10.0, "flood_x": 2.0, "streak": 5, "scenarios": [],
+            "capacity_rps": float("nan"), "machine_faults": machine_faults}
+
+
+def test_a_fault_of_the_machine_run_alone_writes_its_keys_and_no_other_scenarios(tmp_path):
+    (tmp_path / "summary.json").write_text(json.dumps({"chaos.recovery_s_max": 2.2, "chaos.catalogue_items_lost": 0}))
+    row = chaos.machine_row("cpu-hog", [rec(10.0 + 0.01 * i) for i in range(50)], 10.0, 11.0,
+                            {"server_p99_ms": 29.0, "server_p99_bucket_ms": [25.0, 30.0]}, {"cpu": 1, "cpu_share": {}})
+    mf = {"names": ["cpu-hog"], "rows": [row], "budget_ms": 30.0, "rate": 20.0, "capacity_rps": 40.0, "cpu": 1}
+    summary = chaos.write_results(tmp_path, result(mf))
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert written["chaos.cpu_hog.server_p99_ms"] == 29.0 and written["chaos.cpu_hog.model_answer_share"] == 1.0
+    assert written["chaos.recovery_s_max"] == 2.2  # the other scenarios did not run: their keys are left alone
+    assert "chaos.model_answer_share_during_faults" not in summary and "chaos.internal_errors" not in summary
+    assert "| cpu-hog | 1 |" in (tmp_path / "chaos.md").read_text()
+    assert "cpu-hog" in (tmp_path / "README.md").read_text()
+
+
+def test_a_fault_of_the_machine_skipped_retires_its_keys(tmp_path):
+    old = {f"chaos.one_core.{f}": 1.0 for f in chaos.MACHINE_FIGURES} | {"chaos.cpu_hog.server_p99_ms": 25.0}
+    (tmp_path / "summary.json").write_text(json.dumps(old))
+    mf = {"names": ["one-core"], "rows": [], "budget_ms": 30.0, "skipped": "one-core skipped: 1 CPU"}
+    chaos.write_results(tmp_path, result(mf))
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert not [k for k in written if k.startswith("chaos.one_core.")]
+    assert written["chaos.cpu_hog.server_p99_ms"] == 25.0  # not asked for in this run: left alone
+    assert "one-core skipped: 1 CPU" in (tmp_path / "chaos.md").read_text()
+    assert math.isnan(chaos.machine_row("x", [], 0.0, 1.0, {}, {})["model_answer_share"])
+
+
+# -- the phase, against a fake gateway ----------------------------------------------------------------
+class FakeGateway(recommender_pb2_grpc.RecommenderServicer):
+    """Answers at once, every fifth list the item drafter's, and observes each answer in a histogram of its
+    own registry, as the gateway's interceptor does."""
+
+    def __init__(self, registry):
+        self.latency = PromHistogram("specrec_rpc_latency_seconds", "RPC latency", ["service", "method"],
+                                     buckets=LATENCY_BUCKETS, registry=registry)
+        self.n = 0
+
+    def Recommend(self, request, context):
+        self.n += 1
+        self.latency.labels("gateway", "Recommend").observe(0.012)
+        return recommender_pb2.RecommendResponse(
+            items=[recommender_pb2.RecommendedItem(item_id="x", source="beam")],
+            stats=recommender_pb2.RecommendStats(policy=request.policy, total_ms=12.0,
+                                                 served_by="drafter" if self.n % 5 == 0 else "nezha"))
+
+
+@dataclass
+class FakeProcs:
+    """What the phase reads of a ServiceProcs: addresses, processes, replica keys, metrics ports."""
+
+    ports: dict[str, int]
+    metrics_ports: dict[str, int]
+    procs: dict[str, subprocess.Popen]
+
+    def addr(self, name: str) -> str:
+        return f"127.0.0.1:{self.ports[name]}"
+
+    def keys(self, name: str) -> list[str]:
+        return [name]
+
+
+@pytest.fixture
+def fake_stack():
+    registry = CollectorRegistry()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    recommender_pb2_grpc.add_RecommenderServicer_to_server(FakeGateway(registry), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    mport = free_port()
+    http, thread = start_http_server(mport, addr="127.0.0.1", registry=registry)
+    verifier = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    yield FakeProcs({"gateway": port}, {"gateway": mport}, {"verifier": verifier})
+    verifier.kill()
+    verifier.wait()
+    http.shutdown()
+    thread.join(5)
+    server.stop(None)
+
+
+def test_the_machine_phase_measures_each_window_and_puts_the_verifier_back(fake_stack, monkeypatch):
+    cpus = usable()
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs")
+    monkeypatch.setattr(chaos, "measure_capacity", lambda target, users, budget_ms: 40.0)  # no closed loop here
+    monkeypatch.setattr(chaos, "Hog", lambda cpu: Hog(cpu, code="import time\ntime.sleep(60)\n"))  # no spinning
+    a = argparse.Namespace(machine_budget_ms=30.0, machine_load=0.5, machine_fault_s=0.6, settle_s=0.2, fault_cpu=None,
+                           seed=0)
+    users = Users([["a"], ["b"]], [], ["x", "y"], "two users")
+    res = chaos.run_machine_phase(a, fake_stack, users, ["cpu-hog", "one-core"])
+    rows = {r["scenario"]: r for r in res["rows"]}
+    assert list(rows) == ["baseline", "cpu-hog", "one-core"] and res["rate"] == 20.0 and res["cpu"] == cpus[-1]
+    for r in rows.values():
+        assert r["requests"] > 0 and r["model_answer_share"] < 1.0  # the drafter's lists are not the model's
+        assert r["server_count"] > 0 and 10.0 < r["server_p99_ms"] <= 15.0  # the fake's 12 ms, in its bucket
+        assert r["fill_share"] == 0.0 and "server_error" not in r
+    assert "hog" in rows["cpu-hog"]["cpu_share"] and "hog" not in rows["baseline"]["cpu_share"]
+    assert rows["one-core"]["verifier_cpus"] == [cpus[-1]]  # confined while its window lasted
+    assert {frozenset(c) for c in affinity(fake_stack.procs["verifier"].pid).values()} == {frozenset(cpus)}  # back
+    assert [w[0] for w in res["windows"]] == ["cpu-hog", "one-core"]
+    assert set(chaos.machine_keys(res["rows"])) == {f"chaos.{s}.{f}" for s in ("cpu_hog", "one_core")
+                                                    for f in chaos.MACHINE_FIGURES}
