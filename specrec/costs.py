@@ -55,9 +55,12 @@ class TailEstimate:
 
     **Few samples.** A sample of n values holds its q-quantile only once it has about ``1 / (1 - q)``
     of them (a p99 needs 100 to see one value in a hundred): below :attr:`min_samples` =
-    ``min(window, round(1 / (1 - q)))`` observations, :meth:`tail` is the largest value seen, the
-    highest cost known to happen (an interpolated quantile of a short sample would sit just under it
-    anyway, and the maximum says plainly what it is). A window shorter than ``1 / (1 - q)`` (q = 0.999
+    ``min(window, round(1 / (1 - q)))`` observations, :meth:`tail` is the largest value seen since the
+    first, the highest cost known to happen (an interpolated quantile of a short sample would sit just
+    under it anyway, and the maximum says plainly what it is). The first is left out once there is a
+    second: a first call pays what no other does (a channel connecting, a graph loaded or exported on
+    first use: seconds, in the integration tests' stack), and kept as "the largest seen" it held a whole
+    beam search as not fitting any budget for the next 99 requests. A window shorter than ``1 / (1 - q)`` (q = 0.999
     with 200) never resolves its quantile: its tail is then always close to the window's maximum.
 
     **Following a machine.** The window holds the last ``window`` observations only. When every cost
@@ -102,8 +105,8 @@ class TailEstimate:
         if self._cache is None:
             vals = sorted(self._ring)
             n = len(vals)
-            if self.count < self.min_samples:
-                tail = vals[-1]
+            if self.count < self.min_samples:  # the largest since the first (still ring[0]: count < window)
+                tail = max(self._ring[1:]) if n > 1 else vals[-1]
             else:
                 pos = (n - 1) * self.q
                 lo = math.floor(pos)
@@ -113,7 +116,8 @@ class TailEstimate:
         return self._cache
 
     def tail(self) -> float | None:
-        """The ``q``-quantile of the window (its largest value before :attr:`min_samples`); None when empty."""
+        """The ``q``-quantile of the window (the largest value since the first before :attr:`min_samples`);
+        None when empty."""
         got = self._read()
         return None if got is None else got[0]
 

@@ -229,6 +229,10 @@ def test_few_samples_read_as_the_largest_seen():
     data.append(0.006)
     assert est.tail() == pytest.approx(float(np.quantile(data, 0.99))) and est.tail() < max(data)
     assert TailEstimate(q=0.999, window=200).min_samples == 200  # the window can never resolve a p99.9
+    cold = TailEstimate(q=0.99, window=200)
+    for x in (2.0, 0.010, 0.012, 0.011):  # a first call that loaded a graph, then the stage's own cost
+        cold.observe(x)
+    assert cold.tail() == 0.012
     est.reset()
     assert est.tail() is None and est.count == 0
     est.observe(0.5)
