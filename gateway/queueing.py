@@ -100,13 +100,16 @@ class QueueModel:
         return self._behind(resource, ahead)
 
     def reserve(self, left_s: float) -> float:
-        """Time kept back from the verifier's calls for the drafter's answer, its own tail completion: the
-        drafter's tail request time (fallback calls included: they are the ones made under pressure), at least
-        ``reserve_s``, plus the tail of the wait behind the requests queued at the drafter now; at most 80% of
-        what is left; none while the drafter is down (its :class:`Cooldown`): the verifier gets it all."""
+        """Time kept back from the verifier's calls for the drafter's answer: ``reserve_s``, or twice the
+        drafter's mean request time over the window (fallback calls included: they are the ones made under
+        pressure) when that is more, plus the tail of the wait behind the requests queued at the drafter now;
+        at most 80% of what is left; none while the drafter is down (its :class:`Cooldown`): the verifier gets
+        it all. Not the drafter's own tail: kept back from every verifier call, it took the verifier's time in
+        most requests (measured: ``PolicyCosts.fits``)."""
         if self.drafter.is_down():
             return 0.0
         with self._lock:
             queued = self.pending[Resource.DRAFTER]
-        want = max(self.reserve_s, self.costs.resource(Resource.DRAFTER)) + self._behind(Resource.DRAFTER, queued)
+        want = (max(self.reserve_s, 2.0 * self.costs.resource_mean(Resource.DRAFTER))
+                + self._behind(Resource.DRAFTER, queued))
         return min(want, 0.8 * max(left_s, 0.0))

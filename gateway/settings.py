@@ -31,20 +31,21 @@ class GatewaySettings(ServiceSettings):
     drafter_mode: str = Field("", description="drafter mode for specgr ('' = the drafter's default)")
     workers: int = Field(16, ge=1, le=1024, description="threads running policy loops")
     reserve_ms: float = Field(6.0, ge=0.0, le=1000.0, description="verifier calls end this long before the deadline "
-                              "(or the drafter's tail request time when more, plus the tail of the wait behind the "
-                              "requests queued at the drafter; at most 80% of the budget), so the drafter can still "
-                              "answer when the verifier does not")
+                              "(or twice the drafter's mean request time when more, plus the tail of the wait "
+                              "behind the requests queued at the drafter; at most 80% of the budget), so the drafter "
+                              "can still answer when the verifier does not")
     cost_quantile: float = Field(0.99, ge=0.5, lt=1.0, description="the quantile every learned cost is tracked at "
                                  "(each policy's request time per K, its stages, each service's time per request, "
                                  "the queue's time between completions): auto admits a tier only if this tail of its "
-                                 "time fits. 0.99: the p99 the latency SLO is on; 0.999 needs a window of 1000 or "
+                                 "time fits (a stage's budget check and the drafter's reserve read the window's "
+                                 "mean). 0.99: the p99 the latency SLO is on; 0.999 needs a window of 1000 or "
                                  "more to be more than the window's maximum, and such a window forgets an old "
                                  "machine 5x slower")
     cost_window: int = Field(200, ge=10, le=100_000, description="observations each cost's tail is taken over (the "
                              "last ones only, so it follows a machine that slows down: a 2x slowdown moves a p99 of "
                              "200 within 3 observations, and the old machine is forgotten after 200). 200 holds a "
                              "p99's tail twice over (two outliers barely move it); fewer observations than 1/(1 - "
-                             "cost_quantile) read as their maximum")
+                             "cost_quantile) read as their maximum since the first")
     respond_ms: float = Field(1.5, ge=0.0, le=1000.0, description="time kept at the end of the budget to build and "
                               "send the answer: the request's deadline, its downstream calls and the cut that answers "
                               "a request still running (the catalogue's fill, exit_reason budget) come this long "

@@ -152,15 +152,16 @@ def test_resource_costs_and_which_resource_a_policy_uses():
     assert costs.resource(Resource.DRAFTER) == pytest.approx(0.002)
 
 
-def test_stage_costs_are_a_tail_for_the_budget_hook_and_a_mean_for_choices_on_expected_cost():
+def test_the_budget_hook_reads_a_stages_window_mean_and_its_tail_is_kept_beside_it():
     costs = CostModel()
     for ms in [10.0] * 149 + [30.0] * 3:
         costs.observe_stage("specgr", CostStage.ROUND, ms / 1000)
     pol = costs.for_policy("specgr", clock=lambda: 1.0)
-    assert pol.estimate(CostStage.ROUND) == pytest.approx(0.030)  # 3 in 152 past 10 ms: the p99 is theirs
-    assert pol.mean(CostStage.ROUND) == pytest.approx((149 * 0.010 + 3 * 0.030) / 152)
-    assert not pol.fits(Deadline(1.0 + 0.02), CostStage.ROUND)  # the mean (10.4 ms) would fit: the tail does not
-    assert pol.fits(Deadline(1.0 + 0.03), CostStage.ROUND)
+    mean = (149 * 0.010 + 3 * 0.030) / 152
+    assert pol.estimate(CostStage.ROUND) == pytest.approx(mean) == pol.mean(CostStage.ROUND)
+    assert costs.stage("specgr", CostStage.ROUND) == pytest.approx(0.030)  # 3 in 152 past 10 ms: the p99 is theirs
+    assert pol.fits(Deadline(1.0 + 0.011), CostStage.ROUND)  # one more round fits on its mean (10.4 ms)
+    assert not pol.fits(Deadline(1.0 + 0.010), CostStage.ROUND)
     assert pol.mean(CostStage.DRAFT) == 0.0 and not pol.measured(CostStage.DRAFT)
 
 
