@@ -45,7 +45,7 @@ class GatewaySettings(ServiceSettings):
                              "last ones only, so it follows a machine that slows down: a 2x slowdown moves a p99 of "
                              "200 within 3 observations, and the old machine is forgotten after 200). 200 holds a "
                              "p99's tail twice over (two outliers barely move it); fewer observations than 1/(1 - "
-                             "cost_quantile) read as their maximum since the first")
+                             "cost_quantile) read as a normal fitted robustly to them (median, absolute deviation)")
     respond_ms: float = Field(1.5, ge=0.0, le=1000.0, description="time kept at the end of the budget to build and "
                               "send the answer: the request's deadline, its downstream calls and the cut that answers "
                               "a request still running (the catalogue's fill, exit_reason budget) come this long "

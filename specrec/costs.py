@@ -39,6 +39,7 @@ one lock (a :class:`TailEstimate` has none of its own).
 from __future__ import annotations
 
 import math
+import statistics
 import threading
 from collections.abc import Callable
 from enum import Enum
@@ -55,13 +56,18 @@ class TailEstimate:
 
     **Few samples.** A sample of n values holds its q-quantile only once it has about ``1 / (1 - q)``
     of them (a p99 needs 100 to see one value in a hundred): below :attr:`min_samples` =
-    ``min(window, round(1 / (1 - q)))`` observations, :meth:`tail` is the largest value seen since the
-    first, the highest cost known to happen (an interpolated quantile of a short sample would sit just
-    under it anyway, and the maximum says plainly what it is). The first is left out once there is a
-    second: a first call pays what no other does (a channel connecting, a graph loaded or exported on
-    first use: seconds, in the integration tests' stack), and kept as "the largest seen" it held a whole
-    beam search as not fitting any budget for the next 99 requests. A window shorter than ``1 / (1 - q)`` (q = 0.999
-    with 200) never resolves its quantile: its tail is then always close to the window's maximum.
+    ``min(window, round(1 / (1 - q)))`` observations, :meth:`tail` is the q-quantile of a normal
+    distribution fitted robustly to the observations since the first: their median plus 2.33 (at a p99)
+    times 1.4826 median absolute deviations, which one slow call among a few does not move. Not the
+    largest value seen (nor a mean and deviation, which one outlier inflates as much): ``auto`` tries a
+    lower tier's policy only now and then, so its estimate stays a short sample for long, and one slow
+    call among a few held the tier out (through the gateway at 30 ms on a slow machine, ``auto``
+    answered 92% of requests one at a time from the item drafter with the maximum).
+    The first is left out once there is a second: a first
+    call pays what no other does (a channel connecting, a graph loaded or exported on first use:
+    seconds, in the integration tests' stack), and kept it held a whole beam search as not fitting any
+    budget for the next 99 requests. A window shorter than ``1 / (1 - q)`` (q = 0.999 with 200) never
+    resolves its quantile: its tail is then always that normal estimate.
 
     **Following a machine.** The window holds the last ``window`` observations only. When every cost
     doubles (a step to values above all the old ones), the tail is one of the new values once
@@ -79,6 +85,7 @@ class TailEstimate:
             raise ValueError(f"window {window} holds no observation")
         self.q, self.window = q, window
         self.min_samples = min(window, max(1, round(1.0 / (1.0 - q))))
+        self._z = statistics.NormalDist().inv_cdf(q)  # the few-samples estimate's deviations (2.33 at a p99)
         self._ring: list[float] = []
         self._next = 0  # where the next observation goes once the ring is full
         self.count = 0
@@ -105,8 +112,10 @@ class TailEstimate:
         if self._cache is None:
             vals = sorted(self._ring)
             n = len(vals)
-            if self.count < self.min_samples:  # the largest since the first (still ring[0]: count < window)
-                tail = max(self._ring[1:]) if n > 1 else vals[-1]
+            if self.count < self.min_samples:  # since the first (still ring[0]: count < window)
+                xs = self._ring[1:] if n > 1 else self._ring
+                med = statistics.median(xs)
+                tail = med + self._z * 1.4826 * statistics.median(abs(x - med) for x in xs)
             else:
                 pos = (n - 1) * self.q
                 lo = math.floor(pos)
@@ -116,8 +125,8 @@ class TailEstimate:
         return self._cache
 
     def tail(self) -> float | None:
-        """The ``q``-quantile of the window (the largest value since the first before :attr:`min_samples`);
-        None when empty."""
+        """The ``q``-quantile of the window (before :attr:`min_samples`, a normal one fitted robustly to the
+        observations since the first); None when empty."""
         got = self._read()
         return None if got is None else got[0]
 
