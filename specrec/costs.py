@@ -16,10 +16,9 @@ Every reader and writer of a cost goes through one :class:`CostModel`:
   (a ``specgr`` round, a drafting call, a verify pass, a beam step, a whole
   beam search) and its budget hook asks, before the next one, whether it
   still fits the request's deadline (:meth:`PolicyCosts.fits`, on the stage's
-  tail: a stage started on its mean would step past the deadline whenever it
-  runs slow). ``specgr``'s choice whether drafting pays is an expected
-  saving against an expected cost, so it reads the stage's mean over the
-  same window (:meth:`PolicyCosts.mean`).
+  mean over the window: a stage that does not fit is not run, so a tail
+  inflated by one slow call would never be observed down again). ``specgr``'s
+  choice whether drafting pays reads the same mean (:meth:`PolicyCosts.estimate`).
 - **request cost per (policy, K)**: the tail of a whole request's time, by
   the list length K (a K = 50 beam costs several K = 10 ones); a K not
   measured yet reads the policy's tail across every K. ``auto`` admits a
@@ -285,12 +284,8 @@ class PolicyCosts:
         return self.clock() + self.estimate(stage) <= deadline.at
 
     def estimate(self, stage: CostStage) -> float:
-        """The stage's mean cost (s) over the window; 0 before any was measured."""
-        cost = self.model.stage_mean(self.policy, stage)
-        return 0.0 if cost is None else cost
-
-    def mean(self, stage: CostStage) -> float:
-        """The stage's mean cost (s), for choices on expected costs; 0 before any was measured."""
+        """The stage's mean cost (s) over the window (the budget hook's, and choices on expected costs); 0 before
+        any was measured."""
         cost = self.model.stage_mean(self.policy, stage)
         return 0.0 if cost is None else cost
 

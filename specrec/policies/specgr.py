@@ -168,8 +168,8 @@ class SpecGRPolicy(Policy):
         L = len(self.engine.itemset.level_sizes)
         costs = self.costs
         # an expected saving against an expected cost: the stages' means (the budget hook reads their tails)
-        step = costs.mean(CostStage.BEAM_STEP)
-        draft = costs.mean(CostStage.DRAFT) + costs.mean(CostStage.VERIFY)  # the verify call holds the step
+        step = costs.estimate(CostStage.BEAM_STEP)
+        draft = costs.estimate(CostStage.DRAFT) + costs.estimate(CostStage.VERIFY)  # the verify call holds the step
         p_exit = self.online.rate(f"specgr.exit@{rnd}", 1.0)  # optimistic until measured
         saved = (L - rnd) * step  # an exit at this round saves the beam steps from here on
         return delta if p_exit * saved > draft or not step else 0
