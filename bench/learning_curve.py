@@ -20,6 +20,9 @@ from pathlib import Path
 def load(run: Path | None, bundle: Path | None) -> list[dict]:
     if run is not None:
         return [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines() if line.strip()]
+    log = bundle / "train_log.jsonl"  # type: ignore[operator]
+    if log.exists():  # the run's own log, copied into the bundle: it names the weights each epoch kept
+        return load(bundle, None)
     meta = json.loads((bundle / "bundle.json").read_text())  # type: ignore[operator]
     curve = meta.get("training", {}).get("curve")
     if not curve:
