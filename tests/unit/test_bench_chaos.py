@@ -9,20 +9,15 @@ import json
 import math
 import subprocess
 import sys
-from concurrent import futures
 from dataclasses import dataclass
 
-import grpc
 import pytest
-from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client import Histogram as PromHistogram
 
 from bench import chaos, summary_keys
 from bench.cpus import Hog, affinity, usable
 from bench.harness import Users
-from specrec_rpc.localstack import free_port
-from specrec_rpc.server import LATENCY_BUCKETS
-from specrec_rpc.v1 import recommender_pb2, recommender_pb2_grpc
+
+from .fake_gateway import fake_gateway
 
 
 def rec(t: float, served_by: str = "nezha", code: str = "OK", lag: float = 0.5, latency: float = 20.0,
@@ -88,24 +83,6 @@ def test_a_fault_of_the_machine_skipped_retires_its_keys(tmp_path):
 
 
 # -- the phase, against a fake gateway ----------------------------------------------------------------
-class FakeGateway(recommender_pb2_grpc.RecommenderServicer):
-    """Answers at once, every fifth list the item drafter's, and observes each answer in a histogram of its
-    own registry, as the gateway's interceptor does."""
-
-    def __init__(self, registry):
-        self.latency = PromHistogram("specrec_rpc_latency_seconds", "RPC latency", ["service", "method"],
-                                     buckets=LATENCY_BUCKETS, registry=registry)
-        self.n = 0
-
-    def Recommend(self, request, context):
-        self.n += 1
-        self.latency.labels("gateway", "Recommend").observe(0.012)
-        return recommender_pb2.RecommendResponse(
-            items=[recommender_pb2.RecommendedItem(item_id="x", source="beam")],
-            stats=recommender_pb2.RecommendStats(policy=request.policy, total_ms=12.0,
-                                                 served_by="drafter" if self.n % 5 == 0 else "nezha"))
-
-
 @dataclass
 class FakeProcs:
     """What the phase reads of a ServiceProcs: addresses, processes, replica keys, metrics ports."""
@@ -123,20 +100,13 @@ class FakeProcs:
 
 @pytest.fixture
 def fake_stack():
-    registry = CollectorRegistry()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    recommender_pb2_grpc.add_RecommenderServicer_to_server(FakeGateway(registry), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    mport = free_port()
-    http, thread = start_http_server(mport, addr="127.0.0.1", registry=registry)
-    verifier = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-    yield FakeProcs({"gateway": port}, {"gateway": mport}, {"verifier": verifier})
-    verifier.kill()
-    verifier.wait()
-    http.shutdown()
-    thread.join(5)
-    server.stop(None)
+    with fake_gateway(drafter_every=5) as (port, mport):
+        verifier = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        try:
+            yield FakeProcs({"gateway": port}, {"gateway": mport}, {"verifier": verifier})
+        finally:
+            verifier.kill()
+            verifier.wait()
 
 
 def test_the_machine_phase_measures_each_window_and_puts_the_verifier_back(fake_stack, monkeypatch):

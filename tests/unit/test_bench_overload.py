@@ -8,19 +8,14 @@ import json
 import os
 import subprocess
 import sys
-from concurrent import futures
 from types import SimpleNamespace
 
-import grpc
 import pytest
-from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client import Histogram as PromHistogram
 
 from bench import overload, summary_keys
 from bench.cpus import confine, usable
-from specrec_rpc.localstack import free_port
-from specrec_rpc.server import LATENCY_BUCKETS
-from specrec_rpc.v1 import recommender_pb2, recommender_pb2_grpc
+
+from .fake_gateway import fake_gateway
 
 
 def rec(t: float, served_by: str = "nezha", code: str = "OK", lag: float = 0.5, latency: float = 20.0,
@@ -68,34 +63,10 @@ def test_only_a_run_that_is_not_void_writes_figures_and_a_void_one_retires_its_m
 
 
 # -- against a fake gateway ---------------------------------------------------------------------------
-class FakeGateway(recommender_pb2_grpc.RecommenderServicer):
-    """Answers at once and observes each answer (12 ms) in a histogram of its own registry, as the gateway's
-    interceptor does."""
-
-    def __init__(self, registry):
-        self.latency = PromHistogram("specrec_rpc_latency_seconds", "RPC latency", ["service", "method"],
-                                     buckets=LATENCY_BUCKETS, registry=registry)
-
-    def Recommend(self, request, context):
-        self.latency.labels("gateway", "Recommend").observe(0.012)
-        return recommender_pb2.RecommendResponse(
-            items=[recommender_pb2.RecommendedItem(item_id="x", source="beam")],
-            stats=recommender_pb2.RecommendStats(policy=request.policy, served_by="nezha", total_ms=12.0))
-
-
 @pytest.fixture
 def gateway():
-    registry = CollectorRegistry()
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    recommender_pb2_grpc.add_RecommenderServicer_to_server(FakeGateway(registry), server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    mport = free_port()
-    http, thread = start_http_server(mport, addr="127.0.0.1", registry=registry)
-    yield f"127.0.0.1:{port}", f"http://127.0.0.1:{mport}/metrics"
-    http.shutdown()
-    thread.join(5)
-    server.stop(None)
+    with fake_gateway() as (port, mport):
+        yield f"127.0.0.1:{port}", f"http://127.0.0.1:{mport}/metrics"
 
 
 def test_a_run_reads_the_histogram_over_its_measured_part_and_applies_the_void_rule(gateway, tmp_path):
