@@ -2,8 +2,8 @@
 
 ``specrec train --curve-limit N`` scores, at every validation, the kept weights on a fixed seeded
 sample of N test users besides the fixed sample of validation users that chooses them (the test
-curve never chooses). This reads the run's ``train_log.jsonl`` (or a bundle's ``bundle.json``,
-where the run's curve is kept as ``training.curve``) and plots both curves, with the learning rate,
+curve never chooses). This reads the run's ``train_log.jsonl`` (a bundle's copy of it, or else its
+``bundle.json``, where the run's curve is kept as ``training.curve``) and plots both curves, with the learning rate,
 so anyone can see where more compute would take the model.
 
     python -m bench.learning_curve --run runs/beauty-loo-r3 --out bench/results/beauty_loo_learning_curve
@@ -18,11 +18,10 @@ from pathlib import Path
 
 
 def load(run: Path | None, bundle: Path | None) -> list[dict]:
+    if run is None and (bundle / "train_log.jsonl").exists():  # type: ignore[operator]
+        run = bundle  # the run's own log, copied into the bundle: unlike its curve, it names the weights kept
     if run is not None:
         return [json.loads(line) for line in (run / "train_log.jsonl").read_text().splitlines() if line.strip()]
-    log = bundle / "train_log.jsonl"  # type: ignore[operator]
-    if log.exists():  # the run's own log, copied into the bundle: it names the weights each epoch kept
-        return load(bundle, None)
     meta = json.loads((bundle / "bundle.json").read_text())  # type: ignore[operator]
     curve = meta.get("training", {}).get("curve")
     if not curve:

@@ -167,7 +167,7 @@ class SpecGRPolicy(Policy):
             return 0
         L = len(self.engine.itemset.level_sizes)
         costs = self.costs
-        # an expected saving against an expected cost: the stages' means (the budget hook reads their tails)
+        # an expected saving against an expected cost: the stages' window means, as the budget hook reads them
         step = costs.estimate(CostStage.BEAM_STEP)
         draft = costs.estimate(CostStage.DRAFT) + costs.estimate(CostStage.VERIFY)  # the verify call holds the step
         p_exit = self.online.rate(f"specgr.exit@{rnd}", 1.0)  # optimistic until measured
