@@ -179,4 +179,5 @@ class Servicer(drafter_pb2_grpc.DrafterServicer):
                 item_ids=[snap.ids[r] for r in d.items.tolist()], scores=d.scores.tolist(),
                 sids=[common_pb2.Sid(codes=snap.itemset.sids[r].tolist()) for r in d.items.tolist()],
             ))
-        return drafter_pb2.DraftResponse(drafts=out, version=snap.version, mode=mode)
+        return drafter_pb2.DraftResponse(drafts=out, version=snap.version, mode=mode,
+                                         unseen_share=float(getattr(drafter, "unseen_share", 0.0) or 0.0))

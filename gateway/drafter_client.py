@@ -15,16 +15,32 @@ from specrec_rpc.v1 import common_pb2, drafter_pb2
 from .calls import call
 
 
+class DrafterReport:
+    """What the drafter service says of its drafts, kept across requests (the gateway's one record): the share of
+    each draft it reserves for unseen items (``DraftResponse.unseen_share``), as the last answer said. The
+    gateway's warm-up drafts before it serves, so requests read the drafter's own setting."""
+
+    def __init__(self) -> None:
+        self.unseen_share = 0.0
+
+
 class RemoteDrafter:
     """:class:`specrec.drafters.base.Drafter` over the drafter service's replicas, round-robin
     (drafting is stateless; a failed replica's call goes to the next one, once). Rows <-> item ids
-    via the snapshot."""
+    via the snapshot. ``unseen_share`` is what the drafter service said of its drafts (:class:`DrafterReport`):
+    ``specgr`` keeps that share of its list for unseen items, as in-process from the bundle."""
 
     name = "remote"
 
-    def __init__(self, replicas, snap: Snapshot, deadline: Deadline | None, mode: str = "", metadata=()):
+    def __init__(self, replicas, snap: Snapshot, deadline: Deadline | None, mode: str = "", metadata=(),
+                 report: DrafterReport | None = None):
         self.replicas, self.snap, self.deadline, self.mode = replicas, snap, deadline, mode
         self.metadata = tuple(metadata)
+        self.report = report if report is not None else DrafterReport()
+
+    @property
+    def unseen_share(self) -> float:
+        return self.report.unseen_share
 
     def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         ids = self.snap.ids
@@ -51,6 +67,7 @@ class RemoteDrafter:
             except DependencyDown:
                 if attempt:
                     raise
+        self.report.unseen_share = float(r.unseen_share)
         out = []
         index, active = self.snap.index, self.snap.itemset.active
         assert active is not None  # LocalItemSet fills it in

@@ -50,6 +50,7 @@ from specrec_rpc.replicas import Replicas, wait_serving
 from specrec_rpc.server import Service, make_channel
 from specrec_rpc.v1 import drafter_pb2_grpc, recommender_pb2_grpc, verifier_pb2_grpc
 
+from .drafter_client import DrafterReport
 from .metrics import BUDGET_CUTS, DEFAULT_BUDGET, DEPENDENCY_UP, STAGE, SpecCollector
 from .parts import VerifierParts
 from .queueing import QueueModel
@@ -82,6 +83,7 @@ class GatewayService(Service):
         self.costs = CostModel(settings.cost_quantile, settings.cost_window)
         self.breaker = Breaker(settings.breaker_failures, settings.breaker_open_s)
         self.drafter = Cooldown(settings.breaker_open_s)  # the drafter counts as down for a while after it failed
+        self.drafter_report = DrafterReport()  # what the drafter says of its drafts (its unseen share)
         self.queue = QueueModel(self.costs, settings.reserve_ms / 1000.0, self.drafter)
         self.ladder = Ladder(self.breaker, self.drafter, self.costs, GRACE_S, on_down=self._log_down)
         self.requests_log = RequestLog(self.log, settings.log_sample_rate)
@@ -166,7 +168,7 @@ class GatewayService(Service):
         return Engine(
             verifier=RemoteVerifier(self.verifiers, self.verifier_parts, snap, deadline, snap.level_sizes, md),
             itemset=snap.itemset, max_history=self.s.max_history,
-            drafter=RemoteDrafter(self.drafters, snap, deadline, self.s.drafter_mode, md),
+            drafter=RemoteDrafter(self.drafters, snap, deadline, self.s.drafter_mode, md, self.drafter_report),
             clock=time.monotonic, metrics=self.metrics, online=self.online, load=self.queue.wait, costs=self.costs,
             reserve=self.queue.reserve,  # auto admits a verifier tier only if it ends before the drafter's reserve
         )

@@ -71,6 +71,7 @@ class Stack:
     common_overrides: dict = field(default_factory=dict)  # every service's settings (e.g. TLS)
     itemset_overrides: dict = field(default_factory=dict)
     verifier_overrides: dict = field(default_factory=dict)
+    drafter_overrides: dict = field(default_factory=dict)
     credentials: grpc.ChannelCredentials | None = None  # the test's own channels (None: plaintext)
 
     def addr(self, name: str) -> str:
@@ -87,7 +88,8 @@ class Stack:
             return VerifierSettings(**{**common, **dict(bundle=self.bundle, itemset_addr=self.addr("itemset"),
                                                         threads=1, warmup_k=[10]), **self.verifier_overrides})
         if name == "drafter":
-            return DrafterSettings(**common, bundle=self.bundle, itemset_addr=self.addr("itemset"))
+            return DrafterSettings(**{**common, **dict(bundle=self.bundle, itemset_addr=self.addr("itemset")),
+                                      **self.drafter_overrides})
         gw = dict(
             itemset_addr=self.addr("itemset"),
             drafter_addr=self.addr("drafter"),

@@ -2,7 +2,9 @@
 ``bundles/beauty-temporal``, or any bundle trained without ``train-drafters --which distill``), served by the
 whole stack over real gRPC and a real Redis. The verifier says what its bundle offers (Describe); the
 gateway plans with it: every policy that can run answers with the model's own list, never the item
-drafter's fallback, and the one that cannot (nezha) is FAILED_PRECONDITION naming the missing part."""
+drafter's fallback, and the one that cannot (nezha) is FAILED_PRECONDITION naming the missing part. Its item
+drafter reserves a share of its drafts for unseen items (as ``bundles/beauty-temporal`` does), says so in its
+answers, and ``specgr`` through the gateway keeps that share of its list for them, as in-process."""
 
 from __future__ import annotations
 
@@ -16,12 +18,15 @@ from specrec_rpc.v1 import verifier_pb2
 
 from .stack import histories, running
 
+UNSEEN_SHARE = 0.3  # the item drafter's share of drafts for unseen items (a temporal bundle's setting)
+
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def stack(redis_url, model_only_bundle_dir):
     # the list length the tests ask (5) warmed like the deployment's K: a graph exported at request time takes
     # seconds, past any budget
-    async with running(redis_url, "bare", model_only_bundle_dir, verifier_overrides={"warmup_k": [5, 10]}) as st:
+    async with running(redis_url, "bare", model_only_bundle_dir, verifier_overrides={"warmup_k": [5, 10]},
+                       drafter_overrides={"unseen_share": UNSEEN_SHARE}) as st:
         yield st
 
 
@@ -72,3 +77,25 @@ async def test_nezha_is_refused_naming_the_missing_part_and_nothing_is_excluded(
     assert r.stats.served_by == "relaxed" and not r.stats.degraded
     r = await stack.recommend(h, k=5, policy="specgr", budget_ms=1000)  # the verifier was never excluded
     assert r.stats.served_by == "specgr" and not r.stats.degraded
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_specgr_keeps_the_drafters_share_for_unseen_items(stack):
+    """The drafter says what share of its drafts it reserves for unseen items; the gateway's specgr keeps that
+    share of the list for them (with no gateway setting of its own), as the in-process engine does from the
+    bundle. Without it a temporal bundle's new items never reach the served list."""
+    from specrec.bundle import Bundle
+    from specrec_rpc.v1 import drafter_pb2
+
+    bundle = Bundle.load(stack.bundle)
+    hists = histories(bundle, 4, seed=6)
+    d = await stack.drafter.Draft(drafter_pb2.DraftRequest(queries=[drafter_pb2.DraftQuery(history=hists[0], n=20)]))
+    assert d.unseen_share == pytest.approx(UNSEEN_SHARE)
+    unseen = {bundle.catalogue.ids[r] for r in np.nonzero(~bundle.seen)[0]}
+    assert len(unseen) >= 10, "the tiny bundle's temporal split leaves unseen items"
+    k = 10
+    for h in hists:
+        r = await stack.recommend(h, k=k, policy="specgr", budget_ms=1000)
+        assert r.stats.served_by == "specgr" and not r.stats.degraded
+        assert sum(it.unseen for it in r.items) == round(UNSEEN_SHARE * k)
+        assert all((it.item_id in unseen) == it.unseen for it in r.items)
