@@ -77,29 +77,33 @@ def raise_on_signals(*signums: int) -> None:
 # -- requests ---------------------------------------------------------------------------------------
 @dataclass
 class Users:
-    """The sampled test users: histories (item ids, for the gateway; rows, in-process) and targets."""
+    """The sampled test users: histories (item ids, for the gateway; rows, in-process) and targets; ``unseen``:
+    whether each target is an item the model never saw in training (the temporal split's new items)."""
 
     ids: list[list[str]]
     rows: list[np.ndarray]
     targets: list[str]
     source: str
+    unseen: list[bool] | None = None
 
 
-def sample_users(bundle, n: int, seed: int) -> Users:
-    """A seeded random sample of ``n`` leave-one-out test users of the bundle's dataset: history = the last
-    ``max_history`` items before the test target; the target is kept to score the answers."""
-    from specrec.data.splits import make_split, sample_examples
-    from specrec.pipeline import open_dataset
+def sample_users(bundle, n: int, seed: int, protocol: str = "loo") -> Users:
+    """A seeded random sample of ``n`` test users of the bundle's dataset under ``protocol`` (leave-one-out, or
+    ``temporal``: the bundle's own cut-off; :func:`specrec.pipeline.bundle_split`, as ``specrec eval`` reads
+    it, so the same seed picks the same users): history = the last ``max_history`` items before the test target;
+    the target is kept to score the answers."""
+    from specrec.data.splits import sample_examples
+    from specrec.pipeline import bundle_split
 
     data = bundle.meta.get("data_path")
-    ds = open_dataset(data)
-    if ds.catalogue.ids != bundle.catalogue.ids:
-        raise SystemExit(f"the bundle's dataset ({data}) has another catalogue")
-    test = sample_examples(make_split(ds, "loo", bundle.cfg.max_history).test, n, seed)
+    _, split = bundle_split(bundle, protocol=protocol)
+    test = sample_examples(split.test, n, seed)
     ids = bundle.catalogue.ids
     rows = test.histories()
+    kind = "leave-one-out" if protocol == "loo" else protocol
     return Users([[ids[r] for r in h] for h in rows], rows, [ids[t] for t in test.target],
-                 f"{len(rows)} leave-one-out test users of {data}, a random sample (seed {seed})")
+                 f"{len(rows)} {kind} test users of {data}, a random sample (seed {seed})",
+                 [not bool(split.seen[t]) for t in test.target])
 
 
 def write_users(users: Users, path: Path) -> Path:

@@ -7,10 +7,10 @@
 #   BUNDLE=runs/x bash bench/rerun.sh policies
 #
 # Steps: quality (GR + SASRec, TIGER protocol and --exclude-history, all test users; the learning curve),
-# policies (K=10/50, 500 random test users, the cost model), temporal (bundles/beauty-temporal, and where its
-# unseen targets are lost), drafters, backends, profile (policies, graphs, pass cost and floor), startup (cold
-# and warm start), index (HNSW), serving, overload (the load generator on a CPU of its own), soak (and what a
-# write costs), chaos (faults of the services, of Redis and of the machine), scaleout, keys (which
+# policies (K=10/50, 500 random test users, the cost model), temporal (bundles/beauty-temporal, where its
+# unseen targets are lost, and the same users through the gateway), drafters, backends, profile (policies,
+# graphs, pass cost and floor), startup (cold and warm start), index (HNSW), serving, overload (the load
+# generator on a CPU of its own), soak (and what a write costs), chaos (faults of the services, of Redis and of the machine), scaleout, keys (which
 # summary keys no step writes: bench.summary_keys). Not in the default list, run only when named: gpu
 # (bench/device_check.sh, on a machine with an NVIDIA GPU). Every script of bench/ runs from a step, as a module
 # (python -m bench.<name>, from the repository root). Each step's output goes to $LOG/<step>.log; a line per
@@ -43,6 +43,10 @@ temporal() {  # the temporal split: unseen items, with and without the drafter's
   specrec eval --bundle bundles/beauty-temporal --policies beam,specgr --k 50 --sample 2000 --seed 0 --save \
     --unseen-share 0
   python -m bench.unseen_drafted --bundle bundles/beauty-temporal --sample 2000 --seed 0
+  # the same users through the gateway (a stack on the temporal bundle): model answers, unseen recall
+  specrec export-onnx --bundle bundles/beauty-temporal --k 10,50
+  python -m bench.serving --bundle bundles/beauty-temporal --protocol temporal --policies specgr,auto,beam \
+    --open-policies "" --overhead-requests 0 --k 50 --budget-ms 100 --requests 2000 --seed 0
   python -m bench.unseen_text_reach --data ../shared/data/beauty --emb bundles/beauty-loo/text_emb.npy
 }
 startup() { python -m bench.cold_start --bundle "$BUNDLE"; }

@@ -86,8 +86,11 @@ README_OWNER = "bench.serving"
 say = sayer("serving")
 
 
-def summarise(answers: list[dict], offline_hits: np.ndarray, n_sent: int) -> dict:
-    """Figures of a set of answers (each: index, items, sources, latency_ms, served_by, exit, error)."""
+def summarise(answers: list[dict], offline_hits: np.ndarray, n_sent: int, k: int = 10,
+              unseen: list[bool] | None = None) -> dict:
+    """Figures of a set of answers (each: index, items, sources, latency_ms, served_by, exit, error); with a list
+    length ``k`` other than 10, recall@k too, and with ``unseen`` (per user, whether the target is an unseen
+    item), recall@k of the users with an unseen target and of the others."""
     ok = [a for a in answers if a["error"] is None]
     lat = np.asarray([a["latency_ms"] for a in ok])
     srv = np.asarray([a["server_ms"] for a in ok])  # the gateway's own clock: arrival to answer built
@@ -112,7 +115,24 @@ def summarise(answers: list[dict], offline_hits: np.ndarray, n_sent: int) -> dic
         "p50_ms": pct(lat, 50), "p95_ms": pct(lat, 95), "p99_ms": pct(lat, 99),
         "max_ms": float(lat.max()) if len(lat) else float("nan"),
         "server_p50_ms": pct(srv, 50), "server_p99_ms": pct(srv, 99),
+        **recall_at(ok, k, unseen),
     }
+
+
+def recall_at(ok: list[dict], k: int, unseen: list[bool] | None) -> dict:
+    """recall@k of the answers (when k is not 10), and split by whether the user's target is unseen."""
+    out: dict = {}
+    if not ok:
+        return out
+    hit = np.asarray([a["hit_k"] for a in ok])
+    if k != 10:
+        out[f"recall@{k}"] = float(hit.mean())
+    if unseen is not None:
+        new = np.asarray([unseen[a["index"]] for a in ok])
+        out[f"unseen_recall@{k}"] = float(hit[new].mean()) if new.any() else float("nan")
+        out[f"in_sample_recall@{k}"] = float(hit[~new].mean()) if (~new).any() else float("nan")
+        out["unseen_users"] = int(new.sum())
+    return out
 
 
 def passes(row: dict, budget_ms: float) -> bool:
@@ -174,6 +194,7 @@ def answer(i: int, resp, users: Users, error: str | None = None) -> dict:
     items = [it.item_id for it in resp.items]
     hit, ndcg = hit_and_ndcg(items, users.targets[i])
     return {"index": i, "error": None, "items": items, "hit": hit, "ndcg": ndcg,
+            "hit_k": hit_and_ndcg(items, users.targets[i], len(items))[0],
             "sources": [it.source for it in resp.items], "served_by": resp.stats.served_by or resp.stats.policy,
             "exit": resp.stats.exit_reason, "server_ms": resp.stats.total_ms, "degraded": resp.stats.degraded}
 
@@ -312,6 +333,70 @@ def readme_body(res: dict, summary: dict) -> str:
     ])
 
 
+def protocol_summary(res: dict) -> dict:
+    """The summary keys of a run on another split than leave-one-out (``gateway.<protocol>.<policy>.*``): per
+    policy, closed loop at the run's budget, the share of model answers, recall@K overall and of the users whose
+    target is unseen, and the gateway's own p99; with the budget and the sample size."""
+    pre, k = f"gateway.{res['protocol']}", res["k"]
+    out: dict = {f"{pre}.budget_ms": res["budget_ms"], f"{pre}.users": res["n_users"]}
+    for p, c in res["closed"].items():
+        out[f"{pre}.{p}.model_answer_share"] = c["model_answer_share"]
+        out[f"{pre}.{p}.server_p99_ms"] = c["server_p99_ms"]
+        for m in (f"recall@{k}", f"unseen_recall@{k}"):
+            if m in c:
+                out[f"{pre}.{p}.{m}"] = c[m]
+    return out
+
+
+def protocol_readme_body(res: dict, summary: dict, inprocess: dict) -> str:
+    """The section of a run on another split: each policy's answers through the gateway beside the in-process
+    figure of the same split (``specrec eval``'s keys, where summary.json has them)."""
+    proto, k, b = res["protocol"], res["k"], f"{res['budget_ms']:g}"
+    rows = []
+    for p, c in res["closed"].items():
+        ref = inprocess.get(f"beauty.{proto}.{p}.unseen_recall@{k}")
+        rows.append(f"| {p} | {fmt(c['model_answer_share'], '.1%')} | {fmt(c.get(f'recall@{k}'), '.4f')} | "
+                    f"{fmt(c.get(f'unseen_recall@{k}'), '.4f')} | {fmt(ref, '.4f')} | {fmt(c['server_p99_ms'])} | "
+                    f"{', '.join(f'{x} {n}' for x, n in c['served_by'].items())} |")
+    return "\n".join([
+        f"## The {proto} split through the gateway (`bench.serving --protocol {proto}`, `gateway.{proto}.*`)\n",
+        f"Command: `{res['command']}`\n",
+        f"Run: {res.get('run', 'n/a')}. {res['machine']}. {res['users']}, K = {k}, closed loop, one request at a "
+        f"time, at the {b} ms budget. Model answers: a verifier policy's list with no catalogue fill. The "
+        f"in-process column is `specrec eval`'s on the same split (`beauty.{proto}.<policy>.unseen_recall@{k}`). "
+        f"Keys `gateway.{proto}.<policy>.{{model_answer_share, recall@{k}, unseen_recall@{k}, server_p99_ms}}`; "
+        f"tables [`serving_{proto}.md`](serving_{proto}.md).\n",
+        f"| policy | model answers | R@{k} | unseen R@{k} ({res['unseen_users']} users) | unseen R@{k} in-process "
+        f"| server p99 ms | served by |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+    ])
+
+
+def write_protocol_results(out: Path, res: dict) -> dict:
+    """Results of a run on another split than leave-one-out: ``serving_<protocol>.{json,md}``, its keys and its
+    README section (the leave-one-out run's are left as they are)."""
+    name = f"serving_{res['protocol']}"
+    summary = protocol_summary(res)
+    write_json(name, no_nan(res), out)
+    k = res["k"]
+    cols = ["policy", "answered", "model_answer_share", f"recall@{k}", f"unseen_recall@{k}",
+            f"in_sample_recall@{k}", "fill_share", "budget_exit_share", "p50_ms", "p99_ms", "server_p99_ms",
+            "served_by"]
+    closed = [{"policy": p, **r, "served_by": ", ".join(f"{x} {n}" for x, n in r["served_by"].items())}
+              for p, r in res["closed"].items()]
+    (out / f"{name}.md").write_text("\n".join([
+        f"# The {res['protocol']} split through the gateway\n", f"Command: `{res['command']}`\n",
+        f"{res['users']}. K = {k}, budget {res['budget_ms']:g} ms. {res['machine']}.\n",
+        markdown_table(closed, cols, "{:.4f}"), ""]))
+    inprocess = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
+    update_summary(summary, out / "summary.json")
+    readme_section(out / "README.md", f"{README_OWNER}.{res['protocol']}",
+                   protocol_readme_body(res, summary, inprocess))
+    return summary
+
+
 def write_results(out: Path, res: dict, policies: list[str], budget_ms: float) -> dict:
     b = f"{budget_ms:g}"
     summary = summary_of(res, policies, budget_ms)
@@ -379,6 +464,9 @@ def parse(argv):
     ap.add_argument("--budget-ms", type=float, default=30.0)
     ap.add_argument("--requests", type=int, default=500, help="test users sampled")
     ap.add_argument("--overhead-requests", type=int, default=200)
+    ap.add_argument("--protocol", choices=("loo", "temporal"), default="loo",
+                    help="the split the test users come from; temporal: the bundle's cut-off, recall of the users "
+                    "whose target is an unseen item reported, results in serving_temporal.* and gateway.temporal.*")
     add_common_args(ap)
     return ap.parse_args(argv)
 
@@ -398,7 +486,8 @@ def main(argv=None) -> int:
     rates = sorted({float(x) for x in a.rates.split(",") if x.strip()})
     bundle_dir = Path(a.bundle).resolve()
     bundle = Bundle.load(bundle_dir)
-    users = sample_users(bundle, a.requests, a.seed)
+    users = sample_users(bundle, a.requests, a.seed, a.protocol)
+    unseen = users.unseen if a.protocol != "loo" else None
     say(users.source)
     say("phase 1: offline beam on the same users")
     offline_hits = offline_beam(bundle, users, a.k)
@@ -417,6 +506,9 @@ def main(argv=None) -> int:
         "criterion": f"p99 <= {a.budget_ms:g} ms, >= 99% of answers hold no fill, <= 1% of requests unanswered, "
         "R@10 >= 0.95 x the offline beam's on the same requests",
         "offline_beam_recall@10": float(offline_hits.mean()),
+        "protocol": a.protocol,
+        "n_users": len(users.ids),
+        "unseen_users": int(sum(users.unseen or [])),
         "overhead": {},
         "closed": {},
         "open": [],
@@ -426,7 +518,7 @@ def main(argv=None) -> int:
         stack.start(a.startup_timeout, say=say)
         target = stack.addr("gateway")
         say("phase 2: overhead of the gRPC path")
-        for p in [p for p in policies if p != "auto"]:
+        for p in [p for p in policies if p != "auto" and a.overhead_requests > 0]:
             o = overhead(bundle, target, users, p, a.k, a.overhead_requests)
             res["overhead"][p] = o
             say(f"{p}: in-process {o['inprocess_p50_ms']:.2f} ms, gateway {o['gateway_p50_ms']:.2f} ms, "
@@ -434,9 +526,10 @@ def main(argv=None) -> int:
         say(f"phase 3: closed loop at {a.budget_ms:g} ms")
         for p in policies:
             row = summarise(asyncio.run(closed_loop(target, users, p, a.k, a.budget_ms, len(users.ids))), offline_hits,
-                            len(users.ids))
+                            len(users.ids), a.k, unseen)
             res["closed"][p] = row
-            say(f"{p}: R@10 {row['recall@10']:.4f} (offline beam {row['offline_beam_recall@10']:.4f}), fill "
+            extra = "".join(f", {m} {row[m]:.4f}" for m in (f"recall@{a.k}", f"unseen_recall@{a.k}") if m in row)
+            say(f"{p}: R@10 {row['recall@10']:.4f} (offline beam {row['offline_beam_recall@10']:.4f}){extra}, fill "
                 f"{row['fill_share']:.1%}, all-fill {row['all_fill_share']:.1%}, p99 {row['p99_ms']:.1f} ms, "
                 f"served by {row['served_by']}")
         say("phase 4: open loop")
@@ -448,7 +541,7 @@ def main(argv=None) -> int:
                     "policy": p,
                     "offered_rps": rate,
                     "achieved_rps": achieved,
-                    **summarise(measured, offline_hits, sent),
+                    **summarise(measured, offline_hits, sent, a.k, unseen),
                 }
                 row["pass"] = passes(row, a.budget_ms)
                 res["open"].append(row)
@@ -464,6 +557,10 @@ def main(argv=None) -> int:
         stack.stop(say=say)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    if a.protocol != "loo":
+        summary = write_protocol_results(out, res)
+        print(json.dumps(no_nan(summary), indent=2))
+        return 0
     plot(res["open"], open_policies, a.budget_ms, out / "serving.png",
          f"{bundle.name}: K={a.k}, budget {a.budget_ms:g} ms, {os.cpu_count()} CPUs, everything co-located")
     summary = write_results(out, res, open_policies, a.budget_ms)

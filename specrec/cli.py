@@ -109,20 +109,9 @@ def _load_eval_split(bundle, data: str | None, protocol: str | None):
 
 def _load_eval_data(bundle, data: str | None, protocol: str | None):
     """The dataset a bundle was trained on (or ``data``) and its split under ``protocol`` (default: the bundle's)."""
-    from .data.splits import make_split, temporal
-    from .pipeline import open_dataset
+    from .pipeline import bundle_split
 
-    data = data or bundle.meta.get("data_path")
-    if data and str(data) != "synthetic" and not Path(data).is_dir():
-        raise SystemExit(f"dataset directory not found: {data} (the bundle was trained on it; point --data at a copy, "
-                         "e.g. ../shared/data/beauty)")
-    ds = open_dataset(data)
-    if ds.catalogue.ids != bundle.catalogue.ids:
-        raise SystemExit(f"the dataset at {data} does not have the bundle's catalogue")
-    protocol = protocol or bundle.meta.get("protocol", "loo")
-    if protocol == "temporal" and bundle.meta.get("cutoff") is not None:
-        return ds, temporal(ds, bundle.cfg.max_history, cutoff=int(bundle.meta["cutoff"]))
-    return ds, make_split(ds, protocol, bundle.cfg.max_history, bundle.meta.get("quantile") or 0.8)
+    return bundle_split(bundle, data, protocol)
 
 
 def _backend(bundle, a: argparse.Namespace):

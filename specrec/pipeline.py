@@ -26,6 +26,24 @@ def open_dataset(data: str | Path | None, synthetic_seed: int = 0) -> Dataset:
     return load_dataset(data)
 
 
+def bundle_split(bundle: Bundle, data: str | Path | None = None, protocol: str | None = None) -> tuple[Dataset, Split]:
+    """The dataset a bundle was trained on (or ``data``) and its split under ``protocol`` (default: the bundle's;
+    a temporal split at the bundle's own cut-off), as evaluation and the benchmarks read it."""
+    from .data.splits import temporal
+
+    data = data or bundle.meta.get("data_path")
+    if data and str(data) != "synthetic" and not Path(data).is_dir():
+        raise SystemExit(f"dataset directory not found: {data} (the bundle was trained on it; point --data at a copy, "
+                         "e.g. ../shared/data/beauty)")
+    ds = open_dataset(data)
+    if ds.catalogue.ids != bundle.catalogue.ids:
+        raise SystemExit(f"the dataset at {data} does not have the bundle's catalogue")
+    protocol = protocol or bundle.meta.get("protocol", "loo")
+    if protocol == "temporal" and bundle.meta.get("cutoff") is not None:
+        return ds, temporal(ds, bundle.cfg.max_history, cutoff=int(bundle.meta["cutoff"]))
+    return ds, make_split(ds, protocol, bundle.cfg.max_history, bundle.meta.get("quantile") or 0.8)
+
+
 def fit_semantic_ids(
     ds: Dataset, split: Split, embedder: Callable | None = None, seed: int = 0,
     n_levels: int = 3, codebook_size: int = 256, collision_size: int = 256,
