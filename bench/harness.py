@@ -386,7 +386,9 @@ def run_line() -> str:
 def command_line(module: str, argv=None) -> str:
     """The command that produced the results, as a reader would type it from the repository root
     (``module``: ``bench.serving``; ``argv``: the arguments main() was given, None: the process's own)."""
-    return "python -m " + " ".join([module, *(argv if argv is not None else sys.argv[1:])])
+    import shlex
+
+    return "python -m " + " ".join([module, *map(shlex.quote, argv if argv is not None else sys.argv[1:])])
 
 
 def add_common_args(ap: argparse.ArgumentParser, redis_url: bool = True) -> None:
