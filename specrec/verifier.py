@@ -576,9 +576,8 @@ def _search_group(ver: LocalVerifier, name: str, jobs: list) -> list[Any]:
     for j, (a, b) in zip(jobs, spans):
         part = out.select(torch.arange(a, b)) if len(jobs) > 1 else out
         if name == "beam":  # every level computed in the one call, none read from a verified pass
-            _session(j).coverage.extend(
-                StepCoverage([0] * (b - a), part.alive.sum(1).tolist()) for _ in ver.level_sizes
-            )
+            alive = part.alive.sum(1).tolist()
+            _session(j).coverage.extend(StepCoverage([0] * (b - a), alive) for _ in ver.level_sizes)
         res.append(part)
     return res
 

@@ -153,17 +153,17 @@ class Backend:
         out = self._drafted("strict", enc, trie, width, n)
         if out is None:
             return None
-        codes, scores, tlp, alive, covered, frontier, *at1 = out
-        beams, covered = Beams(codes, scores, tlp, alive.bool(), None), covered.bool()
+        codes, scores, tlp, nodes, covered, frontier, *at1 = out
+        beams, covered = Beams.of_search(codes, scores, tlp, nodes), covered.bool()
         miss = torch.nonzero(~covered).squeeze(1)
         if len(miss):
             kept = at1[-1].index_select(1, miss)  # [n_layers, R, 1 + W, 2 * inner]
             rest = self._resume(enc.select(miss), trie, width, [x.index_select(0, miss) for x in at1[:-1]] + [kept])
-            beams = beams.replace_rows(miss, Beams(rest[0], rest[1], rest[2], rest[3].bool(), None))
+            beams = beams.replace_rows(miss, Beams.of_search(*rest))
         return beams, covered, frontier
 
     def _resume(self, enc: EncoderState, trie, width: int, state: list[torch.Tensor]) -> list[torch.Tensor]:
-        """The registry's ``resume`` on these rows -> codes, scores, token_logp, alive."""
+        """The registry's ``resume`` on these rows -> codes, scores, token_logp, nodes."""
         dense = child_tables(trie, max(self.cfg.level_sizes))
         assert dense is not None  # draft_verify ran on them
         tables = [x.to(self.device) for x in dense]
@@ -180,8 +180,7 @@ class Backend:
         out = self._drafted(kind, enc, trie, width, None)
         if out is None:
             return None
-        codes, scores, tlp, alive = out
-        return Beams(codes, scores, tlp, alive.bool(), None)
+        return Beams.of_search(*out)
 
     def draft_score(self, enc: EncoderState, trie, width: int):
         """The distilled drafter's own beams, their ``token_logp`` the *target's* log-probability of each code

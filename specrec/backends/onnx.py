@@ -495,11 +495,11 @@ class OrtBackend(Backend):
 
     def search(self, enc, trie, width: int):
         out = self._whole("beam", enc, trie, width)
-        return None if out is None else Beams(out[0], out[1], out[2], out[3].bool(), None)
+        return None if out is None else Beams.of_search(*out)
 
     def head_search(self, enc, trie, width: int):
         out = self._whole("head", enc, trie, width)
-        return None if out is None else Beams(out[0], out[1], out[2], out[3].bool(), None)
+        return None if out is None else Beams.of_search(*out)
 
     def _fused_encoder(self, enc):
         return enc.keep, enc.cross_k, enc.cross_v

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
+import numpy as np
 import torch
 
 from ..ids.trie import SidTrie
@@ -41,9 +42,19 @@ class Beams:
     def level(self) -> int:
         return self.codes.shape[2]
 
+    @staticmethod
+    def of_search(codes: torch.Tensor, scores: torch.Tensor, token_logp: torch.Tensor, nodes: torch.Tensor) -> Beams:
+        """A whole search's beams (:data:`~specrec.decoding.searches.BEAMS`: its trie nodes, -1 where dead)."""
+        nodes = nodes.long()
+        return Beams(codes, scores, token_logp, nodes >= 0, nodes)
+
     def items(self, trie: SidTrie) -> torch.Tensor:
-        """Item index of each complete beam [R, B]; -1 for dead beams."""
+        """Item index of each complete beam [R, B]; -1 for dead beams. Beams that carry their trie nodes (a whole
+        search's) read them as leaves; others walk the trie."""
         r, b, depth = self.codes.shape
+        if self.nodes is not None and depth == trie.depth:
+            leaf = self.nodes.numpy()
+            return torch.from_numpy(np.where(leaf >= 0, trie.leaf_item.numpy()[np.maximum(leaf, 0)], -1))
         items = trie.lookup(self.codes.reshape(r * b, depth)).view(r, b)
         return torch.where(self.alive, items, torch.full_like(items, -1))
 
@@ -59,7 +70,12 @@ class Beams:
         scores[rows], alive[rows] = float("-inf"), False
         codes[rows, :m], scores[rows, :m] = other.codes[:, :m], other.scores[:, :m]
         tlp[rows, :m], alive[rows, :m] = other.token_logp[:, :m], other.alive[:, :m]
-        return Beams(codes, scores, tlp, alive, None)
+        nodes = None
+        if self.nodes is not None and other.nodes is not None:  # both carry their trie nodes: so do these
+            nodes = self.nodes.clone()
+            nodes[rows] = -1
+            nodes[rows, :m] = other.nodes[:, :m]
+        return Beams(codes, scores, tlp, alive, nodes)
 
     def trie_nodes(self, trie: SidTrie) -> torch.Tensor:
         """Trie node of every beam (walked when not carried)."""

@@ -92,12 +92,13 @@ class Engine:
     def history_sids(self, histories: Sequence[np.ndarray]) -> torch.Tensor:
         """Item-index histories -> [R, H, L] codes, left-padded with -1 rows."""
         h, L = self.max_history, len(self.itemset.level_sizes)
-        out = torch.full((len(histories), h, L), -1, dtype=torch.int64)
+        out = np.full((len(histories), h, L), -1, dtype=np.int64)
+        sids = self.itemset.sids
         for i, items in enumerate(histories):
             items = np.asarray(items, dtype=np.int64)[-h:]
             if len(items):
-                out[i, h - len(items) :] = self.itemset.sids_t[torch.from_numpy(items)]
-        return out
+                out[i, h - len(items) :] = sids[items]
+        return torch.from_numpy(out)
 
 
 class DraftSizer:

@@ -78,9 +78,9 @@ class BeamPolicy(Policy):
             return
         beams = batch.beams
         assert beams is not None  # set by _search or _stepwise for the rows still active
-        items = beams.items(trie)
+        items, scores = beams.items(trie).numpy(), beams.scores.numpy()
         for j, _, req, st in batch.rows():
             ok = items[j] >= 0
             st.exit_reason = "complete"
-            batch.finish(j, self._result(req.k, items[j][ok].tolist(), beams.scores[j][ok].tolist(),
+            batch.finish(j, self._result(req.k, items[j][ok].tolist(), scores[j][ok].tolist(),
                                          ["beam"] * int(ok.sum()), st, exclude=batch.exclude))

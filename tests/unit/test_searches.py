@@ -10,7 +10,7 @@ import torch
 
 from specrec.backends import Backend
 from specrec.backends import onnx as onnx_backend
-from specrec.decoding.beam import beam_search
+from specrec.decoding.beam import Beams, beam_search
 from specrec.decoding.searches import DRAFTER_KINDS, SEARCHES, search_name
 from specrec.ids import SidTrie
 from specrec.models.hotpath import child_tables
@@ -83,7 +83,10 @@ def test_the_registrys_beam_search_is_the_eager_reference(width):
     want = beam_search(be, enc, trie, width)
     tables = child_tables(trie, be.fused.vmax)
     assert tables is not None
-    codes, scores, _, alive = SEARCHES["beam"].fn(be.fused, *be._fused_encoder(enc), tables, width)
+    codes, scores, tlp, nodes = SEARCHES["beam"].fn(be.fused, *be._fused_encoder(enc), tables, width)
+    alive = nodes >= 0
     assert torch.equal(alive, want.alive)
+    # the nodes it returns are the beams' leaves: the items they name are the trie walk's
+    assert torch.equal(Beams.of_search(codes, scores, tlp, nodes).items(trie), want.items(trie))
     assert torch.equal(codes[alive], want.codes[want.alive])
     assert (scores - want.scores).nan_to_num(0, 0, 0).abs().max() < TOL

@@ -17,7 +17,7 @@ from .registry import BEAMS, Search
 
 
 def run(fused: FusedHotPath, enc_mask, cross_k, cross_v, tables: list[torch.Tensor], width: int):
-    """-> codes [R, W, L], scores [R, W], token_logp [R, W, L], alive [R, W]."""
+    """-> codes [R, W, L], scores [R, W], token_logp [R, W, L], nodes [R, W] (-1 = dead)."""
     r, dev = enc_mask.shape[0], enc_mask.device
     cross = fused.cross(enc_mask, cross_k, cross_v)
     h0, kept = fused.root(cross)

@@ -36,8 +36,8 @@ class SearchState:
 
     def beams(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """What a search returns (:data:`~.registry.BEAMS`): codes [R, W, l], scores [R, W], token_logp
-        [R, W, l], alive [R, W]."""
-        return self.codes, self.scores, self.token_logp, self.nodes >= 0
+        [R, W, l], trie nodes [R, W] (-1 = dead)."""
+        return self.codes, self.scores, self.token_logp, self.nodes
 
 
 def draft(fused: FusedHotPath, cross: Cross, tables, widths: list[int], keys: bool = True):

@@ -13,7 +13,7 @@ from .registry import BEAMS, Search
 
 def run(fused: FusedHotPath, enc_mask, cross_k, cross_v, tables: list[torch.Tensor], width: int):
     """-> codes [R, W, L], scores [R, W] (level 0's target log-prob plus the drafter's), token_logp [R, W, L],
-    alive [R, W]."""
+    nodes [R, W] (-1 = dead)."""
     _, _, states, _ = draft(fused, fused.cross(enc_mask, cross_k, cross_v), tables, [width] * fused.L, keys=False)
     return states[-1].beams()
 

@@ -13,7 +13,7 @@ from .registry import BEAMS, Search
 
 
 def run(fused: FusedHotPath, enc_mask, cross_k, cross_v, tables: list[torch.Tensor], width: int):
-    """-> codes [R, W, L], the head's scores [R, W] and token_logp [R, W, L], alive [R, W]."""
+    """-> codes [R, W, L], the head's scores [R, W] and token_logp [R, W, L], nodes [R, W] (-1 = dead)."""
     hd = fused.head
     assert hd is not None  # a hot path made with a NEZHA head
     hid = fused.head_hidden(enc_mask, cross_k, cross_v)  # [R, L, d]

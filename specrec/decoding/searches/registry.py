@@ -7,8 +7,10 @@ from dataclasses import dataclass
 
 import torch
 
-#: every whole search returns the target's (or a drafter's) beams first, named so in its graph
-BEAMS = ("codes", "scores", "token_logp", "alive")
+#: every whole search returns the target's (or a drafter's) beams first, named so in its graph: codes [R, W, l],
+#: scores [R, W], token_logp [R, W, l] and each beam's trie node [R, W] (int64, -1 = dead), which at the full depth
+#: is its item's leaf, so the caller reads the items off the trie without walking it
+BEAMS = ("codes", "scores", "token_logp", "nodes")
 
 
 @dataclass(frozen=True)

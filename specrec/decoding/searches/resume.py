@@ -19,7 +19,7 @@ def run(fused: FusedHotPath, enc_mask, cross_k, cross_v, tables: list[torch.Tens
         token_logp, nodes, parent, kept_kv):
     """``codes`` [R, W, 2], ``scores``, ``token_logp``, ``nodes``: the target's beams of length 2; ``parent``
     [R, W] each one's parent among the nodes of depth 1; ``kept_kv`` [n_layers, R, 1 + W, 2 * inner] the
-    root's and those nodes' keys|values (the root first). -> codes, scores, token_logp, alive (exactly
+    root's and those nodes' keys|values (the root first). -> codes, scores, token_logp, nodes (exactly
     ``beam``'s)."""
     anc = torch.stack([torch.zeros_like(parent), parent + 1], -1)  # the root, the beam's node of depth 1
     kept = list(kept_kv.unbind(0))

@@ -11,7 +11,7 @@ from .registry import BEAMS, Search
 
 
 def run(fused: FusedHotPath, enc_mask, cross_k, cross_v, tables: list[torch.Tensor], width: int):
-    """-> codes [R, W, L], the drafter's scores [R, W], the target's token_logp [R, W, L], alive [R, W]."""
+    """-> codes [R, W, L], the drafter's scores [R, W], the target's token_logp [R, W, L], nodes [R, W]."""
     L = fused.L
     cross = fused.cross(enc_mask, cross_k, cross_v)
     _, root_kv, states, parents = draft(fused, cross, tables, [width] * L)
@@ -27,7 +27,7 @@ def run(fused: FusedHotPath, enc_mask, cross_k, cross_v, tables: list[torch.Tens
         if j > 1:
             at = parents[j - 1].gather(1, at)
     target += levels[::-1]
-    return final.codes, final.scores, torch.stack(target, -1), final.nodes >= 0
+    return final.codes, final.scores, torch.stack(target, -1), final.nodes
 
 
 SEARCH = Search("score", run, BEAMS, backend="draft_score", rpc="HeadDrafts", uses_sid_drafter=True)

@@ -24,7 +24,7 @@ LEFT = ("codes1", "scores1", "token_logp1", "nodes1", "parent1", "kept_kv")
 
 
 def run(fused: FusedHotPath, enc_mask, cross_k, cross_v, tables: list[torch.Tensor], width: int, n: int):
-    """-> the target's beams (codes, scores, token_logp, alive: exactly ``beam``'s where ``covered``),
+    """-> the target's beams (codes, scores, token_logp, nodes: exactly ``beam``'s where ``covered``),
     ``covered`` [R] (every beam the target kept at levels 1..L-2 was drafted), ``frontier`` [R, L-1, 2]: per
     level, the target's kept prefixes and how many of them the tree held (at level 0 and the last level, all:
     they are the target's own), then :data:`LEFT`."""
