@@ -39,7 +39,6 @@ import torch
 
 from .decoding.beam import Beams, BeamSearch, select_topk
 from .decoding.scoring import Scores, VerifiedPrefixes, prefix_logprobs, tree_pass
-from .decoding.searches import SEARCHES
 from .decoding.tree import read_level, token_logprobs
 from .ids.trie import SidTrie
 from .models.tiger import EncoderState
@@ -559,7 +558,7 @@ def _search_group(ver: LocalVerifier, name: str, jobs: list) -> list[Any]:
     (no drafter, or no dense tables for this catalogue) answer None."""
     enc, first = _cat_encoders(jobs), jobs[0]
     _, trie, widths = whole_search(first)  # type: ignore[misc]  # a search group's jobs are searches
-    out = getattr(ver.backend, SEARCHES[name].backend)(enc, trie, *widths)
+    out = getattr(ver.backend, name)(enc, trie, *widths)  # the backend's method named as the search
     if out is None:
         if name == "beam":
             return [_attempt(ver._stepwise_search, _session(j), j.search) for j in jobs]

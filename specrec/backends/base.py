@@ -88,11 +88,12 @@ class Backend:
         """``device``: where the eager backend computes ("cuda" for a GPU; the
         decoding around it stays on the CPU, tensors cross at the four calls).
         ``drafter``: the distilled drafter (:class:`~specrec.models.sid_mlp.SidMlpDrafter`), for
-        :meth:`draft_verify`, :meth:`draft_search` and :meth:`draft_score`."""
+        :meth:`strict`, :meth:`draft` and :meth:`score`. Whole searches are
+        methods named as the registry names them (:data:`~specrec.decoding.searches.SEARCHES`)."""
         self.device = torch.device(device)
         self.model = model.eval()
         self.cfg = model.cfg
-        self.head = head
+        self.nezha_head = head
         self.drafter = drafter
         self.placeholders = None if head is None else head.placeholders.detach().to(self.device)
         self._fused: FusedHotPath | None = None
@@ -110,7 +111,7 @@ class Backend:
     def fused(self) -> FusedHotPath:
         """The hot path's functions in torch, on this backend's device (made on first use)."""
         if self._fused is None:
-            self._fused = FusedHotPath(self.model, self.head, self.drafter).eval().to(self.device)
+            self._fused = FusedHotPath(self.model, self.nezha_head, self.drafter).eval().to(self.device)
         return self._fused
 
     # -- the four functions (subclasses replace these) -----------------------------
@@ -135,16 +136,16 @@ class Backend:
     def _empty_cache(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.fused.empty_cache(rows)
 
-    def search(self, enc: EncoderState, trie, width: int):
+    def beam(self, enc: EncoderState, trie, width: int):
         """The whole constrained beam search in one call, where the backend has
         one (-> :class:`~specrec.decoding.beam.Beams`); None: step instead."""
         return None
 
-    def head_search(self, enc: EncoderState, trie, width: int):
+    def head(self, enc: EncoderState, trie, width: int):
         """The NEZHA head's whole beam search in one call, where the backend has one; None otherwise."""
         return None
 
-    def draft_verify(self, enc: EncoderState, trie, width: int, n: int):
+    def strict(self, enc: EncoderState, trie, width: int, n: int):
         """``strict``'s draft and verification (:mod:`specrec.decoding.searches.strict`): the target's beams,
         exactly its beam search's in every row, ``covered`` [R] (the drafts held the target's whole frontier) and
         ``frontier`` [R, L-1, 2] (kept, held) per level. A row that is not covered is finished by a second call
@@ -158,11 +159,11 @@ class Backend:
         miss = torch.nonzero(~covered).squeeze(1)
         if len(miss):
             kept = at1[-1].index_select(1, miss)  # [n_layers, R, 1 + W, 2 * inner]
-            rest = self._resume(enc.select(miss), trie, width, [x.index_select(0, miss) for x in at1[:-1]] + [kept])
+            rest = self.resume(enc.select(miss), trie, width, [x.index_select(0, miss) for x in at1[:-1]] + [kept])
             beams = beams.replace_rows(miss, Beams.of_search(*rest))
         return beams, covered, frontier
 
-    def _resume(self, enc: EncoderState, trie, width: int, state: list[torch.Tensor]) -> list[torch.Tensor]:
+    def resume(self, enc: EncoderState, trie, width: int, state: list[torch.Tensor]) -> list[torch.Tensor]:
         """The registry's ``resume`` on these rows -> codes, scores, token_logp, nodes."""
         dense = child_tables(trie, max(self.cfg.level_sizes))
         assert dense is not None  # draft_verify ran on them
@@ -172,7 +173,7 @@ class Backend:
             out = SEARCHES["resume"].fn(self.fused, enc_mask, cross_k, cross_v, tables, width, *self._to(*state))
         return [self._back(x) for x in out]
 
-    def draft_search(self, enc: EncoderState, trie, width: int):
+    def draft(self, enc: EncoderState, trie, width: int):
         """The distilled drafter's own beams (level 0 exact), one call; None without a distilled drafter."""
         return self._drafted_beams("draft", enc, trie, width)
 
@@ -182,7 +183,7 @@ class Backend:
             return None
         return Beams.of_search(*out)
 
-    def draft_score(self, enc: EncoderState, trie, width: int):
+    def score(self, enc: EncoderState, trie, width: int):
         """The distilled drafter's own beams, their ``token_logp`` the *target's* log-probability of each code
         (one tree pass over the beams' kept prefixes in the same call; ``scores`` stay the drafter's), one call
         (:mod:`specrec.decoding.searches.score`); None without a distilled drafter."""

@@ -475,7 +475,7 @@ class OrtBackend(Backend):
         tables = self._tables_of(trie)
         if (
             tables is None
-            or (SEARCHES[kind].uses_head and self.head is None)
+            or (SEARCHES[kind].uses_head and self.nezha_head is None)
             or (SEARCHES[kind].uses_sid_drafter and self.drafter is None)
         ):
             return None
@@ -490,14 +490,14 @@ class OrtBackend(Backend):
         if name not in self.sessions and not self._have(name):
             with self._lock:
                 if not self._have(name):
-                    export_search(self.model, self.onnx_dir, kind, width, self.head, self.drafter, n, bits)
+                    export_search(self.model, self.onnx_dir, kind, width, self.nezha_head, self.drafter, n, bits)
         return name
 
-    def search(self, enc, trie, width: int):
+    def beam(self, enc, trie, width: int):
         out = self._whole("beam", enc, trie, width)
         return None if out is None else Beams.of_search(*out)
 
-    def head_search(self, enc, trie, width: int):
+    def head(self, enc, trie, width: int):
         out = self._whole("head", enc, trie, width)
         return None if out is None else Beams.of_search(*out)
 
@@ -509,7 +509,7 @@ class OrtBackend(Backend):
         assert tables is not None
         return torch.from_numpy(tables[level])
 
-    def _resume(self, enc, trie, width: int, state: list[torch.Tensor]) -> list[torch.Tensor]:
+    def resume(self, enc, trie, width: int, state: list[torch.Tensor]) -> list[torch.Tensor]:
         name = self._exported("resume", width)
         tables = self._tables_of(trie)
         assert tables is not None  # strict's graph ran on them
@@ -528,16 +528,16 @@ class OrtBackend(Backend):
         and its scored search of width 2K (``specgr``'s first round)."""
         enc = self.encode(torch.zeros(1, 4, self.cfg.sid_len, dtype=torch.int64))
         for k in ks:
-            self.search(enc, trie, k)
+            self.beam(enc, trie, k)
             if self.drafter is not None:  # nezha drafts K and 2K beams; specgr's first round scores 2K
-                self.draft_search(enc, trie, k)
-                self.draft_search(enc, trie, 2 * k)
-                self.draft_score(enc, trie, 2 * k)
+                self.draft(enc, trie, k)
+                self.draft(enc, trie, 2 * k)
+                self.score(enc, trie, 2 * k)
             for m in drafts:
-                if self.head is not None:
-                    self.head_search(enc, trie, draft_count(m, k))
+                if self.nezha_head is not None:
+                    self.head(enc, trie, draft_count(m, k))
                 if self.drafter is not None:
-                    self.draft_verify(enc, trie, k, draft_count(m, k))
+                    self.strict(enc, trie, k, draft_count(m, k))
             if self.drafter is not None and self.cfg.sid_len >= 3:  # what finishes a row strict's drafts missed
                 self._session(self._exported("resume", k))
 

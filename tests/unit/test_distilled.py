@@ -204,9 +204,9 @@ def test_the_drafters_weights_are_8_bit_on_the_cpu_and_the_targets_never(tmp_pat
     eng = make_engine(5, n_items=70, distilled=True, backend="onnx")
     q8 = eng.verifier.backend
     assert q8.drafter_bits == 8
-    fp = OrtBackend(q8.model, q8.head, onnx_dir=tmp_path / "fp32", drafter=q8.drafter, drafter_bits=None)
+    fp = OrtBackend(q8.model, q8.nezha_head, onnx_dir=tmp_path / "fp32", drafter=q8.drafter, drafter_bits=None)
     trie, hs = eng.itemset.trie, eng.history_sids(histories(eng, 6, 5))
-    a, b = q8.draft_search(q8.encode(hs), trie, 6), fp.draft_search(fp.encode(hs), trie, 6)
+    a, b = q8.draft(q8.encode(hs), trie, 6), fp.draft(fp.encode(hs), trie, 6)
     ops = [n.op_type for n in onnx.load(str(q8.graph_path("draft_w6_q8"))).graph.node]
     assert ops.count("MatMulNBits") >= 3 and "MatMulNBits" not in [
         n.op_type for n in onnx.load(str(fp.graph_path("draft_w6"))).graph.node]

@@ -28,8 +28,8 @@ def test_one_declaration_per_search_read_by_every_layer():
     assert DRAFTER_KINDS == onnx_backend.DRAFTER_KINDS == ("draft", "score", "strict")
     assert onnx_backend.RESUME == list(SEARCHES["resume"].inputs)
     assert SEARCHES["strict"].outputs[-len(SEARCHES["resume"].inputs):] == SEARCHES["resume"].inputs
-    for s in SEARCHES.values():  # each names the backend call that runs it
-        assert callable(getattr(Backend, s.backend)), s.name
+    for s in SEARCHES.values():  # the backends' method that runs it has its name
+        assert callable(getattr(Backend, s.name)) and callable(getattr(onnx_backend.OrtBackend, s.name)), s.name
     from verifier_svc.service import Servicer
 
     rpcs = {s.rpc for s in SEARCHES.values()} - {None}

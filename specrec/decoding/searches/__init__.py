@@ -2,20 +2,21 @@
 model maths (:class:`~specrec.models.hotpath.FusedHotPath`; the searches import the models, never the
 other way round).
 
-=========  ====================================================  ======================  ============
-name       what                                                  backend call            verifier RPC
-=========  ====================================================  ======================  ============
-``beam``   the target's constrained beam search (:mod:`.beam`)   ``search``              BeamSearch
-``head``   the NEZHA head's search (:mod:`.head`)                ``head_search``         HeadDrafts
-``draft``  the distilled SID drafter's search (:mod:`.draft`)    ``draft_search``        HeadDrafts
-``score``  ``draft`` + the target's scores of it (:mod:`.score`) ``draft_score``         HeadDrafts
-``strict`` drafts verified level by level (:mod:`.strict`)       ``draft_verify``        DraftVerify
-``resume`` finishes a ``strict`` row its drafts missed           ``_resume``             (in DraftVerify)
-=========  ====================================================  ======================  ============
+=========  ====================================================  ============
+name       what                                                  verifier RPC
+=========  ====================================================  ============
+``beam``   the target's constrained beam search (:mod:`.beam`)   BeamSearch
+``head``   the NEZHA head's search (:mod:`.head`)                HeadDrafts
+``draft``  the distilled SID drafter's search (:mod:`.draft`)    HeadDrafts
+``score``  ``draft`` + the target's scores of it (:mod:`.score`) HeadDrafts
+``strict`` drafts verified level by level (:mod:`.strict`)       DraftVerify
+``resume`` finishes a ``strict`` row its drafts missed           (in DraftVerify)
+=========  ====================================================  ============
 
-The ONNX export table (:func:`specrec.backends.onnx.export_search`, graph files named by
-:func:`~.registry.search_name`), the SID drafter's kinds (:data:`DRAFTER_KINDS`), the backends' whole-search
-calls and the verifier's job groups read :data:`SEARCHES`. RPC and proto names stay the wire's
+One name per search in every layer: the ONNX export table (:func:`specrec.backends.onnx.export_search`, graph
+files named by :func:`~.registry.search_name`), the SID drafter's kinds (:data:`DRAFTER_KINDS`), the backends'
+whole-search methods (``Backend.beam``, ``Backend.strict``, ...) and the verifier's job groups read
+:data:`SEARCHES`. RPC and proto names stay the wire's
 (``HeadDrafts`` serves three searches, told apart by its ``distilled`` and ``target_scores`` fields); the
 registry records which RPC serves each search. Every search is tested against its eager reference
 (:mod:`specrec.decoding.beam`, :class:`~specrec.models.tiger.Tiger`): ``tests/unit/test_hotpath.py``,

@@ -30,14 +30,14 @@ class Search:
     (enc_mask, cross_k, cross_v), tables, width)`` making an example of them to trace with.
 
     ``uses_sid_drafter``: it runs the distilled SID drafter (whose weights a graph may hold in 8 bits);
-    ``uses_head``: the NEZHA draft head. ``backend`` is the :class:`~specrec.backends.base.Backend` method
-    that runs it, ``rpc`` the verifier service's RPC that serves it (``verifier.proto``; None: it runs inside
-    another search's call). RPC and proto names are the wire's and stay as they are."""
+    ``uses_head``: the NEZHA draft head. The :class:`~specrec.backends.base.Backend` method that runs it has its
+    name (``backend.beam(enc, trie, width)``); ``rpc`` is the verifier service's RPC that serves it
+    (``verifier.proto``; None: it runs inside another search's call). RPC and proto names are the wire's and stay
+    as they are."""
 
     name: str
     fn: Callable[..., tuple[torch.Tensor, ...]]
     outputs: tuple[str, ...]
-    backend: str
     rpc: str | None
     widths: tuple[str, ...] = ("width",)
     inputs: tuple[str, ...] = ()

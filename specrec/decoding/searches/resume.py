@@ -35,4 +35,4 @@ def example(fused: FusedHotPath, enc, tables: list[torch.Tensor], width: int) ->
     return tuple(out[len(out) - len(strict.LEFT):])
 
 
-SEARCH = Search("resume", run, BEAMS, backend="_resume", rpc=None, inputs=strict.LEFT, example=example)
+SEARCH = Search("resume", run, BEAMS, rpc=None, inputs=strict.LEFT, example=example)

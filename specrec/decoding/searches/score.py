@@ -30,4 +30,4 @@ def run(fused: FusedHotPath, enc_mask, cross_k, cross_v, tables: list[torch.Tens
     return final.codes, final.scores, torch.stack(target, -1), final.nodes
 
 
-SEARCH = Search("score", run, BEAMS, backend="draft_score", rpc="HeadDrafts", uses_sid_drafter=True)
+SEARCH = Search("score", run, BEAMS, rpc="HeadDrafts", uses_sid_drafter=True)
