@@ -528,7 +528,8 @@ def main(argv=None) -> int:
             row = summarise(asyncio.run(closed_loop(target, users, p, a.k, a.budget_ms, len(users.ids))), offline_hits,
                             len(users.ids), a.k, unseen)
             res["closed"][p] = row
-            extra = "".join(f", {m} {row[m]:.4f}" for m in (f"recall@{a.k}", f"unseen_recall@{a.k}") if m in row)
+            extra = "".join(f", {m} {row[m]:.4f}" for m in (f"recall@{a.k}", f"unseen_recall@{a.k}")
+                            if m in row and m != "recall@10")
             say(f"{p}: R@10 {row['recall@10']:.4f} (offline beam {row['offline_beam_recall@10']:.4f}){extra}, fill "
                 f"{row['fill_share']:.1%}, all-fill {row['all_fill_share']:.1%}, p99 {row['p99_ms']:.1f} ms, "
                 f"served by {row['served_by']}")
