@@ -20,6 +20,7 @@ from pydantic_settings import SettingsConfigDict
 
 from specrec.bundle import Bundle, sid_space_fingerprint
 from specrec.drafters.base import DraftRequest as CoreDraftRequest
+from specrec.drafters.sasrec import SasrecDrafter
 from specrec.ids.embed import TextEmbedder
 from specrec_rpc.catalogue import CatalogueWatcher, Snapshot
 from specrec_rpc.errors import InvalidArgument, handle_errors, require
@@ -38,7 +39,9 @@ class DrafterSettings(ServiceSettings):
     metrics_port: int = Field(9102, description="Prometheus port (0 = off)")
     bundle: Path = Field(Path("bundles/beauty-loo"), description="trained bundle directory (with drafters)")
     itemset_addr: str = Field("127.0.0.1:50051", description="item-set service address")
-    default_mode: str = Field("retrieval", description="'retrieval' or 'self'")
+    default_mode: str = Field("", description="'sasrec', 'retrieval' or 'self'; empty: the bundle's best (sasrec "
+                              "where it has a SASRec with a fusion chosen by `specrec tune-fusion`, else retrieval, "
+                              "else self)")
     threads: int = Field(1, description="torch intra-op threads")
     max_n: int = Field(1000, description="most candidates one query may ask for")
     max_queries: int = Field(256, description="most queries per call")
@@ -81,8 +84,8 @@ class DrafterService(Service):
                 self.executor, d.draft,
                 [CoreDraftRequest(rows, 10), CoreDraftRequest(rows, 5, snap.itemset.sids[rows[:2], :1])],
             )
-        if self.s.default_mode not in self.drafters:
-            raise ValueError(f"default mode {self.s.default_mode!r} is not available (have {sorted(self.drafters)})")
+        if self.default_mode not in self.drafters:
+            raise ValueError(f"default mode {self.default_mode!r} is not available (have {sorted(self.drafters)})")
 
     def _build(self, snap: Snapshot) -> None:
         """Drafters for the bundle's rows, then the snapshot's extra rows."""
@@ -94,8 +97,19 @@ class DrafterService(Service):
                                                    unseen_share=self.s.unseen_share)
         if b.self_draft is not None:
             self.drafters["self"] = b.drafter("self", base)
+        if b.sasrec is not None:  # its unseen share from the retrieval drafter's text part (which follows new items)
+            text = self.drafters.get("retrieval")
+            share = b.meta.get("drafters", {}).get("unseen_share", 0.0) if self.s.unseen_share is None \
+                else self.s.unseen_share
+            self.drafters["sasrec"] = SasrecDrafter(b.sasrec, base, text, share if text is not None else 0.0,
+                                                    b.fusion)
         if not self.drafters:
             raise ValueError(f"bundle {self.s.bundle} has no drafters (run `specrec train-drafters`)")
+        self.default_mode = self.s.default_mode
+        if not self.default_mode:
+            fused = "sasrec" in self.drafters and self.drafters["sasrec"].fusion is not None
+            self.default_mode = "sasrec" if fused else next(m for m in ("retrieval", "self", "sasrec")
+                                                            if m in self.drafters)
         self._rows = n0
         self._follow(snap)
 
@@ -145,7 +159,7 @@ class Servicer(drafter_pb2_grpc.DrafterServicer):
     @handle_errors
     async def Draft(self, request, context):
         svc, s = self.svc, self.svc.s
-        mode = request.mode or s.default_mode
+        mode = request.mode or svc.default_mode
         if mode not in svc.drafters:
             raise InvalidArgument("mode", f"unknown or unavailable mode {mode!r} (have {sorted(svc.drafters)})")
         snap = svc.snap  # the drafter answers from its current version (rows and ids are stable across versions)
@@ -179,5 +193,9 @@ class Servicer(drafter_pb2_grpc.DrafterServicer):
                 item_ids=[snap.ids[r] for r in d.items.tolist()], scores=d.scores.tolist(),
                 sids=[common_pb2.Sid(codes=snap.itemset.sids[r].tolist()) for r in d.items.tolist()],
             ))
-        return drafter_pb2.DraftResponse(drafts=out, version=snap.version, mode=mode,
-                                         unseen_share=float(getattr(drafter, "unseen_share", 0.0) or 0.0))
+        fusion = getattr(drafter, "fusion", None)
+        return drafter_pb2.DraftResponse(
+            drafts=out, version=snap.version, mode=mode,
+            unseen_share=float(getattr(drafter, "unseen_share", 0.0) or 0.0),
+            fusion=None if fusion is None else drafter_pb2.Fusion(weight=fusion.weight, norm=fusion.norm,
+                                                                  drafts=fusion.drafts))

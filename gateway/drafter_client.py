@@ -8,6 +8,7 @@ import numpy as np
 
 from specrec.deadline import Deadline
 from specrec.drafters.base import Draft, DraftRequest
+from specrec.fusion import Fusion
 from specrec.policies.errors import DependencyDown
 from specrec_rpc.catalogue import Snapshot
 from specrec_rpc.v1 import common_pb2, drafter_pb2
@@ -17,11 +18,20 @@ from .calls import call
 
 class DrafterReport:
     """What the drafter service says of its drafts, kept across requests (the gateway's one record): the share of
-    each draft it reserves for unseen items (``DraftResponse.unseen_share``), as the last answer said. The
-    gateway's warm-up drafts before it serves, so requests read the drafter's own setting."""
+    each draft it reserves for unseen items (``DraftResponse.unseen_share``) and, for a mode whose scores are
+    meant to be fused with the GR model's, the fusion (``DraftResponse.fusion``: the SASRec drafter's, chosen on
+    validation users), as the last answer said. The gateway's warm-up drafts before it serves, so requests read
+    the drafter's own settings."""
 
     def __init__(self) -> None:
         self.unseen_share = 0.0
+        self.fusion: Fusion | None = None
+
+    def read(self, r: drafter_pb2.DraftResponse) -> None:
+        self.unseen_share = float(r.unseen_share)
+        f = r.fusion if r.HasField("fusion") else None
+        self.fusion = None if f is None else Fusion.of({"weight": f.weight, "norm": f.norm or "z",
+                                                          "drafts": f.drafts or 50})
 
 
 class RemoteDrafter:
@@ -41,6 +51,10 @@ class RemoteDrafter:
     @property
     def unseen_share(self) -> float:
         return self.report.unseen_share
+
+    @property
+    def fusion(self) -> Fusion | None:
+        return self.report.fusion
 
     def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         ids = self.snap.ids
@@ -67,7 +81,7 @@ class RemoteDrafter:
             except DependencyDown:
                 if attempt:
                     raise
-        self.report.unseen_share = float(r.unseen_share)
+        self.report.read(r)
         out = []
         index, active = self.snap.index, self.snap.itemset.active
         assert active is not None  # LocalItemSet fills it in

@@ -202,9 +202,11 @@ class RemoteVerifier:
             return resp
 
     # -- verification ---------------------------------------------------------------------
-    def score(self, sess: Session, sids: torch.Tensor, full: bool = False, with_frontier: bool = False) -> Scores:
+    def score(self, sess: Session, sids: torch.Tensor, full: bool = False, with_frontier: bool = False,
+              scores_only: bool = False) -> Scores:
         r = self._session_call(sess, "Score", lambda ref: verifier_pb2.ScoreRequest(
-            ref=ref, sids=to_msg(sids), full=full, with_frontier=with_frontier), stateful=with_frontier)
+            ref=ref, sids=to_msg(sids), full=full, with_frontier=with_frontier, scores_only=scores_only),
+            stateful=with_frontier)
         return Scores(to_torch(r.token_logp, "token_logp"), [to_torch(f, "full") for f in r.full] if full else None)
 
     def score_step(self, sess: Session, sids: torch.Tensor) -> tuple[Scores, Beams]:

@@ -133,6 +133,20 @@ class Bundle:
     def cfg(self) -> TigerConfig:
         return self.model.cfg
 
+    @property
+    def fusion(self):
+        """How ``specgr`` ranks by both models (the GR and the bundle's SASRec), as ``specrec tune-fusion`` chose
+        on validation users (:class:`specrec.fusion.Fusion`); None where it has none."""
+        from .fusion import Fusion
+
+        return Fusion.of(self.meta.get("fusion")) if self.sasrec is not None else None
+
+    def scored_counts(self, ks) -> tuple[int, ...]:
+        """The candidate counts ``specgr`` scores when it ranks by both models, for lists of ``ks``: the scoring
+        graphs a deployment of those K warms up (none without a fusion)."""
+        f = self.fusion
+        return () if f is None else tuple(sorted({f.candidates(k) for k in ks}))
+
     @cached_property
     def itemset(self) -> LocalItemSet:
         return LocalItemSet(self.sids, self.seen, self.cfg.level_sizes, version="1")
@@ -156,9 +170,11 @@ class Bundle:
     # -- serving pieces ----------------------------------------------------------
     def drafter(self, kind: str = "retrieval", itemset: LocalItemSet | None = None, text_share: float | None = None,
                 unseen_share: float | None = None):
-        """A drafter over the bundle's catalogue (``text_share`` / ``unseen_share``: the retrieval drafter's
-        share of text-similarity candidates among all items / among the unseen ones; default: the bundle's,
-        ``drafters.text_share`` / ``drafters.unseen_share`` in bundle.json, else 0)."""
+        """A drafter over the bundle's catalogue: ``retrieval`` (text-aware), ``self`` (the GR encoder's own
+        state) or ``sasrec`` (the bundle's SASRec, its unseen share drafted by the retrieval drafter's text part;
+        :mod:`specrec.drafters.sasrec`). ``text_share`` / ``unseen_share``: the share of text-similarity
+        candidates among all items / among the unseen ones; default: the bundle's, ``drafters.text_share`` /
+        ``drafters.unseen_share`` in bundle.json, else 0)."""
         itemset = itemset or self.itemset
         if kind == "retrieval":
             from .drafters.retrieval import RetrievalDrafter
@@ -175,7 +191,17 @@ class Bundle:
             if self.self_draft is None:
                 raise ValueError(f"bundle {self.name!r} has no self-draft head (run `specrec train-drafters`)")
             return SelfDrafter(self.model, self.self_draft, itemset)
-        raise ValueError(f"unknown drafter {kind!r} (expected 'retrieval' or 'self')")
+        if kind == "sasrec":
+            from .drafters.sasrec import SasrecDrafter
+
+            if self.sasrec is None:
+                raise ValueError(f"bundle {self.name!r} has no SASRec (run `specrec train-baseline`)")
+            new = self.meta.get("drafters", {}).get("unseen_share", 0.0) if unseen_share is None else unseen_share
+            text = None  # the unseen share, and items SASRec has no vector for (new ones), by text
+            if self.retrieval is not None and self.text_emb is not None:
+                text = self.drafter("retrieval", itemset, text_share=0.0, unseen_share=new)
+            return SasrecDrafter(self.sasrec, itemset, text, new if text is not None else 0.0, self.fusion)
+        raise ValueError(f"unknown drafter {kind!r} (expected 'retrieval', 'self' or 'sasrec')")
 
     def backend(self, name: str | None = None, **kw):
         """The GR model's hot path on a backend (:mod:`specrec.backends`; default: the fastest, ONNX Runtime)."""

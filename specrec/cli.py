@@ -211,10 +211,14 @@ def _eval_policies(a: argparse.Namespace, bundle, split, ex, exclude=None) -> in
     if "beam" not in names:
         names = ["beam", *names]
     params = _policy_params(a.set)
-    shares = {"text_share": a.text_share, "unseen_share": a.unseen_share} if a.drafter == "retrieval" else {}
-    engine = bundle.engine(drafter=a.drafter, backend=_backend(bundle, a), **shares)
+    from .recommender import default_drafter
+
+    kind = default_drafter(bundle) if a.drafter == "default" else a.drafter
+    shares = ({"text_share": a.text_share, "unseen_share": a.unseen_share} if kind == "retrieval"
+              else {"unseen_share": a.unseen_share} if kind == "sasrec" else {})
+    engine = bundle.engine(drafter=kind, backend=_backend(bundle, a), **shares)
     policies = {n: make_policy(n, engine, **params.get(n, {})) for n in names}
-    engine.verifier.backend.warmup(engine.itemset.trie, (a.k,))  # no graph is made while timing
+    engine.verifier.backend.warmup(engine.itemset.trie, (a.k,), scored=bundle.scored_counts((a.k,)))  # none timed
     if a.compare_eager:
         policies["beam@eager"] = make_policy("beam", bundle.engine(drafter=None, backend=bundle.backend("eager")))
     k = a.k
@@ -223,7 +227,7 @@ def _eval_policies(a: argparse.Namespace, bundle, split, ex, exclude=None) -> in
     table, rows = comparison_table(runs, ex, split, ks, engine.metrics.snapshot())
     ds_name = bundle.meta.get("dataset", bundle.name)
     backend = engine.verifier.backend.describe()
-    out = {"k": k, "n": len(ex), "protocol": split.protocol, "drafter": a.drafter, "threads": a.threads,
+    out = {"k": k, "n": len(ex), "protocol": split.protocol, "drafter": kind, "threads": a.threads,
            "ort_threads": a.ort_threads,
            "sample": a.sample, "seed": a.seed, "backend": backend, "exclude_history": exclude is not None,
            "drafter_shares": {k_: getattr(engine.drafter, k_, None) for k_ in ("text_share", "unseen_share")},
@@ -251,7 +255,7 @@ def _eval_policies(a: argparse.Namespace, bundle, split, ex, exclude=None) -> in
                  else f"{len(ex)} {a.split} users")
         md = (f"# {name}\n\nCommand: `{' '.join(['specrec', *sys.argv[1:]])}`\n\n"
               f"{users}, K = {k}, batch 1, interleaved (order rotated per request), {a.threads} torch / "
-              f"{a.ort_threads} ONNX Runtime threads, backend {backend}, drafter `{a.drafter}`. "
+              f"{a.ort_threads} ONNX Runtime threads, backend {backend}, drafter `{kind}`. "
               f"speedup = beam's mean time / the policy's; item_accept / token_accept: accepted / drafted items and "
               f"SID tokens; no_fallback: share of requests a level-wise policy served with no fallback pass.\n\n"
               + markdown_table(rows, cols) + f"\n![stage times]({name}_stages.png)\n")
@@ -333,6 +337,19 @@ def cmd_train_baseline(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tune_fusion(a: argparse.Namespace) -> int:
+    from .train.fusion import tune_fusion
+
+    drafts = tuple(int(x) for x in a.drafts.split(",") if x.strip())
+    fusion, entry = tune_fusion(a.bundle, a.users, a.seed, drafts)
+    v = entry["valid"]
+    print(f"fusion: GR weight {fusion.weight:g}, {fusion.norm} scores, {fusion.drafts} SASRec candidates "
+          f"({entry['chosen_on']}): R@10 {v['fused']['recall@10']:.4f} against SASRec's "
+          f"{v['sasrec']['recall@10']:.4f} and the GR's alone {v['gr_alone']['recall@10']:.4f}; written into "
+          f"{a.bundle}/bundle.json")
+    return 0
+
+
 def cmd_sids(a: argparse.Namespace) -> int:
     from .data.splits import make_split
     from .pipeline import fit_semantic_ids, open_dataset
@@ -363,7 +380,7 @@ def cmd_export(a: argparse.Namespace) -> int:
     out = Path(a.out) if a.out else Path(a.bundle) / "onnx"
     ks = [int(x) for x in a.k.split(",") if x.strip()]
     ort_be = OrtBackend(bundle.model, bundle.nezha_head, onnx_dir=out, drafter=bundle.sid_mlp, threads=a.threads)
-    ort_be.warmup(bundle.trie, ks)
+    ort_be.warmup(bundle.trie, ks, scored=bundle.scored_counts(ks))
     ref = Backend(bundle.model, bundle.nezha_head)
     hist = bundle.history_sids([bundle.sids_t.new_tensor([0, 1, 2]).numpy()])
     with torch.inference_mode():
@@ -444,7 +461,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--policies", help="comma-separated policies to compare side by side on the same requests, "
                    "e.g. beam,specgr,nezha,strict,relaxed,sample (beam is always included as the reference)")
     g.add_argument("--k", type=int, default=10, help="list length K")
-    g.add_argument("--drafter", choices=["retrieval", "self"], default="retrieval", help="drafter for specgr")
+    g.add_argument("--drafter", choices=["default", "retrieval", "self", "sasrec"], default="default",
+                   help="the engine's item drafter (specgr's later rounds, its whole list where it ranks by both "
+                   "models with sasrec, and the drafter policy's); default: the bundle's best (sasrec where it has "
+                   "one with a fusion, else retrieval)")
     g.add_argument("--text-share", type=float, default=None,
                    help="the retrieval drafter's share of drafts by text similarity among all items (default: the "
                    "bundle's drafters.text_share, else 0)")
@@ -506,6 +526,20 @@ def build_parser() -> argparse.ArgumentParser:
     tb.add_argument("--patience", type=int, default=5)
     tb.add_argument("--valid-limit", type=int, default=4000, help="validation users (a seeded random sample)")
     tb.set_defaults(func=cmd_train_baseline)
+
+    tf = sub.add_parser(
+        "tune-fusion",
+        help="choose on validation users how specgr ranks by both models (GR + SASRec), into the bundle",
+        description="Score the SASRec drafter's best items of random validation users (history excluded) with "
+        "both models and choose the weight, normalisation and number of candidates of the fused score with the "
+        "best recall@10 (specrec.fusion); written into bundle.json under `fusion`, where specgr, the drafter "
+        "service and auto read it. Test users are never read.",
+    )
+    tf.add_argument("--bundle", required=True)
+    tf.add_argument("--users", type=int, default=None, help="validation users, a seeded random sample (default: all)")
+    tf.add_argument("--seed", type=int, default=0)
+    tf.add_argument("--drafts", default="50", help="candidate counts to choose from (comma-separated)")
+    tf.set_defaults(func=cmd_tune_fusion)
 
     s = sub.add_parser("sids", help="fit semantic IDs on a dataset and report codebook usage and collisions")
     s.add_argument("--data", default="synthetic")

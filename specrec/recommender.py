@@ -98,7 +98,12 @@ class Recommendation:
         return [it.id for it in self.items]
 
 
-def _default_drafter(bundle) -> str | None:
+def default_drafter(bundle) -> str | None:
+    """The bundle's best item drafter: SASRec where it has one and a fusion chosen on validation (``specrec
+    tune-fusion``: ``specgr`` then ranks by both models), else the text-aware retrieval drafter, else the
+    self-drafter; None without any."""
+    if bundle.sasrec is not None and bundle.meta.get("fusion"):
+        return "sasrec"
     if bundle.retrieval is not None and bundle.text_emb is not None:
         return "retrieval"
     if bundle.self_draft is not None:
@@ -129,8 +134,9 @@ class Recommender:
              threads: int | None = None) -> Recommender:
         """Load the bundle at ``path`` (``specrec train`` writes one; ``bundles/beauty-loo`` is committed).
 
-        ``drafter``: "retrieval", "self", None (no drafter: ``specgr`` and ``drafter`` then refuse), or
-        "default" (retrieval when the bundle has it, else self). ``backend``: "onnx" (default) or "eager".
+        ``drafter``: "sasrec", "retrieval", "self", None (no drafter: ``specgr`` and ``drafter`` then refuse),
+        or "default" (:func:`default_drafter`: sasrec where the bundle has it with a fusion, else retrieval, else
+        self). ``backend``: "onnx" (default) or "eager".
         ``threads``: torch / ONNX Runtime intra-op threads.
         """
         import torch
@@ -140,7 +146,7 @@ class Recommender:
         if threads is not None:
             torch.set_num_threads(threads)
         bundle = Bundle.load(path)
-        kind = _default_drafter(bundle) if drafter == "default" else drafter
+        kind = default_drafter(bundle) if drafter == "default" else drafter
         kw = {"threads": threads} if threads is not None and (backend or "onnx") == "onnx" else {}
         engine = bundle.engine(drafter=kind, backend=bundle.backend(backend, **kw))
         return cls(bundle, engine, kind)
@@ -273,7 +279,7 @@ class Recommender:
         row = old.n_rows
         drafter = self.engine.drafter
         if drafter is not None:
-            if self.drafter_kind == "retrieval":
+            if self.drafter_kind in ("retrieval", "sasrec"):  # text-aware: the new item's text embedding
                 drafter.add_items(new, emb)
             else:
                 drafter.add_items(new)

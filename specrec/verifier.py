@@ -99,7 +99,11 @@ class Verifier(Protocol):
 
     def select(self, sess: Session, idx: torch.Tensor) -> Session: ...
 
-    def score(self, sess: Session, sids: torch.Tensor, full: bool = False, with_frontier: bool = False) -> Scores: ...
+    def score(self, sess: Session, sids: torch.Tensor, full: bool = False, with_frontier: bool = False,
+              scores_only: bool = False) -> Scores:
+        """Token log-probs of candidates ``sids`` [R, M, L] (with ``full``, every level's distribution), in one
+        pass the session remembers for its later beam steps (with ``with_frontier``, over its beams' prefixes
+        too); ``scores_only``: nothing remembered, the verifier's scoring pass may serve it."""
 
     def score_step(self, sess: Session, sids: torch.Tensor) -> tuple[Scores, Beams]:
         """``score`` of ``sids`` [R, M, L] with the frontier, and the session's next beam step read from that
@@ -230,8 +234,9 @@ class LocalVerifier:
         b = st.beam.beams if st.beam is not None and not st.beam.done else None
         return [] if b is None or b.level >= len(self.level_sizes) else [(b.codes, b.alive)]
 
-    def score(self, sess: Session, sids: torch.Tensor, full: bool = False, with_frontier: bool = False) -> Scores:
-        return self._one(ScoreJob(sess, sids, full, with_frontier))
+    def score(self, sess: Session, sids: torch.Tensor, full: bool = False, with_frontier: bool = False,
+              scores_only: bool = False) -> Scores:
+        return self._one(ScoreJob(sess, sids, full, with_frontier, scores_only=scores_only))
 
     def score_step(self, sess: Session, sids: torch.Tensor) -> tuple[Scores, Beams]:
         st: LocalState = sess.state
@@ -350,6 +355,7 @@ class ScoreJob:
     full: bool = False
     with_frontier: bool = False
     step: SearchSpec | None = None
+    scores_only: bool = False  # nothing remembered for later steps: the scoring pass (``rank``) may serve it
 
 
 @dataclass(eq=False)
@@ -512,7 +518,9 @@ def _ready_to_step(ver: LocalVerifier, job: ScoreJob) -> BaseException | None:
 
 def _score_group(ver: LocalVerifier, jobs: list[ScoreJob]) -> list[Any]:
     """One tree pass over every caller's candidate rows (and the beam frontiers of the jobs that ask); each
-    session remembers its rows of it; a job with ``step`` then takes its beam step, reading the pass."""
+    session remembers its rows of it; a job with ``step`` then takes its beam step, reading the pass. Where every
+    job asks for its candidates' token log-probs only (``scores_only``), the pass is the registry's ``rank``
+    (each node's own level's head, ancestor attention) and nothing is remembered."""
     res: list[Any] = [_ready_to_step(ver, j) if j.step is not None else None for j in jobs]
     live = [n for n, r in enumerate(res) if r is None]
     if not live:
@@ -521,6 +529,11 @@ def _score_group(ver: LocalVerifier, jobs: list[ScoreJob]) -> list[Any]:
     m = max(j.sids.shape[1] for j in batch)
     sids = torch.cat([torch.cat([j.sids, j.sids[:, :1].expand(-1, m - j.sids.shape[1], -1)], 1) for j in batch])
     spans = _split([len(j.sids) for j in batch])
+    if all(j.scores_only and not (j.full or j.with_frontier or j.step is not None) for j in batch):
+        token = ver.backend.rank(_cat_encoders(batch), sids)
+        for n, j, (a, b) in zip(live, batch, spans):
+            res[n] = Scores(token[a:b, : j.sids.shape[1]])
+        return res
     rows = len(sids)
     groups: list[tuple[torch.Tensor | np.ndarray, torch.Tensor | np.ndarray]] = [(sids, np.ones(sids.shape[:2], bool))]
     for j, (a, _) in zip(batch, spans):

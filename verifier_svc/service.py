@@ -22,6 +22,7 @@ names (:func:`specrec.verifier.whole_search`).
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -165,8 +166,9 @@ class VerifierService(Service):
     async def _warmup(self) -> None:
         """Run every path (and every whole-search graph of the configured widths) before SERVING."""
         snap = await self.catalogue.get()  # the current version (start() installed it)
-        await asyncio.get_running_loop().run_in_executor(self.executor, self.local.backend.warmup, snap.itemset.trie,
-                                                         self.s.warmup_k)
+        await asyncio.get_running_loop().run_in_executor(
+            self.executor, functools.partial(self.local.backend.warmup, snap.itemset.trie, self.s.warmup_k,
+                                             scored=self.bundle.scored_counts(self.s.warmup_k)))
         rows = np.nonzero(snap.itemset.active)[0]
         rng = np.random.default_rng(0)
         # a graph's shapes do not depend on the history's length (it is padded to the window): the shortest and
@@ -184,6 +186,9 @@ class VerifierService(Service):
                     await self.batcher.submit(DraftVerifyJob(EncodeJob(h), snap.itemset.trie, width, 2 * width), None)
             sids = torch.from_numpy(snap.itemset.sids[rows[: 2 + 4 * n]])[None]
             await self.batcher.submit(ScoreJob(EncodeJob(h), sids), None)
+            for m in self.bundle.scored_counts(self.s.warmup_k):  # specgr ranking by both models: the scoring pass
+                await self.batcher.submit(ScoreJob(EncodeJob(h), torch.from_numpy(snap.itemset.sids[rows[:m]])[None],
+                                                   scores_only=True), None)
             await self.batcher.submit(ScoreJob(EncodeJob(h), sids, step=SearchSpec(snap.itemset.trie, 10)), None)
             await self.batcher.submit(BeamJob(EncodeJob(h), SearchSpec(snap.itemset.trie, 10)), None)
 
@@ -347,7 +352,8 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
     async def Score(self, request, context):
         target, snap, n = await self._ref(request.ref)
         step = self._search(snap, request.ref, n, request.step, "step") if request.HasField("step") else None
-        job = ScoreJob(target, self._codes(request.sids, "sids", n), request.full, request.with_frontier, step)
+        job = ScoreJob(target, self._codes(request.sids, "sids", n), request.full, request.with_frontier, step,
+                       request.scores_only)
         before = _steps_before(target)
         out = await self.svc.run(job, context)
         sc, beams = out if step is not None else (out, None)

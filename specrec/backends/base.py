@@ -173,6 +173,19 @@ class Backend:
             out = SEARCHES["resume"].fn(self.fused, enc_mask, cross_k, cross_v, tables, width, *self._to(*state))
         return [self._back(x) for x in out]
 
+    def rank(self, enc: EncoderState, sids: torch.Tensor) -> torch.Tensor:
+        """The target's log-probability of every code of candidates ``sids`` [R, M, L] -> [R, M, L], in one pass
+        over their prefix tree with each node's own level's head only (:mod:`specrec.decoding.searches.rank`)."""
+        from ..decoding.searches.rank import layout
+
+        return self._ranked(enc, [torch.from_numpy(x) for x in layout(sids.numpy())])
+
+    def _ranked(self, enc: EncoderState, inputs: list[torch.Tensor]) -> torch.Tensor:
+        enc_mask, cross_k, cross_v = self._to(*self._fused_encoder(enc))
+        with torch.inference_mode():
+            (out,) = SEARCHES["rank"].fn(self.fused, enc_mask, cross_k, cross_v, [], *self._to(*inputs))
+        return self._back(out)
+
     def draft(self, enc: EncoderState, trie, width: int):
         """The distilled drafter's own beams (level 0 exact), one call; None without a distilled drafter."""
         return self._drafted_beams("draft", enc, trie, width)
@@ -209,7 +222,7 @@ class Backend:
         """The encoder state in the fused functions' layout (mask [R, S], keys transposed)."""
         return enc.keep.reshape(enc.n, -1), enc.cross_k.transpose(-1, -2), enc.cross_v
 
-    def warmup(self, trie, ks=(10,), drafts=DRAFT_FACTORS) -> None:
+    def warmup(self, trie, ks=(10,), drafts=DRAFT_FACTORS, scored: tuple[int, ...] = ()) -> None:
         """Prepare what serving list lengths ``ks`` will use (nothing to prepare eagerly)."""
 
     def padded(self, kind: str, n: int) -> int:

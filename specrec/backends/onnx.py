@@ -75,6 +75,7 @@ class _Search(nn.Module):
 # ``strict``'s drafts missed (``resume``'s: what strict's graph leaves), are read from it
 DRAFTER_KINDS = searches.DRAFTER_KINDS
 RESUME = list(SEARCHES["resume"].inputs)
+RANK = list(SEARCHES["rank"].inputs)
 
 
 def _export(module: nn.Module, args, inputs, outputs, axes, path: Path, post=None) -> None:
@@ -264,7 +265,7 @@ def weights_fingerprint(*modules) -> str:
     return h.hexdigest()[:16]
 
 
-def export_search(model: Tiger, out_dir: str | Path, kind: str, width: int, head=None, drafter=None,
+def export_search(model: Tiger, out_dir: str | Path, kind: str, width: int | None, head=None, drafter=None,
                   n: int | None = None, drafter_bits: int | None = None) -> Path:
     """Write the whole-search graph ``kind`` (see :data:`SEARCHES`) of ``width`` (and ``n`` drafts per level,
     for 'strict') as ``search_name(kind, width, n, drafter_bits).onnx``, the drafter's weights quantized to
@@ -281,18 +282,19 @@ def export_search(model: Tiger, out_dir: str | Path, kind: str, width: int, head
     names = [f"table{j}" for j in range(len(tables))]
     search = SEARCHES[kind]
     outputs = list(search.outputs)
-    widths = (width,) if n is None else (width, n)
+    widths = () if not search.widths else (width,) if n is None else (width, n)
     if len(widths) != len(search.widths):
-        raise ValueError(f"search {kind!r} takes {', '.join(search.widths)}")
-    path = out / f"{search_name(kind, width, n, drafter_bits)}.onnx"
+        raise ValueError(f"search {kind!r} takes {', '.join(search.widths) or 'no width'}")
+    path = out / f"{search_name(kind, width if search.widths else None, n, drafter_bits)}.onnx"
+    declared = search.axes or {}
     axes = {**ENC_AXES, **{nm: {0: f"nodes{j}"} for j, nm in enumerate(names)},
-            **{o: {1 if o.startswith("kept") else 0: "R"} for o in outputs}}
+            **{o: declared.get(o, {1 if o.startswith("kept") else 0: "R"}) for o in outputs}}
     extra: tuple = ()
     if search.inputs:  # another graph's outputs (resume: strict's): an example of them
         assert search.example is not None  # a search with inputs declares how to make them
         with torch.no_grad():
             extra = tuple(search.example(fused, enc, tables, width))
-        axes.update({nm: {1 if nm.startswith("kept") else 0: "R"} for nm in search.inputs})
+        axes.update({nm: declared.get(nm, {1 if nm.startswith("kept") else 0: "R"}) for nm in search.inputs})
     # the hot path is not a submodule: its weights are traced as constants (:func:`share_constants`)
     _export(_Search(functools.partial(search.fn, fused), len(tables), *widths, n_extra=len(extra)),
             (*enc, *tables, *extra), [*ENC, *names, *(search.inputs if extra else [])], outputs, axes, path,
@@ -483,8 +485,9 @@ class OrtBackend(Backend):
         names = [f"table{j}" for j in range(len(tables))]
         return self._run(name, [*ENC, *names], [enc.keep, enc.cross_k, enc.cross_v, *tables])
 
-    def _exported(self, kind: str, width: int, n: int | None = None) -> str:
-        """The name of whole-search graph ``kind``, exported first if it is not yet."""
+    def _exported(self, kind: str, width: int | None, n: int | None = None) -> str:
+        """The name of whole-search graph ``kind`` (``width`` None: one without a static width), exported first if
+        it is not yet."""
         bits = self.drafter_bits if kind in DRAFTER_KINDS else None
         name = search_name(kind, width, n, bits)
         if name not in self.sessions and not self._have(name):
@@ -492,6 +495,12 @@ class OrtBackend(Backend):
                 if not self._have(name):
                     export_search(self.model, self.onnx_dir, kind, width, self.nezha_head, self.drafter, n, bits)
         return name
+
+    def _ranked(self, enc, inputs: list[torch.Tensor]) -> torch.Tensor:
+        name = self._exported("rank", None)
+        feed = dict(zip([*ENC, *RANK], [enc.keep, enc.cross_k, enc.cross_v, *inputs]))
+        used = [i.name for i in self._session(name).get_inputs()]  # it reads no tables
+        return self._run(name, used, [feed[k] for k in used])[0]
 
     def beam(self, enc, trie, width: int):
         out = self._whole("beam", enc, trie, width)
@@ -521,11 +530,14 @@ class OrtBackend(Backend):
     def _drafted(self, kind: str, enc, trie, width: int, n: int | None):
         return self._whole(kind, enc, trie, width, n)
 
-    def warmup(self, trie, ks=(10,), drafts=DRAFT_FACTORS) -> None:
+    def warmup(self, trie, ks=(10,), drafts=DRAFT_FACTORS, scored: tuple[int, ...] = ()) -> None:
         """Export and load, before serving, the whole-search graphs a list length K uses: the beam search
         of width K, and, for every draft count ``m * K`` (m in ``drafts``) the policies use, the head's
         searches and ``strict``'s draft-and-verify graphs; the distilled drafter's searches of width K and 2K,
-        and its scored search of width 2K (``specgr``'s first round)."""
+        and its scored search of width 2K (``specgr``'s first round); the scoring pass (``rank``) of each
+        candidate count in ``scored`` (``specgr`` ranking by both models: :meth:`~specrec.fusion.Fusion.candidates`)."""
+        if scored:
+            self._session(self._exported("rank", None))
         enc = self.encode(torch.zeros(1, 4, self.cfg.sid_len, dtype=torch.int64))
         for k in ks:
             self.beam(enc, trie, k)

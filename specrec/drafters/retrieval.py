@@ -98,10 +98,7 @@ class RetrievalDrafter(VectorDrafter):
                 extra.append(self._text_part(r, queries[i], n_text[i], taken))
                 taken = taken | frozenset(extra[-1].items.tolist())
             if n_new[i] and unseen is not None and len(unseen):
-                rows = unseen
-                if r.prefixes is not None:
-                    rows = np.intersect1d(rows, itemset.items_with_prefixes(r.prefixes), assume_unique=True)
-                extra.append(topn_excluding(self._text_unit[rows] @ queries[i], rows, n_new[i], taken))
+                extra.append(self._unseen_part(r, queries[i], n_new[i], taken, unseen))
             used = frozenset(x for p in extra for x in p.items.tolist())
             short = r.n - n_model - sum(len(p.items) for p in extra)
             rest = [j for j in range(n_model, len(full[i].items)) if int(full[i].items[j]) not in used][:max(short, 0)]
@@ -112,6 +109,30 @@ class RetrievalDrafter(VectorDrafter):
             items = np.concatenate([p.items for p in parts])
             scores = np.concatenate([p.scores - 2.0 * j for j, p in enumerate(parts)])
             out.append(Draft(items.astype(np.int64), scores.astype(np.float32)))
+        return out
+
+    def _unseen_part(self, r: DraftRequest, query: np.ndarray, n: int, taken: frozenset[int],
+                     unseen: np.ndarray) -> Draft:
+        """The ``n`` unseen items (rows ``unseen``; under the request's prefixes, if any) whose text is most like
+        the query (cosine similarity)."""
+        rows = unseen
+        if r.prefixes is not None:
+            rows = np.intersect1d(rows, self.itemset.items_with_prefixes(r.prefixes), assume_unique=True)
+        return topn_excluding(self._text_unit[rows] @ query, rows, n, taken)
+
+    def unseen_drafts(self, requests: Sequence[DraftRequest], counts: list[int],
+                      taken: list[frozenset[int]]) -> list[Draft]:
+        """For another drafter that mixes them in (the SASRec drafter): per request, ``counts[i]`` unseen items
+        most like its recent items by text, none of ``taken[i]`` nor of its own recent items."""
+        unseen = self._unseen_rows(self.itemset)
+        queries = self._text_queries([r.history for r in requests])
+        out = []
+        for i, r in enumerate(requests):
+            if not counts[i] or not len(unseen):
+                out.append(Draft(np.zeros(0, np.int64), np.zeros(0, np.float32)))
+                continue
+            recent = frozenset(np.asarray(r.history, dtype=np.int64)[-self.text_window:].tolist())
+            out.append(self._unseen_part(r, queries[i], counts[i], taken[i] | recent, unseen))
         return out
 
     def _text_part(self, r: DraftRequest, query: np.ndarray, n: int, taken: frozenset[int]) -> Draft:

@@ -125,6 +125,7 @@ def summary_keys(table: dict, dataset: str, protocol: str, k: int, tag: str = ""
                 keys[f"{pre}.equal_to_eager"] = table["beam@eager"].extra["equal_to_beam"]
             if "speedup_vs_eager" in x:  # every policy's mean time against the eager reference beam's
                 keys[f"{pre}.speedup_vs_eager"] = x["speedup_vs_eager"]
+            keys[f"{pre}.p99_ms"] = r.latency["p99_ms"]  # its tail, beside beam's of the same run
             if n == "strict":
                 keys[f"{pre}.equal_to_beam"] = x["equal_to_beam"]
                 keys[f"{pre}.no_fallback_share"] = x.get("no_fallback_share")

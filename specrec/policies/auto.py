@@ -1,7 +1,11 @@
 """``auto``: per request, the most accurate policy whose tail cost fits the budget.
 
 The gateway's default. Candidates are tried from the most accurate down
-(``tiers``): ``beam`` and ``strict`` give the same list (the cheaper of the two
+(``tiers``, ordered by quality measured on validation users): ``specgr`` where
+it ranks by both models (the item drafter's SASRec list re-ranked with the GR
+model's scores, :mod:`specrec.fusion`: above SASRec and above beam on
+validation; ranked by the GR alone it is beam's quality at more cost, and is
+no tier), then ``beam`` and ``strict`` (the same list: the cheaper of the two
 by estimate is tried), then ``nezha`` (the draft head's list), then
 ``drafter`` (the drafter's list, no verifier). Only policies that can run on
 the engine are candidates (:meth:`~.base.Policy.missing`: a verifier whose
@@ -46,14 +50,16 @@ from pydantic import Field
 from ..costs import Resource, resource_of
 from .base import LiveBatch, Policy, PolicyConfig, RecRequest, make_policy, register
 from .errors import Overloaded, Unsupported
+from .specgr import SpecGRPolicy
 
 __all__ = ["AutoConfig", "AutoPolicy", "Overloaded"]
 
 
 class AutoConfig(PolicyConfig):
-    tiers: list[list[str]] = Field([["beam", "strict"], ["nezha"], ["drafter"]],
+    tiers: list[list[str]] = Field([["specgr"], ["beam", "strict"], ["nezha"], ["drafter"]],
                                    description="candidate policies, most accurate first; within a tier, equally "
-                                   "accurate policies (the cheapest by estimate is tried)")
+                                   "accurate policies (the cheapest by estimate is tried); specgr only where it ranks "
+                                   "by both models")
     probe_s: float = Field(1.0, gt=0.0, le=3600.0, description="try a better tier skipped for this many seconds once")
 
 
@@ -109,8 +115,15 @@ class AutoPolicy(Policy):
         """The tiers with only the policies that can run on this engine (``Policy.missing``: a bundle without
         a SID drafter offers no ``nezha``, an engine without an item drafter no ``drafter``); empty tiers
         dropped."""
-        tiers = [[n for n in tier if make_policy(n, self.engine).missing() is None] for tier in self.config.tiers]
+        tiers = [[n for n in tier if self._offers(n)] for tier in self.config.tiers]
         return [t for t in tiers if t]
+
+    def _offers(self, name: str) -> bool:
+        """Whether ``name`` is a candidate here: it can run, and ``specgr`` only where it ranks by both models."""
+        pol = make_policy(name, self.engine)
+        if pol.missing() is not None:
+            return False
+        return not isinstance(pol, SpecGRPolicy) or pol.fusion() is not None
 
     def _cheapest(self, tier: list[str], k: int) -> str:
         costs = [(self._cost(n, k), n) for n in tier]

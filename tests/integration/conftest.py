@@ -138,6 +138,24 @@ def model_only_bundle_dir(tiny_bundle_dir, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def fused_bundle_dir(serving_bundle_dir, tmp_path_factory) -> Path:
+    """The serving bundle with a SASRec (untrained) and a fusion: specgr ranks by both models, the drafter
+    service drafts with SASRec by default and auto tries specgr first."""
+    import torch
+
+    from specrec.bundle import Bundle, round_to_half
+    from specrec.models.sasrec import SASRec, SASRecConfig
+
+    b = Bundle.load(serving_bundle_dir)
+    torch.manual_seed(2)
+    b.sasrec = round_to_half(SASRec(SASRecConfig(n_items=len(b.catalogue), d_model=16, n_layers=1, n_heads=2, d_ff=32,
+                                                 max_history=b.cfg.max_history)).eval())
+    b.meta["fusion"] = {"weight": 0.4, "norm": "z", "drafts": 20}
+    b.meta.setdefault("drafters", {})["unseen_share"] = 0.2
+    return b.save(tmp_path_factory.mktemp("fused") / "bundle")
+
+
+@pytest.fixture(scope="session")
 def serving_bundle(serving_bundle_dir):
     from specrec.bundle import Bundle
 

@@ -5,6 +5,7 @@ eager reference's (:func:`specrec.decoding.beam.beam_search`)."""
 import ast
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -23,7 +24,7 @@ MODELS = Path(__file__).resolve().parents[2] / "specrec" / "models"
 
 
 def test_one_declaration_per_search_read_by_every_layer():
-    assert list(SEARCHES) == ["beam", "head", "draft", "score", "strict", "resume"]
+    assert list(SEARCHES) == ["beam", "head", "draft", "score", "strict", "resume", "rank"]
     assert all(name == s.name for name, s in SEARCHES.items())
     assert DRAFTER_KINDS == onnx_backend.DRAFTER_KINDS == ("draft", "score", "strict")
     assert onnx_backend.RESUME == list(SEARCHES["resume"].inputs)
@@ -90,3 +91,40 @@ def test_the_registrys_beam_search_is_the_eager_reference(width):
     assert torch.equal(Beams.of_search(codes, scores, tlp, nodes).items(trie), want.items(trie))
     assert torch.equal(codes[alive], want.codes[want.alive])
     assert (scores - want.scores).nan_to_num(0, 0, 0).abs().max() < TOL
+
+
+@pytest.mark.parametrize("backend", ["eager", "onnx"])
+@torch.inference_mode()
+def test_rank_scores_candidates_as_the_general_tree_pass(backend, tmp_path):
+    """The registry's ``rank`` (each prefix node's own level's head, ancestors only) gives every candidate's
+    token log-probs as the general tree pass does (every level at every node, a masked T x T attention), for
+    candidates sharing prefixes, repeated, and fewer than its width."""
+    from specrec.backends import make_backend
+    from specrec.decoding.scoring import score_sids
+    from specrec.decoding.searches import rank
+
+    torch.manual_seed(5)
+    m = Tiger(tiny_config(max_history=8)).eval()
+    sharpen(m, 10)
+    sids = random_sids(40, m.cfg.level_sizes, 5)
+    ref = Backend(m)
+    be = ref if backend == "eager" else make_backend("onnx", m, onnx_dir=tmp_path)
+    hist = torch.full((2, 8, 4), -1, dtype=torch.int64)
+    hist[0, -3:], hist[1, -6:] = torch.from_numpy(sids[:3]), torch.from_numpy(sids[3:9])
+    rng = np.random.default_rng(0)
+    cand = torch.from_numpy(sids[rng.integers(0, 40, (2, 13))])  # duplicates and shared prefixes
+    cand[1, 5] = cand[1, 2]
+    want = score_sids(ref, ref.encode(hist), cand).token_logp
+    got = be.rank(be.encode(hist), cand)
+    assert got.shape == (2, 13, 4) and (got - want).abs().max() < TOL
+    # the layout: one node per unique prefix (rows padded to the longest), each candidate pointing at its own
+    codes, depth, cols, bias, nodes, _ = rank.layout(cand.numpy())
+    for r in range(2):
+        uniq = [{tuple(c) for c in cand[r, :, : j + 1].tolist()} for j in range(3)]
+        assert int((bias[r, :, 1] == 0).sum()) == sum(len(u) for u in uniq)  # real nodes attend past the root
+        for j in range(3):
+            assert len({int(x) for x in nodes[r, :, j]}) == len(uniq[j])
+            assert (depth[r, nodes[r, :, j]] == j + 1).all()
+    # one graph for any list: a third request, more candidates
+    more = torch.from_numpy(sids[rng.integers(0, 40, (2, 31))])
+    assert (be.rank(be.encode(hist), more) - score_sids(ref, ref.encode(hist), more).token_logp).abs().max() < TOL

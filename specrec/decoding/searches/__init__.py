@@ -11,6 +11,7 @@ name       what                                                  verifier RPC
 ``score``  ``draft`` + the target's scores of it (:mod:`.score`) HeadDrafts
 ``strict`` drafts verified level by level (:mod:`.strict`)       DraftVerify
 ``resume`` finishes a ``strict`` row its drafts missed           (in DraftVerify)
+``rank``   given candidates' scores, own-level heads (:mod:`.rank`) (in Score)
 =========  ====================================================  ============
 
 One name per search in every layer: the ONNX export table (:func:`specrec.backends.onnx.export_search`, graph
@@ -25,12 +26,12 @@ registry records which RPC serves each search. Every search is tested against it
 
 from __future__ import annotations
 
-from . import beam, draft, head, resume, score, strict
+from . import beam, draft, head, rank, resume, score, strict
 from .common import SearchState
 from .registry import BEAMS, Search, search_name
 
 SEARCHES: dict[str, Search] = {s.name: s for s in (beam.SEARCH, head.SEARCH, draft.SEARCH, score.SEARCH,
-                                                   strict.SEARCH, resume.SEARCH)}
+                                                   strict.SEARCH, resume.SEARCH, rank.SEARCH)}
 
 #: the searches that run the distilled SID drafter (its weights may be 8-bit in their graphs)
 DRAFTER_KINDS = tuple(name for name, s in SEARCHES.items() if s.uses_sid_drafter)

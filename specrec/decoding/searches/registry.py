@@ -25,9 +25,10 @@ class Search:
     :class:`~specrec.models.hotpath.FusedHotPath` (the model maths) -> the tensors named ``outputs``; the eager
     backend calls it in torch, the graph backends trace it. ``enc_mask`` [R, S], ``cross_k``/``cross_v`` the
     hot path's encoder state, ``tables[j]`` [nodes_j + 1, Vmax] int32 the item set's dense child tables.
-    ``widths`` names its static integers, baked into its graph (``width``; ``n``, drafts per level);
-    ``inputs`` the tensors it reads after the tables (another graph's outputs), with ``example(fused,
-    (enc_mask, cross_k, cross_v), tables, width)`` making an example of them to trace with.
+    ``widths`` names its static integers, baked into its graph (``width``; ``n``, drafts per level; none: one
+    graph for every size); ``inputs`` the tensors it reads after the tables (another graph's outputs, or the
+    caller's), with ``example(fused, (enc_mask, cross_k, cross_v), tables, width)`` making an example of them to
+    trace with, and ``axes`` the dynamic axes of its inputs and outputs where more than the rows (axis 0: R).
 
     ``uses_sid_drafter``: it runs the distilled SID drafter (whose weights a graph may hold in 8 bits);
     ``uses_head``: the NEZHA draft head. The :class:`~specrec.backends.base.Backend` method that runs it has its
@@ -41,12 +42,14 @@ class Search:
     rpc: str | None
     widths: tuple[str, ...] = ("width",)
     inputs: tuple[str, ...] = ()
+    axes: dict[str, dict[int, str]] | None = None  # dynamic axes of its inputs / outputs (default: axis 0 is R)
     example: Callable[..., tuple[torch.Tensor, ...]] | None = None
     uses_sid_drafter: bool = False
     uses_head: bool = False
 
 
-def search_name(kind: str, width: int, n: int | None = None, drafter_bits: int | None = None) -> str:
-    """The graph file name of search ``kind`` (``beam_w10``, ``strict_w10_n20_q8``): exported graphs and
-    caches are found by it, so it does not change."""
-    return f"{kind}_w{width}" + (f"_n{n}" if n is not None else "") + (f"_q{drafter_bits}" if drafter_bits else "")
+def search_name(kind: str, width: int | None, n: int | None = None, drafter_bits: int | None = None) -> str:
+    """The graph file name of search ``kind`` (``beam_w10``, ``strict_w10_n20_q8``; ``rank``, which has no
+    static width): exported graphs and caches are found by it, so it does not change."""
+    return (kind + ("" if width is None else f"_w{width}") + (f"_n{n}" if n is not None else "")
+            + (f"_q{drafter_bits}" if drafter_bits else ""))

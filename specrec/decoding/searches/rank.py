@@ -1,0 +1,99 @@
+"""``rank``: the target's log-probability of every code of given candidate SIDs, in one pass over their prefix
+tree: what ranking an item drafter's list by the GR model reads (``specgr`` ranking by both models,
+:mod:`specrec.fusion`), and what a ``Score`` call that wants scores only asks.
+
+The caller lays the candidates' unique prefixes out (:func:`layout`, in numpy): T nodes, each a prefix of
+length 1 .. L-1 with its last code, its length, and its ancestors' columns (the root, the prefixes of it, itself;
+at most L), and, per candidate, its prefix's node at every length. The graph runs the root pass (level 0's
+distribution), one decoder pass over the T nodes in which each attends to its ancestors only
+(:meth:`~specrec.models.hotpath.FusedHotPath.ancestor_pass`), and reads each node's own level's distribution
+(all levels' logits are one product; the node's row is kept) and each candidate's codes off it. Against the
+general tree pass (a masked T x T attention, every level's output copied out, [R, T, L, Vmax]): the same
+numbers, T x L attention columns, [R, M, L] out. T and the candidate count M are dynamic: one graph serves
+every list.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ...models.hotpath import NEG_INF, FusedHotPath
+from .registry import Search
+
+#: what a rank graph reads after the tables: per node, its last code, its length, its ancestors' columns into
+#: [root, nodes] and their mask (0 or -inf) [R, T, L]; per candidate, its node at every length [R, M, L-1] and
+#: its codes [R, M, L]
+INPUTS = ("node_codes", "node_depth", "node_cols", "node_bias", "cand_nodes", "cand_codes")
+AXES = {**{n: {0: "R", 1: "T"} for n in INPUTS[:4]}, **{n: {0: "R", 1: "M"} for n in (*INPUTS[4:], "token_logp")}}
+
+
+def run(fused: FusedHotPath, enc_mask, cross_k, cross_v, tables: list[torch.Tensor], node_codes, node_depth,
+        node_cols, node_bias, cand_nodes, cand_codes):
+    """-> token_logp [R, M, L]: log p(code_j | the candidate's first j codes, history) for every candidate."""
+    L, vmax = fused.L, fused.vmax
+    cross = fused.cross(enc_mask, cross_k, cross_v)
+    h0, root_kv = fused.root(cross)
+    level0 = fused.level_logprobs(h0, 0)  # [R, Vmax]
+    x = fused.tok[node_codes + fused.offsets[node_depth - 1]] + fused.dec_pos[node_depth]  # [R, T, d]
+    hid, _ = fused.ancestor_pass(x, node_cols, root_kv, cross, node_bias.unsqueeze(-1))
+    logits = (hid @ fused.head_flat).view(hid.shape[0], -1, L, vmax) + fused.head_b  # [R, T, L, Vmax]
+    own = logits.gather(2, node_depth.unsqueeze(-1).unsqueeze(-1).expand(-1, -1, 1, vmax)).squeeze(2)
+    logp = torch.log_softmax(own, -1)  # [R, T, Vmax]: a node of length j predicts level j
+    token = [level0.gather(1, cand_codes[:, :, 0])]
+    for j in range(L - 1):
+        at = logp.gather(1, cand_nodes[:, :, j : j + 1].expand(-1, -1, vmax))  # [R, M, Vmax]
+        token.append(at.gather(2, cand_codes[:, :, j + 1 : j + 2]).squeeze(-1))
+    return (torch.stack(token, -1),)
+
+
+def layout(sids: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Candidates ``sids`` [R, M, L] -> the graph's :data:`INPUTS`: their unique prefixes of length 1 .. L-1 as
+    nodes (shortest first; rows with fewer nodes padded with nodes that attend to the root alone and are never
+    read), and each candidate's node at every length."""
+    sids = np.asarray(sids, dtype=np.int64)
+    r, m, L = sids.shape
+    per = []
+    for i in range(r):
+        codes: list[int] = []
+        depth: list[int] = []
+        cols: list[list[int]] = []
+        cand = np.zeros((m, L - 1), np.int64)
+        prev = np.full(m, -1)  # each candidate's node at the previous length (-1: the root)
+        for j in range(L - 1):
+            _, first, inv = np.unique(sids[i, :, : j + 1], axis=0, return_index=True, return_inverse=True)
+            inv = inv.reshape(-1) + len(codes)
+            for f, node in zip(first, inv[first]):  # the parent's columns (the root, its ancestors, it), then itself
+                cols.append([*(cols[prev[f]] if prev[f] >= 0 else [0]), node + 1])
+                codes.append(sids[i, f, j])
+                depth.append(j + 1)
+            cand[:, j] = inv
+            prev = inv
+        per.append((codes, depth, cols, cand))
+    t = max(len(p[0]) for p in per)
+    node_codes = np.zeros((r, t), np.int64)
+    node_depth = np.ones((r, t), np.int64)
+    node_cols = np.zeros((r, t, L), np.int64)
+    node_bias = np.full((r, t, L), NEG_INF, np.float32)
+    node_bias[:, :, 0] = 0.0  # padding nodes: the root alone
+    cand_nodes = np.zeros((r, m, L - 1), np.int64)
+    for i, (codes, depth, cols, cand) in enumerate(per):
+        n = len(codes)
+        node_codes[i, :n], node_depth[i, :n] = codes, depth
+        for k, c in enumerate(cols):
+            node_cols[i, k, : len(c)] = c
+            node_bias[i, k, : len(c)] = 0.0
+        cand_nodes[i] = cand
+    return node_codes, node_depth, node_cols, node_bias, cand_nodes, sids
+
+
+def example(fused: FusedHotPath, enc, tables: list[torch.Tensor], width: int | None) -> tuple[torch.Tensor, ...]:
+    """Example inputs to trace with: a few random candidates per request."""
+    r = enc[0].shape[0]
+    gen = torch.Generator().manual_seed(0)
+    sids = torch.stack([torch.randint(0, v, (r, 7), generator=gen) for v in fused.sizes], -1)
+    sids[:, 1, :2] = sids[:, 0, :2]  # prefixes shared
+    return tuple(torch.from_numpy(x) for x in layout(sids.numpy()))
+
+
+SEARCH = Search("rank", run, ("token_logp",), rpc=None, widths=(), inputs=INPUTS, example=example, axes=AXES)

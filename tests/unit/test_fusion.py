@@ -1,0 +1,137 @@
+"""Ranking by both models: the SASRec item drafter (specrec/drafters/sasrec.py), the fused score and its choice
+on validation (specrec/fusion.py), and specgr ranking by it (specrec/policies/specgr.py, ``rank``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from specrec.drafters.base import Draft, DraftRequest
+from specrec.drafters.retrieval import RetrievalDrafter
+from specrec.drafters.sasrec import SasrecDrafter
+from specrec.fusion import Fusion, Scored, choose, recall_ndcg, top_k
+from specrec.itemset import LocalItemSet
+from specrec.models.retrieval import RetrievalConfig, RetrievalModel
+from specrec.models.sasrec import SASRec, SASRecConfig
+from specrec.policies import RecRequest, make_policy
+
+from .policy_fixtures import histories, make_engine
+
+N, UNSEEN = 60, 12
+
+
+@pytest.fixture
+def parts():
+    rng = np.random.default_rng(0)
+    sids = np.stack([rng.integers(0, 4, N), rng.integers(0, 4, N), np.arange(N) % 8], 1)
+    seen = np.ones(N, bool)
+    seen[-UNSEEN:] = False
+    itemset = LocalItemSet(sids, seen, [4, 4, 8])
+    torch.manual_seed(0)
+    sas = SASRec(SASRecConfig(n_items=N, d_model=16, n_layers=1, n_heads=2, d_ff=32, dropout=0.0, max_history=8))
+    emb = rng.normal(size=(N, 16)).astype(np.float32)
+    text = RetrievalModel(RetrievalConfig(text_dim=16, d_model=16, n_experts=2, n_layers=1, d_ff=32)).eval()
+    return sas.eval(), itemset, RetrievalDrafter(text, emb, itemset, unseen_share=0.25)
+
+
+def test_sasrec_drafts_its_own_best_seen_items_with_its_log_softmax(parts):
+    sas, itemset, _ = parts
+    d = SasrecDrafter(sas, itemset)
+    history = np.array([3, 7, 11])
+    [got] = d.draft([DraftRequest(history, 10, exclude=frozenset({5}))])
+    with torch.inference_mode():
+        x = torch.full((1, 8), -1, dtype=torch.int64)
+        x[0, -3:] = torch.from_numpy(history)
+        want = torch.log_softmax(sas.scores(sas.sequence(x)[:, -1])[0], -1).numpy()
+    ok = np.flatnonzero(itemset.seen)
+    ok = ok[ok != 5]
+    best = ok[np.argsort(-want[ok], kind="stable")[:10]]
+    assert got.items.tolist() == best.tolist()
+    np.testing.assert_allclose(got.scores, want[best], rtol=1e-5, atol=1e-5)
+    assert not itemset.is_unseen(got.items).any()  # it proposes no item it never saw trained
+    # guided re-drafting: only items under the prefixes, on the same scale
+    prefix = itemset.sids[best[0], :2][None]
+    [under] = d.draft([DraftRequest(history, 3, prefixes=prefix)])
+    assert (itemset.sids[under.items, :2] == prefix).all() and under.items[0] == best[0]
+    np.testing.assert_allclose(under.scores, want[under.items], rtol=1e-5, atol=1e-5)
+
+
+def test_its_unseen_share_comes_from_the_text_drafter_below_every_sasrec_score(parts):
+    sas, itemset, text = parts
+    d = SasrecDrafter(sas, itemset, text, unseen_share=0.3)
+    [got] = d.draft([DraftRequest(np.array([3, 7, 11]), 10)])
+    unseen = itemset.is_unseen(got.items)
+    assert unseen.sum() == 3 and not unseen[:7].any() and len(set(got.items.tolist())) == 10
+    assert got.scores[7:].max() < got.scores[:7].min()
+    # new rows (no SASRec embedding) are never its own drafts
+    grown = itemset.with_items(itemset.sids[:4], np.ones(4, bool))
+    d.set_itemset(grown)
+    [again] = d.draft([DraftRequest(np.array([3, 7, 11]), 40)])
+    assert (again.items < N).all()
+
+
+def test_the_fused_score_and_its_choice_on_validation():
+    f = Fusion(0.5, "raw", 3)
+    np.testing.assert_allclose(f.score(np.array([-1.0, -3.0]), np.array([-2.0, -1.0])), [-1.5, -2.0])
+    z = Fusion(0.5, "z", 3).score(np.array([-1.0, -3.0]), np.array([-2.0, -1.0]))
+    np.testing.assert_allclose(z, [0.0, 0.0], atol=1e-12)  # each model's scores centred and scaled
+    items, scores = top_k(f, np.array([10, 11, 12]), np.array([-5.0, -1.0, -2.0]), np.array([-1.0, -3.0, -1.0]), 2)
+    assert items.tolist() == [12, 11] and scores[0] >= scores[1]
+    with pytest.raises(ValueError):
+        Fusion(1.5)
+    # users whose target the GR ranks first among the item model's candidates: the choice weighs the GR
+    rng = np.random.default_rng(0)
+    users = []
+    for t in range(200):
+        items = np.arange(20) + 100 * t
+        item_logp = -np.sort(rng.random(20))[::-1].cumsum()  # the item model prefers the first ones
+        gr = rng.normal(-8, 1, 20)
+        target = int(items[15])
+        gr[15] = -1.0  # the target: the GR is sure, the item model is not
+        users.append(Scored(items, item_logp, gr, target))
+    best, grid = choose(users, drafts=(20,), weights=(0.0, 0.5, 1.0), norms=("raw",), smooth=0)
+    assert best.weight > 0.0 and recall_ndcg(users, best)[0] > recall_ndcg(users, Fusion(0.0, "raw", 20))[0]
+    assert len(grid) == 3 and {g["weight"] for g in grid} == {0.0, 0.5, 1.0}
+    assert Fusion.of({"weight": 0.3, "norm": "raw", "drafts": 40}) == Fusion(0.3, "raw", 40) and Fusion.of(None) is None
+
+
+class FixedDrafter:
+    """An item drafter with fixed log-probabilities per item, telling a fusion."""
+
+    name = "fixed"
+
+    def __init__(self, logp: np.ndarray, fusion: Fusion | None, unseen: np.ndarray | None = None):
+        self.logp, self.fusion, self.unseen, self.unseen_share = logp, fusion, unseen, 0.0
+
+    def draft(self, requests):
+        out = []
+        for r in requests:
+            ok = np.array([i for i in np.argsort(-self.logp, kind="stable") if i not in r.exclude])[: r.n]
+            out.append(Draft(ok.astype(np.int64), self.logp[ok].astype(np.float32)))
+        return out
+
+
+def test_specgr_ranks_the_drafters_items_by_both_models():
+    eng = make_engine(4, n_items=60)
+    rng = np.random.default_rng(1)
+    logp = np.log(rng.dirichlet(np.ones(60)))
+    for weight in (0.0, 1.0, 0.4):
+        eng.drafter = FixedDrafter(logp, Fusion(weight, "raw", 20))
+        for h in histories(eng, 3, 9):
+            res = make_policy("specgr", eng).run([RecRequest(h, 5)])[0]
+            assert res.stats.exit_reason == "fused" and res.stats.rounds == 1 and len(res.items) == 5
+            cand = np.argsort(-logp, kind="stable")[:20]
+            sess = eng.verifier.encode(eng.history_sids([h]))
+            gr = eng.verifier.score(sess, torch.from_numpy(eng.itemset.sids[cand][None])).token_logp[0].sum(-1).numpy()
+            want = cand[np.argsort(-(weight * gr + (1 - weight) * logp[cand]), kind="stable")[:5]]
+            assert res.items.tolist() == want.tolist()
+            if weight == 0.0:  # the item model's own order
+                assert res.items.tolist() == cand[:5].tolist()
+    # rank="target" keeps the speculative rounds; a drafter with no fusion too
+    eng.drafter = FixedDrafter(logp, Fusion(0.4, "raw", 20))
+    h = histories(eng, 1, 10)[0]
+    assert make_policy("specgr", eng, rank="target").run([RecRequest(h, 5)])[0].stats.exit_reason != "fused"
+    eng.drafter = FixedDrafter(logp, None)
+    assert make_policy("specgr", eng).run([RecRequest(h, 5)])[0].stats.exit_reason != "fused"
+    assert "fusion" in (make_policy("specgr", eng, rank="fused").missing() or "")
