@@ -29,6 +29,8 @@ quality() {
   specrec eval --bundle "$BUNDLE" --ranker sasrec --batch-size 256 --save
   specrec eval --bundle "$BUNDLE" --ranker sasrec --batch-size 256 --exclude-history --save
   specrec eval --bundle "$BUNDLE" --batch-size 64 --exclude-history --save
+  # every list a user of the stack can get, history excluded, all test users: specgr ranking by both models
+  specrec eval --bundle "$BUNDLE" --policies beam,specgr,drafter --k 10 --exclude-history --save
   python -m bench.learning_curve --bundle "$BUNDLE" --out bench/results/beauty_loo_learning_curve
 }
 policies() {

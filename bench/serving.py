@@ -155,6 +155,18 @@ def offline_beam(bundle, users: Users, k: int) -> np.ndarray:
     return np.asarray(hits)
 
 
+def offline_sasrec(bundle, users: Users, k: int) -> np.ndarray | None:
+    """The bundle's SASRec (its own ranker, ``specrec eval --ranker sasrec``'s) on the same users: hit@10 each;
+    None without one."""
+    if bundle.sasrec is None:
+        return None
+    from specrec.eval.evaluate import sasrec_ranker
+
+    ranked = sasrec_ranker(bundle)(users.rows, k)
+    ids = bundle.catalogue.ids
+    return np.asarray([hit_and_ndcg([ids[r] for r in row], target, k)[0] for row, target in zip(ranked, users.targets)])
+
+
 # -- phase 2: overhead -------------------------------------------------------------------------
 def overhead(bundle, target: str, users: Users, policy: str, k: int, n: int, warmup: int = 5) -> dict:
     from tqdm.auto import tqdm
@@ -293,6 +305,9 @@ def summary_of(res: dict, policies: list[str], budget_ms: float) -> dict:
         ref = auto["offline_beam_recall@10"]
         summary[f"gateway.auto.recall_ratio_at_{b}ms"] = auto["recall@10"] / ref if ref else None
         summary[f"gateway.auto.all_fill_share_at_{b}ms"] = auto["all_fill_share"]
+        sas = res.get("offline_sasrec_recall@10")
+        if sas:  # against the item model a user would deploy instead, on the same users
+            summary[f"gateway.auto.recall_ratio_vs_sasrec_at_{b}ms"] = auto["recall@10"] / sas
     return summary
 
 
@@ -312,8 +327,10 @@ def readme_body(res: dict, summary: dict) -> str:
     auto = ""
     if "auto" in res["closed"]:
         ratio, fill = (summary.get(f"gateway.auto.{k}_at_{b}ms") for k in ("recall_ratio", "all_fill_share"))
-        auto = (f" `auto` in the closed loop: R@10 {fmt(ratio, '.3f')} x the offline beam's on the same users, "
-                f"{fmt(fill, '.1%')} of answers only fill.")
+        sas = summary.get(f"gateway.auto.recall_ratio_vs_sasrec_at_{b}ms")
+        auto = (f" `auto` in the closed loop: R@10 {fmt(ratio, '.3f')} x the offline beam's on the same users"
+                + ("" if sas is None else f", {fmt(sas, '.3f')} x the offline SASRec's")
+                + f", {fmt(fill, '.1%')} of answers only fill.")
     return "\n".join([
         "## Serving through the gateway (`bench.serving`, `gateway.*`)\n",
         f"Command (rerun step `serving`): `{res['command']}`\n",
@@ -491,7 +508,9 @@ def main(argv=None) -> int:
     say(users.source)
     say("phase 1: offline beam on the same users")
     offline_hits = offline_beam(bundle, users, a.k)
-    say(f"offline beam R@10 {offline_hits.mean():.4f}")
+    sasrec_hits = offline_sasrec(bundle, users, a.k)
+    say(f"offline beam R@10 {offline_hits.mean():.4f}" + ("" if sasrec_hits is None else
+                                                           f", SASRec {sasrec_hits.mean():.4f}"))
 
     tmp = Path(tempfile.mkdtemp(prefix="specrec-serving-"))
     stack = Stack(bundle_dir, Redis(a.redis_url, tmp), tmp / "logs", "serving", threads=a.threads,
@@ -506,6 +525,7 @@ def main(argv=None) -> int:
         "criterion": f"p99 <= {a.budget_ms:g} ms, >= 99% of answers hold no fill, <= 1% of requests unanswered, "
         "R@10 >= 0.95 x the offline beam's on the same requests",
         "offline_beam_recall@10": float(offline_hits.mean()),
+        "offline_sasrec_recall@10": None if sasrec_hits is None else float(sasrec_hits.mean()),
         "protocol": a.protocol,
         "n_users": len(users.ids),
         "unseen_users": int(sum(users.unseen or [])),

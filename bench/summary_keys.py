@@ -23,12 +23,17 @@ _P = r"(strict|nezha|specgr|drafter)"  # beam is the reference: no ratio to itse
 #: step of bench/rerun.sh -> the keys its commands write
 WRITERS: dict[str, list[str]] = {
     "quality": [r"beauty\.loo\.(beam|sasrec)(\.excl)?\.((recall|ndcg)@\d+|users)", r"beauty\.train\.minutes",
-                r"beauty\.model\.params"],
+                r"beauty\.model\.params",
+                # every policy on all test users, history excluded (specgr ranking by both models against SASRec)
+                rf"beauty\.loo\.{_P}\.excl\.((recall|ndcg)@\d+|speedup_vs_beam|recall_ratio_vs_beam|item_acceptance"
+                r"|equal_to_beam|no_fallback_share|drafted_level_coverage|whole_frontier_share)",
+                r"beauty\.loo\.policies\.excl\.users"],
     "policies": [rf"beauty\.loo\.{_P}(\.k50)?\.(recall|ndcg)@\d+",  # beam's: the quality step's (all users)
                  rf"beauty\.loo\.{_P}(\.k50)?\.(speedup_vs_beam|recall_ratio_vs_beam|recall@10_ratio_vs_beam"
                  r"|equal_to_beam|no_fallback_share|drafted_level_coverage|whole_frontier_share|item_acceptance"
                  r"|token_acceptance)",
                  r"beauty\.loo\.(beam|strict|nezha|specgr|drafter)(\.k50)?\.speedup_vs_eager",
+                 r"beauty\.loo\.(beam|strict|nezha|specgr|drafter)(\.k50)?(\.excl)?\.p99_ms",
                  r"beauty\.loo\.beam(\.k50)?\.equal_to_eager", r"beauty\.loo\.policies(\.k50)?\.users"],
     "temporal": [r"beauty\.temporal\.(beam|specgr)(\.unseen0)?\.(in_sample_|unseen_)?(recall|ndcg)@50",
                  r"beauty\.temporal\.policies(\.unseen0)?\.users",
@@ -42,7 +47,8 @@ WRITERS: dict[str, list[str]] = {
     "index": [r"drafter\.hnsw\.(recall@50|speedup)"],
     "serving": [r"gateway\.(auto|beam|strict|nezha|specgr)\.(overhead_p50_ms|p50_ms|p99_ms_at_\d+ms"
                 r"|server_p99_ms_at_\d+ms|budget_exit_share_at_\d+ms|model_answer_share_at_\d+ms)",
-                r"gateway\.auto\.(max_rps_p99_\d+ms|recall_ratio_at_\d+ms|all_fill_share_at_\d+ms)"],
+                r"gateway\.auto\.(max_rps_p99_\d+ms|recall_ratio_at_\d+ms|all_fill_share_at_\d+ms"
+                r"|recall_ratio_vs_sasrec_at_\d+ms)"],
     "overload": [r"serving\.capacity_rps", r"serving\.overload_[\d.]+x\.(achieved_rps|client_p99_ms|error_share"
                  r"|generator_lag_p99_ms|model_answer_share|offered_rps|server_p99_ms|shed_share|void)"],
     "soak": [r"soak\.(errors|minutes|p99_drift_ms|rate_rps|rss_growth_max|shed|upsert_errors|upserts_acked)"],
