@@ -125,6 +125,10 @@ def test_rank_scores_candidates_as_the_general_tree_pass(backend, tmp_path):
         for j in range(3):
             assert len({int(x) for x in nodes[r, :, j]}) == len(uniq[j])
             assert (depth[r, nodes[r, :, j]] == j + 1).all()
+    # codes too wide to pack a prefix into one integer: the same layout, read row-wise
+    wide = rank.layout(cand.numpy() * 2**31)
+    assert (wide[0] == codes * 2**31).all()
+    assert all((a == b).all() for a, b in zip(wide[1:5], (depth, cols, bias, nodes)))
     # one graph for any list: a third request, more candidates
     more = torch.from_numpy(sids[rng.integers(0, 40, (2, 31))])
     assert (be.rank(be.encode(hist), more) - score_sids(ref, ref.encode(hist), more).token_logp).abs().max() < TOL

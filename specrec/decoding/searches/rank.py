@@ -53,23 +53,28 @@ def layout(sids: np.ndarray) -> tuple[np.ndarray, ...]:
     read), and each candidate's node at every length."""
     sids = np.asarray(sids, dtype=np.int64)
     r, m, L = sids.shape
+    base = int(sids.max(initial=0)) + 1  # a prefix as one integer, in the prefixes' lexicographic order
     per = []
-    for i in range(r):
-        codes: list[int] = []
-        depth: list[int] = []
-        cols: list[list[int]] = []
+    for i in range(r):  # per level, its unique prefixes (sorted), their columns from their parents'
+        codes, depth, cols = [], [], []
         cand = np.zeros((m, L - 1), np.int64)
-        prev = np.full(m, -1)  # each candidate's node at the previous length (-1: the root)
+        prev_cols, prev_local, n = np.zeros((1, L), np.int64), np.zeros(m, np.int64), 0  # the root: column 0
+        key = np.zeros(m, np.int64)
         for j in range(L - 1):
-            _, first, inv = np.unique(sids[i, :, : j + 1], axis=0, return_index=True, return_inverse=True)
-            inv = inv.reshape(-1) + len(codes)
-            for f, node in zip(first, inv[first]):  # the parent's columns (the root, its ancestors, it), then itself
-                cols.append([*(cols[prev[f]] if prev[f] >= 0 else [0]), node + 1])
-                codes.append(sids[i, f, j])
-                depth.append(j + 1)
-            cand[:, j] = inv
-            prev = inv
-        per.append((codes, depth, cols, cand))
+            if base ** (j + 1) < 2**62:
+                key = key * base + sids[i, :, j]
+                _, first, local = np.unique(key, return_index=True, return_inverse=True)
+            else:  # codes too wide for one integer: rows (the same order, slower)
+                _, first, local = np.unique(sids[i, :, : j + 1], axis=0, return_index=True, return_inverse=True)
+                local = local.reshape(-1)
+            c = prev_cols[prev_local[first]].copy()  # the parent's columns (the root, its ancestors, it) ...
+            c[:, j + 1] = n + np.arange(len(first)) + 1  # ... then itself
+            codes.append(sids[i, first, j])
+            depth.append(np.full(len(first), j + 1))
+            cols.append(c)
+            cand[:, j] = n + local
+            prev_cols, prev_local, n = c, local, n + len(first)
+        per.append((np.concatenate(codes), np.concatenate(depth), np.concatenate(cols), cand))
     t = max(len(p[0]) for p in per)
     node_codes = np.zeros((r, t), np.int64)
     node_depth = np.ones((r, t), np.int64)
@@ -77,12 +82,11 @@ def layout(sids: np.ndarray) -> tuple[np.ndarray, ...]:
     node_bias = np.full((r, t, L), NEG_INF, np.float32)
     node_bias[:, :, 0] = 0.0  # padding nodes: the root alone
     cand_nodes = np.zeros((r, m, L - 1), np.int64)
+    cols_of_depth = np.arange(L)
     for i, (codes, depth, cols, cand) in enumerate(per):
         n = len(codes)
-        node_codes[i, :n], node_depth[i, :n] = codes, depth
-        for k, c in enumerate(cols):
-            node_cols[i, k, : len(c)] = c
-            node_bias[i, k, : len(c)] = 0.0
+        node_codes[i, :n], node_depth[i, :n], node_cols[i, :n] = codes, depth, cols
+        node_bias[i, :n] = np.where(cols_of_depth[None] <= depth[:, None], 0.0, NEG_INF)  # a node of depth d: d + 1
         cand_nodes[i] = cand
     return node_codes, node_depth, node_cols, node_bias, cand_nodes, sids
 
