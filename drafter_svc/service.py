@@ -197,5 +197,6 @@ class Servicer(drafter_pb2_grpc.DrafterServicer):
         return drafter_pb2.DraftResponse(
             drafts=out, version=snap.version, mode=mode,
             unseen_share=float(getattr(drafter, "unseen_share", 0.0) or 0.0),
-            fusion=None if fusion is None else drafter_pb2.Fusion(weight=fusion.weight, norm=fusion.norm,
-                                                                  drafts=fusion.drafts))
+            fusion=None if fusion is None else drafter_pb2.Fusion(
+                weight=fusion.weight, norm=fusion.norm, drafts=fusion.drafts, item_recall=fusion.item_recall or 0.0,
+                gr_recall=fusion.gr_recall or 0.0))

@@ -30,8 +30,8 @@ class DrafterReport:
     def read(self, r: drafter_pb2.DraftResponse) -> None:
         self.unseen_share = float(r.unseen_share)
         f = r.fusion if r.HasField("fusion") else None
-        self.fusion = None if f is None else Fusion.of({"weight": f.weight, "norm": f.norm or "z",
-                                                          "drafts": f.drafts or 50})
+        self.fusion = None if f is None else Fusion(f.weight, f.norm or "z", f.drafts or 50,  # type: ignore[arg-type]
+                                                    f.item_recall or None, f.gr_recall or None)
 
 
 class RemoteDrafter:

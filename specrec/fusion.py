@@ -30,6 +30,10 @@ class Fusion:
     weight: float  # the GR model's; the item model's is 1 - weight
     norm: Norm = "z"
     drafts: int = 50  # the item model's candidates scored per request
+    # validation recall@10 of the item model's list and of the GR's alone (``tune-fusion``'s; None: not told):
+    # whether the item model's own list is the better of the two, for ``auto``'s order of quality
+    item_recall: float | None = None
+    gr_recall: float | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.weight <= 1.0:
@@ -50,15 +54,27 @@ class Fusion:
         so the fused list always has a choice."""
         return max(self.drafts, 2 * k)
 
+    @property
+    def item_model_leads(self) -> bool:
+        """Whether the item model's list alone beat the GR's on validation (both told)."""
+        return self.item_recall is not None and self.gr_recall is not None and self.item_recall > self.gr_recall
+
     def as_dict(self) -> dict:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k not in ("item_recall", "gr_recall")}
 
     @staticmethod
     def of(meta: dict | None) -> Fusion | None:
         """From a bundle's ``fusion`` entry (None: it has none)."""
         if not meta:
             return None
-        return Fusion(float(meta["weight"]), meta.get("norm", "z"), int(meta.get("drafts", 50)))
+        valid = meta.get("valid", {})
+
+        def told(name: str) -> float | None:
+            v = valid.get(name, {}).get("recall@10")
+            return None if v is None else float(v)
+
+        return Fusion(float(meta["weight"]), meta.get("norm", "z"), int(meta.get("drafts", 50)),
+                      told("sasrec"), told("gr_alone"))
 
 
 def _norm(x: np.ndarray, norm: Norm) -> np.ndarray:

@@ -135,3 +135,39 @@ def test_specgr_ranks_the_drafters_items_by_both_models():
     eng.drafter = FixedDrafter(logp, None)
     assert make_policy("specgr", eng).run([RecRequest(h, 5)])[0].stats.exit_reason != "fused"
     assert "fusion" in (make_policy("specgr", eng, rank="fused").missing() or "")
+
+
+def test_a_redraft_under_prefixes_sasrec_cannot_fill_takes_unseen_items_by_text(parts):
+    """Under a prefix whose items SASRec never saw (a new item's code), the text-aware source drafts them:
+    guided re-drafting still reaches new items, whatever the unseen share."""
+    sas, itemset, text = parts
+    d = SasrecDrafter(sas, itemset, text, unseen_share=0.0)
+    new = np.flatnonzero(~itemset.seen)[0]
+    prefix = itemset.sids[new, :2][None]
+    under = np.flatnonzero((itemset.sids[:, :2] == prefix).all(1))
+    [got] = d.draft([DraftRequest(np.array([3, 7, 11]), len(under), prefixes=prefix)])
+    assert sorted(got.items.tolist()) == sorted(under.tolist())  # the seen ones by SASRec, the rest by text
+    assert new in got.items.tolist()
+    [plain] = d.draft([DraftRequest(np.array([3, 7, 11]), 10)])
+    assert not itemset.is_unseen(plain.items).any()  # no share asked: only its own items where it has enough
+
+
+def test_fusion_tells_which_list_led_on_validation_and_auto_orders_its_tiers_by_it():
+    meta = {"weight": 0.35, "norm": "raw", "drafts": 50,
+            "valid": {"sasrec": {"recall@10": 0.101}, "gr_alone": {"recall@10": 0.0999}}}
+    f = Fusion.of(meta)
+    assert f is not None and f.item_model_leads and f.as_dict() == {"weight": 0.35, "norm": "raw", "drafts": 50}
+    assert not Fusion(0.3).item_model_leads  # not told: no claim
+    eng = make_engine(4, n_items=60)
+    logp = np.log(np.random.default_rng(1).dirichlet(np.ones(60)))
+    eng.drafter = FixedDrafter(logp, f)
+    auto = make_policy("auto", eng)
+    names = [n for tier in auto.runnable() for n in tier]
+    assert names[:2] == ["specgr", "drafter"] and names.index("drafter") < names.index("beam")
+    eng.drafter = FixedDrafter(logp, Fusion(0.35, "raw", 50, item_recall=0.09, gr_recall=0.1))  # the GR led
+    assert [n for tier in make_policy("auto", eng).runnable() for n in tier][-1] == "drafter"
+    eng.drafter = FixedDrafter(logp, None)  # no fusion: no specgr tier, the drafter last
+    names = [n for tier in make_policy("auto", eng).runnable() for n in tier]
+    assert "specgr" not in names and names[-1] == "drafter"
+    # configured tiers are kept as given
+    assert make_policy("auto", eng, tiers=[["nezha"], ["beam"]]).tiers() == [["nezha"], ["beam"]]

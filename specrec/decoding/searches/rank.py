@@ -83,10 +83,10 @@ def layout(sids: np.ndarray) -> tuple[np.ndarray, ...]:
     node_bias[:, :, 0] = 0.0  # padding nodes: the root alone
     cand_nodes = np.zeros((r, m, L - 1), np.int64)
     cols_of_depth = np.arange(L)
-    for i, (codes, depth, cols, cand) in enumerate(per):
-        n = len(codes)
-        node_codes[i, :n], node_depth[i, :n], node_cols[i, :n] = codes, depth, cols
-        node_bias[i, :n] = np.where(cols_of_depth[None] <= depth[:, None], 0.0, NEG_INF)  # a node of depth d: d + 1
+    for i, (n_codes, n_depth, n_cols, cand) in enumerate(per):
+        n = len(n_codes)
+        node_codes[i, :n], node_depth[i, :n], node_cols[i, :n] = n_codes, n_depth, n_cols
+        node_bias[i, :n] = np.where(cols_of_depth[None] <= n_depth[:, None], 0.0, NEG_INF)  # depth d: d + 1 columns
         cand_nodes[i] = cand
     return node_codes, node_depth, node_cols, node_bias, cand_nodes, sids
 
