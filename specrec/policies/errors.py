@@ -7,6 +7,8 @@ as a string (``code``)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class DependencyDown(RuntimeError):
     """A dependency gave no usable answer. ``unreachable``: it is down (no replica, or UNAVAILABLE),
@@ -21,11 +23,14 @@ class DependencyDown(RuntimeError):
 
 
 class BudgetExceeded(RuntimeError):
-    """A dependency did not answer before the request's deadline."""
+    """A dependency did not answer before the request's deadline. ``partial``: the best list the policy had
+    when it did not (for one request: ``specgr``'s drafts, which the verifier had no time to rank), which the
+    fallback ladder answers with instead of asking anyone again; None when it had none."""
 
     def __init__(self, which: str, detail: str):
         super().__init__(f"{which}: {detail}")
         self.which = which
+        self.partial: Any = None  # a RecResult (typed loosely: errors know no policies)
 
 
 class Unsupported(ValueError):

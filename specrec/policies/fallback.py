@@ -5,7 +5,9 @@ naming what answered:
 
 - the asked policy's own list;
 - the verifier down, slow or hung (or its :class:`~.breaker.Breaker` open):
-  the drafter's list (``drafter``), unless the drafter is known down too;
+  the drafter's list (``drafter``), unless the drafter is known down too; a
+  policy that holds the drafter's list already (``specgr`` ranking by both
+  models, whose verifier call ran out of time) answers with it at once;
 - the drafter down (policies that need it): ``beam``, else ``nezha``, with the
   time kept back for the drafter given to the verifier
   (:meth:`~specrec.deadline.Deadline.drop_reserve`);
@@ -88,6 +90,11 @@ class Ladder:
             self.breaker.settle()
             if e.which == "drafter":  # the budget is spent: no time for a verifier answer either
                 return catalogue_only(eng, req, f"drafter did not answer in time ({e})")
+            if e.partial is not None:  # the drafter's list, already in hand (specgr ranking by both models)
+                res = e.partial
+                res.served_by = "drafter"
+                res.degraded = f"verifier did not answer in time: the drafter's list, unranked by the model ({e})"
+                return res
             return self.fallback(eng, req, "verifier", f"verifier did not answer in time ({e})")
 
     def fallback(self, eng: Engine, req: RecRequest, down: str, why: str) -> RecResult:

@@ -57,6 +57,7 @@ from ..decoding.beam import Beams
 from ..drafters.base import Draft, DraftRequest
 from ..fusion import Fusion
 from .base import Candidates, LiveBatch, Policy, PolicyConfig, RecResult, Stage, charge, length_normalised, register
+from .errors import BudgetExceeded
 
 EXPLORE_EVERY = 16
 
@@ -178,19 +179,42 @@ class SpecGRPolicy(Policy):
     def _fused(self, batch: LiveBatch, fusion: Fusion) -> None:
         """One round: the item drafter's best items, scored by the GR in one pass, ranked by the fused score."""
         eng, cfg = self.engine, self.config
-        self._exit_late(batch, CostStage.ROUND, lambda j: self._result(
+        self._exit_late(batch, CostStage.DRAFT, lambda j: self._result(  # not even a draft fits: flagged fill
             batch.requests[batch.active[j]].k, [], [], [], batch.stats[batch.active[j]], exclude=batch.exclude))
         if not batch.active:
             return
         t0 = eng.clock()
+        late = [j for j, _, r, _ in batch.rows() if not self.costs.fits(r.deadline, CostStage.ROUND)]
         for st in batch.active_stats:
             st.rounds += 1
+        if len(late) < len(batch.active):
+            eng.verifier.prepare(batch.open_session)  # a remote verifier encodes while the item drafter drafts
         reqs = [DraftRequest(req.history, cfg.delta or fusion.candidates(req.k), None, req.excluded())
                 for _, _, req, _ in batch.rows()]
         with Stage(eng.clock, batch.active_stats, "draft") as t:
             drafts = eng.drafter.draft(reqs)  # type: ignore[union-attr]  # fusion() holds a drafter
         self.costs.observe(CostStage.DRAFT, t.seconds)
-        values, _ = self._verify(batch, drafts, step=False, value=False, scores_only=True)
+        if late:  # no time for the model's pass: the item drafter's list, said so
+            rows = list(batch.rows())
+            for j in late:
+                _, _, req, st = rows[j]
+                st.exit_reason = "budget"
+                res = self._drafts_only(req, drafts[j], st, batch.exclude)
+                res.degraded = "budget: no time for the verifier's pass, the drafter's list"
+                eng.metrics.record(res.served_by, st)
+                batch.finish(j, res)
+            batch.drop(late)
+            drafts = [d for j, d in enumerate(drafts) if j not in late]
+            if not batch.active:
+                return
+        try:
+            values, _ = self._verify(batch, drafts, step=False, value=False, scores_only=True)
+        except BudgetExceeded as e:  # the drafts in hand are the item model's list: the answer, if nobody's is
+            if len(drafts) == 1:
+                _, _, req, st = next(batch.rows())
+                st.exit_reason = "budget"
+                e.partial = self._drafts_only(req, drafts[0], st, batch.exclude)
+            raise
         L = len(eng.itemset.level_sizes)
         for j, _, req, st in list(batch.rows()):
             d, tl = drafts[j], values[j]
@@ -214,6 +238,12 @@ class SpecGRPolicy(Policy):
             batch.finish(j, self._result(req.k, items, scores, sources, st, exclude=batch.exclude))
         batch.drop(list(range(len(batch.active))))
         self.costs.observe(CostStage.ROUND, eng.clock() - t0)
+
+    def _drafts_only(self, req, d: Draft, st, exclude: frozenset[int]) -> RecResult:
+        """The item drafter's own list (its order), as the ``drafter`` policy answers it."""
+        res = self._result(req.k, d.items, d.scores, ["draft"] * len(d.items), st, exclude=exclude)
+        res.served_by = "drafter"
+        return res
 
     # -- when drafting pays ------------------------------------------------------------
     def _unseen_share(self) -> float:
