@@ -258,13 +258,14 @@ def run_scenario(name: str, procs, redis: PrivateRedis, load: InThread, a, capac
 
 
 def recovery_s(recs: list[dict], t_end: float, streak: int) -> float:
-    """Seconds from the end of the fault to the first of ``streak`` answers in a row served as before any
-    fault: by the GR model through the verifier (not the drafter, not fill), not degraded (NaN when it never
-    happens in the records)."""
+    """Seconds from the end of the fault to the first of ``streak`` answers in a row served as with no fault:
+    the policy's own choice, not degraded, no catalogue fill (NaN when it never happens in the records). The
+    drafter's list counts when ``auto`` chose it (with the SASRec drafter it ranks above beam, and a tier that
+    does not fit the budget hands over to it undegraded); a fallback to it is degraded and does not."""
     after = sorted((r for r in recs if r["t"] >= t_end - 1e-9), key=lambda r: r["t"])
     run = 0
     for i, r in enumerate(after):
-        good = r["code"] == "OK" and r["model"] and not r["degraded"] and r["served_by"] not in ("drafter", "fill")
+        good = r["code"] == "OK" and r["model"] and not r["degraded"] and r["served_by"] != "fill"
         run = run + 1 if good else 0
         if run == streak:
             return max(0.0, after[i - streak + 1]["t"] - t_end)

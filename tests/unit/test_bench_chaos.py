@@ -41,6 +41,16 @@ def test_a_window_counts_model_answers_of_the_requests_and_fill_of_the_answers()
     assert row["server_p99_ms"] == 29.0 and row["cpu"] == 1
 
 
+def test_recovery_is_answers_served_as_with_no_fault_auto_choosing_the_drafter_included():
+    fallback = [dict(rec(1.0 + 0.1 * i, "drafter"), degraded=True) for i in range(3)]  # the verifier still down
+    chosen = [dict(rec(1.3 + 0.1 * i, "drafter"), degraded=False) for i in range(5)]  # auto's own tier
+    assert chaos.recovery_s(fallback + chosen, 1.0, 5) == pytest.approx(0.3)
+    filled = [rec(1.3 + 0.1 * i, "beam", fill=True) for i in range(5)]
+    filled = [dict(r, served_by="fill") for r in filled]
+    assert math.isnan(chaos.recovery_s(fallback + filled, 1.0, 5))  # the catalogue's fill is no recovery
+    assert chaos.recovery_s([rec(2.0 + 0.1 * i) for i in range(5)], 1.0, 5) == pytest.approx(1.0)
+
+
 def test_machine_keys_and_cpu_shares():
     rows = [{"scenario": s, **{f: 0.5 for f in chaos.MACHINE_FIGURES}} for s in ("baseline", "cpu-hog", "one-core")]
     keys = chaos.machine_keys(rows)
