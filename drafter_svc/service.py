@@ -20,7 +20,6 @@ from pydantic_settings import SettingsConfigDict
 
 from specrec.bundle import Bundle, sid_space_fingerprint
 from specrec.drafters.base import DraftRequest as CoreDraftRequest
-from specrec.drafters.sasrec import SasrecDrafter
 from specrec.ids.embed import TextEmbedder
 from specrec_rpc.catalogue import CatalogueWatcher, Snapshot
 from specrec_rpc.errors import InvalidArgument, handle_errors, require
@@ -98,18 +97,11 @@ class DrafterService(Service):
         if b.self_draft is not None:
             self.drafters["self"] = b.drafter("self", base)
         if b.sasrec is not None:  # its unseen share from the retrieval drafter's text part (which follows new items)
-            text = self.drafters.get("retrieval")
-            share = b.meta.get("drafters", {}).get("unseen_share", 0.0) if self.s.unseen_share is None \
-                else self.s.unseen_share
-            self.drafters["sasrec"] = SasrecDrafter(b.sasrec, base, text, share if text is not None else 0.0,
-                                                    b.fusion)
+            self.drafters["sasrec"] = b.drafter("sasrec", base, unseen_share=self.s.unseen_share,
+                                                unseen_source=self.drafters.get("retrieval"))
         if not self.drafters:
             raise ValueError(f"bundle {self.s.bundle} has no drafters (run `specrec train-drafters`)")
-        self.default_mode = self.s.default_mode
-        if not self.default_mode:
-            fused = "sasrec" in self.drafters and self.drafters["sasrec"].fusion is not None
-            self.default_mode = "sasrec" if fused else next(m for m in ("retrieval", "self", "sasrec")
-                                                            if m in self.drafters)
+        self.default_mode = self.s.default_mode or b.default_drafter() or ""
         self._rows = n0
         self._follow(snap)
 

@@ -168,13 +168,26 @@ class Bundle:
         return out
 
     # -- serving pieces ----------------------------------------------------------
+    def default_drafter(self) -> str | None:
+        """The bundle's best item drafter (in-process and the drafter service's default mode): SASRec where it has
+        a fusion chosen on validation (``specrec tune-fusion``: ``specgr`` then ranks by both models), else the
+        text-aware retrieval drafter, else the self-drafter, else a SASRec without a fusion; None without any."""
+        if self.fusion is not None:
+            return "sasrec"
+        if self.retrieval is not None and self.text_emb is not None:
+            return "retrieval"
+        if self.self_draft is not None:
+            return "self"
+        return "sasrec" if self.sasrec is not None else None
+
     def drafter(self, kind: str = "retrieval", itemset: LocalItemSet | None = None, text_share: float | None = None,
-                unseen_share: float | None = None):
+                unseen_share: float | None = None, unseen_source=None):
         """A drafter over the bundle's catalogue: ``retrieval`` (text-aware), ``self`` (the GR encoder's own
         state) or ``sasrec`` (the bundle's SASRec, its unseen share drafted by the retrieval drafter's text part;
         :mod:`specrec.drafters.sasrec`). ``text_share`` / ``unseen_share``: the share of text-similarity
         candidates among all items / among the unseen ones; default: the bundle's, ``drafters.text_share`` /
-        ``drafters.unseen_share`` in bundle.json, else 0)."""
+        ``drafters.unseen_share`` in bundle.json, else 0). ``unseen_source``: for ``sasrec``, the retrieval drafter
+        to draw the unseen items from (a service shares its own; default: one made here, where the bundle has it)."""
         itemset = itemset or self.itemset
         if kind == "retrieval":
             from .drafters.retrieval import RetrievalDrafter
@@ -197,8 +210,8 @@ class Bundle:
             if self.sasrec is None:
                 raise ValueError(f"bundle {self.name!r} has no SASRec (run `specrec train-baseline`)")
             new = self.meta.get("drafters", {}).get("unseen_share", 0.0) if unseen_share is None else unseen_share
-            text = None  # the unseen share, and items SASRec has no vector for (new ones), by text
-            if self.retrieval is not None and self.text_emb is not None:
+            text = unseen_source  # the unseen share, and items SASRec has no vector for (new ones), by text
+            if text is None and self.retrieval is not None and self.text_emb is not None:
                 text = self.drafter("retrieval", itemset, text_share=0.0, unseen_share=new)
             return SasrecDrafter(self.sasrec, itemset, text, new if text is not None else 0.0, self.fusion)
         raise ValueError(f"unknown drafter {kind!r} (expected 'retrieval', 'self' or 'sasrec')")

@@ -211,9 +211,7 @@ def _eval_policies(a: argparse.Namespace, bundle, split, ex, exclude=None) -> in
     if "beam" not in names:
         names = ["beam", *names]
     params = _policy_params(a.set)
-    from .recommender import default_drafter
-
-    kind = default_drafter(bundle) if a.drafter == "default" else a.drafter
+    kind = bundle.default_drafter() if a.drafter == "default" else a.drafter
     shares = ({"text_share": a.text_share, "unseen_share": a.unseen_share} if kind == "retrieval"
               else {"unseen_share": a.unseen_share} if kind == "sasrec" else {})
     engine = bundle.engine(drafter=kind, backend=_backend(bundle, a), **shares)

@@ -98,19 +98,6 @@ class Recommendation:
         return [it.id for it in self.items]
 
 
-def default_drafter(bundle) -> str | None:
-    """The bundle's best item drafter: SASRec where it has one and a fusion chosen on validation (``specrec
-    tune-fusion``: ``specgr`` then ranks by both models), else the text-aware retrieval drafter, else the
-    self-drafter; None without any."""
-    if bundle.sasrec is not None and bundle.meta.get("fusion"):
-        return "sasrec"
-    if bundle.retrieval is not None and bundle.text_emb is not None:
-        return "retrieval"
-    if bundle.self_draft is not None:
-        return "self"
-    return None
-
-
 class Recommender:
     """A bundle's recommender in this process (scikit-learn style: ``load``, then ``recommend``).
 
@@ -135,8 +122,8 @@ class Recommender:
         """Load the bundle at ``path`` (``specrec train`` writes one; ``bundles/beauty-loo`` is committed).
 
         ``drafter``: "sasrec", "retrieval", "self", None (no drafter: ``specgr`` and ``drafter`` then refuse),
-        or "default" (:func:`default_drafter`: sasrec where the bundle has it with a fusion, else retrieval, else
-        self). ``backend``: "onnx" (default) or "eager".
+        or "default" (:meth:`~specrec.bundle.Bundle.default_drafter`: sasrec where the bundle has it with a
+        fusion, else retrieval, else self). ``backend``: "onnx" (default) or "eager".
         ``threads``: torch / ONNX Runtime intra-op threads.
         """
         import torch
@@ -146,7 +133,7 @@ class Recommender:
         if threads is not None:
             torch.set_num_threads(threads)
         bundle = Bundle.load(path)
-        kind = default_drafter(bundle) if drafter == "default" else drafter
+        kind = bundle.default_drafter() if drafter == "default" else drafter
         kw = {"threads": threads} if threads is not None and (backend or "onnx") == "onnx" else {}
         engine = bundle.engine(drafter=kind, backend=bundle.backend(backend, **kw))
         return cls(bundle, engine, kind)
