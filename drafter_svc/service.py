@@ -83,6 +83,9 @@ class DrafterService(Service):
                 self.executor, d.draft,
                 [CoreDraftRequest(rows, 10), CoreDraftRequest(rows, 5, snap.itemset.sids[rows[:2], :1])],
             )
+        backends = {m: d.warmup() for m, d in self.drafters.items() if hasattr(d, "warmup")}
+        if backends:
+            self.log.info("drafter backends", **backends)  # SASRec's graph, or the model where it could not be built
         if self.default_mode not in self.drafters:
             raise ValueError(f"default mode {self.default_mode!r} is not available (have {sorted(self.drafters)})")
 

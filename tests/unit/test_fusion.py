@@ -57,6 +57,20 @@ def test_sasrec_drafts_its_own_best_seen_items_with_its_log_softmax(parts):
     np.testing.assert_allclose(under.scores, want[under.items], rtol=1e-5, atol=1e-5)
 
 
+def test_its_graph_drafts_what_the_model_drafts(parts):
+    sas, itemset, _ = parts
+    graph, eager = SasrecDrafter(sas, itemset), SasrecDrafter(sas, itemset, backend="eager")
+    assert graph.warmup() == "onnx" and eager.warmup() == "eager"  # built, and checked against the model
+    rng = np.random.default_rng(3)
+    hists = [rng.integers(0, N - UNSEEN, size=n) for n in (1, 3, 8, 12)] + [np.array([N - 1])]  # one unseen only
+    np.testing.assert_allclose(graph.log_softmax(hists), eager.log_softmax(hists), rtol=0, atol=1e-5)
+    reqs = [DraftRequest(h, 10) for h in hists]
+    for a, b in zip(graph.draft(reqs), eager.draft(reqs)):
+        assert a.items.tolist() == b.items.tolist()
+    with pytest.raises(ValueError, match="backend"):
+        SasrecDrafter(sas, itemset, backend="tensorrt")
+
+
 def test_its_unseen_share_comes_from_the_text_drafter_below_every_sasrec_score(parts):
     sas, itemset, text = parts
     d = SasrecDrafter(sas, itemset, text, unseen_share=0.3)
