@@ -185,3 +185,23 @@ def test_fusion_tells_which_list_led_on_validation_and_auto_orders_its_tiers_by_
     assert "specgr" not in names and names[-1] == "drafter"
     # configured tiers are kept as given
     assert make_policy("auto", eng, tiers=[["nezha"], ["beam"]]).tiers() == [["nezha"], ["beam"]]
+
+
+def test_a_request_specgr_hands_to_its_drafts_does_not_teach_what_specgr_costs():
+    """specgr answers at once with the item drafter's list when its round does not fit: that time is not specgr's
+    cost, and counted as such ``auto`` read specgr as cheap and chose it for every request to hand on."""
+    from specrec.costs import CostStage
+    from specrec.deadline import Deadline
+
+    eng = make_engine(4, n_items=60)
+    t = [0.0]
+    eng.clock = lambda: t[0]
+    logp = np.log(np.random.default_rng(2).dirichlet(np.ones(60)))
+    eng.drafter = FixedDrafter(logp, Fusion(0.4, "raw", 20))
+    h = histories(eng, 1, 9)[0]
+    eng.costs.for_policy("specgr", eng.clock).observe(CostStage.ROUND, 0.05)  # a round takes 50 ms here
+    res = make_policy("specgr", eng).run([RecRequest(h, 5, deadline=Deadline(0.02))])[0]
+    assert res.served_by == "drafter" and res.stats.exit_reason == "budget" and len(res.items) == 5
+    assert eng.costs.tail("specgr", 5) is None  # not learned as a (cheap) specgr request
+    res = make_policy("specgr", eng).run([RecRequest(h, 5, deadline=Deadline(0.2))])[0]  # time for the round
+    assert res.stats.exit_reason == "fused" and eng.costs.tail("specgr", 5) == 0.0  # this one is specgr's time
