@@ -509,7 +509,7 @@ def main(argv=None) -> int:
     say("phase 1: offline beam on the same users")
     offline_hits = offline_beam(bundle, users, a.k)
     sasrec_hits = offline_sasrec(bundle, users, a.k)
-    say(f"offline beam R@10 {offline_hits.mean():.4f}" + ("" if sasrec_hits is None else
+    say(f"offline beam R@{a.k} {offline_hits.mean():.4f}" + ("" if sasrec_hits is None else
                                                            f", SASRec {sasrec_hits.mean():.4f}"))
 
     tmp = Path(tempfile.mkdtemp(prefix="specrec-serving-"))
@@ -550,8 +550,9 @@ def main(argv=None) -> int:
             res["closed"][p] = row
             extra = "".join(f", {m} {row[m]:.4f}" for m in (f"recall@{a.k}", f"unseen_recall@{a.k}")
                             if m in row and m != "recall@10")
-            say(f"{p}: R@10 {row['recall@10']:.4f} (offline beam {row['offline_beam_recall@10']:.4f}){extra}, fill "
-                f"{row['fill_share']:.1%}, all-fill {row['all_fill_share']:.1%}, p99 {row['p99_ms']:.1f} ms, "
+            # the answers' R@10; the offline beam's hits are at K (R@K beside it when K is not 10)
+            say(f"{p}: R@10 {row['recall@10']:.4f} (offline beam R@{a.k} {row['offline_beam_recall@10']:.4f}){extra}, "
+                f"fill {row['fill_share']:.1%}, all-fill {row['all_fill_share']:.1%}, p99 {row['p99_ms']:.1f} ms, "
                 f"served by {row['served_by']}")
         say("phase 4: open loop")
         for p in open_policies:
