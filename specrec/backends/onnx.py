@@ -357,6 +357,20 @@ def default_providers() -> list[str]:
     return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in avail]
 
 
+def session_options(threads: int | None = None, spinning: bool = False):
+    """ONNX Runtime's options for a hot-path graph: every graph optimisation, ``threads`` intra-op threads (1 unless
+    given), one inter-op thread, and threads that sleep between nodes unless ``spinning`` (:class:`OrtBackend`
+    says why)."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    so.intra_op_num_threads = threads or 1
+    so.inter_op_num_threads = 1
+    so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    return so
+
+
 class OrtBackend(Backend):
     name = "onnx"
 
@@ -383,12 +397,7 @@ class OrtBackend(Backend):
         d = Path(onnx_dir)
         if not _current(d, model, head, drafter):
             export_onnx(model, d, head, drafter)
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        so.intra_op_num_threads = threads or 1
-        so.inter_op_num_threads = 1
-        so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
-        self.options, self.providers_wanted = so, providers or default_providers()
+        self.options, self.providers_wanted = session_options(threads, spinning), providers or default_providers()
         if drafter_bits == "auto":
             drafter_bits = None if "CUDAExecutionProvider" in self.providers_wanted else 8
         if drafter_bits not in (None, 8):

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..backends.onnx import session_options
 from ..fusion import Fusion
 from ..itemset import LocalItemSet
 from ..models.sasrec import SASRec
@@ -72,11 +73,7 @@ def _graph(model: SASRec, emb: torch.Tensor):
             torch.onnx.export(net, (probe,), buf, input_names=["items"],  # type: ignore[arg-type]
                               output_names=["logp"], dynamic_axes={"items": {0: "R"}, "logp": {0: "R"}},
                               opset_version=17, dynamo=False)
-        so = ort.SessionOptions()
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        so.intra_op_num_threads = so.inter_op_num_threads = 1
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        sess = ort.InferenceSession(buf.getvalue(), so, providers=["CPUExecutionProvider"])
+        sess = ort.InferenceSession(buf.getvalue(), session_options(), providers=["CPUExecutionProvider"])
     except Exception:  # noqa: BLE001 - any exporter or runtime failure: the model itself runs
         return None
     finally:
