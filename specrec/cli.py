@@ -340,11 +340,9 @@ def cmd_tune_fusion(a: argparse.Namespace) -> int:
 
     drafts = tuple(int(x) for x in a.drafts.split(",") if x.strip())
     fusion, entry = tune_fusion(a.bundle, a.users, a.seed, drafts)
-    v = entry["valid"]
+    lists = ", ".join(f"{n} {v['recall@10']:.4f}" for n, v in entry["valid"].items())
     print(f"fusion: GR weight {fusion.weight:g}, {fusion.norm} scores, {fusion.drafts} SASRec candidates "
-          f"({entry['chosen_on']}): R@10 {v['fused']['recall@10']:.4f} against SASRec's "
-          f"{v['sasrec']['recall@10']:.4f} and the GR's alone {v['gr_alone']['recall@10']:.4f}; written into "
-          f"{a.bundle}/bundle.json")
+          f"({entry['chosen_on']}); validation R@10 of the lists: {lists}; written into {a.bundle}/bundle.json")
     return 0
 
 
@@ -527,11 +525,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     tf = sub.add_parser(
         "tune-fusion",
-        help="choose on validation users how specgr ranks by both models (GR + SASRec), into the bundle",
+        help="choose on validation users how `fused` ranks by both models (GR + SASRec), into the bundle",
         description="Score the SASRec drafter's best items of random validation users (history excluded) with "
         "both models and choose the weight, normalisation and number of candidates of the fused score with the "
-        "best recall@10 (specrec.fusion); written into bundle.json under `fusion`, where specgr, the drafter "
-        "service and auto read it. Test users are never read.",
+        "best recall@10 (specrec.fusion); measure on the same users the recall@10 of every list a policy serves "
+        "(fused, the drafter's own, beam's, nezha's: the order auto tries them in); written into bundle.json under "
+        "`fusion`, where the fused policy, the drafter service and auto read it. Test users are never read.",
     )
     tf.add_argument("--bundle", required=True)
     tf.add_argument("--users", type=int, default=None, help="validation users, a seeded random sample (default: all)")

@@ -1,39 +1,55 @@
 """Ranking by both models: the GR model's log-probability of an item's SID fused with an item model's
-log-probability of the item (SASRec's, over the catalogue it was trained on).
+log-probability of the item (SASRec's, over the catalogue it was trained on). The one definition of the fused
+score and of the fused list: the ``fused`` policy (in process and through the gateway) and ``specrec
+tune-fusion`` call :meth:`Fusion.rank`, nothing else computes it.
 
-A request's candidates are the item model's top ``drafts`` items; each gets
+A request's candidates are the item model's best ``drafts`` items (:meth:`Fusion.candidates`); each gets
 
-    fused = weight * norm(log p_GR(SID)) + (1 - weight) * norm(log p_item(item))
+    fused = weight * norm(gr) + (1 - weight) * norm(item)
 
 where ``norm`` is the identity (``raw``) or a z-score over the request's candidates (``z``: each model's
-scores centred and scaled within the request, so the weight does not depend on their ranges). The weight,
-the normalisation and the number of candidates are chosen on validation users (:func:`choose`, ``specrec
-tune-fusion``) and kept in the bundle (``bundle.json`` ``fusion``); test users only ever judge the choice.
+scores centred and scaled within the request, so the weight does not depend on their ranges), and
 
-Ranked by the GR alone the list falls to the GR's level, by the item model alone it is the item model's;
-fused, on Amazon Beauty it is better than either (``bench/results/README.md``).
+- ``gr`` is the GR's log-probability of the candidate's SID, the sum of its L token log-probabilities; for an
+  unseen item (no training interactions: its codes mean nothing to the model) the sum of the first L-1 scaled
+  to L (:func:`gr_logp`, SpecGR's L-1 rule on the sum's scale);
+- ``item`` is the item model's log-probability; an unseen item has none on that scale (the item drafter drafts
+  it by text), so it gets the lowest of the request's seen candidates.
+
+The list is the K best by fused score, ties in the item model's order, except that ``reserved`` places go to
+the item drafter's unseen candidates where it drafted some (:func:`top_reserved`), in the item drafter's own
+order: the drafter chose them by text likeness to the history, which no sequence model can judge for an item
+nobody interacted with (ranked by the GR's L-1 score instead, they held fewer of the unseen targets).
+
+The weight, the normalisation and the number of candidates are chosen on validation users (:func:`choose`,
+``specrec tune-fusion``) and kept in the bundle (``bundle.json`` ``fusion``) with the validation recall of every
+list a policy serves (``valid``: the fused list, the item drafter's own list, the GR's own beam search, ...),
+which ``auto`` orders its tiers by; test users only ever judge the choice. :data:`DEFAULTS` holds the defaults
+of a fusion entry, the one place they are written.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
 
 Norm = Literal["raw", "z"]
 
+#: a fusion entry's defaults where ``bundle.json`` (or a caller) leaves a field out
+DEFAULTS: dict = {"norm": "z", "drafts": 50}
+
 
 @dataclass(frozen=True)
 class Fusion:
     weight: float  # the GR model's; the item model's is 1 - weight
-    norm: Norm = "z"
-    drafts: int = 50  # the item model's candidates scored per request
-    # validation recall@10 of the item model's list and of the GR's alone (``tune-fusion``'s; None: not told):
-    # whether the item model's own list is the better of the two, for ``auto``'s order of quality
-    item_recall: float | None = None
-    gr_recall: float | None = None
+    norm: Norm = DEFAULTS["norm"]
+    drafts: int = DEFAULTS["drafts"]  # the item model's candidates scored per request (at least 2K)
+    # validation recall@10 of each list a policy serves, by policy name ("fused", "drafter", "beam", "nezha"),
+    # measured by ``tune-fusion``; empty: not told
+    valid: Mapping[str, float] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.weight <= 1.0:
@@ -44,37 +60,84 @@ class Fusion:
             raise ValueError(f"fusion drafts {self.drafts}: at least 1")
 
     def score(self, gr: np.ndarray, item: np.ndarray) -> np.ndarray:
-        """The fused score of one request's candidates: ``gr`` [n] the GR model's log p(SID), ``item`` [n] the
-        item model's log p(item)."""
+        """The fused score of one request's candidates from ``gr`` [n] (the GR's log p(SID), :func:`gr_logp`) and
+        ``item`` [n] (the item model's log p(item), unseen items' already set: :func:`item_logp`)."""
         return self.weight * _norm(np.asarray(gr, np.float64), self.norm) + (1.0 - self.weight) * _norm(
             np.asarray(item, np.float64), self.norm)
+
+    def rank(self, items: np.ndarray, token_logp: np.ndarray, item_scores: np.ndarray, unseen: np.ndarray, k: int,
+             reserved: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """The fused list of one request: ``items`` [n] the item drafter's candidates (its order), ``token_logp``
+        [n, L] the GR's log-probability of each code of their SIDs, ``item_scores`` [n] the item model's
+        log-probabilities, ``unseen`` [n] bool; ``reserved`` of the ``k`` places kept for unseen candidates
+        (the item drafter's own order). -> (items, fused scores), best first."""
+        items = np.asarray(items)
+        unseen = np.asarray(unseen, dtype=bool)
+        fused = self.score(gr_logp(token_logp, unseen), item_logp(item_scores, unseen))
+        pick = top_reserved(fused, k, reserved, unseen)
+        return items[pick], fused[pick]
 
     def candidates(self, k: int) -> int:
         """Candidates scored for a list of ``k``: the chosen count (chosen at K = 10), and never fewer than 2K,
         so the fused list always has a choice."""
         return max(self.drafts, 2 * k)
 
-    @property
-    def item_model_leads(self) -> bool:
-        """Whether the item model's list alone beat the GR's on validation (both told)."""
-        return self.item_recall is not None and self.gr_recall is not None and self.item_recall > self.gr_recall
-
     def as_dict(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if k not in ("item_recall", "gr_recall")}
+        """What ``bundle.json`` keeps of the choice (the validation figures are written beside it)."""
+        return {"weight": self.weight, "norm": self.norm, "drafts": self.drafts}
 
     @staticmethod
     def of(meta: dict | None) -> Fusion | None:
-        """From a bundle's ``fusion`` entry (None: it has none)."""
+        """From a bundle's ``fusion`` entry (None: it has none). Its validation figures are read as labels of the
+        lists a policy serves; an entry written before they were named so says ``sasrec`` for the item drafter's
+        own list (``gr_alone`` was the GR re-ranking the item model's candidates: no list a policy serves)."""
         if not meta:
             return None
-        valid = meta.get("valid", {})
+        valid = {LEGACY_LABELS.get(name, name): float(v["recall@10"])
+                 for name, v in meta.get("valid", {}).items() if "recall@10" in v and name not in NOT_SERVED}
+        return Fusion(float(meta["weight"]), meta.get("norm", DEFAULTS["norm"]),
+                      int(meta.get("drafts", DEFAULTS["drafts"])), valid)
 
-        def told(name: str) -> float | None:
-            v = valid.get(name, {}).get("recall@10")
-            return None if v is None else float(v)
 
-        return Fusion(float(meta["weight"]), meta.get("norm", "z"), int(meta.get("drafts", 50)),
-                      told("sasrec"), told("gr_alone"))
+#: validation figures of lists no policy serves (kept in bundle.json for the record, never a label)
+NOT_SERVED = ("gr_alone", "gr_reranked")
+#: older names of served lists in bundle.json's validation figures
+LEGACY_LABELS = {"sasrec": "drafter"}
+
+
+def gr_logp(token_logp: np.ndarray, unseen: np.ndarray) -> np.ndarray:
+    """The GR model's log-probability of each candidate's SID from its token log-probabilities [n, L]: their sum;
+    an unseen item's (``unseen`` [n] bool) over the first L-1 levels, scaled to L (the L-1 rule)."""
+    tl = np.asarray(token_logp, np.float64)
+    L = tl.shape[-1]
+    full = tl.sum(-1)
+    if not np.asarray(unseen).any() or L < 2:
+        return full
+    return np.where(unseen, tl[..., : L - 1].sum(-1) * L / (L - 1), full)
+
+
+def item_logp(scores: np.ndarray, unseen: np.ndarray) -> np.ndarray:
+    """The item model's log-probabilities [n], an unseen candidate's (drafted by text, not on the model's scale)
+    set to the lowest of the request's seen ones (0 when there are none)."""
+    s = np.asarray(scores, np.float64).copy()
+    unseen = np.asarray(unseen, dtype=bool)
+    if unseen.any():
+        s[unseen] = s[~unseen].min() if (~unseen).any() else 0.0
+    return s
+
+
+def top_reserved(scores: np.ndarray, k: int, reserved: int = 0, eligible: np.ndarray | None = None) -> np.ndarray:
+    """Indices of the best ``k`` of ``scores`` (ties: the given order), of which ``reserved`` (where there are
+    that many) go to the ``eligible`` ones in their given order; the list in score order."""
+    order = np.argsort(-np.asarray(scores, np.float64), kind="stable")
+    if not reserved or eligible is None or not np.asarray(eligible).any():
+        return order[:k]
+    eligible = np.asarray(eligible, dtype=bool)
+    special = np.flatnonzero(eligible)[: min(reserved, k)]  # the drafter's order
+    rest = order[~eligible[order]][: k - len(special)]
+    chosen = np.zeros(len(order), dtype=bool)
+    chosen[special] = chosen[rest] = True
+    return order[chosen[order]]
 
 
 def _norm(x: np.ndarray, norm: Norm) -> np.ndarray:
@@ -84,30 +147,25 @@ def _norm(x: np.ndarray, norm: Norm) -> np.ndarray:
     return (x - x.mean()) / sd if sd > 0 else x - x.mean()
 
 
-def top_k(fusion: Fusion, items: np.ndarray, gr: np.ndarray, item: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The best ``k`` candidates by fused score (ties: the item model's order) -> (items, fused scores)."""
-    f = fusion.score(gr, item)
-    order = np.argsort(-f, kind="stable")[:k]
-    return np.asarray(items)[order], f[order]
-
-
 @dataclass
 class Scored:
-    """One validation user's candidates: the item model's top items, both models' log-probabilities, the
-    target."""
+    """One validation user's candidates: the item drafter's items (its order), both models' log-probabilities (the
+    GR's per code), which are unseen, and the target."""
 
-    items: np.ndarray  # [n] the item model's best first
-    item_logp: np.ndarray  # [n]
-    gr_logp: np.ndarray  # [n]
+    items: np.ndarray  # [n]
+    item_scores: np.ndarray  # [n]
+    token_logp: np.ndarray  # [n, L]
+    unseen: np.ndarray  # [n] bool
     target: int
 
 
-def recall_ndcg(users: Sequence[Scored], fusion: Fusion, k: int = 10) -> tuple[float, float]:
-    """Recall@k and NDCG@k of the fused lists of ``users`` (their first ``fusion.drafts`` candidates)."""
+def recall_ndcg(users: Sequence[Scored], fusion: Fusion, k: int = 10, reserved: int = 0) -> tuple[float, float]:
+    """Recall@k and NDCG@k of the fused lists of ``users`` (their first ``fusion.drafts`` candidates), ``reserved``
+    places kept for unseen candidates as served."""
     rec = ndcg = 0.0
     for u in users:
         n = fusion.drafts
-        top, _ = top_k(fusion, u.items[:n], u.gr_logp[:n], u.item_logp[:n], k)
+        top, _ = fusion.rank(u.items[:n], u.token_logp[:n], u.item_scores[:n], u.unseen[:n], k, reserved)
         hit = np.nonzero(top == u.target)[0]
         if len(hit):
             rec += 1.0
@@ -117,14 +175,14 @@ def recall_ndcg(users: Sequence[Scored], fusion: Fusion, k: int = 10) -> tuple[f
 
 def choose(users: Sequence[Scored], drafts: Sequence[int] = (50,), k: int = 10,
            weights: Sequence[float] = tuple(np.round(np.arange(0.0, 1.0001, 0.05), 2)),
-           norms: Sequence[Norm] = ("raw", "z"), smooth: int = 1) -> tuple[Fusion, list[dict]]:
+           norms: Sequence[Norm] = ("raw", "z"), smooth: int = 1, reserved: int = 0) -> tuple[Fusion, list[dict]]:
     """The fusion with the best recall@k on ``users`` (validation users, never test), over a grid of weights,
     normalisations and candidate counts; the recall of each weight is averaged with its ``smooth`` neighbours on
     either side first, so a lone lucky weight of a noisy sample is not the one kept. -> (the choice, the grid)."""
     grid: list[dict] = []
     for n in drafts:
         for norm in norms:
-            row = [recall_ndcg(users, Fusion(float(w), norm, int(n)), k) for w in weights]
+            row = [recall_ndcg(users, Fusion(float(w), norm, int(n)), k, reserved) for w in weights]
             rec = np.asarray([r for r, _ in row])
             smoothed = np.asarray([rec[max(0, i - smooth): i + smooth + 1].mean() for i in range(len(rec))])
             for w, (r, nd), s in zip(weights, row, smoothed):

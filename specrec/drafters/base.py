@@ -29,6 +29,16 @@ class Draft:
     items: np.ndarray  # [n'] item indices, best first (n' <= n)
     scores: np.ndarray  # [n'] drafter scores
 
+    def top(self, k: int, reserved: int = 0, unseen: np.ndarray | None = None) -> Draft:
+        """The drafter's own list of ``k`` out of a longer draft, as a draft of ``n = k`` would have answered it:
+        its order, with ``reserved`` of the places for its unseen items (``unseen`` [n'] bool, drafted by text
+        below the others) where it holds some. The one meaning of "the drafter's list" wherever a policy holds
+        more drafts than it answers with."""
+        from ..fusion import top_reserved
+
+        pick = top_reserved(-np.arange(len(self.items), dtype=np.float64), k, reserved, unseen)
+        return Draft(self.items[pick], self.scores[pick])
+
 
 class Drafter(Protocol):
     name: str

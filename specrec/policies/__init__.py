@@ -1,12 +1,12 @@
 """Policies: named strategies combining drafter, verifier and item set.
 
-``beam``, ``specgr``, ``nezha``, ``strict``, ``relaxed``, ``sample``,
+``beam``, ``fused``, ``specgr``, ``nezha``, ``strict``, ``relaxed``, ``sample``,
 ``drafter`` (the drafter alone) and ``auto`` (per request, the most accurate
 that fits the budget); see DESIGN.md and each module's docstring.
 ``make_policy(name, engine, **params)`` builds one; ``POLICIES`` lists them.
 """
 
-from . import auto, beam, drafter, nezha, relaxed, sample, specgr, strict  # noqa: F401  (registration)
+from . import auto, beam, drafter, fused, nezha, relaxed, sample, specgr, strict  # noqa: F401  (registration)
 from .auto import Overloaded
 from .base import POLICIES, Engine, Policy, RecRequest, RecResult, make_policy
 from .metrics import RequestStats, SpecMetrics

@@ -1,15 +1,15 @@
 """``auto``: per request, the most accurate policy whose tail cost fits the budget.
 
 The gateway's default. Candidates are tried from the most accurate down
-(``tiers``; by default ordered by quality measured on validation users):
-``specgr`` where it ranks by both models (the item drafter's SASRec list
-re-ranked with the GR model's scores, :mod:`specrec.fusion`: above SASRec and
-above beam on validation; ranked by the GR alone it is beam's quality at more
-cost, and is no tier); then, where the drafter's fusion says its own list beat
-the GR model's on validation (SASRec on Amazon Beauty: R@10 0.101 against
-0.100, on test 0.081 against 0.065), ``drafter``; then ``beam`` and ``strict``
-(the same list: the cheaper of the two by estimate is tried), then ``nezha``
-(the draft head's list), then ``drafter`` where it was not placed above.
+(``tiers``). By default they are ordered by the validation recall@10 of the
+list each one serves, as ``specrec tune-fusion`` measured it on the bundle's
+validation users (:attr:`specrec.fusion.Fusion.valid`): ``fused`` (the item
+drafter's candidates ranked by both models), ``drafter`` (the item drafter's
+own list), ``beam`` with ``strict`` (the GR's own beam search: the same list,
+the cheaper of the two by estimate is tried) and ``nezha`` (the draft head's
+list). On Amazon Beauty: fused 0.113 > SASRec's list 0.101 > beam's. A list
+with no figure (an engine without an item drafter that tells a fusion, an
+older bundle) goes after the measured ones, in :data:`UNMEASURED_ORDER`.
 Only policies that can run on
 the engine are candidates (:meth:`~.base.Policy.missing`: a verifier whose
 bundle has no SID drafter offers no ``nezha``). A candidate is admitted when
@@ -53,24 +53,29 @@ from pydantic import Field
 from ..costs import Resource, resource_of
 from .base import LiveBatch, Policy, PolicyConfig, RecRequest, make_policy, register
 from .errors import Overloaded, Unsupported
-from .specgr import SpecGRPolicy
 
-__all__ = ["AutoConfig", "AutoPolicy", "Overloaded"]
+__all__ = ["AutoConfig", "AutoPolicy", "Overloaded", "ordered_tiers"]
 
 
-#: auto's tiers where the engine's item drafter does not beat the GR model on validation
-MODEL_FIRST = [["specgr"], ["beam", "strict"], ["nezha"], ["drafter"]]
-#: ... and where it does (its fusion tells both models' validation recall): its own list above the GR's
-ITEM_MODEL_SECOND = [["specgr"], ["drafter"], ["beam", "strict"], ["nezha"]]
+#: the tiers ``auto`` orders, named by the policy whose list its figure measures
+TIERS = {"fused": ["fused"], "drafter": ["drafter"], "beam": ["beam", "strict"], "nezha": ["nezha"]}
+#: the order of the lists with no validation figure: the GR's own search, its draft head's, the item drafter's
+UNMEASURED_ORDER = ["fused", "beam", "nezha", "drafter"]
+
+
+def ordered_tiers(valid: dict[str, float]) -> list[list[str]]:
+    """The tiers, most accurate first: the lists with a validation figure by it (recall@10, higher first), then
+    the others in :data:`UNMEASURED_ORDER`."""
+    measured = sorted((n for n in TIERS if n in valid), key=lambda n: -valid[n])
+    return [TIERS[n] for n in measured + [n for n in UNMEASURED_ORDER if n not in valid]]
 
 
 class AutoConfig(PolicyConfig):
     tiers: list[list[str]] | None = Field(
         None, description="candidate policies, most accurate first; within a tier, equally accurate policies (the "
-        "cheapest by estimate is tried); specgr only where it ranks by both models. Default: by the quality measured "
-        "on validation users: specgr (both models), then the item drafter's own list where it beat the GR model's "
-        "(the drafter's fusion tells both: SASRec on Amazon Beauty), then beam / strict, nezha (and the drafter, "
-        "where it did not)")
+        "cheapest by estimate is tried). Default: by the validation recall@10 of the list each serves (the item "
+        "drafter's fusion tells them, `specrec tune-fusion`): fused, drafter, beam / strict, nezha in that figure's "
+        "order; lists with no figure after the measured ones")
     probe_s: float = Field(1.0, gt=0.0, le=3600.0, description="try a better tier skipped for this many seconds once")
 
 
@@ -80,6 +85,10 @@ class AutoPolicy(Policy):
     Config = AutoConfig
     config: AutoConfig
     uses_verifier = False
+
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, **kw)
+        self._runnable: dict[tuple, list[list[str]]] = {}  # runnable() by what the engine offers
 
     def _run(self, batch: LiveBatch) -> None:
         for j, _, req, _ in batch.rows():
@@ -124,25 +133,30 @@ class AutoPolicy(Policy):
 
     def runnable(self) -> list[list[str]]:
         """The tiers with only the policies that can run on this engine (``Policy.missing``: a bundle without
-        a SID drafter offers no ``nezha``, an engine without an item drafter no ``drafter``); empty tiers
-        dropped."""
-        tiers = [[n for n in tier if self._offers(n)] for tier in self.tiers()]
-        return [t for t in tiers if t]
+        a SID drafter offers no ``nezha``, an engine without an item drafter no ``drafter``, one whose item drafter
+        tells no fusion no ``fused``); empty tiers dropped. Kept while what the engine offers stays the same
+        (admission asks it for every request)."""
+        key = self._offer_key()
+        cached = self._runnable.get(key)
+        if cached is None:
+            tiers = [[n for n in tier if make_policy(n, self.engine).missing() is None] for tier in self.tiers()]
+            cached = self._runnable[key] = [t for t in tiers if t]
+        return cached
+
+    def _offer_key(self) -> tuple:
+        """What :meth:`runnable` depends on: the verifier's parts, the item drafter and its fusion's figures."""
+        drafter = self.engine.drafter
+        fusion = None if drafter is None else getattr(drafter, "fusion", None)
+        return (self.engine.verifier.parts(), drafter is None, fusion,
+                None if fusion is None else tuple(sorted(fusion.valid.items())), str(self.config.tiers))
 
     def tiers(self) -> list[list[str]]:
-        """The configured tiers, else the order of quality measured on validation (:data:`ITEM_MODEL_SECOND`
-        where the engine's item drafter's fusion says its list beat the GR model's, else :data:`MODEL_FIRST`)."""
+        """The configured tiers, else by the validation figures of the lists they serve (:func:`ordered_tiers`)."""
         if self.config.tiers is not None:
             return self.config.tiers
-        fusion = getattr(self.engine.drafter, "fusion", None) if self.engine.drafter is not None else None
-        return ITEM_MODEL_SECOND if fusion is not None and fusion.item_model_leads else MODEL_FIRST
-
-    def _offers(self, name: str) -> bool:
-        """Whether ``name`` is a candidate here: it can run, and ``specgr`` only where it ranks by both models."""
-        pol = make_policy(name, self.engine)
-        if pol.missing() is not None:
-            return False
-        return not isinstance(pol, SpecGRPolicy) or pol.fusion() is not None
+        drafter = self.engine.drafter
+        fusion = None if drafter is None else getattr(drafter, "fusion", None)
+        return ordered_tiers(dict(fusion.valid) if fusion is not None else {})
 
     def _cheapest(self, tier: list[str], k: int) -> str:
         costs = [(self._cost(n, k), n) for n in tier]

@@ -30,16 +30,8 @@ another round (``budget``), the list is filled up to K from rejected
 candidates and complete beams on the same V scale, and sorted by V. With
 delta = 0 this is beam search (items ordered by V).
 
-Ranked by both models (``rank``: ``fused``; ``auto`` where the engine's item
-drafter tells a fusion: the bundle's SASRec drafter, with the weight chosen on
-validation users, :mod:`specrec.fusion`): one round. The item drafter proposes
-its ``drafts`` best items (at least 2K; its unseen share among them), the GR
-model scores them in one pass (the registry's ``rank``: each prefix's own
-level), and the list is the K best by the fused score of the two models'
-log-probabilities (exit ``fused``). V alone would rank the list at the GR's
-own level, below the item model's; the fused list is better than either. The
-unseen items keep their places (``unseen_share``), scored by the GR's first
-L-1 levels scaled to L and the item model's lowest score of the request.
+Ranking the item drafter's candidates by both models (GR + SASRec) in one pass is a policy of its own,
+``fused`` (:mod:`.fused`).
 """
 
 from __future__ import annotations
@@ -55,9 +47,7 @@ from pydantic import Field
 from ..costs import CostStage
 from ..decoding.beam import Beams
 from ..drafters.base import Draft, DraftRequest
-from ..fusion import Fusion
 from .base import Candidates, LiveBatch, Policy, PolicyConfig, RecResult, Stage, charge, length_normalised, register
-from .errors import BudgetExceeded
 
 EXPLORE_EVERY = 16
 
@@ -80,10 +70,6 @@ class SpecGRConfig(PolicyConfig):
         "the seen items' (the model never saw their codes), so by V alone none reaches the list (default: the "
         "engine drafter's unseen_share where it has one, i.e. in-process from the bundle's drafters.unseen_share; "
         "else 0)")
-    rank: Literal["auto", "target", "fused"] = Field(
-        "auto", description="target: rank by V, the GR's own score, over the rounds above; fused: one round, the "
-        "item drafter's best items ranked by the GR's log-probability fused with the drafter's (the drafter's "
-        "fusion: SASRec's, weight chosen on validation users); auto: fused where the engine's drafter tells a fusion")
     first_drafter: Literal["auto", "distilled", "engine", "both"] = Field(
         "auto", description="who drafts round 0: the distilled drafter on the verifier (its beams of delta SIDs, "
         "drafted and verified in one call: the target's own near-frontier), the engine's drafter (text-aware: it "
@@ -110,10 +96,6 @@ class SpecGRPolicy(Policy):
 
     def _run(self, batch: LiveBatch) -> None:
         eng, cfg = self.engine, self.config
-        fusion = self.fusion()
-        if fusion is not None:
-            self._fused(batch, fusion)
-            return
         L = len(eng.itemset.level_sizes)
         k = max(r.k for r in batch.requests)
         pools = [RequestPool() for _ in batch.requests]
@@ -152,9 +134,6 @@ class SpecGRPolicy(Policy):
 
     def missing(self) -> str | None:
         eng, cfg = self.engine, self.config
-        if cfg.rank == "fused" and self.fusion() is None:
-            return "an item drafter that tells a fusion (rank='fused': the bundle's SASRec drafter with `specrec " \
-                   "tune-fusion` run)"
         if cfg.first_drafter == "distilled" and not eng.verifier.parts().distilled_drafter:
             return "the distilled SID drafter (first_drafter='distilled'; its bundle has none)"
         if cfg.delta and eng.drafter is None and not self._distilled_first():
@@ -168,82 +147,6 @@ class SpecGRPolicy(Policy):
             st.exit_reason = "beams_complete" if complete else "max_rounds"
         for j in range(len(batch.active)):
             batch.finish(j, self._final(batch, pools, j, complete=complete))
-
-    # -- ranked by both models ------------------------------------------------------------
-    def fusion(self) -> Fusion | None:
-        """How this request is ranked by both models (the engine drafter's fusion); None: by V over rounds."""
-        if self.config.rank == "target" or self.engine.drafter is None:
-            return None
-        return getattr(self.engine.drafter, "fusion", None)
-
-    def _fused(self, batch: LiveBatch, fusion: Fusion) -> None:
-        """One round: the item drafter's best items, scored by the GR in one pass, ranked by the fused score."""
-        eng, cfg = self.engine, self.config
-        self._exit_late(batch, CostStage.DRAFT, lambda j: self._result(  # not even a draft fits: flagged fill
-            batch.requests[batch.active[j]].k, [], [], [], batch.stats[batch.active[j]], exclude=batch.exclude))
-        if not batch.active:
-            return
-        t0 = eng.clock()
-        late = [j for j, _, r, _ in batch.rows() if not self.costs.fits(r.deadline, CostStage.ROUND)]
-        for st in batch.active_stats:
-            st.rounds += 1
-        if len(late) < len(batch.active):
-            eng.verifier.prepare(batch.open_session)  # a remote verifier encodes while the item drafter drafts
-        reqs = [DraftRequest(req.history, cfg.delta or fusion.candidates(req.k), None, req.excluded())
-                for _, _, req, _ in batch.rows()]
-        with Stage(eng.clock, batch.active_stats, "draft") as t:
-            drafts = eng.drafter.draft(reqs)  # type: ignore[union-attr]  # fusion() holds a drafter
-        self.costs.observe(CostStage.DRAFT, t.seconds)
-        if late:  # no time for the model's pass: the item drafter's list, said so
-            rows = list(batch.rows())
-            for j in late:
-                _, _, req, st = rows[j]
-                st.exit_reason = "budget"
-                res = self._drafts_only(req, drafts[j], st, batch.exclude)
-                res.degraded = "budget: no time for the verifier's pass, the drafter's list"
-                eng.metrics.record(res.served_by, st)
-                batch.finish(j, res)
-            batch.drop(late)
-            drafts = [d for j, d in enumerate(drafts) if j not in late]
-            if not batch.active:
-                return
-        try:
-            values, _ = self._verify(batch, drafts, step=False, value=False, scores_only=True)
-        except BudgetExceeded as e:  # the drafts in hand are the item model's list: the answer, if nobody's is
-            if len(drafts) == 1:
-                _, _, req, st = next(batch.rows())
-                st.exit_reason = "budget"
-                e.partial = self._drafts_only(req, drafts[0], st, batch.exclude)
-            raise
-        L = len(eng.itemset.level_sizes)
-        for j, _, req, st in list(batch.rows()):
-            d, tl = drafts[j], values[j]
-            pool = Candidates()
-            if len(d.items):
-                unseen = eng.itemset.is_unseen(d.items)
-                gr = np.where(unseen, tl[:, : L - 1].sum(-1) * L / max(1, L - 1), tl.sum(-1))
-                seen = ~unseen
-                fused = np.empty(len(d.items))
-                if seen.any():
-                    fused[seen] = fusion.score(gr[seen], d.scores[seen])
-                if unseen.any():  # the GR's word alone, the item model's lowest of the request: they keep places
-                    low = float(d.scores[seen].min()) if seen.any() else 0.0
-                    both = fusion.score(np.concatenate([gr[seen], gr[unseen]]),
-                                        np.concatenate([d.scores[seen], np.full(int(unseen.sum()), low)]))
-                    fused[unseen] = both[int(seen.sum()):]
-                pool.add(d.items, fused, "draft")
-            st.observe_items(len(d.items), len(d.items))
-            st.exit_reason = "fused"
-            items, scores, sources = pool.top(req.k, int(round(self._unseen_share() * req.k)), eng.itemset.is_unseen)
-            batch.finish(j, self._result(req.k, items, scores, sources, st, exclude=batch.exclude))
-        batch.drop(list(range(len(batch.active))))
-        self.costs.observe(CostStage.ROUND, eng.clock() - t0)
-
-    def _drafts_only(self, req, d: Draft, st, exclude: frozenset[int]) -> RecResult:
-        """The item drafter's own list (its order), as the ``drafter`` policy answers it."""
-        res = self._result(req.k, d.items, d.scores, ["draft"] * len(d.items), st, exclude=exclude)
-        res.served_by = "drafter"
-        return res
 
     # -- when drafting pays ------------------------------------------------------------
     def _unseen_share(self) -> float:
@@ -357,10 +260,9 @@ class SpecGRPolicy(Policy):
                 values.append(self._value(beams.token_logp[j][ok], d.items))
         return (out, values) if scored else out
 
-    def _verify(self, batch: LiveBatch, drafts: list[Draft], step: bool,
-                value: bool = True, scores_only: bool = False) -> tuple[list[np.ndarray], Beams | None]:
-        """One verifier call: one pass over the drafts and the beam frontier -> V per draft (without ``value``:
-        each draft's token log-probs [n, L]), and, with ``step``, the beams one level on, read from that pass."""
+    def _verify(self, batch: LiveBatch, drafts: list[Draft], step: bool) -> tuple[list[np.ndarray], Beams | None]:
+        """One verifier call: one pass over the drafts and the beam frontier -> V per draft, and, with ``step``,
+        the beams one level on, read from that pass."""
         eng = self.engine
         m = max(len(d.items) for d in drafts)
         L = len(eng.itemset.level_sizes)
@@ -375,14 +277,10 @@ class SpecGRPolicy(Policy):
         with Stage(eng.clock, batch.active_stats, "verify") as t:
             if step:
                 scores, beams = eng.verifier.score_step(batch.open_session, torch.from_numpy(sids))
-            elif scores_only:  # nothing after this pass reads it
-                scores = eng.verifier.score(batch.open_session, torch.from_numpy(sids), scores_only=True)
             else:  # the search is complete: nothing to step
                 scores = eng.verifier.score(batch.open_session, torch.from_numpy(sids), with_frontier=True)
         self.costs.observe(CostStage.VERIFY, t.seconds)
         charge(batch.active_stats)
-        if not value:
-            return [scores.token_logp[j, : len(d.items)].numpy() for j, d in enumerate(drafts)], beams
         return [self._value(scores.token_logp[j, : len(d.items)], d.items) for j, d in enumerate(drafts)], beams
 
     def _value(self, token_logp: torch.Tensor, items: np.ndarray) -> np.ndarray:

@@ -1,11 +1,19 @@
-"""Choose how ``specgr`` ranks by both models (:mod:`specrec.fusion`) on validation users, and keep it in the
-bundle (``specrec tune-fusion``).
+"""Choose how ``fused`` ranks by both models (:mod:`specrec.fusion`) on validation users, measure the lists the
+policies serve, and keep both in the bundle (``specrec tune-fusion``).
 
-For a seeded sample of the bundle's *validation* users (never test), requests that exclude their history: the
-SASRec drafter's best ``max(drafts)`` items with its log-probabilities, and the GR model's log-probability of
-each of their SIDs (teacher forced, one ``rank`` pass per batch of users over their prefix tree); then the weight,
-normalisation and candidate count with the best recall@10 (:func:`specrec.fusion.choose`). The choice and the
-validation figures go into ``bundle.json`` under ``fusion``.
+For a seeded sample of the bundle's *validation* users (never test), requests that exclude their history, as
+served: the bundle's SASRec drafter (with its unseen share) drafts its best ``max(drafts)`` items with its
+log-probabilities, and the GR model gives the log-probability of every code of their SIDs (teacher forced, one
+``rank`` pass per batch of users over their prefix tree, in float32); then the weight, normalisation and
+candidate count with the best recall@10 of the fused list, :meth:`specrec.fusion.Fusion.rank` (the one
+definition the policy serves, the item drafter's unseen places kept), :func:`specrec.fusion.choose`.
+
+On the same users it measures the recall@10 of each list a policy serves, the labels ``auto`` orders its tiers
+by (:attr:`specrec.fusion.Fusion.valid`): ``fused`` (the choice), ``drafter`` (the item drafter's own list of
+K, :meth:`~specrec.drafters.base.Draft.top`), ``beam`` (the GR's own constrained beam search, width K) and
+``nezha`` (the draft head's list, where the bundle has a SID drafter). The GR re-ranking the item drafter's
+candidates alone is kept as ``gr_reranked``, for the record: no policy serves it. Everything goes into
+``bundle.json`` under ``fusion``.
 """
 
 from __future__ import annotations
@@ -23,13 +31,18 @@ from ..data.splits import sample_examples
 from ..drafters.base import DraftRequest
 from ..fusion import Fusion, Scored, choose, recall_ndcg
 
+#: the list length the choice and the labels are measured at
+K = 10
 
-def score_users(bundle: Bundle, ex, exclude: list[np.ndarray], n: int, batch_size: int = 32,
+
+def score_users(bundle: Bundle, ex, exclude: list[np.ndarray], n: int, backend=None, batch_size: int = 32,
                 progress: bool = True) -> list[Scored]:
-    """Per user of ``ex``: the SASRec drafter's best ``n`` items (its history ``exclude`` d), both models'
-    log-probabilities of them, and the target."""
-    drafter = bundle.drafter("sasrec", unseen_share=0.0)
-    backend = bundle.backend()
+    """Per user of ``ex``: the bundle's SASRec drafter's best ``n`` items (its history ``exclude`` d, its unseen
+    share drafted by text), both models' log-probabilities of them (the GR's per code, on ``backend``, default the
+    bundle's float32 one), which are unseen, and the target."""
+    drafter = bundle.drafter("sasrec")
+    backend = backend or bundle.backend()
+    itemset = bundle.itemset
     hists = ex.histories()
     out: list[Scored] = []
     for s in tqdm(range(0, len(ex), batch_size), desc="scoring validation users", disable=not progress):
@@ -43,18 +56,46 @@ def score_users(bundle: Bundle, ex, exclude: list[np.ndarray], n: int, batch_siz
             sids[j, len(d.items):] = bundle.sids[d.items[0]]
         with torch.inference_mode():
             enc = backend.encode(bundle.history_sids([hists[i] for i in idx]))
-            gr = backend.rank(enc, torch.from_numpy(sids)).sum(-1).numpy()
+            token = backend.rank(enc, torch.from_numpy(sids)).numpy().astype(np.float64)
         for j, i in enumerate(idx):
-            k = len(drafts[j].items)
-            out.append(Scored(drafts[j].items, drafts[j].scores.astype(np.float64), gr[j, :k].astype(np.float64),
+            d, k = drafts[j], len(drafts[j].items)
+            out.append(Scored(d.items, d.scores.astype(np.float64), token[j, :k], itemset.is_unseen(d.items),
                               int(ex.target[i])))
     return out
 
 
+def served_recall(bundle: Bundle, policy: str, ex, exclude: list[np.ndarray], progress: bool = True) -> float:
+    """Recall@K of the list ``policy`` serves (history excluded, no budget) on the users of ``ex``."""
+    from ..policies import RecRequest, make_policy
+
+    eng = bundle.engine(drafter=None)
+    pol = make_policy(policy, eng)
+    hits = 0
+    for i in tqdm(range(len(ex)), desc=f"{policy} on validation users", disable=not progress, leave=False):
+        res = pol.run([RecRequest(np.asarray(exclude[i], np.int64), K, exclude_history=True)])[0]
+        hits += int(int(ex.target[i]) in res.items[:K].tolist())
+    return hits / max(1, len(ex))
+
+
+def drafter_recall(users: list[Scored], reserved: int) -> tuple[float, float]:
+    """Recall@K and NDCG@K of the item drafter's own list of K (:meth:`~specrec.drafters.base.Draft.top`)."""
+    from ..drafters.base import Draft
+
+    rec = ndcg = 0.0
+    for u in users:
+        own = Draft(u.items, u.item_scores).top(K, reserved, u.unseen).items
+        hit = np.nonzero(own == u.target)[0]
+        if len(hit):
+            rec += 1.0
+            ndcg += 1.0 / np.log2(hit[0] + 2)
+    return rec / max(1, len(users)), ndcg / max(1, len(users))
+
+
 def tune_fusion(bundle_dir: str | Path, users: int | None = 3000, seed: int = 0, drafts: tuple[int, ...] = (50,),
                 progress: bool = True) -> tuple[Fusion, dict]:
-    """Choose the fusion of the bundle at ``bundle_dir`` on ``users`` random validation users (None: all) and
-    write it into its ``bundle.json``. -> (the choice, what was written)."""
+    """Choose the fusion of the bundle at ``bundle_dir`` on ``users`` random validation users (None: all), measure
+    the served lists' recall@10 on them, and write both into its ``bundle.json``. -> (the choice, what was
+    written)."""
     from ..pipeline import bundle_split
 
     t0 = time.time()
@@ -63,14 +104,23 @@ def tune_fusion(bundle_dir: str | Path, users: int | None = 3000, seed: int = 0,
         raise SystemExit(f"bundle {bundle_dir} has no SASRec: run `specrec train-baseline --bundle {bundle_dir}` first")
     ds, split = bundle_split(bundle)
     ex = sample_examples(split.valid, users, seed) if users is not None else split.valid
-    scored = score_users(bundle, ex, ex.full_histories(ds.sequences), max(drafts), progress=progress)
-    fusion, grid = choose(scored, drafts)
-    rec, ndcg = recall_ndcg(scored, fusion)
-    sas = recall_ndcg(scored, Fusion(0.0, "raw", fusion.drafts))
-    gr = recall_ndcg(scored, Fusion(1.0, "raw", fusion.drafts))
-    entry = {**fusion.as_dict(), "chosen_on": f"{len(scored)} validation users (seed {seed}), history excluded",
-             "valid": {"fused": {"recall@10": rec, "ndcg@10": ndcg}, "sasrec": {"recall@10": sas[0], "ndcg@10": sas[1]},
-                       "gr_alone": {"recall@10": gr[0], "ndcg@10": gr[1]}},
+    full = ex.full_histories(ds.sequences)
+    share = float(bundle.meta.get("drafters", {}).get("unseen_share", 0.0))
+    reserved = int(round(share * K))
+    scored = score_users(bundle, ex, full, max(drafts), progress=progress)
+    fusion, grid = choose(scored, drafts, K, reserved=reserved)
+    rec, ndcg = recall_ndcg(scored, fusion, K, reserved)
+    own = drafter_recall(scored, reserved)
+    gr = recall_ndcg(scored, Fusion(1.0, "raw", fusion.drafts), K, reserved)
+    valid = {"fused": {"recall@10": rec, "ndcg@10": ndcg}, "drafter": {"recall@10": own[0], "ndcg@10": own[1]}}
+    # the GR's own lists: written once the fusion is in the bundle (the engine's drafter tells it)
+    for policy in ("beam", "nezha"):
+        if policy == "nezha" and bundle.sid_mlp is None and bundle.nezha_head is None:
+            continue
+        valid[policy] = {"recall@10": served_recall(bundle, policy, ex, full, progress)}
+    valid["gr_reranked"] = {"recall@10": gr[0], "ndcg@10": gr[1]}  # no policy serves it: for the record
+    entry = {**fusion.as_dict(), "chosen_on": f"{len(scored)} validation users (seed {seed}), history excluded, "
+             f"{reserved} of {K} places kept for unseen candidates", "valid": valid,
              "grid": grid, "minutes": round((time.time() - t0) / 60, 1)}
     path = Path(bundle_dir) / "bundle.json"
     text = path.read_text()
@@ -79,4 +129,4 @@ def tune_fusion(bundle_dir: str | Path, users: int | None = 3000, seed: int = 0,
     lines = text.splitlines()
     indent = len(lines[1]) - len(lines[1].lstrip()) if len(lines) > 1 else 2  # the file's own: a diff shows the change
     path.write_text(json.dumps(meta, indent=indent or 2) + "\n")
-    return fusion, entry
+    return Fusion.of(entry) or fusion, entry

@@ -100,8 +100,8 @@ def test_an_unexpected_error_is_not_swallowed():
 
 
 
-def test_specgr_ranking_by_both_models_answers_with_its_drafts_when_the_verifier_runs_out_of_time():
-    """The fused round holds the item drafter's list before the verifier's pass: when the pass runs out of
+def test_fused_answers_with_its_drafts_when_the_verifier_runs_out_of_time():
+    """The fused policy holds the item drafter's list before the verifier's pass: when the pass runs out of
     time (BudgetExceeded, as the gateway's adapter raises at the deadline), or its mean cost does not fit what
     is left, the answer is that list at once (served_by drafter, flagged), not a second drafter call nor fill."""
     import numpy as np
@@ -119,7 +119,7 @@ def test_specgr_ranking_by_both_models_answers_with_its_drafts_when_the_verifier
     eng.drafter.draft = lambda reqs: asked.append(len(reqs)) or real_draft(reqs)
     own = np.argsort(-logp, kind="stable")
     fail(eng.verifier, "score", exc=BudgetExceeded("verifier", "DEADLINE_EXCEEDED"))
-    res = ladder.answer("specgr", {}, eng, RecRequest(hists[0], 5, Deadline(t[0] + 1.0)))
+    res = ladder.answer("fused", {}, eng, RecRequest(hists[0], 5, Deadline(t[0] + 1.0)))
     want = [i for i in own if i not in set(hists[0].tolist())][:5]
     assert res.served_by == "drafter" and "unranked by the model" in res.degraded and res.stats.exit_reason == "budget"
     assert res.items.tolist() == want and asked == [1] and not downs  # one draft call, no verdict on the verifier
@@ -127,6 +127,6 @@ def test_specgr_ranking_by_both_models_answers_with_its_drafts_when_the_verifier
     eng2, t2, ladder2, _, _ = setup()
     eng2.drafter = FixedDrafter(logp, Fusion(0.4, "raw", 20))
     fail(eng2.verifier, "score", exc=AssertionError("the verifier must not be called"))
-    make_policy("specgr", eng2).costs.observe(CostStage.ROUND, 0.5)
-    res = ladder2.answer("specgr", {}, eng2, RecRequest(hists[0], 5, Deadline(t2[0] + 0.1)))
+    make_policy("fused", eng2).costs.observe(CostStage.ROUND, 0.5)
+    res = ladder2.answer("fused", {}, eng2, RecRequest(hists[0], 5, Deadline(t2[0] + 0.1)))
     assert res.served_by == "drafter" and res.degraded.startswith("budget") and res.items.tolist() == want

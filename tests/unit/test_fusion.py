@@ -1,5 +1,6 @@
 """Ranking by both models: the SASRec item drafter (specrec/drafters/sasrec.py), the fused score and its choice
-on validation (specrec/fusion.py), and specgr ranking by it (specrec/policies/specgr.py, ``rank``)."""
+on validation (specrec/fusion.py), the ``fused`` policy ranking by it (specrec/policies/fused.py), and ``auto``'s
+tiers ordered by the served lists' validation figures (specrec/policies/auto.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 from specrec.drafters.base import Draft, DraftRequest
 from specrec.drafters.retrieval import RetrievalDrafter
 from specrec.drafters.sasrec import SasrecDrafter
-from specrec.fusion import Fusion, Scored, choose, recall_ndcg, top_k
+from specrec.fusion import Fusion, Scored, choose, gr_logp, item_logp, recall_ndcg, top_reserved
 from specrec.itemset import LocalItemSet
 from specrec.models.retrieval import RetrievalConfig, RetrievalModel
 from specrec.models.sasrec import SASRec, SASRecConfig
@@ -90,8 +91,9 @@ def test_the_fused_score_and_its_choice_on_validation():
     np.testing.assert_allclose(f.score(np.array([-1.0, -3.0]), np.array([-2.0, -1.0])), [-1.5, -2.0])
     z = Fusion(0.5, "z", 3).score(np.array([-1.0, -3.0]), np.array([-2.0, -1.0]))
     np.testing.assert_allclose(z, [0.0, 0.0], atol=1e-12)  # each model's scores centred and scaled
-    items, scores = top_k(f, np.array([10, 11, 12]), np.array([-5.0, -1.0, -2.0]), np.array([-1.0, -3.0, -1.0]), 2)
-    assert items.tolist() == [12, 11] and scores[0] >= scores[1]
+    tl = np.array([[-3.0, -1.0, -1.0], [-0.5, -0.25, -0.25], [-1.0, -0.5, -0.5]])  # the GR per code: -5, -1, -2
+    items, scores = f.rank(np.array([10, 11, 12]), tl, np.array([-1.0, -3.0, -1.0]), np.zeros(3, bool), 2)
+    assert items.tolist() == [12, 11] and scores[0] >= scores[1]  # -1.5 > -2.0 > -3.0
     with pytest.raises(ValueError):
         Fusion(1.5)
     # users whose target the GR ranks first among the item model's candidates: the choice weighs the GR
@@ -99,15 +101,34 @@ def test_the_fused_score_and_its_choice_on_validation():
     users = []
     for t in range(200):
         items = np.arange(20) + 100 * t
-        item_logp = -np.sort(rng.random(20))[::-1].cumsum()  # the item model prefers the first ones
-        gr = rng.normal(-8, 1, 20)
+        item = -np.sort(rng.random(20))[::-1].cumsum()  # the item model prefers the first ones
+        token = rng.normal(-8, 1, (20, 1))
         target = int(items[15])
-        gr[15] = -1.0  # the target: the GR is sure, the item model is not
-        users.append(Scored(items, item_logp, gr, target))
+        token[15] = -1.0  # the target: the GR is sure, the item model is not
+        users.append(Scored(items, item, token, np.zeros(20, bool), target))
     best, grid = choose(users, drafts=(20,), weights=(0.0, 0.5, 1.0), norms=("raw",), smooth=0)
     assert best.weight > 0.0 and recall_ndcg(users, best)[0] > recall_ndcg(users, Fusion(0.0, "raw", 20))[0]
     assert len(grid) == 3 and {g["weight"] for g in grid} == {0.0, 0.5, 1.0}
     assert Fusion.of({"weight": 0.3, "norm": "raw", "drafts": 40}) == Fusion(0.3, "raw", 40) and Fusion.of(None) is None
+
+
+def test_unseen_candidates_the_l_minus_1_rule_and_their_reserved_places():
+    """An unseen item's GR score is its first L-1 codes' scaled to L, its item score the request's lowest seen
+    one; the places kept for unseen candidates go to the item drafter's first ones, in its order."""
+    tl = np.array([[-1.0, -1.0, -1.0, -9.0], [-1.0, -1.0, -1.0, -9.0]])
+    np.testing.assert_allclose(gr_logp(tl, np.array([False, True])), [-12.0, -4.0])
+    np.testing.assert_allclose(item_logp(np.array([-1.0, -2.0, 0.0]), np.array([False, False, True])), [-1, -2, -2])
+    scores = np.array([5.0, 4.0, 3.0, 9.0, 8.0])  # items 3 and 4 unseen, the drafter drafted 3 before 4
+    unseen = np.array([False, False, False, True, True])
+    assert top_reserved(scores, 3).tolist() == [3, 4, 0]
+    assert top_reserved(-scores, 3, 1, unseen).tolist() == [2, 1, 3]  # one place kept: the drafter's first
+    assert top_reserved(scores, 3, 1, np.zeros(5, bool)).tolist() == [3, 4, 0]  # none unseen: nothing kept
+    # the fused list keeps them too, and the drafter's own list of a longer draft is what a draft of K would be
+    f = Fusion(1.0, "raw")
+    items, _ = f.rank(np.arange(5), np.array([[-1.0, -1]] * 3 + [[-5.0, -5]] * 2), np.zeros(5), unseen, 3, 1)
+    assert items.tolist() == [0, 1, 3]
+    own = Draft(np.arange(10, 15), np.array([-1.0, -2, -3, -9, -9]))
+    assert own.top(3, 1, unseen).items.tolist() == [10, 11, 13]
 
 
 class FixedDrafter:
@@ -126,29 +147,34 @@ class FixedDrafter:
         return out
 
 
-def test_specgr_ranks_the_drafters_items_by_both_models():
+def test_fused_ranks_the_drafters_items_by_both_models_as_tune_fusion_scores_them():
+    """The served list is the one ``tune-fusion`` chose the weight on: the same candidates give the same list
+    through the policy and through :func:`specrec.fusion.recall_ndcg`'s ranking."""
     eng = make_engine(4, n_items=60)
     rng = np.random.default_rng(1)
     logp = np.log(rng.dirichlet(np.ones(60)))
     for weight in (0.0, 1.0, 0.4):
         eng.drafter = FixedDrafter(logp, Fusion(weight, "raw", 20))
         for h in histories(eng, 3, 9):
-            res = make_policy("specgr", eng).run([RecRequest(h, 5)])[0]
+            res = make_policy("fused", eng).run([RecRequest(h, 5)])[0]
             assert res.stats.exit_reason == "fused" and res.stats.rounds == 1 and len(res.items) == 5
+            assert res.served_by == "fused" and not res.degraded
             cand = np.argsort(-logp, kind="stable")[:20]
             sess = eng.verifier.encode(eng.history_sids([h]))
-            gr = eng.verifier.score(sess, torch.from_numpy(eng.itemset.sids[cand][None])).token_logp[0].sum(-1).numpy()
-            want = cand[np.argsort(-(weight * gr + (1 - weight) * logp[cand]), kind="stable")[:5]]
+            token = eng.verifier.score(sess, torch.from_numpy(eng.itemset.sids[cand][None])).token_logp[0].numpy()
+            want = cand[np.argsort(-(weight * token.sum(-1) + (1 - weight) * logp[cand]), kind="stable")[:5]]
             assert res.items.tolist() == want.tolist()
+            scored = Scored(cand, logp[cand], token, np.zeros(20, bool), int(want[0]))
+            tuned, _ = eng.drafter.fusion.rank(scored.items, scored.token_logp, scored.item_scores, scored.unseen, 5)
+            assert tuned.tolist() == res.items.tolist()
             if weight == 0.0:  # the item model's own order
                 assert res.items.tolist() == cand[:5].tolist()
-    # rank="target" keeps the speculative rounds; a drafter with no fusion too
+    # specgr keeps the seed's rounds whatever the drafter tells; fused needs a fusion
     eng.drafter = FixedDrafter(logp, Fusion(0.4, "raw", 20))
     h = histories(eng, 1, 10)[0]
-    assert make_policy("specgr", eng, rank="target").run([RecRequest(h, 5)])[0].stats.exit_reason != "fused"
-    eng.drafter = FixedDrafter(logp, None)
     assert make_policy("specgr", eng).run([RecRequest(h, 5)])[0].stats.exit_reason != "fused"
-    assert "fusion" in (make_policy("specgr", eng, rank="fused").missing() or "")
+    eng.drafter = FixedDrafter(logp, None)
+    assert "fusion" in (make_policy("fused", eng).missing() or "")
 
 
 def test_a_redraft_under_prefixes_sasrec_cannot_fill_takes_unseen_items_by_text(parts):
@@ -166,30 +192,34 @@ def test_a_redraft_under_prefixes_sasrec_cannot_fill_takes_unseen_items_by_text(
     assert not itemset.is_unseen(plain.items).any()  # no share asked: only its own items where it has enough
 
 
-def test_fusion_tells_which_list_led_on_validation_and_auto_orders_its_tiers_by_it():
+def test_auto_orders_its_tiers_by_the_validation_figures_of_the_lists_they_serve():
     meta = {"weight": 0.35, "norm": "raw", "drafts": 50,
-            "valid": {"sasrec": {"recall@10": 0.101}, "gr_alone": {"recall@10": 0.0999}}}
+            "valid": {"fused": {"recall@10": 0.113}, "drafter": {"recall@10": 0.101}, "beam": {"recall@10": 0.09},
+                      "nezha": {"recall@10": 0.092}, "gr_reranked": {"recall@10": 0.0999}}}
     f = Fusion.of(meta)
-    assert f is not None and f.item_model_leads and f.as_dict() == {"weight": 0.35, "norm": "raw", "drafts": 50}
-    assert not Fusion(0.3).item_model_leads  # not told: no claim
+    assert f is not None and f.as_dict() == {"weight": 0.35, "norm": "raw", "drafts": 50}
+    assert dict(f.valid) == {"fused": 0.113, "drafter": 0.101, "beam": 0.09, "nezha": 0.092}  # no unserved list
+    # an older bundle's names: SASRec's own list is the drafter's; the GR re-ranking SASRec's candidates no label
+    old = Fusion.of({"weight": 0.35, "valid": {"sasrec": {"recall@10": 0.101}, "gr_alone": {"recall@10": 0.0999}}})
+    assert old is not None and dict(old.valid) == {"drafter": 0.101}
     eng = make_engine(4, n_items=60)
     logp = np.log(np.random.default_rng(1).dirichlet(np.ones(60)))
     eng.drafter = FixedDrafter(logp, f)
-    auto = make_policy("auto", eng)
-    names = [n for tier in auto.runnable() for n in tier]
-    assert names[:2] == ["specgr", "drafter"] and names.index("drafter") < names.index("beam")
-    eng.drafter = FixedDrafter(logp, Fusion(0.35, "raw", 50, item_recall=0.09, gr_recall=0.1))  # the GR led
-    assert [n for tier in make_policy("auto", eng).runnable() for n in tier][-1] == "drafter"
-    eng.drafter = FixedDrafter(logp, None)  # no fusion: no specgr tier, the drafter last
     names = [n for tier in make_policy("auto", eng).runnable() for n in tier]
-    assert "specgr" not in names and names[-1] == "drafter"
+    assert names == ["fused", "drafter", "nezha", "beam", "strict"]  # by the figures, nezha's own included
+    eng.drafter = FixedDrafter(logp, Fusion(0.35, "raw", 50, {"fused": 0.11, "drafter": 0.08, "beam": 0.1}))
+    assert [n for tier in make_policy("auto", eng).runnable() for n in tier] == ["fused", "beam", "strict", "drafter",
+                                                                                "nezha"]  # nezha: no figure, after
+    eng.drafter = FixedDrafter(logp, None)  # no fusion: no fused tier, no figures, the drafter last
+    names = [n for tier in make_policy("auto", eng).runnable() for n in tier]
+    assert "fused" not in names and names == ["beam", "strict", "nezha", "drafter"]
     # configured tiers are kept as given
     assert make_policy("auto", eng, tiers=[["nezha"], ["beam"]]).tiers() == [["nezha"], ["beam"]]
 
 
-def test_a_request_specgr_hands_to_its_drafts_does_not_teach_what_specgr_costs():
-    """specgr answers at once with the item drafter's list when its round does not fit: that time is not specgr's
-    cost, and counted as such ``auto`` read specgr as cheap and chose it for every request to hand on."""
+def test_a_request_fused_hands_to_its_drafts_does_not_teach_what_fused_costs():
+    """fused answers at once with the item drafter's list when its pass does not fit: that time is not fused's
+    cost, and counted as such ``auto`` read fused as cheap and chose it for every request to hand on."""
     from specrec.costs import CostStage
     from specrec.deadline import Deadline
 
@@ -199,9 +229,10 @@ def test_a_request_specgr_hands_to_its_drafts_does_not_teach_what_specgr_costs()
     logp = np.log(np.random.default_rng(2).dirichlet(np.ones(60)))
     eng.drafter = FixedDrafter(logp, Fusion(0.4, "raw", 20))
     h = histories(eng, 1, 9)[0]
-    eng.costs.for_policy("specgr", eng.clock).observe(CostStage.ROUND, 0.05)  # a round takes 50 ms here
-    res = make_policy("specgr", eng).run([RecRequest(h, 5, deadline=Deadline(0.02))])[0]
+    eng.costs.for_policy("fused", eng.clock).observe(CostStage.ROUND, 0.05)  # a round takes 50 ms here
+    res = make_policy("fused", eng).run([RecRequest(h, 5, deadline=Deadline(0.02))])[0]
     assert res.served_by == "drafter" and res.stats.exit_reason == "budget" and len(res.items) == 5
-    assert eng.costs.tail("specgr", 5) is None  # not learned as a (cheap) specgr request
-    res = make_policy("specgr", eng).run([RecRequest(h, 5, deadline=Deadline(0.2))])[0]  # time for the round
-    assert res.stats.exit_reason == "fused" and eng.costs.tail("specgr", 5) == 0.0  # this one is specgr's time
+    assert res.degraded and res.items.tolist() == np.argsort(-logp, kind="stable")[:5].tolist()  # the drafter's own
+    assert eng.costs.tail("fused", 5) is None  # not learned as a (cheap) fused request
+    res = make_policy("fused", eng).run([RecRequest(h, 5, deadline=Deadline(0.2))])[0]  # time for the round
+    assert res.stats.exit_reason == "fused" and eng.costs.tail("fused", 5) == 0.0  # this one is fused's time

@@ -10,11 +10,21 @@ from specrec.policies import POLICIES, RecRequest, make_policy
 
 from .policy_fixtures import histories, make_engine, slow_calls
 
-ALL = ["beam", "specgr", "nezha", "strict", "relaxed", "sample", "drafter", "auto"]
+ALL = ["beam", "fused", "specgr", "nezha", "strict", "relaxed", "sample", "drafter", "auto"]
 
 
 def run(engine, name, hists, k=10, **params):
     return make_policy(name, engine, **params).run([RecRequest(h, k) for h in hists])
+
+
+def engine_for(name: str, *args, **kw):
+    """:func:`make_engine`, its item drafter telling a fusion where the policy ``name`` ranks by it (``fused``)."""
+    eng = make_engine(*args, **kw)
+    if name == "fused":
+        from specrec.fusion import Fusion
+
+        eng.drafter.fusion = Fusion(0.5, "raw", 20)  # type: ignore[union-attr]
+    return eng
 
 
 def test_registry_names_every_policy():
@@ -27,7 +37,7 @@ def test_registry_names_every_policy():
 
 @pytest.mark.parametrize("name", ALL)
 def test_k_unique_valid_items_and_stats(name):
-    eng = make_engine(1)
+    eng = engine_for(name, 1)
     hists = histories(eng, 5, 1)
     for k in (1, 10, 60):  # 60 = the whole catalogue
         for res in run(eng, name, hists, k=k, **({"seed": 0} if name == "sample" else {})):
@@ -482,7 +492,7 @@ def test_specgr_does_not_learn_round_cost_from_a_failed_round():
 def test_exclude_history_returns_k_valid_items_none_from_the_history(name):
     """With exclude_history every policy still answers K unique valid items, and none is in the history;
     a batch mixing requests that exclude and requests that do not is answered request by request."""
-    eng = make_engine(2, distilled=name in ("strict", "nezha"))
+    eng = engine_for(name, 2, distilled=name in ("strict", "nezha"))
     hists = [np.concatenate([h, h[::-1]]) for h in histories(eng, 4, 3)]  # repeats too
     params = {"seed": 0} if name == "sample" else {}
     pol = make_policy(name, eng, **params)
