@@ -68,7 +68,8 @@ class DrafterService(Service):
         self.bundle = await asyncio.to_thread(Bundle.load, self.s.bundle)
         self.channel = make_channel(self.s.itemset_addr, self.s, aio=True)
         # a catalogue of another bundle (another SID space) is refused: the service waits NOT_SERVING for its own
-        self.catalogue = CatalogueWatcher(self.channel, expect_bundle=sid_space_fingerprint(self.s.bundle),
+        self.sid_space = sid_space_fingerprint(self.s.bundle)
+        self.catalogue = CatalogueWatcher(self.channel, expect_bundle=self.sid_space,
                                           min_reload_s=self.s.catalogue_min_reload_s)
         snap = await self.catalogue.start()
         await asyncio.to_thread(self._build, snap)
@@ -181,17 +182,26 @@ class Servicer(drafter_pb2_grpc.DrafterServicer):
         drafter = svc.drafters[mode]
         drafts = await asyncio.get_running_loop().run_in_executor(svc.executor, drafter.draft, core)
         snap = svc.snap  # may have moved on while drafting: it knows every row drafted
+        ids, sids = snap.ids, snap.itemset.sids
         out = []
         for d in drafts:
-            DRAFTED.labels(mode).inc(len(d.items))
+            rows = d.items.tolist()
+            DRAFTED.labels(mode).inc(len(rows))
             out.append(drafter_pb2.Draft(
-                item_ids=[snap.ids[r] for r in d.items.tolist()], scores=d.scores.tolist(),
-                sids=[common_pb2.Sid(codes=snap.itemset.sids[r].tolist()) for r in d.items.tolist()],
-            ))
+                item_ids=[ids[r] for r in rows], scores=d.scores.tolist(),
+                sids=[common_pb2.Sid(codes=sids[r].tolist()) for r in rows] if request.with_sids else None))
+        return drafter_pb2.DraftResponse(drafts=out, version=snap.version, mode=mode)
+
+    @handle_errors
+    async def Describe(self, request, context):
+        svc = self.svc
+        mode = request.mode or svc.default_mode
+        if mode not in svc.drafters:
+            raise InvalidArgument("mode", f"unknown or unavailable mode {mode!r} (have {sorted(svc.drafters)})")
+        drafter = svc.drafters[mode]
         fusion = getattr(drafter, "fusion", None)
-        return drafter_pb2.DraftResponse(
-            drafts=out, version=snap.version, mode=mode,
-            unseen_share=float(getattr(drafter, "unseen_share", 0.0) or 0.0),
+        return drafter_pb2.DrafterDescription(
+            mode=mode, unseen_share=float(getattr(drafter, "unseen_share", 0.0) or 0.0),
             fusion=None if fusion is None else drafter_pb2.Fusion(
-                weight=fusion.weight, norm=fusion.norm, drafts=fusion.drafts, item_recall=fusion.item_recall or 0.0,
-                gr_recall=fusion.gr_recall or 0.0))
+                weight=fusion.weight, norm=fusion.norm, drafts=fusion.drafts, valid_recall=dict(fusion.valid)),
+            modes=sorted(svc.drafters), sid_space=svc.sid_space)

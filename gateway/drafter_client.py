@@ -1,14 +1,20 @@
-"""The drafter service as the core library's :class:`~specrec.drafters.base.Drafter`."""
+"""The drafter service as the core library's :class:`~specrec.drafters.base.Drafter`, and what it says of its
+drafts (:class:`DrafterInfo`, asked once)."""
 
 from __future__ import annotations
 
+import math
+import threading
+import time
 from collections.abc import Sequence
 
+import grpc
 import numpy as np
+import structlog
 
 from specrec.deadline import Deadline
 from specrec.drafters.base import Draft, DraftRequest
-from specrec.fusion import Fusion
+from specrec.fusion import DEFAULTS, Fusion
 from specrec.policies.errors import DependencyDown
 from specrec_rpc.catalogue import Snapshot
 from specrec_rpc.v1 import common_pb2, drafter_pb2
@@ -16,57 +22,83 @@ from specrec_rpc.v1 import common_pb2, drafter_pb2
 from .calls import call
 
 
-class DrafterReport:
-    """What the drafter service says of its drafts, kept across requests (the gateway's one record): the share of
-    each draft it reserves for unseen items (``DraftResponse.unseen_share``) and, for a mode whose scores are
-    meant to be fused with the GR model's, the fusion (``DraftResponse.fusion``: the SASRec drafter's, chosen on
-    validation users), as the last answer said. The gateway's warm-up drafts before it serves, so requests read
-    the drafter's own settings."""
+class DrafterInfo:
+    """What the drafter service says of its drafts in the gateway's mode (``Describe``: the gateway's one record,
+    read at start, and again after the drafter was unreachable): the share of each draft it reserves for unseen
+    items and, for a mode whose scores are meant to be fused with the GR model's, the fusion (the SASRec
+    drafter's, chosen on validation users, with the validation recall of every list a policy serves). Until a
+    replica has answered, the drafter reserves nothing and tells no fusion."""
 
-    def __init__(self) -> None:
+    def __init__(self, replicas, mode: str = "", timeout_s: float = 2.0, retry_s: float = 5.0):
+        self.replicas, self.mode, self.timeout_s, self.retry_s = replicas, mode, timeout_s, retry_s
         self.unseen_share = 0.0
         self.fusion: Fusion | None = None
+        self.described = False
+        self._asked = -math.inf
+        self._lock = threading.Lock()
+        self.log = structlog.get_logger("drafter-info")
 
-    def read(self, r: drafter_pb2.DraftResponse) -> None:
-        self.unseen_share = float(r.unseen_share)
-        f = r.fusion if r.HasField("fusion") else None
-        self.fusion = None if f is None else Fusion(f.weight, f.norm or "z", f.drafts or 50,  # type: ignore[arg-type]
-                                                    f.item_recall or None, f.gr_recall or None)
+    def describe(self) -> bool:
+        """Ask the replicas (blocking: the gateway's start) until one answers: True when one did."""
+        with self._lock:
+            self._asked = time.monotonic()
+        for replica in list(self.replicas.replicas.values()):
+            try:
+                d = replica.stub.Describe(drafter_pb2.DescribeDrafterRequest(mode=self.mode), timeout=self.timeout_s)
+            except grpc.RpcError as e:
+                self.log.info("describe failed", replica=replica.address, code=e.code().name)
+                continue
+            f = d.fusion if d.HasField("fusion") else None
+            fusion = None if f is None else Fusion(f.weight, f.norm or DEFAULTS["norm"],  # type: ignore[arg-type]
+                                                   f.drafts or DEFAULTS["drafts"], dict(f.valid_recall))
+            with self._lock:
+                self.unseen_share, self.fusion, self.described = float(d.unseen_share), fusion, True
+            self.log.info("drafter described", replica=replica.address, mode=d.mode, unseen_share=self.unseen_share,
+                          fusion=None if fusion is None else {**fusion.as_dict(), "valid": dict(fusion.valid)})
+            return True
+        return False
+
+    def forget(self) -> None:
+        """The drafter was unreachable: ask again in the background (at most every ``retry_s``), since it may
+        have come back with another bundle; what it said stays meanwhile."""
+        with self._lock:
+            now = time.monotonic()
+            if now - self._asked < self.retry_s:
+                return
+            self._asked = now
+        threading.Thread(target=self.describe, name="describe drafter", daemon=True).start()
 
 
 class RemoteDrafter:
     """:class:`specrec.drafters.base.Drafter` over the drafter service's replicas, round-robin
     (drafting is stateless; a failed replica's call goes to the next one, once). Rows <-> item ids
-    via the snapshot. ``unseen_share`` is what the drafter service said of its drafts (:class:`DrafterReport`):
-    ``specgr`` keeps that share of its list for unseen items, as in-process from the bundle."""
+    via the snapshot. ``unseen_share`` and ``fusion`` are what the drafter service described
+    (:class:`DrafterInfo`)."""
 
     name = "remote"
 
     def __init__(self, replicas, snap: Snapshot, deadline: Deadline | None, mode: str = "", metadata=(),
-                 report: DrafterReport | None = None):
+                 info: DrafterInfo | None = None):
         self.replicas, self.snap, self.deadline, self.mode = replicas, snap, deadline, mode
         self.metadata = tuple(metadata)
-        self.report = report if report is not None else DrafterReport()
+        self.info = info if info is not None else DrafterInfo(replicas, mode)
 
     @property
     def unseen_share(self) -> float:
-        return self.report.unseen_share
+        return self.info.unseen_share
 
     @property
     def fusion(self) -> Fusion | None:
-        return self.report.fusion
+        return self.info.fusion
 
     def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
-        ids = self.snap.ids
-        queries = []
-        for q in requests:
-            queries.append(drafter_pb2.DraftQuery(
-                history=[ids[r] for r in q.history.tolist()], n=q.n,
-                prefixes=[common_pb2.Sid(codes=p.tolist()) for p in (q.prefixes if q.prefixes is not None else [])],
-                exclude=[ids[r] for r in q.exclude],
-            ))
         from specrec_rpc.replicas import NoReplica
 
+        ids = self.snap.ids
+        queries = [drafter_pb2.DraftQuery(
+            history=[ids[r] for r in q.history.tolist()], n=q.n,
+            prefixes=[common_pb2.Sid(codes=p.tolist()) for p in q.prefixes] if q.prefixes is not None else None,
+            exclude=[ids[r] for r in q.exclude]) for q in requests]
         req = drafter_pb2.DraftRequest(queries=queries, version=self.snap.version, mode=self.mode)
         for attempt in (0, 1):
             try:
@@ -78,19 +110,21 @@ class RemoteDrafter:
                     r = call("drafter", replica.stub.Draft, req, None if self.deadline is None else self.deadline.at,
                               self.metadata)
                 break
-            except DependencyDown:
+            except DependencyDown as e:
+                if e.unreachable:
+                    self.info.forget()
                 if attempt:
                     raise
-        self.report.read(r)
-        out = []
         index, active = self.snap.index, self.snap.itemset.active
         assert active is not None  # LocalItemSet fills it in
+        out = []
         for d in r.drafts:
-            rows, scores = [], []
-            for i, s in zip(d.item_ids, d.scores):
-                row = index.get(i)
-                if row is not None and active[row]:  # ids of another catalogue version are skipped
-                    rows.append(row)
-                    scores.append(s)
-            out.append(Draft(np.asarray(rows, dtype=np.int64), np.asarray(scores, dtype=np.float32)))
+            rows = [index.get(i, -1) for i in d.item_ids]
+            keep = [j for j, row in enumerate(rows) if row >= 0 and active[row]]  # another version's ids skipped
+            if len(keep) == len(rows):
+                out.append(Draft(np.asarray(rows, dtype=np.int64), np.asarray(d.scores, dtype=np.float32)))
+            else:
+                scores = list(d.scores)
+                out.append(Draft(np.asarray([rows[j] for j in keep], dtype=np.int64),
+                                 np.asarray([scores[j] for j in keep], dtype=np.float32)))
         return out

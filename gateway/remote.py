@@ -155,6 +155,8 @@ class RemoteVerifier:
         sess.state = None
 
     def _ref(self, st: RemoteState, keep: bool = True, fresh: bool = False) -> verifier_pb2.SessionRef:
+        """The call's session: the one the verifier holds for the request (``keep`` False: it ends with this
+        call), else the history, encoded in the call's batch (and kept for later calls with ``keep``)."""
         if st.encoding is not None and not fresh:
             try:
                 st.session = st.encoding.result().session
@@ -163,13 +165,14 @@ class RemoteVerifier:
                 _raise_for("verifier", e)
             st.encoding = None
         if st.session and not fresh:
-            return verifier_pb2.SessionRef(session=st.session)
+            return verifier_pb2.SessionRef(session=st.session, end=not keep)
         return verifier_pb2.SessionRef(history_sids=to_msg(st.history), version=self.snap.version, keep=keep)
 
     def _session_call(self, sess: Session, method: str, make, keep: bool = True, stateful: bool = False):
         """Call ``method`` with ``make(ref)`` on the request's replica. A lost session is re-created
         from the history once; a replica that fails is replaced by another one, once (unless the call
-        needs the lost session's beam state: then the request degrades)."""
+        needs the lost session's beam state: then the request degrades). ``keep`` False: the request's last
+        call, after which the verifier holds nothing for it (no Release)."""
         st: RemoteState = sess.state
         for attempt in (0, 1):
             fresh = attempt > 0
@@ -197,16 +200,20 @@ class RemoteVerifier:
                 self._use(st, self._pick(st.tried))  # fail over: another replica, from the history
                 st.session, st.encoding = "", None
                 continue
-            if resp.session:
+            if not keep:
+                st.session = ""  # ended with this call (or never kept): nothing to release
+            elif resp.session:
                 st.session = resp.session
             return resp
 
     # -- verification ---------------------------------------------------------------------
     def score(self, sess: Session, sids: torch.Tensor, full: bool = False, with_frontier: bool = False,
               scores_only: bool = False) -> Scores:
+        """``Score``; with ``scores_only`` (the verifier's scoring pass) it is the request's last call: the
+        session ends with it, or none is kept."""
         r = self._session_call(sess, "Score", lambda ref: verifier_pb2.ScoreRequest(
             ref=ref, sids=to_msg(sids), full=full, with_frontier=with_frontier, scores_only=scores_only),
-            stateful=with_frontier)
+            keep=not scores_only, stateful=with_frontier)
         return Scores(to_torch(r.token_logp, "token_logp"), [to_torch(f, "full") for f in r.full] if full else None)
 
     def score_step(self, sess: Session, sids: torch.Tensor) -> tuple[Scores, Beams]:

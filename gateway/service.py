@@ -50,7 +50,7 @@ from specrec_rpc.replicas import Replicas, wait_serving
 from specrec_rpc.server import Service, make_channel
 from specrec_rpc.v1 import drafter_pb2_grpc, recommender_pb2_grpc, verifier_pb2_grpc
 
-from .drafter_client import DrafterReport
+from .drafter_client import DrafterInfo
 from .metrics import BUDGET_CUTS, DEFAULT_BUDGET, DEPENDENCY_UP, STAGE, SpecCollector
 from .parts import VerifierParts
 from .queueing import QueueModel
@@ -65,7 +65,7 @@ __all__ = ["GatewayService", "GatewaySettings"]
 # a policy the verifiers' bundles cannot serve (no SID drafter for nezha, say), asked for by name
 register(Unsupported, grpc.StatusCode.FAILED_PRECONDITION)
 
-WARMUP_POLICIES = ("beam", "strict", "nezha", "drafter", "specgr")  # every policy auto may pick
+WARMUP_POLICIES = ("fused", "beam", "strict", "nezha", "drafter", "specgr")  # every policy auto may pick
 
 
 class GatewayService(Service):
@@ -83,10 +83,10 @@ class GatewayService(Service):
         self.costs = CostModel(settings.cost_quantile, settings.cost_window)
         self.breaker = Breaker(settings.breaker_failures, settings.breaker_open_s)
         self.drafter = Cooldown(settings.breaker_open_s)  # the drafter counts as down for a while after it failed
-        self.drafter_report = DrafterReport()  # what the drafter says of its drafts (its unseen share)
         self.queue = QueueModel(self.costs, settings.reserve_ms / 1000.0, self.drafter)
         self.ladder = Ladder(self.breaker, self.drafter, self.costs, GRACE_S, on_down=self._log_down)
         self.requests_log = RequestLog(self.log, settings.log_sample_rate)
+        self._missing: dict[tuple, str | None] = {}  # (policy, params, parts, fusion) -> what it lacks
         DEFAULT_BUDGET.set(settings.default_budget_ms / 1000.0)
 
     async def start(self) -> None:
@@ -98,8 +98,14 @@ class GatewayService(Service):
         self.verifiers = Replicas(s.verifier_addr, verifier_pb2_grpc.VerifierStub, self.client_channel)
         self.drafters = Replicas(s.drafter_addr, drafter_pb2_grpc.DrafterStub, self.client_channel)
         await asyncio.to_thread(self._wait_for_backends)
+        # policies plan with what the bundles have: the verifiers' parts, the drafter's unseen share and fusion
         self.verifier_parts = VerifierParts(self.verifiers)
-        await asyncio.to_thread(self.verifier_parts.describe_all)  # policies plan with what the bundles have
+        await asyncio.to_thread(self.verifier_parts.describe_all)
+        self.drafter_info = DrafterInfo(self.drafters, s.drafter_mode)
+        await asyncio.to_thread(self.drafter_info.describe)
+        # admission's planner, built once: auto chooses with the costs, queues and parts every request shares
+        assert self.catalogue.current is not None  # start() waited for the first version
+        self.auto = AutoPolicy(self.engine(self.catalogue.current, None))
         try:
             REGISTRY.register(self._collector)
         except ValueError:
@@ -130,7 +136,7 @@ class GatewayService(Service):
         rows = np.nonzero(snap.itemset.active)[0]
         rng = np.random.default_rng(0)
         for policy in WARMUP_POLICIES:
-            lacking = make_policy(policy, self.engine(snap, None)).missing()
+            lacking = self._lacking(policy, {})
             if lacking is not None:
                 self.log.info("warm-up skipped: the policy cannot run here", policy=policy, needs=lacking)
                 continue
@@ -168,25 +174,35 @@ class GatewayService(Service):
         return Engine(
             verifier=RemoteVerifier(self.verifiers, self.verifier_parts, snap, deadline, snap.level_sizes, md),
             itemset=snap.itemset, max_history=self.s.max_history,
-            drafter=RemoteDrafter(self.drafters, snap, deadline, self.s.drafter_mode, md, self.drafter_report),
+            drafter=RemoteDrafter(self.drafters, snap, deadline, self.s.drafter_mode, md, self.drafter_info),
             clock=time.monotonic, metrics=self.metrics, online=self.online, load=self.queue.wait, costs=self.costs,
             reserve=self.queue.reserve,  # auto admits a verifier tier only if it ends before the drafter's reserve
         )
 
     def admit(self, valid: ValidRequest) -> Admitted:
         """On arrival (event loop): the policy to run (``auto`` picks one now, seeing every request
-        admitted before it) and its resource counted as busy; Overloaded when nothing fits."""
+        admitted before it) and its resource counted as busy; Overloaded when nothing fits. Nothing is built per
+        request here: ``auto``'s planner and what each policy lacks are kept across requests."""
         name = valid.policy
-        eng = self.engine(valid.snap, valid.deadline)
         if name == "auto":
-            name = AutoPolicy(eng, online=eng.learned("auto")).choose(valid.rec_request())
+            name = self.auto.choose(valid.rec_request())
         else:
-            lacking = make_policy(name, eng, **valid.params).missing()
+            lacking = self._lacking(name, valid.params)
             if lacking is not None:
                 raise Unsupported(name, lacking)
         run = Admitted(valid, name, valid.params if name == valid.policy else {})
         self.queue.take(run.resource)
         return run
+
+    def _lacking(self, name: str, params: dict) -> str | None:
+        """What policy ``name`` with ``params`` needs that the backends lack (``Policy.missing``), kept while what
+        they offer stays the same."""
+        key = (name, repr(sorted(params.items())), self.verifier_parts.current(), self.drafter_info.fusion)
+        if key not in self._missing:
+            if len(self._missing) > 1024:  # requests with ever new parameters: start again
+                self._missing.clear()
+            self._missing[key] = make_policy(name, self.auto.engine, **params).missing()
+        return self._missing[key]
 
     async def serve(self, run: Admitted, ctx: contextvars.Context | None = None) -> RecResult:
         """Run an admitted request on a worker thread (in ``ctx``, so the trace span and log bindings follow),

@@ -335,8 +335,12 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
         return EncodeJob(h), snap, len(h)
 
     def _session_id(self, job, ref, snap: Snapshot) -> str:
-        """The id of the session the job worked on (a session the job encoded is registered when kept)."""
+        """The id of the session the job worked on (a session the job encoded is registered when kept; one the
+        call ends, ``ref.end``, is forgotten now: "")."""
         if ref.session:
+            if ref.end:
+                self.svc.sessions.pop(ref.session)
+                return ""
             return ref.session
         return self.svc.sessions.add(job.session, snap) if ref.keep else ""
 

@@ -139,8 +139,8 @@ def model_only_bundle_dir(tiny_bundle_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def fused_bundle_dir(serving_bundle_dir, tmp_path_factory) -> Path:
-    """The serving bundle with a SASRec (untrained) and a fusion: specgr ranks by both models, the drafter
-    service drafts with SASRec by default and auto tries specgr first."""
+    """The serving bundle with a SASRec (untrained) and a fusion: the fused policy ranks by both models, the drafter
+    service drafts with SASRec by default and auto tries fused first."""
     import torch
 
     from specrec.bundle import Bundle, round_to_half

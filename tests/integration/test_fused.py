@@ -1,7 +1,7 @@
 """A bundle whose SASRec and GR model rank together (a fusion chosen by ``specrec tune-fusion``), served by the
 whole stack over real gRPC and a real Redis: the drafter service drafts with SASRec by default and says how its
-scores are fused, the gateway's ``specgr`` ranks by both models exactly as in-process, ``auto`` tries it
-first, and the ``drafter`` policy answers with SASRec's own list."""
+scores are fused (``Describe``, read once), the gateway's ``fused`` ranks by both models exactly as in-process,
+``auto`` tries it first, and the ``drafter`` policy answers with SASRec's own list."""
 
 from __future__ import annotations
 
@@ -28,11 +28,16 @@ async def test_the_drafter_drafts_with_sasrec_and_says_how_to_fuse(stack):
     bundle = Bundle.load(stack.bundle)
     h = histories(bundle, 1, seed=1)[0]
     d = await stack.drafter.Draft(drafter_pb2.DraftRequest(queries=[drafter_pb2.DraftQuery(history=h, n=10)]))
-    assert d.mode == "sasrec" and d.HasField("fusion")
-    assert d.fusion.weight == pytest.approx(0.4) and d.fusion.norm == "z" and d.fusion.drafts == 20
-    assert d.unseen_share == pytest.approx(0.2)
+    assert d.mode == "sasrec" and not d.drafts[0].sids  # no SIDs unless asked: the gateway reads its catalogue
     local = bundle.drafter("sasrec").draft([_request(bundle, h, 10)])[0]
     assert [bundle.catalogue.ids[r] for r in local.items] == list(d.drafts[0].item_ids)
+    asked = await stack.drafter.Draft(drafter_pb2.DraftRequest(queries=[drafter_pb2.DraftQuery(history=h, n=10)],
+                                                               with_sids=True))
+    assert [list(s.codes) for s in asked.drafts[0].sids] == bundle.sids[local.items].tolist()
+    info = await stack.drafter.Describe(drafter_pb2.DescribeDrafterRequest())
+    assert info.mode == "sasrec" and info.HasField("fusion") and "sasrec" in info.modes
+    assert info.fusion.weight == pytest.approx(0.4) and info.fusion.norm == "z" and info.fusion.drafts == 20
+    assert info.unseen_share == pytest.approx(0.2)
 
 
 def _request(bundle, h, n):
@@ -42,20 +47,20 @@ def _request(bundle, h, n):
 
 
 @pytest.mark.asyncio(loop_scope="session")
-async def test_specgr_ranks_by_both_models_as_in_process_and_auto_tries_it_first(stack):
+async def test_fused_ranks_by_both_models_as_in_process_and_auto_tries_it_first(stack):
     from specrec.bundle import Bundle
 
     bundle = Bundle.load(stack.bundle)
     eng = bundle.engine(drafter="sasrec")
     for h in histories(bundle, 6, seed=3):
-        r = await stack.recommend(h, k=5, policy="specgr", budget_ms=1000)
-        assert r.stats.served_by == "specgr" and r.stats.exit_reason == "fused" and not r.stats.degraded
+        r = await stack.recommend(h, k=5, policy="fused", budget_ms=1000)
+        assert r.stats.served_by == "fused" and r.stats.exit_reason == "fused" and not r.stats.degraded
         idx = np.array([bundle.catalogue.lookup(i) for i in h])
-        local = make_policy("specgr", eng).run([RecRequest(idx, 5)])[0]
+        local = make_policy("fused", eng).run([RecRequest(idx, 5)])[0]
         assert local.stats.exit_reason == "fused"
         assert [bundle.catalogue.ids[i] for i in local.items.tolist()] == [it.item_id for it in r.items]
         a = await stack.recommend(h, k=5, policy="auto", budget_ms=1000)
-        assert a.stats.served_by == "specgr" and [it.item_id for it in a.items] == [it.item_id for it in r.items]
+        assert a.stats.served_by == "fused" and [it.item_id for it in a.items] == [it.item_id for it in r.items]
         d = await stack.recommend(h, k=5, policy="drafter", budget_ms=1000)  # the fallback: SASRec's own list
         own = eng.drafter.draft([_request(bundle, h, 5)])[0]
         assert [it.item_id for it in d.items] == [bundle.catalogue.ids[i] for i in own.items.tolist()]

@@ -81,7 +81,7 @@ async def test_nezha_is_refused_naming_the_missing_part_and_nothing_is_excluded(
 
 @pytest.mark.asyncio(loop_scope="session")
 async def test_specgr_keeps_the_drafters_share_for_unseen_items(stack):
-    """The drafter says what share of its drafts it reserves for unseen items; the gateway's specgr keeps that
+    """The drafter describes what share of its drafts it reserves for unseen items; the gateway's specgr keeps that
     share of the list for them (with no gateway setting of its own), as the in-process engine does from the
     bundle. Without it a temporal bundle's new items never reach the served list."""
     from specrec.bundle import Bundle
@@ -89,8 +89,8 @@ async def test_specgr_keeps_the_drafters_share_for_unseen_items(stack):
 
     bundle = Bundle.load(stack.bundle)
     hists = histories(bundle, 4, seed=6)
-    d = await stack.drafter.Draft(drafter_pb2.DraftRequest(queries=[drafter_pb2.DraftQuery(history=hists[0], n=20)]))
-    assert d.unseen_share == pytest.approx(UNSEEN_SHARE)
+    d = await stack.drafter.Describe(drafter_pb2.DescribeDrafterRequest())
+    assert d.unseen_share == pytest.approx(UNSEEN_SHARE) and not d.HasField("fusion")
     unseen = {bundle.catalogue.ids[r] for r in np.nonzero(~bundle.seen)[0]}
     assert len(unseen) >= 10, "the tiny bundle's temporal split leaves unseen items"
     k = 10

@@ -86,6 +86,25 @@ async def test_score_and_beam_equal_local(vstack, vbundle_dir):
 
 
 @pytest.mark.asyncio(loop_scope="session")
+async def test_a_call_that_ends_its_session_needs_no_release(vstack, vbundle_dir):
+    """The fused policy's last call (a scores-only Score) says ``end``: it answers as a kept session's call would,
+    then the session is forgotten, so no Release round trip is needed; a call without ``end`` keeps it."""
+    b = Bundle.load(vbundle_dir)
+    stub = vstack.verifier
+    h = hist_tensor(b, [[0, 5, 9]])
+    cand = torch.from_numpy(b.sids[np.arange(12)]).view(1, 12, 4)
+    enc = await stub.Encode(verifier_pb2.EncodeRequest(history_sids=to_msg(h)))
+    kept = await stub.Score(verifier_pb2.ScoreRequest(ref=ref(enc.session), sids=to_msg(cand), scores_only=True))
+    assert kept.session == enc.session
+    last = await stub.Score(verifier_pb2.ScoreRequest(ref=verifier_pb2.SessionRef(session=enc.session, end=True),
+                                                      sids=to_msg(cand), scores_only=True))
+    assert last.session == "" and torch.equal(to_torch(last.token_logp), to_torch(kept.token_logp))
+    with pytest.raises(grpc.aio.AioRpcError) as e:  # gone: the caller would re-send its history
+        await stub.Score(verifier_pb2.ScoreRequest(ref=ref(enc.session), sids=to_msg(cand), scores_only=True))
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+@pytest.mark.asyncio(loop_scope="session")
 async def test_history_travels_with_the_first_call_and_frontier_saves_a_pass(vstack, vbundle_dir):
     """strict over gRPC: head drafts (creating the session), a Score of the drafts, then the
     beam search reads what the Score verified: equal to plain beam search."""
