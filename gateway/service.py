@@ -38,7 +38,7 @@ from prometheus_client.core import REGISTRY
 
 from specrec.costs import CostModel
 from specrec.deadline import Deadline
-from specrec.policies import Engine, RecResult, SpecMetrics, make_policy
+from specrec.policies import POLICIES, Engine, RecResult, SpecMetrics, make_policy
 from specrec.policies.auto import AutoPolicy
 from specrec.policies.breaker import Breaker, Cooldown
 from specrec.policies.errors import DependencyDown, Unsupported
@@ -64,6 +64,10 @@ __all__ = ["GatewayService", "GatewaySettings"]
 
 # a policy the verifiers' bundles cannot serve (no SID drafter for nezha, say), asked for by name
 register(Unsupported, grpc.StatusCode.FAILED_PRECONDITION)
+
+#: what a policy whose fallback is in hand (``fused``: its drafts) keeps back from its verifier call: the time to
+#: answer with that fallback once the call has ended at the latest
+HELD_RESERVE_S = 0.001
 
 WARMUP_POLICIES = ("fused", "beam", "strict", "nezha", "drafter", "specgr")  # every policy auto may pick
 
@@ -177,6 +181,7 @@ class GatewayService(Service):
             drafter=RemoteDrafter(self.drafters, snap, deadline, self.s.drafter_mode, md, self.drafter_info),
             clock=time.monotonic, metrics=self.metrics, online=self.online, load=self.queue.wait, costs=self.costs,
             reserve=self.queue.reserve,  # auto admits a verifier tier only if it ends before the drafter's reserve
+            reserve_held=HELD_RESERVE_S,  # ... or, when its fallback is in hand (fused), in time to answer with it
         )
 
     def admit(self, valid: ValidRequest) -> Admitted:
@@ -244,8 +249,10 @@ class GatewayService(Service):
         t0 = time.monotonic()
         valid = run.request
         try:
-            # the verifier's calls end (their grace included) when the reserve for the drafter's answer starts
-            valid.deadline.reserve = self.queue.reserve(valid.deadline.left(t0)) + GRACE_S
+            # the verifier's calls end (their grace included) when the reserve for the drafter's answer starts; a
+            # policy whose fallback is in hand keeps back only the time to answer with it
+            held = POLICIES[run.policy].holds_fallback
+            valid.deadline.reserve = (HELD_RESERVE_S if held else self.queue.reserve(valid.deadline.left(t0))) + GRACE_S
             eng = self.engine(valid.snap, valid.deadline, valid.rid)
             res = self.ladder.answer(run.policy, run.params, eng, valid.rec_request())
         finally:

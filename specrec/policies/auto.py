@@ -51,7 +51,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from ..costs import Resource, resource_of
-from .base import LiveBatch, Policy, PolicyConfig, RecRequest, make_policy, register
+from .base import POLICIES, LiveBatch, Policy, PolicyConfig, RecRequest, make_policy, register
 from .errors import Overloaded, Unsupported
 
 __all__ = ["AutoConfig", "AutoPolicy", "Overloaded", "ordered_tiers"]
@@ -100,8 +100,11 @@ class AutoPolicy(Policy):
 
     def _kept_back(self, name: str, left: float) -> float:
         """What ``name``'s calls leave, out of ``left``, for its fallback's tail answer: the engine's reserve for
-        a verifier policy (the drafter answers when it misses), none for ``drafter`` (its fallback is the fill)."""
-        return 0.0 if resource_of(name) is Resource.DRAFTER else self.engine.reserve(left)
+        a verifier policy (the drafter answers when it misses), none for ``drafter`` (its fallback is the fill),
+        and only the time to build it for a policy whose fallback is in hand (``fused``: its drafts)."""
+        if resource_of(name) is Resource.DRAFTER:
+            return 0.0
+        return self.engine.reserve_held if POLICIES[name].holds_fallback else self.engine.reserve(left)
 
     def choose(self, req: RecRequest) -> str:
         eng, cfg, costs = self.engine, self.config, self.engine.costs

@@ -81,6 +81,9 @@ class Engine:
     # seconds a verifier policy's calls keep back, out of ``left`` seconds, for its fallback's (the drafter's) own
     # tail answer: the gateway's reserve; 0 in-process, where nothing is kept back
     reserve: Callable[[float], float] = lambda left: 0.0
+    # what a policy whose fallback is in hand (``Policy.holds_fallback``) keeps back instead: time to build that
+    # answer after its verifier call ended (the gateway: a millisecond); 0 in-process
+    reserve_held: float = 0.0
     costs: CostModel = field(default_factory=CostModel)  # what stages and requests cost, per policy and resource
 
     def learned(self, policy: str) -> Online:
@@ -355,7 +358,7 @@ class LiveBatch:
 
 def _handed_on(results: Sequence[RecResult | None], name: str) -> bool:
     """Whether every request was answered at once by another's list because this policy's work did not fit its
-    budget (``specgr``'s round: the item drafter's drafts, ``exit_reason`` budget): its time is not what the
+    budget (``fused``'s pass: the item drafter's drafts, ``exit_reason`` budget): its time is not what the
     policy costs, and counted as such it read as cheap, so ``auto`` chose the policy again and again for it to
     hand its requests on (measured through the gateway at 30 ms on a slower machine: 99% of ``auto``'s answers
     budget exits)."""
@@ -367,6 +370,9 @@ class Policy(ABC):
     name: ClassVar[str]
     Config: ClassVar[type[PolicyConfig]]
     uses_verifier: ClassVar[bool] = True  # False: run() opens no verifier session (drafter-only, auto)
+    # True: when its verifier call fails or runs late, the policy answers with a list it holds already (the item
+    # drafter's, ``fused``), with no further call: no time is kept back from its verifier calls for a fallback
+    holds_fallback: ClassVar[bool] = False
 
     def __init__(self, engine: Engine, config: PolicyConfig | None = None, online: Online | None = None, **params):
         self.engine = engine

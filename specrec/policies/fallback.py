@@ -6,8 +6,8 @@ naming what answered:
 - the asked policy's own list;
 - the verifier down, slow or hung (or its :class:`~.breaker.Breaker` open):
   the drafter's list (``drafter``), unless the drafter is known down too; a
-  policy that holds the drafter's list already (``specgr`` ranking by both
-  models, whose verifier call ran out of time) answers with it at once;
+  policy that holds the drafter's list already (``fused``, whose verifier call
+  failed or ran out of time) answers with it at once;
 - the drafter down (policies that need it): ``beam``, else ``nezha``, with the
   time kept back for the drafter given to the verifier
   (:meth:`~specrec.deadline.Deadline.drop_reserve`);
@@ -77,6 +77,10 @@ class Ladder:
                 return self.fallback(eng, req, "verifier part", str(e))
             if e.which == "verifier":
                 self.breaker.result(False)
+                if e.partial is not None:  # the drafter's list, already in hand (fused): no call to make
+                    res = e.partial
+                    res.degraded = f"verifier unavailable: the drafter's list, unranked by the model ({e})"
+                    return res
             else:
                 self.breaker.settle()
                 if e.unreachable:
@@ -90,7 +94,7 @@ class Ladder:
             self.breaker.settle()
             if e.which == "drafter":  # the budget is spent: no time for a verifier answer either
                 return catalogue_only(eng, req, f"drafter did not answer in time ({e})")
-            if e.partial is not None:  # the drafter's list, already in hand (specgr ranking by both models)
+            if e.partial is not None:  # the drafter's list, already in hand (fused)
                 res = e.partial
                 res.served_by = "drafter"
                 res.degraded = f"verifier did not answer in time: the drafter's list, unranked by the model ({e})"

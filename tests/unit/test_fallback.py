@@ -130,3 +130,37 @@ def test_fused_answers_with_its_drafts_when_the_verifier_runs_out_of_time():
     make_policy("fused", eng2).costs.observe(CostStage.ROUND, 0.5)
     res = ladder2.answer("fused", {}, eng2, RecRequest(hists[0], 5, Deadline(t2[0] + 0.1)))
     assert res.served_by == "drafter" and res.degraded.startswith("budget") and res.items.tolist() == want
+    # the verifier down: the drafts in hand answer too (no second drafter call), and the breaker hears of it
+    eng3, t3, ladder3, downs3, _ = setup(failures=1)
+    eng3.drafter = FixedDrafter(logp, Fusion(0.4, "raw", 20))
+    asked3: list[int] = []
+    real3 = eng3.drafter.draft
+    eng3.drafter.draft = lambda reqs: asked3.append(len(reqs)) or real3(reqs)
+    fail(eng3.verifier, "score", exc=DependencyDown("verifier", "UNAVAILABLE: gone"))
+    res = ladder3.answer("fused", {}, eng3, RecRequest(hists[0], 5, Deadline(t3[0] + 1.0)))
+    assert res.served_by == "drafter" and res.stats.exit_reason == "degraded" and res.items.tolist() == want
+    assert "verifier unavailable" in res.degraded and asked3 == [1] and ladder3.breaker.is_open() and downs3
+
+
+def test_auto_keeps_back_for_fused_only_the_time_to_answer_with_its_drafts():
+    """A policy whose fallback is in hand (fused) is admitted against the budget less ``reserve_held``, not less
+    the drafter's reserve: its verifier call may run until then, since the drafts answer if it misses."""
+    import numpy as np
+
+    from specrec.fusion import Fusion
+
+    from .test_fusion import FixedDrafter
+
+    eng, t, _, _, hists = setup()
+    logp = np.log(np.random.default_rng(1).dirichlet(np.ones(len(eng.itemset.sids))))
+    eng.drafter = FixedDrafter(logp, Fusion(0.4, "raw", 20, {"fused": 0.2, "drafter": 0.1, "beam": 0.05}))
+    eng.reserve = lambda left: 0.010  # 10 ms kept back for the drafter's answer by a verifier policy
+    eng.reserve_held = 0.001
+    for name, cost in (("fused", 0.025), ("drafter", 0.002), ("beam", 0.025), ("strict", 0.025), ("nezha", 0.02)):
+        for _ in range(5):
+            eng.costs.for_policy(name, eng.clock).observe_request(cost, 5)
+    auto = make_policy("auto", eng)
+    assert auto.choose(RecRequest(hists[0], 5, Deadline(t[0] + 0.030))) == "fused"  # 25 + 1 <= 30
+    eng.drafter = FixedDrafter(logp, Fusion(0.4, "raw", 20, {"beam": 0.2, "drafter": 0.1, "fused": 0.05}))
+    auto = make_policy("auto", eng)  # beam first now: 25 + 10 > 30, so the drafter's list
+    assert auto.choose(RecRequest(hists[0], 5, Deadline(t[0] + 0.030))) == "drafter"
