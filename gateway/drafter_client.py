@@ -19,7 +19,7 @@ from specrec.policies.errors import DependencyDown
 from specrec_rpc.catalogue import Snapshot
 from specrec_rpc.v1 import common_pb2, drafter_pb2
 
-from .calls import call
+from .calls import Hops, call
 
 
 class DrafterInfo:
@@ -78,8 +78,9 @@ class RemoteDrafter:
     name = "remote"
 
     def __init__(self, replicas, snap: Snapshot, deadline: Deadline | None, mode: str = "", metadata=(),
-                 info: DrafterInfo | None = None):
+                 info: DrafterInfo | None = None, hops: Hops | None = None):
         self.replicas, self.snap, self.deadline, self.mode = replicas, snap, deadline, mode
+        self.hops = hops  # the request's calls, at the caller and at the callee
         self.metadata = tuple(metadata)
         self.info = info if info is not None else DrafterInfo(replicas, mode)
 
@@ -108,7 +109,7 @@ class RemoteDrafter:
             try:
                 with replica:
                     r = call("drafter", replica.stub.Draft, req, None if self.deadline is None else self.deadline.at,
-                              self.metadata)
+                             self.metadata, self.hops, "Draft")
                 break
             except DependencyDown as e:
                 if e.unreachable:

@@ -13,6 +13,10 @@ RECS = Counter("specrec_gateway_recommendations", "Recommend answers by policy a
                "and degradation", ["policy", "served_by", "exit_reason", "degraded"])
 STAGE = Histogram("specrec_gateway_stage_seconds", "Time per policy stage", ["policy", "stage"],
                   buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.025, 0.03, 0.035, 0.04, 0.05, 0.1))
+HOP_OVERHEAD = Histogram("specrec_gateway_hop_overhead_seconds", "Per downstream call: its time at the gateway less "
+                         "the callee's own server time (the x-server-ms it answers with): what the request path costs "
+                         "per hop", ["method"],
+                         buckets=(0.0002, 0.0005, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.01, 0.02))
 BUDGET_MISSES = Counter("specrec_gateway_budget_misses", "Answers that took longer than their budget (server side), "
                         "by policy asked", ["policy"])
 BUDGET_CUTS = Counter("specrec_gateway_budget_cuts", "Answers given at the deadline while the policy still ran (the "

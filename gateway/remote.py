@@ -40,7 +40,7 @@ from specrec_rpc.catalogue import Snapshot
 from specrec_rpc.tensors import to_msg, to_torch
 from specrec_rpc.v1 import verifier_pb2
 
-from .calls import GRACE_S, SessionLost
+from .calls import GRACE_S, Hops, SessionLost
 from .calls import call as _call
 from .calls import raise_for as _raise_for
 from .calls import timeout_for as _timeout
@@ -99,8 +99,9 @@ class RemoteVerifier:
     batch only (the gateway runs one request per policy call)."""
 
     def __init__(self, replicas, offers: VerifierParts, snap: Snapshot, deadline: Deadline | None,
-                 level_sizes: list[int], metadata=()):
+                 level_sizes: list[int], metadata=(), hops: Hops | None = None):
         self.replicas, self.snap, self.deadline = replicas, snap, deadline  # the request's (shared, never copied)
+        self.hops = hops  # the request's calls, at the caller and at the callee
         self.offers = offers  # what the replicas' bundles have (the gateway's one record, shared by every request)
         self.level_sizes = list(level_sizes)
         self.metadata = tuple(metadata)  # forwarded with every call (the request id)
@@ -177,13 +178,8 @@ class RemoteVerifier:
         for attempt in (0, 1):
             fresh = attempt > 0
             try:
-                resp = _call(
-                    "verifier",
-                    getattr(st.replica.stub, method),
-                    make(self._ref(st, keep, fresh)),
-                    self._until(),
-                    self.metadata,
-                )
+                resp = _call("verifier", getattr(st.replica.stub, method), make(self._ref(st, keep, fresh)),
+                             self._until(), self.metadata, self.hops, method)
             except SessionLost as e:
                 if fresh or stateful:
                     raise DependencyDown("verifier", f"session lost: {e}") from None

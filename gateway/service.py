@@ -50,8 +50,9 @@ from specrec_rpc.replicas import Replicas, wait_serving
 from specrec_rpc.server import Service, make_channel
 from specrec_rpc.v1 import drafter_pb2_grpc, recommender_pb2_grpc, verifier_pb2_grpc
 
+from .calls import Hops
 from .drafter_client import DrafterInfo
-from .metrics import BUDGET_CUTS, DEFAULT_BUDGET, DEPENDENCY_UP, STAGE, SpecCollector
+from .metrics import BUDGET_CUTS, DEFAULT_BUDGET, DEPENDENCY_UP, HOP_OVERHEAD, STAGE, SpecCollector
 from .parts import VerifierParts
 from .queueing import QueueModel
 from .remote import GRACE_S, RemoteDrafter, RemoteVerifier
@@ -172,13 +173,14 @@ class GatewayService(Service):
         recommender_pb2_grpc.add_RecommenderServicer_to_server(Servicer(self), server)
 
     # -- admission and the policy loop ------------------------------------------------------
-    def engine(self, snap: Snapshot, deadline: Deadline | None, rid: str = "") -> Engine:
-        """The core library's engine for one request, over the gRPC adapters, both holding its one deadline."""
+    def engine(self, snap: Snapshot, deadline: Deadline | None, rid: str = "", hops: Hops | None = None) -> Engine:
+        """The core library's engine for one request, over the gRPC adapters, both holding its one deadline (and,
+        with ``hops``, recording each call's time at the caller and the callee)."""
         md = tracing.metadata(rid)
         return Engine(
-            verifier=RemoteVerifier(self.verifiers, self.verifier_parts, snap, deadline, snap.level_sizes, md),
+            verifier=RemoteVerifier(self.verifiers, self.verifier_parts, snap, deadline, snap.level_sizes, md, hops),
             itemset=snap.itemset, max_history=self.s.max_history,
-            drafter=RemoteDrafter(self.drafters, snap, deadline, self.s.drafter_mode, md, self.drafter_info),
+            drafter=RemoteDrafter(self.drafters, snap, deadline, self.s.drafter_mode, md, self.drafter_info, hops),
             clock=time.monotonic, metrics=self.metrics, online=self.online, load=self.queue.wait, costs=self.costs,
             reserve=self.queue.reserve,  # auto admits a verifier tier only if it ends before the drafter's reserve
             reserve_held=HELD_RESERVE_S,  # ... or, when its fallback is in hand (fused), in time to answer with it
@@ -253,12 +255,16 @@ class GatewayService(Service):
             # policy whose fallback is in hand keeps back only the time to answer with it
             held = POLICIES[run.policy].holds_fallback
             valid.deadline.reserve = (HELD_RESERVE_S if held else self.queue.reserve(valid.deadline.left(t0))) + GRACE_S
-            eng = self.engine(valid.snap, valid.deadline, valid.rid)
+            hops = Hops()
+            eng = self.engine(valid.snap, valid.deadline, valid.rid, hops)
             res = self.ladder.answer(run.policy, run.params, eng, valid.rec_request())
         finally:
             self.queue.done(run.resource)
         total = time.monotonic() - t0
         res.stats.stage_ms["total"] = total * 1000.0
+        for method, ms in hops.server_ms.items():  # the callees' own time, beside the stages that called them
+            res.stats.stage_ms[f"server.{method}"] = ms
+            HOP_OVERHEAD.labels(method).observe(max(0.0, hops.caller_ms[method] - ms) / 1000.0)
         if res.served_by == run.policy and not res.degraded:
             self.costs.observe_resource(run.resource, total)
         for stage, ms in res.stats.stage_ms.items():

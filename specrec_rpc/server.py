@@ -134,6 +134,10 @@ def server_options(settings: ServiceSettings) -> list[tuple[str, int]]:
     ]
 
 
+#: trailing metadata of every successful call: the milliseconds the service spent on it (from its handler's start
+#: to its answer), so a caller can tell its own overhead per hop from the callee's time
+SERVER_TIME = "x-server-ms"
+
 # Process-wide metrics, labelled by service (tests run several services in one process).
 RPC_REQUESTS = Counter("specrec_rpc_requests", "RPCs handled, by method and status code", ["service", "method", "code"])
 RPC_LATENCY = Histogram(
@@ -177,15 +181,25 @@ class GuardInterceptor(grpc.aio.ServerInterceptor):
         self.admission = admission
         self.log = log
         self.ready = ready  # False while the service starts: calls get UNAVAILABLE, which clients retry elsewhere
+        self._wrapped: dict[str, grpc.RpcMethodHandler | None] = {}  # full method name -> its guarded handler
 
     async def intercept_service(self, continuation, details):
-        handler = await continuation(details)
+        """The method's handler wrapped, made once per method (a call looks it up here, nothing is built per call)."""
+        wrapped = self._wrapped.get(details.method)
+        if wrapped is None:
+            wrapped = self._wrap(await continuation(details), details.method)
+            if wrapped is not None:  # (an unknown method is not remembered: callers choose the names)
+                self._wrapped[details.method] = wrapped
+        return wrapped
+
+    def _wrap(self, handler, full_method: str):
         if handler is None or handler.unary_unary is None:
             return handler
-        inner, method = handler.unary_unary, details.method.rsplit("/", 1)[-1]
+        inner, method = handler.unary_unary, full_method.rsplit("/", 1)[-1]
         m = self.m
+        latency, inflight = m.latency.labels(m.service, method), m.inflight.labels(m.service)
         # probes must answer even when shedding load or starting
-        exempt = details.method.startswith(("/grpc.health.", "/grpc.reflection."))
+        exempt = full_method.startswith(("/grpc.health.", "/grpc.reflection."))
 
         async def guarded(request, context):
             t0 = time.perf_counter()
@@ -205,7 +219,7 @@ class GuardInterceptor(grpc.aio.ServerInterceptor):
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, why)
             if exempt:
                 self.admission.inflight += 1
-            m.inflight.labels(m.service).inc()
+            inflight.inc()
             try:
                 resp = await inner(request, context)
                 code = context.code() or grpc.StatusCode.OK
@@ -221,9 +235,12 @@ class GuardInterceptor(grpc.aio.ServerInterceptor):
                 await abort_for(context, exc, method, self.log)
             finally:
                 self.admission.release()
-                m.inflight.labels(m.service).dec()
+                inflight.dec()
                 m.requests.labels(m.service, method, getattr(code, "name", str(code))).inc()
-                m.latency.labels(m.service, method).observe(time.perf_counter() - t0)
+                took = time.perf_counter() - t0
+                latency.observe(took)
+                if code == grpc.StatusCode.OK:  # the caller subtracts it from its own time: each hop's overhead
+                    context.set_trailing_metadata(((SERVER_TIME, f"{took * 1000.0:.3f}"),))
 
         return grpc.unary_unary_rpc_method_handler(
             guarded, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer,
