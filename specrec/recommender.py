@@ -118,13 +118,15 @@ class Recommender:
 
     @classmethod
     def load(cls, path: str | Path, drafter: str | None = "default", backend: str | None = None,
-             threads: int | None = None) -> Recommender:
+             threads: int | None = None, warmup: bool = True) -> Recommender:
         """Load the bundle at ``path`` (``specrec train`` writes one; ``bundles/beauty-loo`` is committed).
 
-        ``drafter``: "sasrec", "retrieval", "self", None (no drafter: ``specgr`` and ``drafter`` then refuse),
-        or "default" (:meth:`~specrec.bundle.Bundle.default_drafter`: sasrec where the bundle has it with a
+        ``drafter``: "sasrec", "retrieval", "self", None (no drafter: ``fused``, ``specgr`` and ``drafter`` then
+        refuse), or "default" (:meth:`~specrec.bundle.Bundle.default_drafter`: sasrec where the bundle has it with a
         fusion, else retrieval, else self). ``backend``: "onnx" (default) or "eager".
-        ``threads``: torch / ONNX Runtime intra-op threads.
+        ``threads``: torch / ONNX Runtime intra-op threads. ``warmup``: run :meth:`warmup` (every policy ``auto``
+        may choose, at K = 10), so a budget holds from the first call; ``False`` loads faster, and the first call
+        of each policy then loads its graphs (about 0.1 s).
         """
         import torch
 
@@ -136,7 +138,41 @@ class Recommender:
         kind = bundle.default_drafter() if drafter == "default" else drafter
         kw = {"threads": threads} if threads is not None and (backend or "onnx") == "onnx" else {}
         engine = bundle.engine(drafter=kind, backend=bundle.backend(backend, **kw))
-        return cls(bundle, engine, kind)
+        rec = cls(bundle, engine, kind)
+        if warmup:
+            rec.warmup()
+        return rec
+
+    def warmup(self, ks: Sequence[int] = (10,), policies: Sequence[str] | None = None, requests: int = 3) -> dict:
+        """Make the first calls fast: every policy ``auto`` may choose (or ``policies``) runs once per K in ``ks`` on
+        random catalogue histories, loading its graphs, then ``requests`` times more, so that what each costs is
+        learned warm (what the cold first calls cost is forgotten: kept, ``auto`` would not choose a policy whose
+        first call took 0.1 s for a while). Nothing of it is counted in the engine's metrics. -> seconds taken per
+        policy."""
+        from .costs import CostModel
+        from .policies import RecRequest, make_policy
+
+        from .policies.auto import AutoPolicy
+
+        eng = self.engine
+        names = list(policies) if policies is not None else [n for tier in AutoPolicy(eng).runnable() for n in tier]
+        rows = np.flatnonzero(self.itemset.active)
+        rng = np.random.default_rng(0)
+        took = {}
+        for warm in (False, True):
+            if warm:
+                eng.costs = CostModel(eng.costs.quantile, eng.costs.window)
+            for name in names:
+                t0 = time.perf_counter()
+                pol = make_policy(name, eng)
+                for k in ks:
+                    for _ in range(requests if warm else 1):
+                        h = rng.choice(rows, size=min(len(rows), int(rng.integers(1, eng.max_history + 1))))
+                        pol.run([RecRequest(h, min(k, len(rows)))])
+                if not warm:
+                    took[name] = time.perf_counter() - t0
+        eng.metrics.reset()
+        return took
 
     # -- the catalogue -------------------------------------------------------------------
     @property
@@ -182,7 +218,7 @@ class Recommender:
 
         if policy not in POLICIES:
             raise ValueError(f"policy: unknown policy {policy!r} (known: {', '.join(sorted(POLICIES))})")
-        if policy in ("specgr", "drafter") and self.engine.drafter is None:
+        if policy in ("fused", "specgr", "drafter") and self.engine.drafter is None:
             raise ValueError(f"policy: {policy!r} needs a drafter, and this recommender has none")
         try:
             return make_policy(policy, self.engine, **params)

@@ -129,3 +129,19 @@ def test_upsert_new_item_is_valid_draftable_and_replaceable():
     assert rec.itemset.contains(np.asarray([again.sid])).all()
     with pytest.raises(ValueError, match="^item_id:"):
         rec.upsert(title="no id")
+
+
+def test_load_warms_every_policy_auto_may_choose_with_warm_costs():
+    """``Recommender.load`` runs every tier ``auto`` may choose before the first call: each has a cost learned from
+    warm calls only (the cold first call, which loads graphs, is forgotten), and no metric counts the warm-up."""
+    from specrec import Recommender
+    from specrec.policies.auto import AutoPolicy
+
+    rec = Recommender.load(BUNDLE, warmup=False)
+    names = [n for tier in AutoPolicy(rec.engine).runnable() for n in tier]
+    assert "fused" in names and all(rec.engine.costs.tail(n, 10) is None for n in names)
+    took = rec.warmup(requests=2)
+    assert set(took) == set(names)
+    assert all(rec.engine.costs.tail(n, 10) is not None for n in names)
+    assert not rec.engine.metrics.snapshot()
+    assert Recommender.load(BUNDLE).engine.costs.tail("fused", 10) is not None  # the default
