@@ -339,7 +339,7 @@ def cmd_tune_fusion(a: argparse.Namespace) -> int:
     from .train.fusion import tune_fusion
 
     drafts = tuple(int(x) for x in a.drafts.split(",") if x.strip())
-    fusion, entry = tune_fusion(a.bundle, a.users, a.seed, drafts)
+    fusion, entry = tune_fusion(a.bundle, a.users, a.seed, drafts, tolerance=a.tolerance)
     lists = ", ".join(f"{n} {v['recall@10']:.4f}" for n, v in entry["valid"].items())
     print(f"fusion: GR weight {fusion.weight:g}, {fusion.norm} scores, {fusion.drafts} SASRec candidates "
           f"({entry['chosen_on']}); validation R@10 of the lists: {lists}; written into {a.bundle}/bundle.json")
@@ -535,7 +535,9 @@ def build_parser() -> argparse.ArgumentParser:
     tf.add_argument("--bundle", required=True)
     tf.add_argument("--users", type=int, default=None, help="validation users, a seeded random sample (default: all)")
     tf.add_argument("--seed", type=int, default=0)
-    tf.add_argument("--drafts", default="50", help="candidate counts to choose from (comma-separated)")
+    tf.add_argument("--drafts", default="30,40,50", help="candidate counts to choose from (comma-separated)")
+    tf.add_argument("--tolerance", type=float, default=0.005, help="take the fewest candidates whose best validation "
+                    "recall@10 is within this share of the best of all (the scoring pass costs in proportion to them)")
     tf.set_defaults(func=cmd_tune_fusion)
 
     s = sub.add_parser("sids", help="fit semantic IDs on a dataset and report codebook usage and collisions")

@@ -159,13 +159,16 @@ class Scored:
     target: int
 
 
-def recall_ndcg(users: Sequence[Scored], fusion: Fusion, k: int = 10, reserved: int = 0) -> tuple[float, float]:
-    """Recall@k and NDCG@k of the fused lists of ``users`` (their first ``fusion.drafts`` candidates), ``reserved``
-    places kept for unseen candidates as served."""
+def recall_ndcg(users: Sequence[Scored], fusion: Fusion, k: int = 10, unseen_share: float = 0.0) -> tuple[float, float]:
+    """Recall@k and NDCG@k of the fused lists of ``users`` as served with an item drafter that reserves
+    ``unseen_share`` of its drafts (and of the list) for unseen items: each user's candidates are what a draft of
+    ``fusion.drafts`` gives (the first of a longer draft, its unseen share kept: :func:`top_reserved` in the
+    drafter's order)."""
     rec = ndcg = 0.0
+    n, reserved = fusion.drafts, int(round(unseen_share * k))
     for u in users:
-        n = fusion.drafts
-        top, _ = fusion.rank(u.items[:n], u.token_logp[:n], u.item_scores[:n], u.unseen[:n], k, reserved)
+        c = np.sort(top_reserved(-np.arange(len(u.items), dtype=np.float64), n, int(round(unseen_share * n)), u.unseen))
+        top, _ = fusion.rank(u.items[c], u.token_logp[c], u.item_scores[c], u.unseen[c], k, reserved)
         hit = np.nonzero(top == u.target)[0]
         if len(hit):
             rec += 1.0
@@ -175,18 +178,28 @@ def recall_ndcg(users: Sequence[Scored], fusion: Fusion, k: int = 10, reserved: 
 
 def choose(users: Sequence[Scored], drafts: Sequence[int] = (50,), k: int = 10,
            weights: Sequence[float] = tuple(np.round(np.arange(0.0, 1.0001, 0.05), 2)),
-           norms: Sequence[Norm] = ("raw", "z"), smooth: int = 1, reserved: int = 0) -> tuple[Fusion, list[dict]]:
+           norms: Sequence[Norm] = ("raw", "z"), smooth: int = 1, unseen_share: float = 0.0,
+           tolerance: float = 0.0) -> tuple[Fusion, list[dict]]:
     """The fusion with the best recall@k on ``users`` (validation users, never test), over a grid of weights,
     normalisations and candidate counts; the recall of each weight is averaged with its ``smooth`` neighbours on
-    either side first, so a lone lucky weight of a noisy sample is not the one kept. -> (the choice, the grid)."""
+    either side first, so a lone lucky weight of a noisy sample is not the one kept. With ``tolerance``, the
+    fewest candidates whose best (smoothed) recall is within that share of the best of all: the scoring pass
+    costs in proportion to its prefix nodes, so a few candidates less that lose nothing measurable are taken.
+    -> (the choice, the grid)."""
     grid: list[dict] = []
     for n in drafts:
         for norm in norms:
-            row = [recall_ndcg(users, Fusion(float(w), norm, int(n)), k, reserved) for w in weights]
+            row = [recall_ndcg(users, Fusion(float(w), norm, int(n)), k, unseen_share) for w in weights]
             rec = np.asarray([r for r, _ in row])
             smoothed = np.asarray([rec[max(0, i - smooth): i + smooth + 1].mean() for i in range(len(rec))])
             for w, (r, nd), s in zip(weights, row, smoothed):
                 grid.append({"drafts": int(n), "norm": norm, "weight": float(w), f"recall@{k}": r, f"ndcg@{k}": nd,
                              f"recall@{k}_smoothed": float(s)})
-    best = max(grid, key=lambda g: (g[f"recall@{k}_smoothed"], g[f"ndcg@{k}"]))
+
+    def key(g: dict) -> tuple:
+        return g[f"recall@{k}_smoothed"], g[f"ndcg@{k}"]
+
+    top = max(grid, key=key)[f"recall@{k}_smoothed"]
+    fewest = min(g["drafts"] for g in grid if g[f"recall@{k}_smoothed"] >= (1.0 - tolerance) * top)
+    best = max((g for g in grid if g["drafts"] == fewest), key=key)
     return Fusion(float(best["weight"]), best["norm"], int(best["drafts"])), grid

@@ -92,10 +92,11 @@ def drafter_recall(users: list[Scored], reserved: int) -> tuple[float, float]:
 
 
 def tune_fusion(bundle_dir: str | Path, users: int | None = 3000, seed: int = 0, drafts: tuple[int, ...] = (50,),
-                progress: bool = True) -> tuple[Fusion, dict]:
-    """Choose the fusion of the bundle at ``bundle_dir`` on ``users`` random validation users (None: all), measure
-    the served lists' recall@10 on them, and write both into its ``bundle.json``. -> (the choice, what was
-    written)."""
+                progress: bool = True, tolerance: float = 0.0) -> tuple[Fusion, dict]:
+    """Choose the fusion of the bundle at ``bundle_dir`` on ``users`` random validation users (None: all) (the
+    fewest of ``drafts`` candidates within ``tolerance`` of the best recall, :func:`~specrec.fusion.choose`),
+    measure the served lists' recall@10 on them, and write both into its ``bundle.json``. -> (the choice, what
+    was written)."""
     from ..pipeline import bundle_split
 
     t0 = time.time()
@@ -108,10 +109,10 @@ def tune_fusion(bundle_dir: str | Path, users: int | None = 3000, seed: int = 0,
     share = float(bundle.meta.get("drafters", {}).get("unseen_share", 0.0))
     reserved = int(round(share * K))
     scored = score_users(bundle, ex, full, max(drafts), progress=progress)
-    fusion, grid = choose(scored, drafts, K, reserved=reserved)
-    rec, ndcg = recall_ndcg(scored, fusion, K, reserved)
+    fusion, grid = choose(scored, drafts, K, unseen_share=share, tolerance=tolerance)
+    rec, ndcg = recall_ndcg(scored, fusion, K, share)
     own = drafter_recall(scored, reserved)
-    gr = recall_ndcg(scored, Fusion(1.0, "raw", fusion.drafts), K, reserved)
+    gr = recall_ndcg(scored, Fusion(1.0, "raw", fusion.drafts), K, share)
     valid = {"fused": {"recall@10": rec, "ndcg@10": ndcg}, "drafter": {"recall@10": own[0], "ndcg@10": own[1]}}
     # the GR's own lists: written once the fusion is in the bundle (the engine's drafter tells it)
     for policy in ("beam", "nezha"):
@@ -120,7 +121,8 @@ def tune_fusion(bundle_dir: str | Path, users: int | None = 3000, seed: int = 0,
         valid[policy] = {"recall@10": served_recall(bundle, policy, ex, full, progress)}
     valid["gr_reranked"] = {"recall@10": gr[0], "ndcg@10": gr[1]}  # no policy serves it: for the record
     entry = {**fusion.as_dict(), "chosen_on": f"{len(scored)} validation users (seed {seed}), history excluded, "
-             f"{reserved} of {K} places kept for unseen candidates", "valid": valid,
+             f"{reserved} of {K} places kept for unseen candidates, the fewest of {list(drafts)} candidates within "
+             f"{tolerance:.1%} of the best recall@10", "valid": valid,
              "grid": grid, "minutes": round((time.time() - t0) / 60, 1)}
     path = Path(bundle_dir) / "bundle.json"
     text = path.read_text()
