@@ -29,26 +29,26 @@ quality() {
   specrec eval --bundle "$BUNDLE" --ranker sasrec --batch-size 256 --save
   specrec eval --bundle "$BUNDLE" --ranker sasrec --batch-size 256 --exclude-history --save
   specrec eval --bundle "$BUNDLE" --batch-size 64 --exclude-history --save
-  # every list a user of the stack can get, history excluded, all test users: specgr ranking by both models
-  specrec eval --bundle "$BUNDLE" --policies beam,specgr,drafter --k 10 --exclude-history --save
+  # every list a user of the stack can get, history excluded, all test users: fused ranking by both models
+  specrec eval --bundle "$BUNDLE" --policies beam,fused,drafter --k 10 --exclude-history --save
   python -m bench.learning_curve --bundle "$BUNDLE" --out bench/results/beauty_loo_learning_curve
 }
 policies() {
   for k in 10 50; do
-    specrec eval --bundle "$BUNDLE" --policies beam,strict,nezha,specgr,drafter --k "$k" --sample 500 --seed 11 \
+    specrec eval --bundle "$BUNDLE" --policies beam,strict,nezha,fused,specgr,drafter --k "$k" --sample 500 --seed 11 \
       --compare-eager --save
   done
   python -m bench.cost_model
 }
 temporal() {  # the temporal split: unseen items, with and without the drafter's share of them
-  specrec eval --bundle bundles/beauty-temporal --policies beam,specgr --k 50 --sample 2000 --seed 0 --save
-  specrec eval --bundle bundles/beauty-temporal --policies beam,specgr --k 50 --sample 2000 --seed 0 --save \
+  specrec eval --bundle bundles/beauty-temporal --policies beam,fused,drafter --k 50 --sample 2000 --seed 0 --save
+  specrec eval --bundle bundles/beauty-temporal --policies beam,fused,drafter --k 50 --sample 2000 --seed 0 --save \
     --unseen-share 0
   python -m bench.unseen_drafted --bundle bundles/beauty-temporal --sample 2000 --seed 0
   # the same users through the gateway (a stack on the temporal bundle): model answers, unseen recall
   specrec export-onnx --bundle bundles/beauty-temporal --k 10,50
-  python -m bench.serving --bundle bundles/beauty-temporal --protocol temporal --policies specgr,auto,beam \
-    --open-policies "" --overhead-requests 0 --k 50 --budget-ms 100 --requests 2000 --seed 0
+  python -m bench.serving --bundle bundles/beauty-temporal --protocol temporal --policies fused,auto,drafter,beam \
+    --open-policies "" --overhead-requests 0 --k 50 --budget-ms 30 --requests 2000 --seed 0
   python -m bench.unseen_text_reach --data ../shared/data/beauty --emb bundles/beauty-loo/text_emb.npy
 }
 startup() { python -m bench.cold_start --bundle "$BUNDLE"; }
@@ -62,8 +62,8 @@ profile() {
   python -m bench.pass_cost --bundle "$BUNDLE"
 }
 serving() {
-  python -m bench.serving --bundle "$BUNDLE" --policies auto,beam,strict,nezha,specgr --open-policies auto \
-    --rates 20,40 --duration 8 --requests 300 --overhead-requests 100
+  python -m bench.serving --bundle "$BUNDLE" --policies auto,fused,beam,strict,nezha,specgr,drafter \
+    --open-policies auto --rates 30,60 --duration 10 --requests 300 --overhead-requests 100
 }
 overload() { python -m bench.overload --bundle "$BUNDLE" --multiples 1,2,3 --duration 20; }
 soak() {

@@ -37,8 +37,13 @@ offered rate, per policy) into ``--out``, the summary keys
 ``gateway.<policy>.overhead_p50_ms``, ``gateway.<policy>.max_rps_p99_<B>ms``,
 ``gateway.<policy>.p50_ms``, ``gateway.<policy>.p99_ms_at_<B>ms`` (the caller's clock) and
 ``gateway.<policy>.server_p99_ms_at_<B>ms`` (the gateway's own, ``stats.total_ms``), with
-``gateway.<policy>.budget_exit_share_at_<B>ms`` and ``.model_answer_share_at_<B>ms`` (closed loop at the budget;
-model answers: a verifier policy's list with no catalogue fill, as ``bench.loadgen.model_answer`` counts them),
+``gateway.<policy>.budget_exit_share_at_<B>ms`` and ``.gr_ranked_share_at_<B>ms`` (closed loop at the budget;
+GR-ranked: a list the GR model made or ranked, not the item drafter's own, no catalogue fill, as
+``bench.loadgen.model_answer`` counts them), ``gateway.fused.fused_share_at_<B>ms`` (the fused policy's own lists,
+not degraded), ``gateway.<policy>.overhead_p50_ms`` (the gateway's total less its callees' own server time on the
+critical path, one request at a time), ``gateway.auto.gr_ranked_share_open_<R>rps`` (open loop),
+``gateway.auto.recall_ratio_vs_fused_at_<B>ms`` (auto's answers' R@10 over the fused policy's in this process on
+the same users),
 ``gateway.auto.recall_ratio_at_<B>ms`` and ``gateway.auto.all_fill_share_at_<B>ms``,
 and this benchmark's section of README.md there.
 """
@@ -58,6 +63,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.cpus import restore
 from bench.harness import (
     Redis,
     Stack,
@@ -79,7 +85,12 @@ from bench.loadgen import NOT_THE_MODEL, poisson
 from specrec.eval.results import markdown_table, readme_section, update_summary, write_json
 
 RETIRED_KEYS = ("gateway.specgr.max_rps_p99_30ms", "gateway.specgr.p99_ms_at_20rps", "gateway.beam.p99_ms_at_20rps",
-                "gateway.beam.grpc_overhead_p50_ms", "gateway.specgr.grpc_overhead_p50_ms")
+                "gateway.beam.grpc_overhead_p50_ms", "gateway.specgr.grpc_overhead_p50_ms",
+                # a ratio of SASRec's list to itself whenever auto served it; replaced by ..._vs_fused_at_<B>ms
+                "gateway.auto.recall_ratio_vs_sasrec_at_30ms",
+                # named gr_ranked_share_at_<B>ms now (the same rule: the GR made or ranked the list, no fill)
+                *(f"gateway.{p}.model_answer_share_at_30ms" for p in ("auto", "beam", "strict", "nezha", "specgr")),
+                *(f"gateway.temporal.{p}.model_answer_share" for p in ("auto", "beam", "specgr")))
 #: this benchmark's section of the results README (``<!-- bench.serving: begin -->`` ... ``end``)
 README_OWNER = "bench.serving"
 
@@ -109,9 +120,15 @@ def summarise(answers: list[dict], offline_hits: np.ndarray, n_sent: int, k: int
         "all_fill_share": float(np.mean(all_fill)) if ok else float("nan"),
         "budget_exit_share": float(np.mean([a["exit"] == "budget" for a in ok])) if ok else float("nan"),
         "served_by": dict(Counter(a["served_by"] for a in ok)),
-        # the GR model's lists: a verifier policy's, no catalogue fill (the item drafter's are not: loadgen's rule)
-        "model_answer_share": float(np.mean([a["served_by"] not in NOT_THE_MODEL and not h
-                                             for a, h in zip(ok, holds_fill)])) if ok else float("nan"),
+        # a list the GR model made or ranked (fused, beam, strict, nezha, ...): not the item drafter's own list, no
+        # catalogue fill (loadgen's rule)
+        "gr_ranked_share": float(np.mean([a["served_by"] not in NOT_THE_MODEL and not h
+                                          for a, h in zip(ok, holds_fill)])) if ok else float("nan"),
+        # the fused policy's own list: served by it, ranked by both models, not degraded
+        "fused_share": float(np.mean([a["served_by"] == "fused" and a["exit"] == "fused" and not a["degraded"]
+                                      for a in ok])) if ok else float("nan"),
+        # the gateway's own time on the request path: its total less the callees' own server time
+        "overhead_p50_ms": pct([a["server_ms"] - a.get("callees_ms", 0.0) for a in ok], 50),
         "p50_ms": pct(lat, 50), "p95_ms": pct(lat, 95), "p99_ms": pct(lat, 99),
         "max_ms": float(lat.max()) if len(lat) else float("nan"),
         "server_p50_ms": pct(srv, 50), "server_p99_ms": pct(srv, 99),
@@ -155,6 +172,19 @@ def offline_beam(bundle, users: Users, k: int) -> np.ndarray:
     return np.asarray(hits)
 
 
+def offline_fused(bundle, users: Users, k: int) -> np.ndarray | None:
+    """The fused policy in this process on the same users (no budget): hit@10 each; None where the bundle has no
+    fusion."""
+    from specrec.policies import RecRequest, make_policy
+
+    if bundle.fusion is None:
+        return None
+    pol = make_policy("fused", bundle.engine(drafter="sasrec"))
+    ids = bundle.catalogue.ids
+    return np.asarray([hit_and_ndcg([ids[r] for r in pol.run([RecRequest(rows, k)])[0].items], target, k)[0]
+                       for rows, target in zip(users.rows, users.targets)])
+
+
 def offline_sasrec(bundle, users: Users, k: int) -> np.ndarray | None:
     """The bundle's SASRec (its own ranker, ``specrec eval --ranker sasrec``'s) on the same users: hit@10 each;
     None without one."""
@@ -169,12 +199,15 @@ def offline_sasrec(bundle, users: Users, k: int) -> np.ndarray | None:
 
 # -- phase 2: overhead -------------------------------------------------------------------------
 def overhead(bundle, target: str, users: Users, policy: str, k: int, n: int, warmup: int = 5) -> dict:
+    """One request at a time, generous budget: per request, the gateway's own time on the request path (its total,
+    ``stats.total_ms``, less the callees' own server time on the critical path, :func:`callees_ms`), and, for
+    comparison, the gateway's time against the same policy in this process (the same code, no transport)."""
     from tqdm.auto import tqdm
 
     from specrec.policies import RecRequest, make_policy
     from specrec_rpc.client import Client
 
-    eng = bundle.engine(drafter="retrieval")
+    eng = bundle.engine(drafter=bundle.default_drafter())
     budget_ms = 1000.0
 
     def local(rows):
@@ -182,7 +215,7 @@ def overhead(bundle, target: str, users: Users, policy: str, k: int, n: int, war
         make_policy(policy, eng).run([RecRequest(rows, k, eng.clock() + budget_ms / 1000.0)])
         return (time.perf_counter() - t0) * 1000.0
 
-    loc, gw, srv = [], [], []
+    loc, gw, srv, own = [], [], [], []
     with Client(target, timeout_s=10.0) as c:
         for i in range(warmup):
             local(users.rows[i])
@@ -193,8 +226,10 @@ def overhead(bundle, target: str, users: Users, policy: str, k: int, n: int, war
             resp = c.recommend(users.ids[i], k=k, policy=policy, budget_ms=budget_ms)
             gw.append((time.perf_counter() - t0) * 1000.0)
             srv.append(resp.stats.total_ms)
+            own.append(resp.stats.total_ms - callees_ms(resp.stats.stage_ms))
     return {"policy": policy, "n": len(loc), "inprocess_p50_ms": pct(loc, 50), "gateway_p50_ms": pct(gw, 50),
-            "gateway_server_p50_ms": pct(srv, 50), "overhead_p50_ms": pct(gw, 50) - pct(loc, 50),
+            "gateway_server_p50_ms": pct(srv, 50), "overhead_p50_ms": pct(own, 50), "overhead_p99_ms": pct(own, 99),
+            "gap_vs_inprocess_p50_ms": pct(gw, 50) - pct(loc, 50),
             "inprocess_p99_ms": pct(loc, 99), "gateway_p99_ms": pct(gw, 99)}
 
 
@@ -208,7 +243,14 @@ def answer(i: int, resp, users: Users, error: str | None = None) -> dict:
     return {"index": i, "error": None, "items": items, "hit": hit, "ndcg": ndcg,
             "hit_k": hit_and_ndcg(items, users.targets[i], len(items))[0],
             "sources": [it.source for it in resp.items], "served_by": resp.stats.served_by or resp.stats.policy,
-            "exit": resp.stats.exit_reason, "server_ms": resp.stats.total_ms, "degraded": resp.stats.degraded}
+            "exit": resp.stats.exit_reason, "server_ms": resp.stats.total_ms, "degraded": resp.stats.degraded,
+            "callees_ms": callees_ms(resp.stats.stage_ms)}
+
+
+def callees_ms(stage_ms) -> float:
+    """The callees' own server time on a request's critical path (``stage_ms``'s ``server.<method>``, which the
+    gateway reads off each call's ``x-server-ms``): every call but an ``Encode``, which runs beside the draft."""
+    return float(sum(v for key, v in stage_ms.items() if key.startswith("server.") and key != "server.Encode"))
 
 
 async def closed_loop(target: str, users: Users, policy: str, k: int, budget_ms: float, n: int) -> list[dict]:
@@ -248,6 +290,26 @@ async def open_loop(target: str, users: Users, policy: str, k: int, budget_ms: f
     done = [r["done"] for r in measured if r["error"] is None]
     span = (max(done) - t_measure) if done else float("nan")
     return measured, len(measured), len(done) / span if done and span > 0 else float("nan")
+
+
+def place_generator(stack, cpu: int, services: str) -> tuple[str, dict] | None:
+    """The open loop's generator (this process, every thread) on a CPU of its own (``cpu``; -1: the last usable;
+    -2: not placed), the services on every CPU (``services`` "all") or on the rest ("rest") -> (a line saying
+    where, what :func:`bench.cpus.restore` takes), None when not placed or the machine has one CPU."""
+    from bench.cpus import confine, split, usable
+
+    if cpu == -2:
+        return None
+    try:
+        gen, rest = split(usable(), None if cpu == -1 else cpu)
+    except ValueError:
+        return None
+    pids = [pr.pid for pr in stack.procs.procs.values()]
+    before = confine([os.getpid()], gen)
+    if services == "rest":
+        before.update(confine(pids, rest))
+    where = "every CPU" if services == "all" else f"CPU {sorted(rest)}"
+    return f"open loop: the load generator on CPU {sorted(gen)}, the services on {where}", before
 
 
 # -- outputs ------------------------------------------------------------------------------------
@@ -299,15 +361,20 @@ def summary_of(res: dict, policies: list[str], budget_ms: float) -> dict:
         summary[f"gateway.{p}.p99_ms_at_{b}ms"] = c["p99_ms"]
         summary[f"gateway.{p}.server_p99_ms_at_{b}ms"] = c["server_p99_ms"]
         summary[f"gateway.{p}.budget_exit_share_at_{b}ms"] = c["budget_exit_share"]
-        summary[f"gateway.{p}.model_answer_share_at_{b}ms"] = c["model_answer_share"]
+        summary[f"gateway.{p}.gr_ranked_share_at_{b}ms"] = c["gr_ranked_share"]
+        if p == "fused":
+            summary[f"gateway.fused.fused_share_at_{b}ms"] = c["fused_share"]
     auto = res["closed"].get("auto")
     if auto:
         ref = auto["offline_beam_recall@10"]
         summary[f"gateway.auto.recall_ratio_at_{b}ms"] = auto["recall@10"] / ref if ref else None
         summary[f"gateway.auto.all_fill_share_at_{b}ms"] = auto["all_fill_share"]
-        sas = res.get("offline_sasrec_recall@10")
-        if sas:  # against the item model a user would deploy instead, on the same users
-            summary[f"gateway.auto.recall_ratio_vs_sasrec_at_{b}ms"] = auto["recall@10"] / sas
+        fused = res.get("offline_fused_recall@10")
+        if fused:  # against the best list we have (in process, no budget), on the same users
+            summary[f"gateway.auto.recall_ratio_vs_fused_at_{b}ms"] = auto["recall@10"] / fused
+    for r in res["open"]:  # how much of auto's open-loop answers the GR made or ranked, per offered rate
+        if r["policy"] == "auto":
+            summary[f"gateway.auto.gr_ranked_share_open_{r['offered_rps']:g}rps"] = r["gr_ranked_share"]
     return summary
 
 
@@ -319,7 +386,7 @@ def readme_body(res: dict, summary: dict) -> str:
     for p, c in res["closed"].items():
         o = res["overhead"].get(p, {})
         rows.append(f"| {p} | {fmt(c['p50_ms'])} | {fmt(c['p99_ms'])} | {fmt(c['server_p99_ms'])} | "
-                    f"{fmt(c['budget_exit_share'], '.1%')} | {fmt(c['model_answer_share'], '.1%')} | "
+                    f"{fmt(c['budget_exit_share'], '.1%')} | {fmt(c['gr_ranked_share'], '.1%')} | "
                     f"{fmt(o.get('overhead_p50_ms'), '.2f')} |")
     tried = ", ".join(f"{x:g}" for x in sorted({r["offered_rps"] for r in res["open"]}))
     rates = "; ".join(f"{p}: {f'none of {tried} rps' if v is None else f'{v:g} rps'}"
@@ -327,24 +394,28 @@ def readme_body(res: dict, summary: dict) -> str:
     auto = ""
     if "auto" in res["closed"]:
         ratio, fill = (summary.get(f"gateway.auto.{k}_at_{b}ms") for k in ("recall_ratio", "all_fill_share"))
-        sas = summary.get(f"gateway.auto.recall_ratio_vs_sasrec_at_{b}ms")
-        auto = (f" `auto` in the closed loop: R@10 {fmt(ratio, '.3f')} x the offline beam's on the same users"
-                + ("" if sas is None else f", {fmt(sas, '.3f')} x the offline SASRec's")
+        fused = summary.get(f"gateway.auto.recall_ratio_vs_fused_at_{b}ms")
+        served = ", ".join(f"{x} {n}" for x, n in res["closed"]["auto"]["served_by"].items())
+        auto = (f" `auto` in the closed loop (served by {served}): R@10 {fmt(ratio, '.3f')} x the offline beam's on "
+                "the same users" + ("" if fused is None else f", {fmt(fused, '.3f')} x the in-process fused list's")
                 + f", {fmt(fill, '.1%')} of answers only fill.")
     return "\n".join([
         "## Serving through the gateway (`bench.serving`, `gateway.*`)\n",
         f"Command (rerun step `serving`): `{res['command']}`\n",
         f"Run: {res.get('run', 'n/a')}. {res['machine']}. {res['users']}, K = {res['k']}. "
         f"Closed loop, one request at a time, at the {b} ms "
-        "budget: p50 / p99 on the caller's clock, server p99 on the gateway's (`stats.total_ms`); overhead: gateway "
-        "p50 minus in-process p50 at a 1 s budget. Keys `gateway.<policy>.{p50_ms, p99_ms_at_" + b + "ms, "
-        "server_p99_ms_at_" + b + "ms, budget_exit_share_at_" + b + "ms, model_answer_share_at_" + b + "ms, "
-        "overhead_p50_ms}`; tables [`serving.md`](serving.md).\n",
-        "| policy | p50 ms | p99 ms | server p99 ms | budget exits | model answers | overhead p50 ms |",
+        "budget: p50 / p99 on the caller's clock, server p99 on the gateway's (`stats.total_ms`); GR-ranked: a list "
+        "the GR model made or ranked (not the item drafter's own, no catalogue fill); overhead: at a 1 s budget, the "
+        "gateway's total less its callees' own server time on the critical path (each call's `x-server-ms`). Keys "
+        "`gateway.<policy>.{p50_ms, p99_ms_at_" + b + "ms, server_p99_ms_at_" + b + "ms, budget_exit_share_at_" + b +
+        "ms, gr_ranked_share_at_" + b + "ms, overhead_p50_ms}`, `gateway.fused.fused_share_at_" + b + "ms`; tables "
+        "[`serving.md`](serving.md).\n",
+        "| policy | p50 ms | p99 ms | server p99 ms | budget exits | GR-ranked | overhead p50 ms |",
         "|---|---|---|---|---|---|---|",
         *rows,
         "",
-        f"Open loop (Poisson), the highest rate passing ({res['criterion']}; `gateway.<policy>.max_rps_p99_{b}ms`): "
+        f"Open loop (Poisson; {res.get('generator_placement') or 'generator and services unplaced'}), the highest "
+        f"rate passing ({res['criterion']}; `gateway.<policy>.max_rps_p99_{b}ms`): "
         f"{rates or 'no open-loop sweep in this run'}.{auto}\n",
         "![R@10 and p99 against the offered rate](serving.png)\n",
     ])
@@ -354,10 +425,12 @@ def protocol_summary(res: dict) -> dict:
     """The summary keys of a run on another split than leave-one-out (``gateway.<protocol>.<policy>.*``): per
     policy, closed loop at the run's budget, the share of model answers, recall@K overall and of the users whose
     target is unseen, and the gateway's own p99; with the budget and the sample size."""
-    pre, k = f"gateway.{res['protocol']}", res["k"]
+    pre, k, b = f"gateway.{res['protocol']}", res["k"], f"{res['budget_ms']:g}"
     out: dict = {f"{pre}.budget_ms": res["budget_ms"], f"{pre}.users": res["n_users"]}
     for p, c in res["closed"].items():
-        out[f"{pre}.{p}.model_answer_share"] = c["model_answer_share"]
+        out[f"{pre}.{p}.gr_ranked_share_at_{b}ms"] = c["gr_ranked_share"]
+        if p == "fused":
+            out[f"{pre}.fused.fused_share_at_{b}ms"] = c["fused_share"]
         out[f"{pre}.{p}.server_p99_ms"] = c["server_p99_ms"]
         for m in (f"recall@{k}", f"unseen_recall@{k}"):
             if m in c:
@@ -372,18 +445,18 @@ def protocol_readme_body(res: dict, summary: dict, inprocess: dict) -> str:
     rows = []
     for p, c in res["closed"].items():
         ref = inprocess.get(f"beauty.{proto}.{p}.unseen_recall@{k}")
-        rows.append(f"| {p} | {fmt(c['model_answer_share'], '.1%')} | {fmt(c.get(f'recall@{k}'), '.4f')} | "
+        rows.append(f"| {p} | {fmt(c['gr_ranked_share'], '.1%')} | {fmt(c.get(f'recall@{k}'), '.4f')} | "
                     f"{fmt(c.get(f'unseen_recall@{k}'), '.4f')} | {fmt(ref, '.4f')} | {fmt(c['server_p99_ms'])} | "
                     f"{', '.join(f'{x} {n}' for x, n in c['served_by'].items())} |")
     return "\n".join([
         f"## The {proto} split through the gateway (`bench.serving --protocol {proto}`, `gateway.{proto}.*`)\n",
         f"Command: `{res['command']}`\n",
         f"Run: {res.get('run', 'n/a')}. {res['machine']}. {res['users']}, K = {k}, closed loop, one request at a "
-        f"time, at the {b} ms budget. Model answers: a verifier policy's list with no catalogue fill. The "
+        f"time, at the {b} ms budget. GR-ranked: a list the GR model made or ranked, no catalogue fill. The "
         f"in-process column is `specrec eval`'s on the same split (`beauty.{proto}.<policy>.unseen_recall@{k}`). "
-        f"Keys `gateway.{proto}.<policy>.{{model_answer_share, recall@{k}, unseen_recall@{k}, server_p99_ms}}`; "
+        f"Keys `gateway.{proto}.<policy>.{{gr_ranked_share_at_{b}ms, recall@{k}, unseen_recall@{k}, server_p99_ms}}`; "
         f"tables [`serving_{proto}.md`](serving_{proto}.md).\n",
-        f"| policy | model answers | R@{k} | unseen R@{k} ({res['unseen_users']} users) | unseen R@{k} in-process "
+        f"| policy | GR-ranked | R@{k} | unseen R@{k} ({res['unseen_users']} users) | unseen R@{k} in-process "
         f"| server p99 ms | served by |",
         "|---|---|---|---|---|---|---|",
         *rows,
@@ -398,7 +471,7 @@ def write_protocol_results(out: Path, res: dict) -> dict:
     summary = protocol_summary(res)
     write_json(name, no_nan(res), out)
     k = res["k"]
-    cols = ["policy", "answered", "model_answer_share", f"recall@{k}", f"unseen_recall@{k}",
+    cols = ["policy", "answered", "gr_ranked_share", f"recall@{k}", f"unseen_recall@{k}",
             f"in_sample_recall@{k}", "fill_share", "budget_exit_share", "p50_ms", "p99_ms", "server_p99_ms",
             "served_by"]
     closed = [{"policy": p, **r, "served_by": ", ".join(f"{x} {n}" for x, n in r["served_by"].items())}
@@ -408,7 +481,7 @@ def write_protocol_results(out: Path, res: dict) -> dict:
         f"{res['users']}. K = {k}, budget {res['budget_ms']:g} ms. {res['machine']}.\n",
         markdown_table(closed, cols, "{:.4f}"), ""]))
     inprocess = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
-    update_summary(summary, out / "summary.json")
+    update_summary(summary, out / "summary.json", retire=RETIRED_KEYS)
     readme_section(out / "README.md", f"{README_OWNER}.{res['protocol']}",
                    protocol_readme_body(res, summary, inprocess))
     return summary
@@ -419,8 +492,8 @@ def write_results(out: Path, res: dict, policies: list[str], budget_ms: float) -
     summary = summary_of(res, policies, budget_ms)
     write_json("serving", no_nan(res), out)
     cols = ["policy", "answered", "recall@10", "ndcg@10", "offline_beam_recall@10", "fill_share", "all_fill_share",
-            "budget_exit_share", "model_answer_share", "no_answer_share", "p50_ms", "p95_ms", "p99_ms",
-            "server_p99_ms", "served_by"]
+            "budget_exit_share", "gr_ranked_share", "fused_share", "no_answer_share", "p50_ms", "p95_ms", "p99_ms",
+            "server_p99_ms", "overhead_p50_ms", "served_by"]
     closed = [{"policy": p, **r, "served_by": ", ".join(f"{k} {v}" for k, v in r["served_by"].items())}
               for p, r in res["closed"].items()]
     open_rows = [{**r, "pass": "yes" if r["pass"] else "**no**",
@@ -431,9 +504,13 @@ def write_results(out: Path, res: dict, policies: list[str], budget_ms: float) -
         f"{res['users']}. K = {res['k']}, budget {b} ms. {res['machine']}.\n",
         f"Pass rule of a rate: {res['criterion']}.\n",
         "## Overhead of the gRPC path (closed loop, one request at a time, 1 s budget)\n",
+        "overhead: the gateway's total (`stats.total_ms`) less the callees' own server time on the critical path "
+        "(their `x-server-ms`); gap: the caller's p50 through the gateway less the same policy's p50 in this "
+        "process.\n",
         markdown_table(
             [{"policy": p, **o} for p, o in res["overhead"].items()],
-            ["policy", "n", "inprocess_p50_ms", "gateway_p50_ms", "gateway_server_p50_ms", "overhead_p50_ms"],
+            ["policy", "n", "inprocess_p50_ms", "gateway_p50_ms", "gateway_server_p50_ms", "overhead_p50_ms",
+             "overhead_p99_ms", "gap_vs_inprocess_p50_ms"],
             "{:.2f}",
         ),
         f"## Closed loop at the {b} ms budget\n",
@@ -481,6 +558,12 @@ def parse(argv):
     ap.add_argument("--budget-ms", type=float, default=30.0)
     ap.add_argument("--requests", type=int, default=500, help="test users sampled")
     ap.add_argument("--overhead-requests", type=int, default=200)
+    ap.add_argument("--generator-cpu", type=int, default=-1,
+                    help="the open loop's load generator (this process) on this CPU of its own during phase 4 (-1: the "
+                    "last usable CPU; -2: not placed)")
+    ap.add_argument("--services-cpus", choices=("all", "rest"), default="all",
+                    help="during phase 4 the services run on every CPU (all: they may share the generator's), or on "
+                    "the CPUs the generator leaves (rest: on a 2-core machine, one)")
     ap.add_argument("--protocol", choices=("loo", "temporal"), default="loo",
                     help="the split the test users come from; temporal: the bundle's cut-off, recall of the users "
                     "whose target is an unseen item reported, results in serving_temporal.* and gateway.temporal.*")
@@ -509,8 +592,10 @@ def main(argv=None) -> int:
     say("phase 1: offline beam on the same users")
     offline_hits = offline_beam(bundle, users, a.k)
     sasrec_hits = offline_sasrec(bundle, users, a.k)
-    say(f"offline beam R@{a.k} {offline_hits.mean():.4f}" + ("" if sasrec_hits is None else
-                                                           f", SASRec {sasrec_hits.mean():.4f}"))
+    fused_hits = offline_fused(bundle, users, a.k)
+    say(f"offline beam R@{a.k} {offline_hits.mean():.4f}"
+        + ("" if sasrec_hits is None else f", SASRec {sasrec_hits.mean():.4f}")
+        + ("" if fused_hits is None else f", fused {fused_hits.mean():.4f}"))
 
     tmp = Path(tempfile.mkdtemp(prefix="specrec-serving-"))
     stack = Stack(bundle_dir, Redis(a.redis_url, tmp), tmp / "logs", "serving", threads=a.threads,
@@ -526,6 +611,7 @@ def main(argv=None) -> int:
         "R@10 >= 0.95 x the offline beam's on the same requests",
         "offline_beam_recall@10": float(offline_hits.mean()),
         "offline_sasrec_recall@10": None if sasrec_hits is None else float(sasrec_hits.mean()),
+        "offline_fused_recall@10": None if fused_hits is None else float(fused_hits.mean()),
         "protocol": a.protocol,
         "n_users": len(users.ids),
         "unseen_users": int(sum(users.unseen or [])),
@@ -555,6 +641,10 @@ def main(argv=None) -> int:
                 f"fill {row['fill_share']:.1%}, all-fill {row['all_fill_share']:.1%}, p99 {row['p99_ms']:.1f} ms, "
                 f"served by {row['served_by']}")
         say("phase 4: open loop")
+        placed = place_generator(stack, a.generator_cpu, a.services_cpus) if open_policies else None
+        res["generator_placement"] = None if placed is None else placed[0]
+        if placed is not None:
+            say(placed[0])
         for p in open_policies:
             for rate in rates:
                 measured, sent, achieved = asyncio.run(open_loop(target, users, p, a.k, a.budget_ms, rate, a.duration,
@@ -572,6 +662,8 @@ def main(argv=None) -> int:
                     f"{fmt(row['no_answer_share'], '.1%')} -> {'pass' if row['pass'] else 'FAIL'}")
                 time.sleep(1.0)
             res["max_rps"][p] = best_rate([r for r in res["open"] if r["policy"] == p])
+        if placed is not None:
+            restore(placed[1])
     except KeyboardInterrupt:
         say("interrupted: stopping the stack; nothing written")
         return 130

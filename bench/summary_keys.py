@@ -19,7 +19,7 @@ from specrec.eval.results import update_summary
 
 SUMMARY = Path(__file__).resolve().parent / "results" / "summary.json"
 
-_P = r"(strict|nezha|specgr|drafter)"  # beam is the reference: no ratio to itself
+_P = r"(strict|nezha|specgr|fused|drafter)"  # beam is the reference: no ratio to itself
 #: step of bench/rerun.sh -> the keys its commands write
 WRITERS: dict[str, list[str]] = {
     "quality": [r"beauty\.loo\.(beam|sasrec)(\.excl)?\.((recall|ndcg)@\d+|users)", r"beauty\.train\.minutes",
@@ -32,23 +32,26 @@ WRITERS: dict[str, list[str]] = {
                  rf"beauty\.loo\.{_P}(\.k50)?\.(speedup_vs_beam|recall_ratio_vs_beam|recall@10_ratio_vs_beam"
                  r"|equal_to_beam|no_fallback_share|drafted_level_coverage|whole_frontier_share|item_acceptance"
                  r"|token_acceptance)",
-                 r"beauty\.loo\.(beam|strict|nezha|specgr|drafter)(\.k50)?\.speedup_vs_eager",
-                 r"beauty\.loo\.(beam|strict|nezha|specgr|drafter)(\.k50)?(\.excl)?\.p99_ms",
+                 r"beauty\.loo\.(beam|strict|nezha|specgr|fused|drafter)(\.k50)?\.speedup_vs_eager",
+                 r"beauty\.loo\.(beam|strict|nezha|specgr|fused|drafter)(\.k50)?(\.excl)?\.p99_ms",
                  r"beauty\.loo\.beam(\.k50)?\.equal_to_eager", r"beauty\.loo\.policies(\.k50)?\.users"],
-    "temporal": [r"beauty\.temporal\.(beam|specgr)(\.unseen0)?\.(in_sample_|unseen_)?(recall|ndcg)@50",
+    "temporal": [r"beauty\.temporal\.(beam|fused|drafter)(\.unseen0)?\.(in_sample_|unseen_)?(recall|ndcg)@50",
                  r"beauty\.temporal\.policies(\.unseen0)?\.users",
                  r"gateway\.temporal\.(budget_ms|users)",
-                 r"gateway\.temporal\.(auto|beam|specgr)\.(model_answer_share|server_p99_ms|(unseen_)?recall@50)"],
+                 r"gateway\.temporal\.(auto|beam|fused|drafter)\.(gr_ranked_share_at_\d+ms|server_p99_ms"
+                 r"|(unseen_)?recall@50)",
+                 r"gateway\.temporal\.fused\.fused_share_at_\d+ms"],
     "backends": [r"backends\.(eager|onnx)\.[a-z0-9_+]+\.(p50_ms|speedup_vs_eager)",
                  r"backends\.onnx\.max_abs_diff_vs_eager"],
     "profile": [r"hotpath\.pass\.(fixed_ms|node_us)", r"hotpath\.floor_(ms|ratio)\.beam_w\d+"],
     "startup": [r"verifier\.cold_start_s", r"stack\.(warm_start_s|cold_start_one_by_one_s)", r"onnx\.build_s",
                 r"stack\.warm_start\.\w+_s"],
     "index": [r"drafter\.hnsw\.(recall@50|speedup)"],
-    "serving": [r"gateway\.(auto|beam|strict|nezha|specgr)\.(overhead_p50_ms|p50_ms|p99_ms_at_\d+ms"
-                r"|server_p99_ms_at_\d+ms|budget_exit_share_at_\d+ms|model_answer_share_at_\d+ms)",
+    "serving": [r"gateway\.(auto|beam|strict|nezha|specgr|fused|drafter)\.(overhead_p50_ms|p50_ms|p99_ms_at_\d+ms"
+                r"|server_p99_ms_at_\d+ms|budget_exit_share_at_\d+ms|gr_ranked_share_at_\d+ms)",
+                r"gateway\.fused\.fused_share_at_\d+ms",
                 r"gateway\.auto\.(max_rps_p99_\d+ms|recall_ratio_at_\d+ms|all_fill_share_at_\d+ms"
-                r"|recall_ratio_vs_sasrec_at_\d+ms)"],
+                r"|recall_ratio_vs_fused_at_\d+ms|gr_ranked_share_open_\d+rps)"],
     "overload": [r"serving\.capacity_rps", r"serving\.overload_[\d.]+x\.(achieved_rps|client_p99_ms|error_share"
                  r"|generator_lag_p99_ms|model_answer_share|offered_rps|server_p99_ms|shed_share|void)"],
     "soak": [r"soak\.(errors|minutes|p99_drift_ms|rate_rps|rss_growth_max|shed|upsert_errors|upserts_acked)"],
