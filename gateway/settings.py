@@ -28,7 +28,8 @@ class GatewaySettings(ServiceSettings):
     max_params: int = Field(16, ge=0, le=1000, description="most policy parameters per request")
     max_history: int = Field(20, ge=1, le=10_000, description="history items fed to the model (the model's window)")
     max_batch: int = Field(256, ge=1, le=10_000, description="most requests in one RecommendBatch")
-    drafter_mode: str = Field("", description="drafter mode for specgr ('' = the drafter's default)")
+    drafter_mode: str = Field("", description="item drafter mode for fused, specgr and drafter ('' = the drafter's "
+                              "default: sasrec where the bundle has a fusion)")
     workers: int = Field(16, ge=1, le=1024, description="threads running policy loops")
     reserve_ms: float = Field(6.0, ge=0.0, le=1000.0, description="verifier calls end this long before the deadline "
                               "(or twice the drafter's mean request time when more, plus the tail of the wait "
