@@ -113,7 +113,7 @@ def _demo(bundle: Path, n: int, budget_ms: float) -> None:
     histories = _sample_histories(meta, ids, n, bundle)
     with Client() as c:
         for i, hist in enumerate(histories):
-            for policy in ("specgr", "beam") if i == 0 else ("specgr",):
+            for policy in ("auto", "fused", "beam") if i == 0 else ("auto",):
                 resp, ms = timed_recommend(c, hist, k=10, policy=policy, budget_ms=budget_ms)
                 print()
                 print(format_response(resp, ms, [titles.get(h, h) for h in hist]))
@@ -198,9 +198,9 @@ def register(sub) -> None:
     st.add_argument("--namespace", help="Redis key namespace (default: specrec-local-<the bundle's SID-space "
                     "fingerprint>, so that two bundles never share one)")
     st.add_argument("--requests", type=int, default=3, help="demo requests to send after start")
-    st.add_argument("--budget-ms", type=float, default=150.0,
-                    help="latency budget of the demo requests (through the stack on a 2-core CPU specgr ranking by "
-                    "both models takes ~25-30 ms; with 30 ms a request that cannot finish answers on the budget with "
+    st.add_argument("--budget-ms", type=float, default=30.0,
+                    help="latency budget of the demo requests (the production budget: auto answers with the best list "
+                    "that fits, the fused list where it does; a request that cannot finish answers on the budget with "
                     "the best list it holds, flagged)")
     st.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for each service")
     st.set_defaults(func=lambda a: cmd_up(a) if a.action == "up" else cmd_down(a))
@@ -209,7 +209,8 @@ def register(sub) -> None:
     r.add_argument("--history", required=True, help="comma-separated item ids, oldest first")
     r.add_argument("--k", type=int, default=10)
     r.add_argument(
-        "--policy", default="", help="beam, specgr, nezha, strict, relaxed or sample (default: the server's)"
+        "--policy", default="",
+        help="auto, fused, beam, specgr, nezha, strict, relaxed, sample or drafter (default: the server's, auto)"
     )
     r.add_argument("--budget-ms", type=float, default=0.0, help="latency budget (0 = the server's default)")
     r.add_argument("--param", action="append", metavar="NAME=VALUE", help="policy parameter (repeatable)")
