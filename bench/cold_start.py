@@ -1,7 +1,9 @@
 """How long the stack takes to serve: a fresh verifier, and the whole stack started again.
 
 1. The bundle's graphs are built once (``specrec export-onnx --bundle B``, into ``B/onnx``) unless they are
-   there and current (timed too, as ``onnx.build_s``, when it builds them).
+   there and current (timed too, as ``onnx.build_s``, when it builds them); ``onnx.graphs_mb`` is the size of
+   that directory after the full build (every graph, the chosen precisions' too, and their one shared weights
+   file).
 2. Cold: with an empty ``$SPECREC_CACHE``, as on a fresh clone or a new pod (nothing but the bundle's
    prebuilt graphs), the item set starts, then a verifier alone, as when one scales out
    (``verifier.cold_start_s``: its spawn to SERVING), then the drafter and the gateway.
@@ -23,6 +25,7 @@ import time
 import uuid
 from pathlib import Path
 
+from specrec.backends.weights import dir_mb
 from specrec.eval.results import update_summary
 from specrec_rpc.localstack import ORDER, ServiceProcs, delete_namespace, find_or_start_redis, stop_process
 
@@ -64,6 +67,7 @@ def main(argv=None) -> int:
         t = time.time()
         subprocess.run([sys.executable, "-m", "specrec.cli", "export-onnx", "--bundle", str(bundle_dir)], check=True)
         keys["onnx.build_s"] = round(time.time() - t, 1)
+    keys["onnx.graphs_mb"] = round(dir_mb(bundle_dir / "onnx"), 1)
     tmp = Path(tempfile.mkdtemp(prefix="specrec-cold-"))
     namespace = f"bench-cold-{uuid.uuid4().hex[:10]}"
     redis_url, redis_proc = find_or_start_redis(a.redis_url, workdir=tmp / "redis", log_path=tmp / "redis.log")

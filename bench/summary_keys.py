@@ -44,8 +44,8 @@ WRITERS: dict[str, list[str]] = {
     "backends": [r"backends\.(eager|onnx)\.[a-z0-9_+]+\.(p50_ms|speedup_vs_eager)",
                  r"backends\.onnx\.max_abs_diff_vs_eager"],
     "profile": [r"hotpath\.pass\.(fixed_ms|node_us)", r"hotpath\.floor_(ms|ratio)\.beam_w\d+"],
-    "startup": [r"verifier\.cold_start_s", r"stack\.(warm_start_s|cold_start_one_by_one_s)", r"onnx\.build_s",
-                r"stack\.warm_start\.\w+_s"],
+    "startup": [r"verifier\.cold_start_s", r"stack\.(warm_start_s|cold_start_one_by_one_s)",
+                r"onnx\.(build_s|graphs_mb)", r"stack\.warm_start\.\w+_s"],
     "index": [r"drafter\.hnsw\.(recall@50|speedup)"],
     "serving": [r"gateway\.(auto|beam|strict|nezha|specgr|fused|drafter)\.(overhead_p50_ms|p50_ms|p99_ms_at_\d+ms"
                 r"|server_p99_ms_at_\d+ms|budget_exit_share_at_\d+ms|gr_ranked_share_at_\d+ms)",

@@ -361,13 +361,17 @@ def cmd_sids(a: argparse.Namespace) -> int:
 def cmd_export(a: argparse.Namespace) -> int:
     """Build every graph the verifier loads (the hot path's functions and the whole searches of each K, batch-1
     and dynamic) into ``--out`` (default: the bundle's ``onnx/``, which the backend then loads instead of
-    exporting at start), and check one beam search against eager PyTorch."""
+    exporting at start), their weights in one shared file; choose the precision of the scoring pass and of
+    nezha's graphs on this machine, checked on validation users (:mod:`specrec.backends.precision`); and check
+    one beam search against eager PyTorch."""
     import time
 
     import torch
 
     from .backends import Backend
     from .backends.onnx import OrtBackend
+    from .backends.precision import choose_precisions, describe_record
+    from .backends.weights import dir_mb
     from .bundle import Bundle
     from .decoding.beam import beam_search
 
@@ -375,8 +379,15 @@ def cmd_export(a: argparse.Namespace) -> int:
     bundle = Bundle.load(a.bundle)
     out = Path(a.out) if a.out else Path(a.bundle) / "onnx"
     ks = [int(x) for x in a.k.split(",") if x.strip()]
+    scored = bundle.scored_counts(ks)
+    fp32 = OrtBackend(bundle.model, bundle.nezha_head, onnx_dir=out, drafter=bundle.sid_mlp, threads=a.threads,
+                      precision="float32")
+    fp32.warmup(bundle.trie, ks, scored=scored)
+    t1 = time.perf_counter()
+    record = choose_precisions(bundle, fp32, users=a.precision_users, seed=a.precision_seed, forced=a.precisions)
+    t2 = time.perf_counter()
     ort_be = OrtBackend(bundle.model, bundle.nezha_head, onnx_dir=out, drafter=bundle.sid_mlp, threads=a.threads)
-    ort_be.warmup(bundle.trie, ks, scored=bundle.scored_counts(ks))
+    ort_be.warmup(bundle.trie, ks, scored=scored)  # the chosen precisions' graphs of every width
     ref = Backend(bundle.model, bundle.nezha_head)
     hist = bundle.history_sids([bundle.sids_t.new_tensor([0, 1, 2]).numpy()])
     with torch.inference_mode():
@@ -386,8 +397,11 @@ def cmd_export(a: argparse.Namespace) -> int:
     diff = float((eager_beams.scores - onnx_beams.scores).nan_to_num(0, 0, 0).abs().max())
     n = len({p.name.removesuffix(".onnx").removesuffix(".ext") for p in out.glob("*.onnx")})
     same = bool(torch.equal(eager_beams.codes, onnx_beams.codes))
-    print(f"built {n} graphs for K = {ks} in {out} in {time.perf_counter() - t0:.0f} s (providers {ort_be.providers});"
-          f" beam search max |eager - onnx| = {diff:.2e}, same beams: {same}")
+    for line in describe_record(record):
+        print(line)
+    print(f"built {n} graphs for K = {ks} in {out} ({dir_mb(out):.0f} MB) in {time.perf_counter() - t0:.0f} s "
+          f"(graphs {t1 - t0:.0f} s, precision {t2 - t1:.0f} s; providers {ort_be.providers}); beam search max "
+          f"|eager - onnx| = {diff:.2e}, same beams: {same}")
     return 0
 
 
@@ -554,7 +568,13 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--bundle", required=True)
     x.add_argument("--out", default=None, help="where (default: BUNDLE/onnx, which the verifier then loads)")
     x.add_argument("--k", default="10,50", help="list lengths K whose search graphs to build (the verifier's warmup_k)")
-    x.add_argument("--threads", type=int, default=1, help="intra-op threads while building")
+    x.add_argument("--threads", type=int, default=1, help="intra-op threads while building and timing (the "
+                   "verifier's: 1)")
+    x.add_argument("--precisions", default=None, help="the precisions to try for the scoring pass and nezha's "
+                   "graphs, comma-separated (float32, int8, int8_nbits, bf16; default: $SPECREC_PRECISIONS, else "
+                   "every one this CPU runs; 'float32' keeps every graph float32)")
+    x.add_argument("--precision-users", type=int, default=2000, help="validation users a precision is checked on")
+    x.add_argument("--precision-seed", type=int, default=0, help="seed of that sample")
     x.set_defaults(func=cmd_export)
 
     y = sub.add_parser("synth", help="write a synthetic catalogue in the dataset format")

@@ -151,7 +151,6 @@ class Recommender:
         policy."""
         from .costs import CostModel
         from .policies import RecRequest, make_policy
-
         from .policies.auto import AutoPolicy
 
         eng = self.engine

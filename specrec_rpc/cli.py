@@ -66,7 +66,8 @@ def _ensure_graphs(bundle: Path) -> None:
     b = Bundle.load(bundle)
     if b.prebuilt_graphs(b.sid_mlp) is not None or not os.access(bundle, os.W_OK):
         return
-    _say("building the verifier's graphs once (specrec export-onnx; about a minute)")
+    _say("building the verifier's graphs once (specrec export-onnx; a few minutes: the precision of its "
+         "scoring pass is chosen for this machine on validation users)")
     subprocess.run([sys.executable, "-m", "specrec.cli", "export-onnx", "--bundle", str(bundle)], check=True)
 
 

@@ -76,6 +76,9 @@ register(SessionNotFound, grpc.StatusCode.FAILED_PRECONDITION, reason=Reason.SES
 NO_DISTILLED = "this verifier has no distilled drafter"
 
 SESSIONS = Gauge("specrec_verifier_sessions", "Live encoder sessions")
+GRAPH_PRECISION = Gauge("specrec_verifier_graph_precision", "1 for the arithmetic each graph runs in: float32, or the "
+                        "precision `specrec export-onnx` chose for this machine on validation users (rank: the "
+                        "scoring pass; draft: nezha's)", ["graph", "precision"])
 
 
 class VerifierSettings(ServiceSettings):
@@ -140,6 +143,10 @@ class VerifierService(Service):
         kw = {"threads": s.threads, "onnx_dir": s.onnx_dir} if s.backend == "onnx" else {}
         backend = await asyncio.to_thread(self.bundle.backend, s.backend, **kw)
         self.log.info("backend", **backend.describe())
+        # graph -> its arithmetic (none for eager, which has no graphs)
+        self.precision: dict[str, str] = getattr(backend, "graph_precisions", dict)()
+        for graph, precision in self.precision.items():
+            GRAPH_PRECISION.labels(graph, precision).set(1)
         if s.require_gpu and "CUDAExecutionProvider" not in getattr(backend, "providers", []):
             raise RuntimeError(f"require_gpu is set but the backend runs on {backend.describe()} "
                                f"(install onnxruntime-gpu, give the pod a GPU)")
@@ -429,7 +436,7 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
     async def Describe(self, request, context):
         parts = self.svc.local.parts()
         return verifier_pb2.DescribeResponse(distilled_drafter=parts.distilled_drafter, draft_head=parts.draft_head,
-                                             sid_space=self.svc.sid_space)
+                                             sid_space=self.svc.sid_space, precision=self.svc.precision)
 
     @handle_errors
     async def Release(self, request, context):

@@ -1,28 +1,27 @@
 """``onnx``: the hot path as ONNX graphs on ONNX Runtime (the CPU default).
 
-:func:`export_onnx` writes the functions of :class:`~specrec.models.hotpath.FusedHotPath`
--- ``encode``, ``step``, ``tree`` and, with a NEZHA head, ``head`` (its decoder
-pass) -- with every varying axis dynamic, so nothing is padded and nothing
-recompiles, plus ``config.json``. Whole searches are graphs too, one per
-search of the registry (:data:`specrec.decoding.searches.SEARCHES`: the export
-table) and width, exported on first use (:func:`export_search`) and kept beside
-the others under the registry's names (:func:`search_name`): ``beam_w{W}.onnx``
-(the target's constrained beam search), ``head_w{W}.onnx`` (the NEZHA head's,
-its decoder pass included), ``draft_``, ``score_``, ``strict_w{W}_n{N}`` and
-``resume_w{W}``. They read the item set as dense child tables, made once per
-catalogue version; a catalogue too big for dense tables falls back to
+The graphs (:mod:`.export`): the functions of :class:`~specrec.models.hotpath.FusedHotPath` -- ``encode``,
+``step``, ``tree`` and, with a NEZHA head, ``head`` (its decoder pass) -- with every varying axis dynamic, so
+nothing is padded and nothing recompiles, plus ``config.json``. Whole searches are graphs too, one per search of
+the registry (:data:`specrec.decoding.searches.SEARCHES`: the export table) and width, exported on first use
+(:func:`export_search`) and kept beside the others under the registry's names (:func:`search_name`):
+``beam_w{W}`` (the target's constrained beam search), ``head_w{W}`` (the NEZHA head's, its decoder pass
+included), ``draft_``, ``score_``, ``strict_w{W}_n{N}``, ``resume_w{W}`` and ``rank``. They read the item set as
+dense child tables, made once per catalogue version; a catalogue too big for dense tables falls back to
 step-by-step search.
 
-:class:`OrtBackend` runs them with full graph optimisations (exported once per
-weights into ``$SPECREC_CACHE/onnx/<fingerprint>`` unless told where), on the CUDA
-execution provider when ``onnxruntime-gpu`` finds a GPU, else the CPU.
-Intra-op threads do not spin while idle (``allow_spinning`` 0), since the
-process also runs gRPC and Python.
+:class:`OrtBackend` runs them with full graph optimisations (exported once per weights into
+``$SPECREC_CACHE/onnx/<fingerprint>`` unless told where), on the CUDA execution provider when ``onnxruntime-gpu``
+finds a GPU, else the CPU. Each graph is kept optimised (``name.ext.onnx``) with its weights in the directory's
+one shared data file (:mod:`.weights`: 404 -> ~30 MB for the verifier's 40 graphs). Every graph runs in float32
+except where the directory's precision record (``specrec export-onnx``, :mod:`.precision`) chose another for
+the scoring pass (``rank``) or nezha's graphs (``draft``) on this machine: :meth:`OrtBackend.describe` says
+which. Intra-op threads do not spin while idle (``allow_spinning`` 0), since the process also runs gRPC and
+Python; ONNX Runtime logs errors only unless the log level is DEBUG (:func:`~.export.ort_severity`).
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import threading
@@ -31,44 +30,31 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from torch import nn
 
 from ..decoding import searches
 from ..decoding.beam import Beams
 from ..decoding.searches import SEARCHES, search_name
-from ..models.hotpath import FusedHotPath, child_tables
-from ..models.tiger import Tiger
+from ..models.hotpath import child_tables
+from . import precision as prec
 from .base import DRAFT_FACTORS, Backend, draft_count
+from .export import (  # noqa: F401 - the export's names, as they were imported from here
+    ENC,
+    ENC_AXES,
+    OPSET,
+    _export,
+    export_onnx,
+    export_search,
+    fold_static_dims,
+    ort_severity,
+    prune_unused,
+    quantize_drafter,
+    share_constants,
+    weights_fingerprint,
+)
+from .weights import STORE, reads_shared_weights, remove_store, share_weights
 
 if TYPE_CHECKING:
     import onnxruntime as ort
-
-OPSET = 18
-ENC = ["enc_mask", "cross_k", "cross_v"]
-ENC_AXES = {"enc_mask": {0: "R", 1: "S"}, "cross_k": {1: "R", 4: "S"}, "cross_v": {1: "R", 3: "S"}}
-
-
-class _Fn(nn.Module):
-    def __init__(self, fn, *static):
-        super().__init__()
-        self.fn, self.static = fn, static
-
-    def forward(self, *args):
-        return self.fn(*args, *self.static)
-
-
-class _Search(nn.Module):
-    """A whole search (``fn``: a registry search's function, bound to its hot path) with its tables as separate
-    inputs and the widths baked in."""
-
-    def __init__(self, fn, n_tables: int, *widths: int, n_extra: int = 0):
-        super().__init__()
-        self.fn, self.n, self.widths, self.n_extra = fn, n_tables, widths, n_extra
-
-    def forward(self, enc_mask, cross_k, cross_v, *rest):
-        tables, extra = rest[: len(rest) - self.n_extra], rest[len(rest) - self.n_extra :]
-        return self.fn(enc_mask, cross_k, cross_v, list(tables), *self.widths, *extra)
-
 
 # the export table is the registry of searches (kind -> its function, widths, inputs and outputs); the graphs
 # that run the distilled SID drafter, and the inputs (after the tables) of the graph that finishes a row
@@ -78,278 +64,6 @@ RESUME = list(SEARCHES["resume"].inputs)
 RANK = list(SEARCHES["rank"].inputs)
 
 
-def _export(module: nn.Module, args, inputs, outputs, axes, path: Path, post=None) -> None:
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")  # several processes may export the same graph at once
-    torch.onnx.export(module.eval(), args, str(tmp), dynamo=False, opset_version=OPSET, input_names=inputs,
-                      output_names=outputs, dynamic_axes=axes, external_data=False)
-    share_constants(tmp)
-    fold_static_dims(tmp)
-    if post is not None:
-        post(tmp)
-    tmp.replace(path)
-
-
-def share_constants(path: Path, min_bytes: int = 1024) -> None:
-    """Store each distinct large constant of the graph at ``path`` once, as an initializer.
-
-    The tracer folds a weight's transpose into a new constant at every use, so a graph that runs the
-    decoder once per level (the beam search: four passes) held four copies of its weights (37 MB of
-    constants, 10 MB distinct) and ONNX Runtime kept them all in memory. Identical tensors (same type,
-    shape and bytes) now share one initializer; the arithmetic is unchanged."""
-    import hashlib
-
-    import onnx
-
-    m = onnx.load(str(path))
-    g = m.graph
-    canon: dict[bytes, str] = {}
-    rename: dict[str, str] = {}
-    keep = []
-    for node in g.node:
-        t = node.attribute[0].t if (node.op_type == "Constant" and len(node.attribute) == 1
-                                    and node.attribute[0].name == "value") else None
-        if t is None or len(t.raw_data) < min_bytes:
-            keep.append(node)
-            continue
-        key = hashlib.sha256(f"{t.data_type}:{list(t.dims)}:".encode() + t.raw_data).digest()
-        if key in canon:
-            rename[node.output[0]] = canon[key]
-            continue
-        canon[key] = node.output[0]
-        init = onnx.TensorProto()
-        init.CopyFrom(t)
-        init.name = node.output[0]
-        g.initializer.append(init)
-    if rename:
-        def fix(graph) -> None:
-            for n in graph.node:
-                for i, x in enumerate(n.input):
-                    if x in rename:
-                        n.input[i] = rename[x]
-                for a in n.attribute:
-                    if a.type == onnx.AttributeProto.GRAPH:
-                        fix(a.g)
-                    for sub in a.graphs:
-                        fix(sub)
-
-        fix(g)
-        for o in g.output:  # a graph output that was a duplicate constant: an Identity keeps its name
-            if o.name in rename:
-                keep.append(onnx.helper.make_node("Identity", [rename[o.name]], [o.name]))
-    del g.node[:]
-    g.node.extend(keep)
-    onnx.save(m, str(path))
-
-
-def fold_static_dims(path: Path) -> int:
-    """Replace, in the graph at ``path``, each read of a tensor's size that ONNX shape inference knows (a
-    ``Gather`` of a ``Shape`` at a constant index, or a whole ``Shape`` with every dimension known) by a constant.
-
-    The tracer records every ``.shape`` the hot path reads as ``Shape -> Gather -> Unsqueeze -> Concat`` before
-    a ``Reshape``, and keeps the chain when any axis of the tensor is dynamic, though the dimension read is not
-    (a beam width, the model's head size): ONNX Runtime folds a ``Shape`` only when the whole shape is known.
-    Folded here, the chains end in constants it folds. Measured on beam W=10 (one thread): 1,128 -> 995 nodes
-    after ONNX Runtime's optimisations, 4.81 -> 4.61 ms, the same outputs bit for bit. Returns the number of
-    reads folded."""
-    import onnx
-    from onnx import helper, numpy_helper, shape_inference
-
-    m = shape_inference.infer_shapes(onnx.load(str(path)), data_prop=True)
-    g = m.graph
-    dims: dict[str, list[int | None]] = {}
-    for vi in [*g.value_info, *g.input, *g.output]:
-        t = vi.type.tensor_type
-        if t.HasField("shape"):
-            dims[vi.name] = [d.dim_value if d.HasField("dim_value") else None for d in t.shape.dim]
-    scalars = {n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in g.node
-               if n.op_type == "Constant" and len(n.attribute) == 1 and n.attribute[0].name == "value"}
-    shape_of = {n.output[0]: n.input[0] for n in g.node if n.op_type == "Shape" and not n.attribute}
-
-    def constant(name: str, value) -> onnx.NodeProto:
-        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.asarray(value, np.int64)))
-
-    nodes, folded = [], 0
-    for n in g.node:
-        known: int | list[int | None] | None = None
-        if n.op_type == "Gather" and n.input[0] in shape_of and n.input[1] in scalars:
-            d, i = dims.get(shape_of[n.input[0]]), scalars[n.input[1]]
-            known = d[int(i)] if d is not None and i.ndim == 0 and -len(d) <= int(i) < len(d) else None
-        elif n.op_type == "Shape" and not n.attribute and n.input[0] in dims and None not in dims[n.input[0]]:
-            known = dims[n.input[0]]
-        if known is not None:
-            nodes.append(constant(n.output[0], known))
-            folded += 1
-        else:
-            nodes.append(n)
-    if not any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in nodes for a in n.attribute):
-        read = {x for n in nodes for x in n.input} | {o.name for o in g.output}
-        nodes = [n for n in nodes if n.op_type != "Shape" or n.output[0] in read]  # sizes nothing reads any more
-    del g.node[:]
-    g.node.extend(nodes)
-    del g.value_info[:]  # inferred here; ONNX Runtime infers its own
-    onnx.save(m, str(path))
-    return folded
-
-
-def _example_encoder(fused: FusedHotPath, r: int = 2, s: int = 3):
-    cfg = fused.cfg
-    hist = torch.randint(0, min(cfg.level_sizes), (r, s, cfg.sid_len))
-    hist[0, 0] = -1
-    with torch.no_grad():
-        return hist, fused.encode(hist)
-
-
-def export_onnx(model: Tiger, out_dir: str | Path, head=None, drafter=None) -> Path:
-    """Write the hot path's graphs (no whole searches yet) and config.json to ``out_dir``."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    cfg = model.cfg
-    fused = FusedHotPath(model, head).eval()
-    r, b, t = 2, 3, 5
-    hist, (keep, ck, cv) = _example_encoder(fused, r)
-    _export(_Fn(fused.encode), (hist,), ["hist_sids"], ENC, {"hist_sids": {0: "R", 1: "S"}, **ENC_AXES},
-            out / "encode.onnx")
-    cache_k, cache_v = fused.empty_cache(r * 2)
-    args = (torch.randint(2, cfg.vocab_size, (r, b)), torch.tensor(1), torch.randint(0, r * 2, (r * b,)),
-            keep, ck, cv, cache_k + 0.5, cache_v + 0.5)
-    _export(
-        _Fn(fused.step),
-        args,
-        ["tokens", "start", "parent", *ENC, "cache_k", "cache_v"],
-        ["logp", "new_k", "new_v"],
-        {
-            "tokens": {0: "R", 1: "B"},
-            "parent": {0: "N"},
-            **ENC_AXES,
-            "cache_k": {1: "Nc"},
-            "cache_v": {1: "Nc"},
-            "logp": {0: "N"},
-            "new_k": {1: "N"},
-            "new_v": {1: "N"},
-        },
-        out / "step.onnx",
-    )
-    mask = torch.rand(r, t, t) > 0.5
-    mask |= torch.eye(t, dtype=torch.bool)
-    tree_args = (torch.randint(2, cfg.vocab_size, (r, t)), torch.randint(0, cfg.sid_len, (r, t)), mask, keep, ck, cv)
-    _export(_Fn(fused.tree), tree_args, ["tokens", "positions", "tree_mask", *ENC], ["logp"],
-            {"tokens": {0: "R", 1: "T"}, "positions": {0: "R", 1: "T"}, "tree_mask": {0: "R", 1: "T", 2: "T"},
-             **ENC_AXES, "logp": {0: "R", 1: "T"}}, out / "tree.onnx")
-    if head is not None:
-        _export(_Fn(fused.head_hidden), (keep, ck, cv), ENC, ["hidden"], {**ENC_AXES, "hidden": {0: "R"}},
-                out / "head.onnx")
-    meta = {"model": cfg.model_dump(), "fingerprint": weights_fingerprint(model, head, drafter)}
-    (out / "config.json").write_text(json.dumps(meta, indent=2) + "\n")
-    return out
-
-
-def weights_fingerprint(*modules) -> str:
-    """sha256 (first 16 hex digits) of the modules' weights and of the code the graphs are traced
-    from (this file, the hot path, the head's functions, the constrained top-k and every module of the
-    registry of searches): exported graphs belong to exactly these."""
-    import hashlib
-    import inspect
-
-    from ..decoding import topk
-    from ..models import hotpath, nezha_head
-
-    code = [Path(inspect.getfile(m)) for m in (hotpath, nezha_head, topk)]
-    code += sorted(Path(inspect.getfile(searches)).parent.glob("*.py"))
-    h = hashlib.sha256(b"".join(f.read_bytes() for f in code) + Path(__file__).read_bytes())
-    for m in modules:
-        if m is None:
-            continue
-        for k, v in sorted(m.state_dict().items()):
-            h.update(k.encode())
-            h.update(v.detach().float().contiguous().numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
-def export_search(model: Tiger, out_dir: str | Path, kind: str, width: int | None, head=None, drafter=None,
-                  n: int | None = None, drafter_bits: int | None = None) -> Path:
-    """Write the whole-search graph ``kind`` (see :data:`SEARCHES`) of ``width`` (and ``n`` drafts per level,
-    for 'strict') as ``search_name(kind, width, n, drafter_bits).onnx``, the drafter's weights quantized to
-    ``drafter_bits`` where given (:func:`quantize_drafter`)."""
-    out = Path(out_dir)
-    fused = FusedHotPath(model, head, drafter).eval()
-    hist, enc = _example_encoder(fused, 2)
-    sids = torch.stack([torch.randint(0, v, (16,)) for v in model.cfg.level_sizes], 1)
-    from ..ids.trie import SidTrie
-
-    tables = child_tables(SidTrie(sids.numpy(), model.cfg.level_sizes), fused.vmax)
-    if tables is None:
-        raise ValueError(f"a level of {model.cfg.level_sizes} is too big for dense child tables")
-    names = [f"table{j}" for j in range(len(tables))]
-    search = SEARCHES[kind]
-    outputs = list(search.outputs)
-    widths = () if not search.widths else (width,) if n is None else (width, n)
-    if len(widths) != len(search.widths):
-        raise ValueError(f"search {kind!r} takes {', '.join(search.widths) or 'no width'}")
-    path = out / f"{search_name(kind, width if search.widths else None, n, drafter_bits)}.onnx"
-    declared = search.axes or {}
-    axes = {**ENC_AXES, **{nm: {0: f"nodes{j}"} for j, nm in enumerate(names)},
-            **{o: declared.get(o, {1 if o.startswith("kept") else 0: "R"}) for o in outputs}}
-    extra: tuple = ()
-    if search.inputs:  # another graph's outputs (resume: strict's): an example of them
-        assert search.example is not None  # a search with inputs declares how to make them
-        with torch.no_grad():
-            extra = tuple(search.example(fused, enc, tables, width))
-        axes.update({nm: declared.get(nm, {1 if nm.startswith("kept") else 0: "R"}) for nm in search.inputs})
-    # the hot path is not a submodule: its weights are traced as constants (:func:`share_constants`)
-    _export(_Search(functools.partial(search.fn, fused), len(tables), *widths, n_extra=len(extra)),
-            (*enc, *tables, *extra), [*ENC, *names, *(search.inputs if extra else [])], outputs, axes, path,
-            post=(lambda p: quantize_drafter(p, drafter, drafter_bits)) if drafter_bits and drafter is not None
-            else None)
-    return path
-
-
-def quantize_drafter(path: Path, drafter: nn.Module, bits: int = 8) -> int:
-    """The distilled drafter's matrix products in the graph at ``path`` with ``bits``-bit weights: ONNX
-    Runtime's weight-only MatMulNBits (symmetric, blocks of 32 along the input axis, int8 arithmetic).
-
-    The drafter's 4.3 MB of weights become 1.1 MB; on 500 validation users ``nezha`` (whose graph is the
-    target's BOS pass and the drafter) went from 1.89x to 1.97x of beam's speed with the same recall, and
-    its lists hold 97.5% of the float32 drafter's SIDs. Its products are found by their weights (the
-    drafter's linear layers, as the tracer stored them), so the target's are never quantized: level 0 and
-    every score the target gives stay exact, and ``strict`` still returns exactly beam's lists (the drafts
-    only decide what is verified). Returns the number of products quantized."""
-    import hashlib
-    import logging
-
-    import onnx
-    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
-
-    def key(a: np.ndarray) -> bytes:
-        return hashlib.sha256(np.ascontiguousarray(a, dtype=np.float32).tobytes()).digest()
-
-    ours = set()
-    for m in drafter.modules():
-        if isinstance(m, nn.Linear):
-            w = m.weight.detach().float().numpy()
-            ours |= {key(w), key(w.T)}
-    model = onnx.load(str(path))
-    inits = {t.name: key(onnx.numpy_helper.to_array(t)) for t in model.graph.initializer if len(t.raw_data) >= 1024}
-    nodes = [n.name for n in model.graph.node if n.op_type == "MatMul" and inits.get(n.input[1]) in ours]
-    if not nodes:
-        return 0
-
-    def matmuls(g) -> list[str]:
-        out = [n.name for n in g.node if n.op_type == "MatMul"]
-        for n in g.node:
-            for a in n.attribute:
-                out += [x for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else a.graphs) for x in matmuls(sub)]
-        return out
-
-    others = sorted(set(matmuls(model.graph)) - set(nodes))  # the quantizer takes every MatMul it is not told to skip
-    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
-    cfg = DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=True, accuracy_level=4, bits=bits)
-    q = MatMulNBitsQuantizer(model, bits=bits, block_size=32, is_symmetric=True, accuracy_level=4,
-                             nodes_to_exclude=others, algo_config=cfg)
-    q.process()
-    q.model.save_model_to_file(str(path))
-    return len(nodes)
-
-
 def default_providers() -> list[str]:
     import onnxruntime as ort
 
@@ -357,17 +71,20 @@ def default_providers() -> list[str]:
     return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in avail]
 
 
-def session_options(threads: int | None = None, spinning: bool = False):
+def session_options(threads: int | None = None, spinning: bool = False, config: dict[str, str] | None = None):
     """ONNX Runtime's options for a hot-path graph: every graph optimisation, ``threads`` intra-op threads (1 unless
     given), one inter-op thread, and threads that sleep between nodes unless ``spinning`` (:class:`OrtBackend`
-    says why)."""
+    says why), its warnings logged only at DEBUG (:func:`~.export.ort_severity`), and ``config``'s entries."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.intra_op_num_threads = threads or 1
     so.inter_op_num_threads = 1
+    so.log_severity_level = ort_severity()
     so.add_session_config_entry("session.intra_op.allow_spinning", "1" if spinning else "0")
+    for k, v in (config or {}).items():
+        so.add_session_config_entry(k, v)
     return so
 
 
@@ -376,7 +93,7 @@ class OrtBackend(Backend):
 
     def __init__(self, model, head=None, onnx_dir: str | Path | None = None, threads: int | None = None,
                  providers: list[str] | None = None, drafter=None, drafter_bits: int | None | str = "auto",
-                 spinning: bool = False):
+                 spinning: bool = False, precision: dict[str, str] | str | None = None):
         """``drafter_bits``: the distilled drafter's weights in the whole-search graphs as 8-bit integers
         (:func:`quantize_drafter`; the target's are never touched), None for float32; "auto": 8 on the
         CPU, float32 where a GPU runs the graphs. ``threads``: intra-op threads, 1 unless given; ``spinning``:
@@ -385,11 +102,14 @@ class OrtBackend(Backend):
         with two that sleep between nodes (each of the graph's ~900 small nodes wakes the other one); two that
         spin ran the graph faster alone but took the cores from all other work in the process (eager torch beside
         them: 120 ms a request instead of 16.7). A machine with more cores and bigger batches sets ``threads`` (the
-        verifier's SPECREC_VERIFIER_THREADS)."""
+        verifier's SPECREC_VERIFIER_THREADS). ``precision``: the precision of the graphs whose precision is chosen
+        (:data:`~.precision.KINDS`: ``rank``, ``draft``), kind -> one of :data:`~.precision.PRECISIONS`, or one
+        for all; None: the directory's record (:mod:`.precision`; float32 where it has none)."""
         super().__init__(model, head, drafter=drafter)
         import onnxruntime as ort
 
         self._ort = ort
+        ort.set_default_logger_severity(ort_severity())
         if onnx_dir is None:  # shared by every process serving these weights
             from ..ids.embed import cache_dir
 
@@ -404,6 +124,15 @@ class OrtBackend(Backend):
             raise ValueError(f"drafter_bits: 8 or None, not {drafter_bits!r}")
         self.drafter_bits = drafter_bits if drafter is not None else None
         self.onnx_dir = d
+        self.threads, self.spinning = threads, spinning
+        if precision is None:
+            self.precision = prec.read_precision(d)
+        else:
+            forced = dict.fromkeys(prec.KINDS, precision) if isinstance(precision, str) else dict(precision)
+            bad = {k: v for k, v in forced.items() if k not in prec.KINDS or v not in prec.PRECISIONS}
+            if bad:
+                raise ValueError(f"precision {bad}: kinds {prec.KINDS}, precisions {prec.PRECISIONS}")
+            self.precision = {k: forced.get(k, prec.FLOAT32) for k in prec.KINDS}
         self.sessions: dict[str, ort.InferenceSession] = {}
         self._lock = threading.Lock()
         for name in ("encode", "step", "tree", "head"):
@@ -412,7 +141,21 @@ class OrtBackend(Backend):
         self.providers = self.sessions["encode"].get_providers()
 
     def describe(self) -> dict:
-        return {"backend": self.name, "providers": self.providers}
+        return {"backend": self.name, "providers": self.providers, "precision": self.graph_precisions()}
+
+    def graph_precisions(self) -> dict[str, str]:
+        """The arithmetic each graph runs in, by graph (the hot path's functions and the registry's searches this
+        backend runs): "float32", or the chosen precision of :data:`~.precision.KINDS`; "+drafter_w8" where the
+        distilled drafter's weights in it are 8-bit (:func:`~.export.quantize_drafter`)."""
+        out = {name: prec.FLOAT32 for name in ("encode", "step", "tree")}
+        if self.nezha_head is not None:
+            out["head"] = prec.FLOAT32
+        for kind, s in SEARCHES.items():
+            if (s.uses_head and self.nezha_head is None) or (s.uses_sid_drafter and self.drafter is None):
+                continue
+            p = self.precision.get(kind, prec.FLOAT32)
+            out[kind] = p + ("+drafter_w8" if s.uses_sid_drafter and self.drafter_bits else "")
+        return out
 
     def _session(self, name: str):
         s = self.sessions.get(name)
@@ -420,8 +163,9 @@ class OrtBackend(Backend):
             with self._lock:
                 s = self.sessions.get(name)
                 if s is None:
-                    s = self._ort.InferenceSession(str(self._optimized(name)), self.options,
-                                                   providers=self.providers_wanted)
+                    config = prec.session_config(name)
+                    so = session_options(self.threads, self.spinning, config) if config else self.options
+                    s = self._ort.InferenceSession(str(self._optimized(name)), so, providers=self.providers_wanted)
                     self.sessions[name] = s
         return s
 
@@ -430,17 +174,22 @@ class OrtBackend(Backend):
         folding; no layout for one CPU) left it, saved in its place once (``name.ext.onnx``; the traced graph is
         then removed: the directory's fingerprint, not the file, says whether it is current) on the CPU: a
         session made from it spends less than half the time optimising (measured 0.16 -> 0.07 s per graph; the
-        verifier loads some 70 at start). Elsewhere (CUDA) the traced graph itself."""
+        verifier loads some 70 at start). Elsewhere (CUDA) the traced graph itself. Either way its weights go
+        to the directory's shared data file (:func:`~.weights.share_weights`) where the directory is writable."""
         src, out = self.onnx_dir / f"{name}.onnx", self.onnx_dir / f"{name}.ext.onnx"
-        if self.providers_wanted != ["CPUExecutionProvider"] or (src.exists() and not out.exists()
-                                                                and not os.access(self.onnx_dir, os.W_OK)):
+        writable = os.access(self.onnx_dir, os.W_OK)
+        if self.providers_wanted != ["CPUExecutionProvider"] or (src.exists() and not out.exists() and not writable):
+            if writable and src.exists():
+                share_weights(src)
             return src
         if not out.exists():
             so = self._ort.SessionOptions()
             so.graph_optimization_level = self._ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+            so.log_severity_level = ort_severity()
             tmp = out.with_suffix(f".{os.getpid()}.tmp")
             so.optimized_model_filepath = str(tmp)
             self._ort.InferenceSession(str(src), so, providers=["CPUExecutionProvider"])
+            share_weights(tmp)
             tmp.replace(out)
             src.unlink(missing_ok=True)
         return out
@@ -494,15 +243,22 @@ class OrtBackend(Backend):
         names = [f"table{j}" for j in range(len(tables))]
         return self._run(name, [*ENC, *names], [enc.keep, enc.cross_k, enc.cross_v, *tables])
 
-    def _exported(self, kind: str, width: int | None, n: int | None = None) -> str:
-        """The name of whole-search graph ``kind`` (``width`` None: one without a static width), exported first if
-        it is not yet."""
+    def _exported(self, kind: str, width: int | None, n: int | None = None, precision: str | None = None) -> str:
+        """The name of whole-search graph ``kind`` (``width`` None: one without a static width) in ``precision``
+        (default: the one chosen for ``kind``, :attr:`precision`), exported first if it is not yet (another
+        precision: built from the float32 graph, :func:`~.precision.build_variant`)."""
         bits = self.drafter_bits if kind in DRAFTER_KINDS else None
-        name = search_name(kind, width, n, bits)
+        base = search_name(kind, width, n, bits)
+        name = prec.variant_name(base, precision or self.precision.get(kind, prec.FLOAT32))
         if name not in self.sessions and not self._have(name):
             with self._lock:
-                if not self._have(name):
+                if not self._have(base):
                     export_search(self.model, self.onnx_dir, kind, width, self.nezha_head, self.drafter, n, bits)
+                if name != base and not self._have(name):
+                    if not os.access(self.onnx_dir, os.W_OK):  # cannot build it here: float32
+                        return base
+                    prec.build_variant(self._optimized(base), self.onnx_dir / f"{name}.onnx",
+                                       name.removeprefix(base + "_"))
         return name
 
     def _ranked(self, enc, inputs: list[torch.Tensor]) -> torch.Tensor:
@@ -573,23 +329,27 @@ def graph_file(d: Path, name: str) -> Path | None:
 
 
 def graphs_current(d: Path, model, head, drafter=None) -> bool:
-    """Whether ``d`` holds the hot path's graphs exported for exactly these weights and this code."""
-    if not (d / "config.json").exists() or graph_file(d, "tree") is None:
+    """Whether ``d`` holds the hot path's graphs exported for exactly these weights and this code (and the shared
+    weights file they read)."""
+    tree = graph_file(d, "tree")
+    if not (d / "config.json").exists() or tree is None:
         return False
     if head is not None and graph_file(d, "head") is None:
+        return False
+    if not (d / STORE).exists() and reads_shared_weights(tree):
         return False
     meta = json.loads((d / "config.json").read_text())
     return meta.get("fingerprint") == weights_fingerprint(model, head, drafter)
 
 
 def _current(d: Path, model, head, drafter=None) -> bool:
-    """:func:`graphs_current`; where ``d`` holds graphs of other weights, their whole-search graphs are removed."""
+    """:func:`graphs_current`; where ``d`` holds graphs of other weights, they are removed with their shared
+    weights (the graphs of the hot path's functions are exported again, the rest on first use)."""
     if graphs_current(d, model, head, drafter):
         return True
     if not (d / "config.json").exists():
         return False
-    # whole-search graphs of other weights, and every optimised copy (the graphs of the hot path's functions are
-    # exported again); a set: an optimised whole-search graph matches both patterns
-    for old in {*d.glob("*_w*.onnx"), *d.glob("*.ext.onnx")}:
+    for old in d.glob("*.onnx"):
         old.unlink(missing_ok=True)
+    remove_store(d)
     return False

@@ -41,7 +41,7 @@ def score_users(bundle: Bundle, ex, exclude: list[np.ndarray], n: int, backend=N
     share drafted by text), both models' log-probabilities of them (the GR's per code, on ``backend``, default the
     bundle's float32 one), which are unseen, and the target."""
     drafter = bundle.drafter("sasrec")
-    backend = backend or bundle.backend()
+    backend = backend or bundle.backend(precision="float32")
     itemset = bundle.itemset
     hists = ex.histories()
     out: list[Scored] = []

@@ -34,6 +34,8 @@ async def stack(redis_url, model_only_bundle_dir):
 async def test_the_verifier_says_what_its_bundle_offers(stack):
     d = await stack.verifier.Describe(verifier_pb2.DescribeRequest(), timeout=10)
     assert not d.distilled_drafter and not d.draft_head and d.sid_space
+    # every graph's arithmetic: float32 here (graphs exported on first use hold no precision record)
+    assert d.precision["beam"] == "float32" and d.precision["rank"] == "float32" and "draft" not in d.precision
 
 
 @pytest.mark.asyncio(loop_scope="session")

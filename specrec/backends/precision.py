@@ -1,0 +1,431 @@
+"""The precision each scoring graph runs in, chosen per machine when the graphs are built, on validation users.
+
+Two kinds of graph may leave float32 (:data:`KINDS`); every other graph (``encode``, ``step``, ``tree``,
+``beam``, ``strict``, ``resume``, ``score``, the head's) stays float32 and computes what eager PyTorch computes:
+
+- ``rank``, the scoring pass (given candidates' log-probabilities: the ``Score`` RPC with ``scores_only``, and
+  ``fused`` ranking SASRec's candidates by both models): judged by the fused list's recall@10;
+- ``draft``, ``nezha``'s graph (the target's first decoder pass and the distilled drafter, whose weights are
+  8-bit already): judged by ``nezha``'s recall@10.
+
+The candidates (:data:`PRECISIONS`): ``int8``, ONNX Runtime's dynamic quantization of the matrix products with a
+constant weight (weights int8 per tensor, activations quantized at every call: ``DynamicQuantizeMatMul``);
+``int8_nbits``, its weight-only ``MatMulNBits`` (8 bits, blocks of 32, int8 arithmetic: ``accuracy_level`` 4);
+``bf16``, the float32 graph with ONNX Runtime's bf16 fast-math GEMM, only on an arm64 CPU that has bf16 (its CPU
+provider has no bf16 kernel on x86, AMX or AVX512_BF16 included; on a CPU without bf16 it would be ~30x slower,
+so it is never built, timed or chosen there). ``SPECREC_PRECISIONS`` (or ``export-onnx --precisions``) forces
+the list.
+
+:func:`choose_precisions` (``specrec export-onnx``) builds each candidate's graph, times them side by side in one
+run (every candidate on the same inputs, one after another, one intra-op thread as the verifier runs them,
+batch 1: :func:`time_sessions`), and checks the ones faster than float32 on a seeded sample of the bundle's
+validation users (history excluded, as ``specrec tune-fusion`` scores them): a candidate passes when its recall@10
+is at least ``1 - TOLERANCE`` (0.99) of float32's. The fastest that passes is kept (:func:`decide`), else
+float32; the choice and its evidence (each candidate's ms and recall, the sample, the CPU flags that matter, the
+ONNX Runtime version) go into the graphs directory's ``config.json`` under ``precision``
+(:func:`write_precision`), and :class:`~specrec.backends.onnx.OrtBackend` loads the chosen graph
+(:func:`variant_name`: ``rank_int8``, ``draft_w10_q8_int8``). A directory without the record (an older build,
+a backend's own cache) runs float32. Without validation users (no dataset beside the bundle) or without a fusion
+nothing is checked and everything stays float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import platform
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from ..bundle import Bundle
+    from .onnx import OrtBackend
+
+FLOAT32 = "float32"
+PRECISIONS = (FLOAT32, "int8", "int8_nbits", "bf16")
+#: the graphs whose precision is chosen (search kinds of the registry)
+KINDS = ("rank", "draft")
+#: a candidate passes with a recall@10 of at least (1 - TOLERANCE) x float32's
+TOLERANCE = 0.01
+#: times within this share of the fastest are a tie (timing noise): float32 if it is among them, else the better
+#: recall, else the first in :data:`PRECISIONS`
+MARGIN = 0.02
+ENV = "SPECREC_PRECISIONS"
+#: the CPU flags that decide what is fast (x86: AVX2 / AVX-512 / VNNI / AMX; arm64: dot product, i8mm, bf16)
+FLAGS = ("avx2", "fma", "avx_vnni", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8",
+         "amx_bf16", "asimddp", "i8mm", "bf16", "sve")
+BF16_FASTMATH = "mlas.enable_gemm_fastmath_arm64_bfloat16"
+
+
+def cpu_flags(cpuinfo: str | None = None) -> dict[str, Any]:
+    """This CPU: its architecture, model name and which of :data:`FLAGS` it has (``/proc/cpuinfo``)."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text()
+        except OSError:
+            cpuinfo = ""
+    have: set[str] = set()
+    model = ""
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        if key in ("flags", "features"):
+            have |= set(value.split())
+        elif key == "model name" and not model:
+            model = value.strip()
+    return {"machine": platform.machine().lower(), "model": model, "flags": [f for f in FLAGS if f in have]}
+
+
+def has_bf16(cpu: dict) -> bool:
+    """Whether the CPU computes in bf16 (AMX or AVX512_BF16 on x86, bf16 on arm64)."""
+    return bool({"amx_bf16", "avx512_bf16", "bf16"} & set(cpu["flags"]))
+
+
+def _bf16_runs(cpu: dict) -> bool:
+    """Whether ONNX Runtime's CPU provider can run the bf16 candidate here: arm64 with bf16 (its fast-math GEMM)."""
+    return cpu["machine"] in ("aarch64", "arm64") and "bf16" in cpu["flags"]
+
+
+def candidates(cpu: dict, forced: Sequence[str] | str | None = None) -> tuple[list[str], dict[str, str]]:
+    """The precisions to try on this CPU, float32 first (``forced``, else ``$SPECREC_PRECISIONS``, else every one
+    it can run) -> (the list, why each other one is left out)."""
+    forced = forced if forced is not None else os.environ.get(ENV) or None
+    if isinstance(forced, str):
+        forced = [p.strip() for p in forced.split(",") if p.strip()]
+    unknown = sorted(set(forced or ()) - set(PRECISIONS))
+    if unknown:
+        raise ValueError(f"unknown precision(s) {unknown} (known: {', '.join(PRECISIONS)})")
+    wanted = list(forced) if forced is not None else list(PRECISIONS)
+    left: dict[str, str] = {p: "not asked for" for p in PRECISIONS if p not in wanted}
+    if "bf16" in wanted and not _bf16_runs(cpu):
+        wanted.remove("bf16")
+        left["bf16"] = ("ONNX Runtime's CPU provider has no bf16 kernel on x86 (AMX / AVX512_BF16 included)"
+                        if has_bf16(cpu) else "the CPU has no bf16 (AMX, AVX512_BF16, arm64 bf16): ~30x slower")
+    return [FLOAT32] + [p for p in wanted if p != FLOAT32], left
+
+
+def variant_name(name: str, precision: str) -> str:
+    """The graph of ``name`` (``rank``, ``draft_w10_q8``) in ``precision``: its own file (``rank_int8``)."""
+    return name if precision == FLOAT32 else f"{name}_{precision}"
+
+
+def session_config(name: str) -> dict[str, str]:
+    """Session config entries a graph's precision needs (the bf16 candidate: the fast-math GEMM)."""
+    return {BF16_FASTMATH: "1"} if name.endswith("_bf16") else {}
+
+
+def build_variant(src: Path, dst: Path, precision: str) -> None:
+    """Write the float32 graph at ``src`` in ``precision`` to ``dst`` (weights inline; the backend optimises it
+    and shares its weights as any traced graph's)."""
+    import onnx
+
+    from .export import nbits_quantizer, quiet
+
+    tmp = dst.with_name(f"{dst.name}.{os.getpid()}.tmp")
+    if precision == "bf16":  # the float32 graph; its session asks for the bf16 GEMM
+        onnx.save(onnx.load(str(src)), str(tmp))
+    elif precision == "int8":
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        with quiet():
+            quantize_dynamic(onnx.load(str(src)), str(tmp), weight_type=QuantType.QInt8,
+                             op_types_to_quantize=["MatMul"])
+    elif precision == "int8_nbits":
+        nbits = nbits_quantizer()
+        cfg = nbits.DefaultWeightOnlyQuantConfig(block_size=32, is_symmetric=True, accuracy_level=4, bits=8)
+        q = nbits.MatMulNBitsQuantizer(onnx.load(str(src)), bits=8, block_size=32, is_symmetric=True,
+                                       accuracy_level=4, algo_config=cfg)
+        with quiet():
+            q.process()
+        q.model.save_model_to_file(str(tmp))
+    else:
+        raise ValueError(f"no graph is built for precision {precision!r}")
+    tmp.replace(dst)
+
+
+# -- the record -----------------------------------------------------------------------------------------------
+def read_precision(d: Path) -> dict[str, str]:
+    """The precision chosen for each of :data:`KINDS` in graphs directory ``d`` (float32 where it has no record)."""
+    try:
+        rec = json.loads((Path(d) / "config.json").read_text()).get("precision", {})
+    except (OSError, json.JSONDecodeError):
+        rec = {}
+    out = {}
+    for kind in KINDS:
+        p = rec.get(kind, {}).get("chosen", FLOAT32) if isinstance(rec.get(kind), dict) else FLOAT32
+        out[kind] = p if p in PRECISIONS else FLOAT32
+    return out
+
+
+def write_precision(d: Path, record: dict) -> None:
+    """Keep ``record`` (kind -> its choice and evidence) in ``d``'s ``config.json`` under ``precision``."""
+    path = Path(d) / "config.json"
+    meta = json.loads(path.read_text())
+    meta["precision"] = record
+    tmp = path.with_name(f"config.json.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(meta, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def describe_record(record: dict) -> list[str]:
+    """The record in a few lines for the terminal: per kind the choice, each candidate's ms and recall."""
+    cpu = record.get("cpu", {})
+    lines = [f"precision chosen on {cpu.get('model') or cpu.get('machine', '?')} ({', '.join(cpu.get('flags', []))}; "
+             f"ONNX Runtime {record.get('onnxruntime', '?')})"
+             + "".join(f"; {p}: {why}" for p, why in record.get("left_out", {}).items() if why != "not asked for")]
+    what = {"rank": "the scoring pass (rank)", "draft": "nezha's graphs (draft)"}
+    for kind in KINDS:
+        r = record.get(kind, {})
+        if "candidates" not in r:
+            lines.append(f"  {what[kind]}: {r.get('chosen', FLOAT32)} ({r.get('why', 'not measured')})")
+            continue
+        cells = []
+        for p, row in r["candidates"].items():
+            cell = f"{p} {row['ms']:.2f} ms"
+            if "recall@10" in row:
+                cell += f" R@10 {row['recall@10']:.4f}" + (f" ({row['ratio']:.3f}x)" if p != FLOAT32 else "")
+            if row.get("verdict") and row["verdict"] != "passes":
+                cell += f" [{row['verdict']}]"
+            cells.append(cell)
+        lines.append(f"  {what[kind]}: {r['chosen']} -- " + ", ".join(cells) + f"; {r.get('judged_by', '')}")
+    return lines
+
+
+# -- measuring ------------------------------------------------------------------------------------------------
+def time_sessions(run: Mapping[str, Callable[[Any], object]], feeds: Sequence[Any],
+                  rounds: int = 3) -> dict[str, float]:
+    """Median ms per call of each of ``run`` (name -> a function of one feed), side by side: every feed is given
+    to every one in turn (the order rotating from feed to feed), ``rounds`` times; the first round warms up."""
+    names = list(run)
+    times: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        for i, feed in enumerate(feeds):
+            for j in range(len(names)):
+                n = names[(i + j) % len(names)]
+                t = time.perf_counter()
+                run[n](feed)
+                if r:
+                    times[n].append(time.perf_counter() - t)
+    return {n: round(float(np.median(times[n])) * 1e3, 3) if times[n] else float("nan") for n in names}
+
+
+def decide(ms: dict[str, float], recall: dict[str, float | None], tolerance: float = TOLERANCE,
+           margin: float = MARGIN) -> tuple[str, dict]:
+    """The fastest precision whose recall is within ``tolerance`` of float32's (float32 itself always passes),
+    times within ``margin`` of the fastest counting as a tie (:data:`MARGIN`) -> (the choice, per candidate its
+    ms, recall, ratio to float32 and verdict)."""
+    base = recall.get(FLOAT32)
+    table: dict[str, dict] = {}
+    passed = [FLOAT32]
+    for p, t in ms.items():
+        row: dict[str, Any] = {"ms": t}
+        r = recall.get(p)
+        if p != FLOAT32:
+            if r is None:
+                row["verdict"] = "not checked: no faster than float32" if t >= ms[FLOAT32] else "not checked"
+            elif base is not None:
+                ok = r >= (1.0 - tolerance) * base
+                row["verdict"] = "passes" if ok else f"recall below {1 - tolerance:.2f}x float32's"
+                passed += [p] if ok else []
+        if r is not None:
+            row["recall@10"] = round(r, 5)
+            if base:
+                row["ratio"] = round(r / base, 4)
+        table[p] = row
+    fastest = min(ms[p] for p in passed)
+    tied = [p for p in passed if ms[p] <= fastest * (1.0 + margin)]
+    order = {p: i for i, p in enumerate(PRECISIONS)}
+    chosen = FLOAT32 if FLOAT32 in tied else max(tied, key=lambda p: (recall.get(p) or 0.0, -order.get(p, 99)))
+    return chosen, table
+
+
+def _run_feed(sess, feed: dict) -> list[np.ndarray]:
+    return sess.run(None, {i.name: feed[i.name] for i in sess.get_inputs()})
+
+
+class _Scoring:
+    """A backend for :func:`specrec.train.fusion.score_users` that runs the scoring pass in every precision of
+    ``sessions`` on the same inputs, keeps each one's outputs and answers with float32's; with ``record``, it keeps
+    the inputs instead (batch 1 feeds to time with)."""
+
+    def __init__(self, backend: OrtBackend, sessions: dict[str, Any], record: bool = False):
+        self.backend, self.sessions, self.record = backend, sessions, record
+        self.outputs: dict[str, list[np.ndarray]] = {p: [] for p in sessions}
+        self.feeds: list[dict] = []
+
+    def encode(self, hist):
+        return self.backend.encode(hist)
+
+    def rank(self, enc, sids):
+        import torch
+
+        from ..decoding.searches.rank import INPUTS, layout
+        from .export import ENC
+
+        feed = dict(zip([*ENC, *INPUTS], [enc.keep.numpy(), enc.cross_k.numpy(), enc.cross_v.numpy(),
+                                          *layout(sids.numpy())]))
+        if self.record:
+            self.feeds.append(feed)
+        for p, s in self.sessions.items():
+            self.outputs[p].append(_run_feed(s, feed)[0])
+        return torch.from_numpy(self.outputs[FLOAT32][-1])
+
+
+def _validation(bundle: Bundle, users: int, seed: int):
+    """(examples, their whole histories, the sample's description) of the bundle's validation users, or a reason
+    there are none."""
+    from ..data.splits import sample_examples
+    from ..pipeline import bundle_split
+
+    try:
+        ds, split = bundle_split(bundle)
+    except (SystemExit, OSError, ValueError) as e:
+        return f"no validation users: {e}"
+    ex = sample_examples(split.valid, users, seed)
+    return ex, ex.full_histories(ds.sequences), f"{len(ex)} validation users (seed {seed}), history excluded"
+
+
+def choose_kind(backend: OrtBackend, kind: str, cands: Sequence[str], feeds: Sequence[dict],
+                recall_of: Callable[[dict[str, str]], dict[str, float]], widths: Sequence[int | None] = (None,),
+                ) -> dict:
+    """The precision of graph ``kind`` of ``backend`` (float32 graphs), among ``cands``: each one's graphs of
+    ``widths`` built, timed side by side on ``feeds`` (batch 1; ms: the sum over the widths), and those faster than
+    float32 checked by ``recall_of`` ({precision: graph name of the first width} -> recall of each, float32's
+    included) -> the record's entry (the choice, each candidate's figures: :func:`decide`)."""
+    names = {(p, w): backend._exported(kind, w, precision=p) for p in cands for w in widths}
+    run = {f"{p}@{w}": functools.partial(_run_feed, backend._session(name)) for (p, w), name in names.items()}
+    per = time_sessions(run, feeds)
+    ms = {p: round(sum(per[f"{p}@{w}"] for w in widths), 3) for p in cands}
+    faster = {p: names[(p, widths[0])] for p in cands if p == FLOAT32 or ms[p] < ms[FLOAT32]}
+    chosen, table = decide(ms, {**dict.fromkeys(cands), **recall_of(faster)})
+    if len(widths) > 1:
+        for p, row in table.items():
+            row["ms_by_width"] = {str(w): per[f"{p}@{w}"] for w in widths}
+    return {"chosen": chosen, "graph": variant_name(names[(FLOAT32, widths[0])], chosen), "candidates": table}
+
+
+def _rank_record(bundle: Bundle, backend: OrtBackend, cands: list[str], ex, full, sample: str, timing_users: int,
+                 progress: bool) -> dict:
+    """The scoring pass's precision: timed on the first ``timing_users`` users' own candidates, judged by the fused
+    list's recall@10 on all of ``ex`` (their candidates and both models' scores as ``tune-fusion`` makes them)."""
+    from ..fusion import recall_ndcg
+    from ..train.fusion import score_users
+
+    fusion = bundle.fusion
+    assert fusion is not None
+    share = float(bundle.meta.get("drafters", {}).get("unseen_share", 0.0))
+    probe = _Scoring(backend, {FLOAT32: backend._session(backend._exported("rank", None, precision=FLOAT32))},
+                     record=True)
+    n_time = min(timing_users, len(ex))
+    score_users(bundle, ex.take(np.arange(n_time)), full[:n_time], fusion.drafts, backend=probe, batch_size=1,
+                progress=False)
+
+    def recall_of(graphs: dict[str, str]) -> dict[str, float]:
+        tee = _Scoring(backend, {p: backend._session(name) for p, name in graphs.items()})
+        scored = score_users(bundle, ex, full, fusion.drafts, backend=tee, progress=progress)
+        out = {}
+        for p in graphs:
+            rows = iter(row for o in tee.outputs[p] for row in o)
+            users = [dataclasses.replace(u, token_logp=next(rows)[: len(u.items)].astype(np.float64)) for u in scored]
+            out[p] = recall_ndcg(users, fusion, 10, share)[0]
+        return out
+
+    return {**choose_kind(backend, "rank", cands, probe.feeds, recall_of),
+            "judged_by": f"the fused list's recall@10 (weight {fusion.weight}, {fusion.norm}, {fusion.drafts} SASRec "
+                         f"candidates, {share:.0%} kept for unseen items) on {sample}",
+            "timed_on": f"{n_time} of those users' candidates, batch 1, median of 2 rounds after one to warm up"}
+
+
+def _nezha_recall(bundle: Bundle, backend: OrtBackend, ex, full, k: int = 10) -> float:
+    """nezha's recall@k on the users of ``ex`` (history excluded), on ``backend``."""
+    from ..policies import RecRequest, make_policy
+
+    pol = make_policy("nezha", bundle.engine(drafter=None, backend=backend))
+    hits = 0
+    for i in range(len(ex)):
+        res = pol.run([RecRequest(np.asarray(full[i], np.int64), k, exclude_history=True)])[0]
+        hits += int(int(ex.target[i]) in res.items[:k].tolist())
+    return hits / max(1, len(ex))
+
+
+def _draft_record(bundle: Bundle, backend: OrtBackend, cands: list[str], ex, full, sample: str, timing_users: int,
+                  k: int = 10) -> dict:
+    """nezha's graphs' precision (the distilled drafter's search, of width K and 2K: nezha's default width and its
+    wider option; every width then runs the chosen precision): timed on the first ``timing_users`` users'
+    histories, judged by nezha's recall@K on all of ``ex``."""
+    import torch
+
+    from .export import ENC
+    from .onnx import OrtBackend
+
+    tables = backend._tables_of(bundle.trie)
+    assert tables is not None
+    feeds = []
+    with torch.inference_mode():
+        for i in range(min(timing_users, len(ex))):
+            enc = backend.encode(bundle.history_sids([np.asarray(full[i], np.int64)]))
+            feeds.append({**dict(zip(ENC, (enc.keep.numpy(), enc.cross_k.numpy(), enc.cross_v.numpy()))),
+                          **{f"table{j}": t for j, t in enumerate(tables)}})
+
+    def recall_of(graphs: dict[str, str]) -> dict[str, float]:
+        return {p: _nezha_recall(bundle, backend if p == FLOAT32 else OrtBackend(
+            backend.model, backend.nezha_head, onnx_dir=backend.onnx_dir, drafter=backend.drafter,
+            threads=backend.threads, precision={"draft": p}), ex, full, k) for p in graphs}
+
+    entry = choose_kind(backend, "draft", cands, feeds, recall_of, widths=(k, 2 * k))
+    entry["graph"] = entry["graph"].replace(f"_w{k}", "_w{W}")
+    return {**entry, "judged_by": f"nezha's recall@{k} on {sample}",
+            "timed_on": f"{len(feeds)} of those users, the draft graphs of width {k} and {2 * k} (ms: their sum), "
+                        "batch 1, median of 2 rounds after one to warm up"}
+
+
+def choose_precisions(bundle: Bundle, backend: OrtBackend, users: int = 2000, seed: int = 0,
+                      forced: Sequence[str] | str | None = None, timing_users: int = 100,
+                      progress: bool = False) -> dict:
+    """Choose and record (in ``backend``'s graphs directory) the precision of each of :data:`KINDS` on this
+    machine (see the module's docstring); ``backend`` runs float32. -> the record."""
+    import onnxruntime as ort
+
+    cpu = cpu_flags()
+    cands, left = candidates(cpu, forced)
+    record: dict[str, Any] = {"cpu": cpu, "onnxruntime": ort.__version__, "tolerance": TOLERANCE,
+                              "candidates": cands, "left_out": left}
+    why: str | None = None
+    if len(cands) == 1:
+        why = "float32 is the only candidate"
+    val = None if why else _validation(bundle, users, seed)
+    if isinstance(val, str):
+        why = val
+    for kind in KINDS:
+        if kind == "rank" and (bundle.fusion is None or bundle.sasrec is None):
+            record[kind] = {"chosen": FLOAT32, "graph": "rank", "why": "no fusion to judge the scoring pass by"}
+        elif kind == "draft" and backend.drafter is None:
+            record[kind] = {"chosen": FLOAT32, "why": "no distilled drafter"}
+        elif why is not None or val is None or isinstance(val, str):
+            record[kind] = {"chosen": FLOAT32, "why": why}
+        else:
+            ex, full, sample = val
+            t0 = time.perf_counter()
+            rec = (_rank_record(bundle, backend, cands, ex, full, sample, timing_users, progress) if kind == "rank"
+                   else _draft_record(bundle, backend, cands, ex, full, sample, timing_users))
+            record[kind] = {**rec, "seconds": round(time.perf_counter() - t0, 1)}
+    write_precision(backend.onnx_dir, record)
+    _remove_unchosen(backend.onnx_dir, record)
+    return record
+
+
+def _remove_unchosen(d: Path, record: dict) -> None:
+    """Remove the graphs of the candidates that were not chosen (their weights stay in the shared file: a few MB)."""
+    for kind in KINDS:
+        chosen = record.get(kind, {}).get("chosen", FLOAT32)
+        for p in PRECISIONS[1:]:
+            if p != chosen:
+                for f in Path(d).glob(f"{kind}*_{p}.*onnx"):
+                    if f.name.removesuffix(".onnx").removesuffix(".ext").endswith(f"_{p}"):
+                        f.unlink(missing_ok=True)
