@@ -101,11 +101,14 @@ class RemoteDrafter:
             prefixes=[common_pb2.Sid(codes=p.tolist()) for p in q.prefixes] if q.prefixes is not None else None,
             exclude=[ids[r] for r in q.exclude]) for q in requests]
         req = drafter_pb2.DraftRequest(queries=queries, version=self.snap.version, mode=self.mode)
+        tried: set[str] = set()
         for attempt in (0, 1):
             try:
-                replica = self.replicas.next()
+                replica = self.replicas.next(tried)  # a retry goes to another replica where there is one
             except NoReplica as e:
-                raise DependencyDown("drafter", str(e)) from None
+                if not tried:
+                    raise DependencyDown("drafter", str(e)) from None
+                replica = self.replicas.next()  # the only one: once more
             try:
                 with replica:
                     r = call("drafter", replica.stub.Draft, req, None if self.deadline is None else self.deadline.at,
@@ -114,6 +117,8 @@ class RemoteDrafter:
             except DependencyDown as e:
                 if e.unreachable:
                     self.info.forget()
+                    self.replicas.eject(replica, str(e))
+                tried.add(replica.address)
                 if attempt:
                     raise
         index, active = self.snap.index, self.snap.itemset.active

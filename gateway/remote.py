@@ -190,6 +190,7 @@ class RemoteVerifier:
                     raise  # a part this replica's bundle lacks: not a failure, and no other replica is asked
                 if e.unreachable:
                     self.offers.forget(st.replica.address)  # it may come back with another bundle: ask it again
+                    self.replicas.eject(st.replica, str(e))  # out of rotation until its health check answers
                 st.tried.add(st.replica.address)
                 if fresh or (stateful and st.session):
                     raise

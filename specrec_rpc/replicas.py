@@ -15,6 +15,14 @@ caller keeps every call of that request on it (verifier sessions live in one
 replica's memory) and asks :meth:`Replicas.pick` again, excluding it, when it
 fails. :meth:`Replicas.next` round-robins, for stateless calls.
 
+A replica whose call finds it unreachable leaves rotation at once (:meth:`Replicas.eject`, which its caller
+calls on ``UNAVAILABLE``): neither :meth:`~Replicas.pick` nor :meth:`~Replicas.next` chooses it while another
+is in rotation (an idle dead replica would otherwise win every power-of-two draw: its outstanding count stays
+0), and a probe thread asks its health check every ``probe_s`` until it answers ``SERVING``, when it comes
+back. When every candidate is out, they are chosen all the same (a call may find one back before its probe
+does): ejection orders the choice, it never refuses a request. A static list learns of a dead address this
+way; DNS and the EndpointSlice watch drop it too, in their own time.
+
 Channels are made once per address and closed when the address goes away;
 servers age connections out (``max_connection_age``), so long-lived clients
 also notice changes that DNS alone would hide.
@@ -40,6 +48,7 @@ class Replica:
     stub: object
     outstanding: int = 0
     calls: int = 0  # requests picked onto it (for the scale-out benchmark)
+    ejected: bool = False  # out of rotation after a call found it unreachable, until its health check answers
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __enter__(self) -> Replica:
@@ -81,10 +90,11 @@ class Replicas:
     """The replicas of one service, as blocking stubs (the gateway's policy threads use them)."""
 
     def __init__(self, target: str, make_stub: Callable[[grpc.Channel], object],
-                 make_channel: Callable[[str], grpc.Channel], refresh_s: float = 5.0):
+                 make_channel: Callable[[str], grpc.Channel], refresh_s: float = 5.0, probe_s: float = 0.5):
         self.target, self.make_stub, self.make_channel = target, make_stub, make_channel
         self.kind, self.rest = parse_target(target)
-        self.refresh_s = refresh_s
+        self.refresh_s, self.probe_s = refresh_s, probe_s
+        self._prober: threading.Thread | None = None
         self.replicas: dict[str, Replica] = {}
         self._lock = threading.Lock()
         self._rr = 0
@@ -128,11 +138,52 @@ class Replicas:
         while not self._stop.wait(self.refresh_s):
             self._refresh_dns()
 
-    # -- choosing -----------------------------------------------------------------------
-    def pick(self, exclude: Set[str] = frozenset()) -> Replica:
-        """Power of two choices on outstanding requests."""
+    # -- ejection -----------------------------------------------------------------------
+    def eject(self, replica: Replica, reason: str = "") -> None:
+        """Take ``replica`` out of rotation (a call found it unreachable) until its health check answers
+        SERVING (the probe thread, every ``probe_s``)."""
+        with self._lock:
+            if replica.ejected or self.replicas.get(replica.address) is not replica:
+                return
+            replica.ejected = True
+            if self._prober is None or not self._prober.is_alive():
+                self._prober = threading.Thread(target=self._probe_loop, name=f"probe {self.target}", daemon=True)
+                self._prober.start()
+        self.log.warning("replica ejected", address=replica.address, reason=reason)
+
+    def ejected(self) -> list[str]:
+        """The addresses out of rotation now."""
+        with self._lock:
+            return sorted(a for a, r in self.replicas.items() if r.ejected)
+
+    def _probe_loop(self) -> None:
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        while not self._stop.wait(self.probe_s):
+            with self._lock:
+                out = [r for r in self.replicas.values() if r.ejected]
+            if not out:
+                return  # the next ejection starts another
+            for r in out:
+                try:
+                    resp = health_pb2_grpc.HealthStub(r.channel).Check(health_pb2.HealthCheckRequest(service=""),
+                                                                        timeout=self.probe_s)
+                except (grpc.RpcError, ValueError):  # ValueError: its channel was closed (the address went away)
+                    continue
+                if resp.status == health_pb2.HealthCheckResponse.SERVING:
+                    r.ejected = False
+                    self.log.info("replica back in rotation", address=r.address)
+
+    def _options(self, exclude: Set[str]) -> list[Replica]:
+        """The replicas not in ``exclude``: those in rotation, or when none is, the ejected ones."""
         with self._lock:
             options = [r for a, r in self.replicas.items() if a not in exclude]
+        return [r for r in options if not r.ejected] or options
+
+    # -- choosing -----------------------------------------------------------------------
+    def pick(self, exclude: Set[str] = frozenset()) -> Replica:
+        """Power of two choices on outstanding requests, among the replicas in rotation."""
+        options = self._options(exclude)
         if not options:
             raise NoReplica(
                 f"no replica of {self.target} to call" + (f" (excluded {sorted(exclude)})" if exclude else "")
@@ -142,14 +193,18 @@ class Replicas:
         a, b = random.sample(options, 2)
         return a if a.outstanding <= b.outstanding else b
 
-    def next(self) -> Replica:
-        """Round robin (stateless calls)."""
+    def next(self, exclude: Set[str] = frozenset()) -> Replica:
+        """Round robin among the replicas in rotation (stateless calls); ``exclude``: those a retry must not
+        land on again."""
+        options = self._options(exclude)
         with self._lock:
-            options = list(self.replicas.values())
             self._rr += 1
+            rr = self._rr
         if not options:
-            raise NoReplica(f"no replica of {self.target} to call")
-        return options[self._rr % len(options)]
+            raise NoReplica(
+                f"no replica of {self.target} to call" + (f" (excluded {sorted(exclude)})" if exclude else "")
+            )
+        return options[rr % len(options)]
 
     def shares(self) -> dict[str, int]:
         return {a: r.calls for a, r in self.replicas.items()}

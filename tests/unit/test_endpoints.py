@@ -143,3 +143,57 @@ def test_replicas_from_a_static_list_pick_the_less_busy():
         assert {r.next().address for _ in range(4)} == {"127.0.0.1:1", "127.0.0.1:2"}
     finally:
         r.close()
+
+
+def _health_server(port: int = 0):
+    """A real gRPC server on loopback that answers its health check SERVING -> (server, port)."""
+    from concurrent import futures
+
+    import grpc
+    from grpc_health.v1 import health, health_pb2_grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+    port = server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    return server, port
+
+
+def test_an_unreachable_replica_leaves_rotation_and_comes_back_when_it_serves():
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from specrec_rpc.replicas import Replicas
+
+    up, a_port = _health_server()
+    down, b_port = _health_server()
+    a_addr, b_addr = f"127.0.0.1:{a_port}", f"127.0.0.1:{b_port}"
+    r = Replicas(f"{a_addr},{b_addr}", health_pb2_grpc.HealthStub, grpc.insecure_channel, probe_s=0.1)
+    back = None
+    try:
+        a, b = r.replicas[a_addr], r.replicas[b_addr]
+        down.stop(None).wait()
+        with pytest.raises(grpc.RpcError) as e:  # a call finds it gone
+            b.stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+        r.eject(b, "UNAVAILABLE")
+        assert r.ejected() == [b_addr]
+        # the dead replica has nothing outstanding, the live one is busy: it is still never chosen
+        with a, a, a:
+            assert all(r.pick() is a for _ in range(50))
+            assert all(r.next() is a for _ in range(10))
+        # a retry that must not land on the live one again gets the ejected one rather than no replica at all
+        assert r.next(exclude={a_addr}) is b and r.pick(exclude={a_addr}) is b
+        time.sleep(0.5)
+        assert r.ejected() == [b_addr]  # its probes fail while it is down
+        back, _ = _health_server(b_port)  # it serves again on its address
+        deadline = time.monotonic() + 10.0
+        while r.ejected() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert r.ejected() == []
+        assert {r.next().address for _ in range(4)} == {a_addr, b_addr}
+    finally:
+        r.close()
+        up.stop(None)
+        if back is not None:
+            back.stop(None)
