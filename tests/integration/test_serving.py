@@ -132,6 +132,10 @@ async def test_overload_is_shed_or_answered_never_failed(stack, serving_bundle):
             assert len(r.items) == 10
             if any(it.source == "fill" for it in r.items):  # fill only ever flagged
                 assert r.stats.degraded and r.stats.degraded_reason
+        # what the gateway admits it answers by the budget (its own clock, from the request's arrival): a request
+        # still running at its deadline is cut then, so none runs on past it by more than the shared cores' stalls
+        totals = [r.stats.total_ms for r in answered]
+        assert np.median(totals) <= 30.0 + GRACE_MS and max(totals) <= 30.0 + 4 * GRACE_MS, sorted(totals)[-5:]
     finally:
         undo()
 
