@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +20,7 @@ from pydantic import ValidationError
 
 from specrec.costs import Resource, resource_of
 from specrec.deadline import Deadline
-from specrec.policies import POLICIES, RecRequest
+from specrec.policies import POLICIES, RecRequest, RecResult
 from specrec_rpc.catalogue import Snapshot
 from specrec_rpc.errors import InvalidArgument, require
 
@@ -52,6 +53,7 @@ class Admitted:
     policy: str  # what runs (``auto`` has already chosen)
     params: dict[str, Any]  # the request's parameters when it runs the policy asked, else none
     state: str = "queued"  # -> "running" (a worker took it) or "abandoned" (its caller left while it queued)
+    held: Callable[[], RecResult] | None = None  # the answer its policy holds while it waits (``Engine.hold``)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def begin(self) -> bool:
@@ -70,6 +72,10 @@ class Admitted:
                 return False
             self.state = "abandoned"
             return True
+
+    def hold(self, answer: Callable[[], RecResult]) -> None:
+        """Its policy has an answer in hand (called from the worker thread): the deadline's cut serves it."""
+        self.held = answer
 
     @property
     def resource(self) -> Resource:

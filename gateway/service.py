@@ -239,7 +239,14 @@ class GatewayService(Service):
             why = f"{run.policy} still running at the deadline"
         fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # its outcome is not waited for
         valid = run.request
-        res = catalogue_only(self.engine(valid.snap, None), valid.rec_request(), f"budget: {why}")
+        res = None
+        if run.held is not None:  # the policy holds a fallback (fused: the item drafter's list): that, not fill
+            try:
+                res = run.held()
+            except Exception as e:  # noqa: BLE001 -- built beside the running thread: fill is still an answer
+                self.log.warning("held answer failed", error=str(e))
+        if res is None:
+            res = catalogue_only(self.engine(valid.snap, None), valid.rec_request(), f"budget: {why}")
         res.stats.exit_reason = "budget"
         BUDGET_CUTS.labels(valid.policy, run.policy).inc()
         return res
@@ -257,6 +264,7 @@ class GatewayService(Service):
             valid.deadline.reserve = (HELD_RESERVE_S if held else self.queue.reserve(valid.deadline.left(t0))) + GRACE_S
             hops = Hops()
             eng = self.engine(valid.snap, valid.deadline, valid.rid, hops)
+            eng.hold = run.hold
             res = self.ladder.answer(run.policy, run.params, eng, valid.rec_request())
         finally:
             self.queue.done(run.resource)

@@ -84,6 +84,9 @@ class Engine:
     # what a policy whose fallback is in hand (``Policy.holds_fallback``) keeps back instead: time to build that
     # answer after its verifier call ended (the gateway: a millisecond); 0 in-process
     reserve_held: float = 0.0
+    # a policy whose fallback is in hand gives here how to build that answer, so that a caller whose deadline comes
+    # while the policy still waits on its verifier call answers with it (the gateway's cut), not with fill
+    hold: Callable[[Callable[[], RecResult]], None] = lambda answer: None
     costs: CostModel = field(default_factory=CostModel)  # what stages and requests cost, per policy and resource
 
     def learned(self, policy: str) -> Online:

@@ -23,6 +23,8 @@ request does not teach what ``fused`` costs. So nothing is kept back from its ve
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import torch
 from pydantic import Field
@@ -100,6 +102,11 @@ class FusedPolicy(Policy):
             drafts = [d for j, d in enumerate(drafts) if j not in late]
             if not batch.active:
                 return
+        if len(drafts) == 1:  # the item drafter's list is in hand: a caller cut at its deadline answers with it
+            _, _, req0, st0 = next(batch.rows())
+            d0, st_then, excl = drafts[0], copy.deepcopy(st0), batch.exclude
+            eng.hold(lambda: self._drafter_list(req0, d0, copy.deepcopy(st_then), excl,
+                                                "the GR's pass still running at the deadline", "budget"))
         try:
             token_logp = self._score(batch, drafts)
         except (BudgetExceeded, DependencyDown) as e:  # the drafts in hand are the item drafter's list: the answer
