@@ -184,6 +184,7 @@ class GatewayService(Service):
             clock=time.monotonic, metrics=self.metrics, online=self.online, load=self.queue.wait, costs=self.costs,
             reserve=self.queue.reserve,  # auto admits a verifier tier only if it ends before the drafter's reserve
             reserve_held=HELD_RESERVE_S,  # ... or, when its fallback is in hand (fused), in time to answer with it
+            down=self._down,  # auto skips the tiers that need a dependency that is down
         )
 
     def admit(self, valid: ValidRequest) -> Admitted:
@@ -278,6 +279,11 @@ class GatewayService(Service):
         for stage, ms in res.stats.stage_ms.items():
             STAGE.labels(valid.policy, stage).observe(ms / 1000.0)
         return res
+
+    def _down(self, dependency: str) -> bool:
+        """Whether ``dependency`` is down for a new request: the verifier's breaker refuses (open, its probe not
+        due), or the drafter failed a moment ago (its cooldown)."""
+        return self.breaker.refusing() if dependency == "verifier" else self.drafter.is_down()
 
     def _log_down(self, e: DependencyDown) -> None:
         self.log.warning("dependency down", which=e.which, error=str(e))

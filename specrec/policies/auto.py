@@ -20,8 +20,8 @@ its tail completion fits:
 The tail cost is the high quantile (p99 by default) of the policy's request
 times at the request's list length K over a recent window (across every K
 while that K has none; learned online from its own requests, in the engine's
-:class:`~specrec.costs.CostModel`; a request that failed counts with the time
-it took): admitted on a mean, a tier whose mean fits answers late whenever it
+:class:`~specrec.costs.CostModel`; a request that ran late counts with the time
+it took, one whose dependency was down does not): admitted on a mean, a tier whose mean fits answers late whenever it
 runs slow, and the budget is a promise on every request. The queue wait is the
 engine's live tail estimate for the service the policy uses
 (``Engine.load(policy)``; 0 in-process). The reserve (``Engine.reserve``) is
@@ -44,6 +44,12 @@ taught it a cost above the budget would refuse every request from then on
 (nothing would run to teach it otherwise). After a fault the verifier's tiers come back within about
 ``probe_s``, and while the fault lasts one request in ``probe_s`` pays for the
 probe (it falls back to the drafter like any verifier call that misses).
+
+A tier whose dependency is down (``Engine.down``: at the gateway, the
+verifier's breaker refusing calls, or the drafter failed a moment ago) is
+skipped, not admitted to fall back: with the verifier down ``auto`` serves the
+drafter's list as its own choice, and with the drafter down, beam's. The
+breaker's half-open probe is a normal request of the best tier again.
 """
 
 from __future__ import annotations
@@ -116,6 +122,7 @@ class AutoPolicy(Policy):
             return self._cheapest(tiers[0], req.k)
         now = eng.clock()
         budget = req.deadline.left(now)
+        tiers = self._up(tiers)
         for n, tier in enumerate(tiers):
             name = self._cheapest(tier, req.k)
             cost = self._cost(name, req.k)
@@ -133,6 +140,19 @@ class AutoPolicy(Policy):
             f"(queue ahead: verifier {eng.load('beam') * 1000:.1f} ms, drafter {eng.load('drafter') * 1000:.1f} ms; "
             f"kept back for the drafter's answer: {self._kept_back('beam', budget) * 1000:.1f} ms)"
         )
+
+    def _up(self, tiers: list[list[str]]) -> list[list[str]]:
+        """The tiers without the policies whose dependency is down (``Engine.down``: the verifier's breaker
+        refuses, the drafter failed a moment ago): a tier that would only fall back is skipped, and the next one
+        is the choice, not a degraded answer. All of them when every tier needs something down (their fallbacks
+        answer as they can)."""
+        eng = self.engine
+        down = {d for d in ("verifier", "drafter") if eng.down(d)}
+        if not down:
+            return tiers
+        up = [[n for n in tier if not ((POLICIES[n].uses_verifier and "verifier" in down)
+                                      or (POLICIES[n].uses_drafter and "drafter" in down))] for tier in tiers]
+        return [t for t in up if t] or tiers
 
     def runnable(self) -> list[list[str]]:
         """The tiers with only the policies that can run on this engine (``Policy.missing``: a bundle without

@@ -31,7 +31,7 @@ from ..drafters.base import Drafter
 from ..ids.trie import SidTrie
 from ..itemset import LocalItemSet
 from ..verifier import Session, Verifier
-from .errors import Unsupported
+from .errors import DependencyDown, Unsupported
 from .metrics import RequestStats, SpecMetrics
 
 
@@ -88,6 +88,9 @@ class Engine:
     # while the policy still waits on its verifier call answers with it (the gateway's cut), not with fill
     hold: Callable[[Callable[[], RecResult]], None] = lambda answer: None
     costs: CostModel = field(default_factory=CostModel)  # what stages and requests cost, per policy and resource
+    # whether a dependency ("verifier", "drafter") is down now (the gateway: its breaker refuses, or the drafter
+    # failed a moment ago): ``auto`` skips the tiers that need it; never in-process
+    down: Callable[[str], bool] = lambda dependency: False
 
     def learned(self, policy: str) -> Online:
         """The policy's :class:`Online` state, shared by every policy object of this engine."""
@@ -376,6 +379,7 @@ class Policy(ABC):
     # True: when its verifier call fails or runs late, the policy answers with a list it holds already (the item
     # drafter's, ``fused``), with no further call: no time is kept back from its verifier calls for a fallback
     holds_fallback: ClassVar[bool] = False
+    uses_drafter: ClassVar[bool] = False  # True: its requests call the item drafter (``Engine.drafter``)
 
     def __init__(self, engine: Engine, config: PolicyConfig | None = None, online: Online | None = None, **params):
         self.engine = engine
@@ -406,6 +410,7 @@ class Policy(ABC):
         stats = [RequestStats() for _ in requests]
         batch = LiveBatch(requests, stats, eng.verifier, eng.itemset)
         t0 = eng.clock()
+        down = False
         try:
             if self.uses_verifier:
                 with Stage(eng.clock, stats, "encode"):
@@ -417,11 +422,17 @@ class Policy(ABC):
                     eng.verifier.release(batch.session)
             else:
                 self._run(batch)
-        finally:  # a request that failed still teaches what it cost
+        except DependencyDown:
+            down = True
+            raise
+        finally:  # a request that ran late still teaches what it cost; one whose dependency was down does not
             self.online.requests += 1
             # a batch is as slow as its longest list: its time counts for its largest K
             k = max((r.k for r in requests), default=0)
-            if not _handed_on(batch.results, self.name):
+            # the time to find a replica gone is the fault's, not the policy's: counted, a few of them (a
+            # connect timeout each) would hold its tail above the budget long after the fault (the breaker,
+            # the replicas' ejection and ``auto``'s skip of a tier that is down deal with the fault itself)
+            if not down and not _handed_on(batch.results, self.name):
                 self.costs.observe_request((eng.clock() - t0) / max(1, len(requests)), k)
         results = [res for res in batch.results if res is not None]
         if len(results) < len(batch.results):

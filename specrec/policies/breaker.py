@@ -29,6 +29,16 @@ class Breaker:
         with self.lock:
             return self.count >= self.failures
 
+    def refusing(self) -> bool:
+        """Whether :meth:`allow` would refuse now (open, or its half-open probe out), without taking the probe:
+        for a planner that skips the verifier's policies while it is down and comes back to them when a probe
+        may go."""
+        with self.lock:
+            if self.count < self.failures:
+                return False
+            now = self.clock()
+            return now < self.until or bool(self.probing and now - self.probing < self.open_s)
+
     def allow(self) -> bool:
         """Whether a request may call the verifier now (closed, or it is the half-open probe)."""
         with self.lock:

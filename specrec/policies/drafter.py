@@ -20,6 +20,7 @@ class DrafterPolicy(Policy):
     name = "drafter"
     Config = DrafterConfig
     uses_verifier = False
+    uses_drafter = True
 
     def missing(self) -> str | None:
         return "an item drafter" if self.engine.drafter is None else None

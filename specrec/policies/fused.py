@@ -56,6 +56,7 @@ class FusedPolicy(Policy):
     name = "fused"
     Config = FusedConfig
     config: FusedConfig
+    uses_drafter = True
     holds_fallback = True  # once drafted, a verifier that fails or runs late is answered from the drafts in hand
 
     def fusion(self) -> Fusion | None:

@@ -254,6 +254,30 @@ async def test_degrades_when_verifier_or_drafter_stops(stack, serving_bundle):
 
 
 @pytest.mark.asyncio(loop_scope="session")
+async def test_auto_skips_the_verifiers_tiers_while_its_breaker_refuses(stack, serving_bundle):
+    """With the verifier's breaker open, ``auto`` chooses the drafter's list itself: served by the drafter, not
+    degraded (before, it admitted a verifier tier that then fell back, flagged degraded); closed again, a
+    verifier tier serves."""
+    svc = stack.runners["gateway"].service
+    hist = histories(serving_bundle, 1, seed=12)[0]
+    t0 = time.monotonic()  # earlier tests stopped services: wait until both answer again
+    while svc.drafter.is_down() or (await stack.recommend(hist, k=10, policy="beam", budget_ms=500)).stats.degraded:
+        assert time.monotonic() - t0 < 10.0, "the stack did not recover within 10 s"
+        await asyncio.sleep(0.1)
+    for _ in range(svc.breaker.failures):
+        svc.breaker.result(False)
+    try:
+        assert svc.breaker.refusing()
+        r = await stack.recommend(hist, k=10, policy="auto", budget_ms=500)
+        assert r.stats.served_by == "drafter" and not r.stats.degraded, (r.stats.served_by, r.stats.degraded_reason)
+        assert len(r.items) == 10
+    finally:
+        svc.breaker.result(True)
+    r = await stack.recommend(hist, k=10, policy="auto", budget_ms=500)
+    assert r.stats.served_by != "drafter" and not r.stats.degraded, (r.stats.served_by, r.stats.degraded_reason)
+
+
+@pytest.mark.asyncio(loop_scope="session")
 @pytest.mark.parametrize("policy", ["beam", "strict", "specgr", "nezha", "drafter"])
 async def test_exclude_history_through_the_gateway_equals_in_process(stack, serving_bundle, policy):
     """exclude_history travels gateway -> verifier (the SIDs to cut) -> back: the same list as in process,

@@ -79,3 +79,16 @@ def test_the_drafter_counts_as_down_for_down_s_after_it_failed():
     assert c.is_down()
     t[0] = 1.0
     assert not c.is_down()
+
+
+def test_refusing_tells_what_allow_would_say_without_taking_the_probe():
+    b, t = clocked(Breaker, 1, 1.0)
+    assert not b.refusing()
+    b.result(False)
+    assert b.refusing() and not b.allow()
+    t[0] = 1.0
+    assert not b.refusing() and not b.refusing()  # the probe is due: asking does not take it
+    assert b.allow()  # ... the request that calls does
+    assert b.refusing()  # and while it is out, the verifier counts as down
+    b.result(True)
+    assert not b.refusing()

@@ -411,6 +411,57 @@ def test_auto_admits_a_verifier_tier_only_if_it_ends_before_the_reserve_for_the_
         auto.choose(RecRequest(h, 5, deadline=0.010))
 
 
+def test_auto_skips_a_tier_whose_dependency_is_down_instead_of_refusing_or_falling_back():
+    """beam fits a 100 ms budget; with the verifier down (``Engine.down``) auto chooses the drafter's list as its
+    own choice, with the drafter down it keeps beam, and with both down it plans as before (the fallbacks
+    answer); a 3 ms budget with the verifier down is the drafter's, not a refusal."""
+    eng = make_engine(13)
+    t = [0.0]
+    eng.clock = lambda: t[0]
+    teach_costs(eng, t, {"beam": 0.02, "strict": 0.03, "nezha": 0.005, "drafter": 0.001})
+    auto = make_policy("auto", eng)
+    h = histories(eng, 1, 13)[0]
+    down: set[str] = set()
+    eng.down = lambda which: which in down
+    assert auto.choose(RecRequest(h, 5, deadline=0.1)) == "beam"
+    down.add("verifier")
+    assert auto.choose(RecRequest(h, 5, deadline=0.1)) == "drafter"
+    assert auto.choose(RecRequest(h, 5, deadline=0.003)) == "drafter"
+    res = auto.run([RecRequest(h, 5, deadline=0.1)])[0]
+    assert res.served_by == "drafter" and not res.degraded
+    down.clear()
+    down.add("drafter")
+    assert auto.choose(RecRequest(h, 5, deadline=0.1)) == "beam"
+    down.add("verifier")
+    assert auto.choose(RecRequest(h, 5, deadline=0.1)) == "beam"
+
+
+def test_a_request_whose_dependency_was_down_does_not_teach_its_policys_cost():
+    """A verifier call that fails after 5 s (a connect timeout to a replica gone) raises DependencyDown: beam's
+    tail stays what its answered requests taught (20 ms), so beam fits the next 100 ms budget."""
+    from specrec.policies.errors import DependencyDown
+
+    eng = make_engine(13)
+    t = [0.0]
+    eng.clock = lambda: t[0]
+    teach_costs(eng, t, {"beam": 0.02, "strict": 0.03, "drafter": 0.001}, n=150)  # past the few-samples estimate
+    real = eng.verifier.encode
+
+    def gone(*a, **kw):
+        t[0] += 5.0
+        raise DependencyDown("verifier", "connect timeout")
+
+    eng.verifier.encode = gone
+    h = histories(eng, 1, 13)[0]
+    for _ in range(3):
+        with pytest.raises(DependencyDown):
+            make_policy("beam", eng).run([RecRequest(h, 5)])
+    eng.verifier.encode = real
+    t[0] = 0.0  # (deadlines are absolute on the fake clock)
+    assert eng.costs.tail("beam", 5) == pytest.approx(0.02, rel=0.01)
+    assert make_policy("auto", eng).choose(RecRequest(h, 5, deadline=0.1)) == "beam"
+
+
 def test_auto_probes_a_skipped_tier_and_relearns_its_cost():
     """After a fault, beam's learned cost (200 ms) misses a 150 ms budget: auto answers with the drafter,
     then after probe_s tries beam once; that request's time replaces the stale estimate, and beam is back."""
