@@ -79,7 +79,8 @@ def kill_during_load(procs: ServiceProcs, users, offline_hits, a) -> dict:
     t.join()
     row = {"offered_rps": a.kill_rate, "achieved_rps": achieved, **summarise(measured, offline_hits, sent)}
     say(f"kill one replica of each at {a.kill_rate:g} rps: errors {row['error_codes'] or 'none'}, "
-        f"fill {row['fill_share']:.1%}, p99 {row['p99_ms']:.1f} ms")
+        f"fill {row['fill_share']:.1%}, p99 {row['p99_ms']:.1f} ms (the gateway's {row['server_p99_ms']:.1f}), "
+        f"served by {row['served_by']}")
     return row
 
 
@@ -140,6 +141,10 @@ def main(argv=None) -> int:
     b1, b2 = best_rate(res["one"]), best_rate(res["two"])
     summary = {"scaleout.replica_share_min": min(res["shares"].values()) if res["shares"] else float("nan"),
                "scaleout.errors_on_replica_kill": int(res["kill"].get("errors", 0)) if res["kill"] else None,
+               # the run with the kill, every answer: holding catalogue fill, the gateway's own p99, GR-ranked
+               "scaleout.fill_share_on_replica_kill": res["kill"].get("fill_share") if res["kill"] else None,
+               "scaleout.server_p99_ms_on_replica_kill": res["kill"].get("server_p99_ms") if res["kill"] else None,
+               "scaleout.gr_ranked_share_on_replica_kill": res["kill"].get("gr_ranked_share") if res["kill"] else None,
                "scaleout.max_rps_p99_one_replica": b1, "scaleout.max_rps_p99_two_replicas": b2}
     res["summary"] = summary
     out = Path(a.out)
@@ -156,7 +161,10 @@ def main(argv=None) -> int:
             f"{json.dumps({k: round(v, 3) for k, v in res['shares'].items()})}.\n\n"
             f"Killing verifier2 and drafter2 a third of the way into {a.duration:g} s at {a.kill_rate:g} rps: "
             f"{kill.get('errors', 'n/a')} errors ({kill.get('error_codes', {})}), fill share "
-            f"{kill.get('fill_share', float('nan')):.1%}, p99 {kill.get('p99_ms', float('nan')):.1f} ms.\n\n"
+            f"{kill.get('fill_share', float('nan')):.1%}, p99 {kill.get('p99_ms', float('nan')):.1f} ms at the "
+            f"client, {kill.get('server_p99_ms', float('nan')):.1f} ms at the gateway; served by "
+            f"{json.dumps(kill.get('served_by', {}))} (GR-ranked {kill.get('gr_ranked_share', float('nan')):.1%})."
+            f"\n\n"
             f"Highest rate passing (p99 <= {a.budget_ms:g} ms, no fill, R@10 >= 0.95 x offline beam): one replica "
             f"{b1}, two replicas {b2}.\n")
     (out / "scaleout.md").write_text(text)

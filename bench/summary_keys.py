@@ -60,7 +60,7 @@ WRITERS: dict[str, list[str]] = {
               r"|redis_failover_internal_errors|redis_failover_recovery_s)",
               r"chaos\.(cpu_hog|one_core)\.(server_p99_ms|client_p99_ms|model_answer_share|fill_share|shed_share)"],
     "scaleout": [r"scaleout\.(errors_on_replica_kill|max_rps_p99_one_replica|max_rps_p99_two_replicas"
-                 r"|replica_share_min)"],
+                 r"|replica_share_min|(fill_share|server_p99_ms|gr_ranked_share)_on_replica_kill)"],
     "keys": [r"bench\.keys_without_writer"],
 }
 _ALL = re.compile("|".join(f"(?:{p})" for ps in WRITERS.values() for p in ps))
