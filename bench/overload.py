@@ -70,7 +70,7 @@ from specrec.eval.results import markdown_table, readme_section, update_summary,
 README_OWNER = "bench.overload"
 #: the figures of a run that are summary keys (only from a run that is not void)
 FIGURES = ("server_p99_ms", "client_p99_ms", "shed_share", "model_answer_share", "error_share", "offered_rps",
-           "achieved_rps")
+           "achieved_rps", "goodput_rps", "goodput_ratio")
 #: keys replaced: model_share counted the item drafter's lists as the model's (now model_answer_share)
 REPLACED = ("model_share",)
 
@@ -99,13 +99,19 @@ def top_frames(path: Path, seconds: float, rate: float = 250.0, n: int = 15) -> 
             "top": [{"frame": f, "share": round(c / max(total, 1), 4)} for f, c in top]}
 
 
-def summarise(recs: list[dict], t_from: float, t_to: float) -> dict:
-    """The caller's figures of the records sent in [t_from, t_to)."""
+def summarise(recs: list[dict], t_from: float, t_to: float, budget_ms: float = 30.0,
+              capacity_rps: float = float("nan")) -> dict:
+    """The caller's figures of the records sent in [t_from, t_to). Goodput: the answers per second that kept up,
+    at the caller inside ``budget_ms``, no catalogue fill, not degraded; its ratio to ``capacity_rps``."""
     part = [r for r in recs if t_from <= r["t"] < t_to]
     ok = [r for r in part if r["code"] == "OK"]
     n = max(1, len(part))
     lat = [r["latency_ms"] for r in part]
+    good = sum(r["latency_ms"] <= budget_ms and bool(r.get("model")) and not r.get("degraded") for r in ok)
+    goodput = good / max(t_to - t_from, 1e-9)
     return {
+        "goodput_rps": goodput,
+        "goodput_ratio": goodput / capacity_rps if capacity_rps > 0 else float("nan"),
         "sent": len(part),
         "answered": len(ok),
         "offered_rps": len(part) / max(t_to - t_from, 1e-9),
@@ -220,7 +226,8 @@ def readme_body(res: dict) -> str:
     rows = [f"| {r['multiple']:g}x | {'**void**' if r['void'] else 'no'} | {fmt(r['offered_rps'], '.0f')} | "
             f"{fmt(r['achieved_rps'], '.0f')} | {fmt(r['server_p99_ms'])} | {fmt(r['client_p99_ms'])} | "
             f"{fmt(r['generator_lag_p99_ms'], '.2f')} | {share(r['shed_share'])} | {share(r['model_answer_share'])} | "
-            f"{share(r['error_share'])} |" for r in res["rows"]]
+            f"{share(r['error_share'])} | {fmt(r.get('goodput_rps'), '.0f')} ({fmt(r.get('goodput_ratio'), '.2f')}x) |"
+            for r in res["rows"]]
     voids = [f"- {r['multiple']:g}x is void: {r['void_reason']}." for r in res["rows"] if r["void"]]
     b = f"{res['budget_ms']:g}"
     pl = res.get("placement") or {}
@@ -238,10 +245,12 @@ def readme_body(res: dict) -> str:
         "request of the measured part from its scheduled send, shed ones included; send lag: how late the "
         f"generator sent (its own tail): a run whose p99 is over {res['max_lag_ms']:g} ms is void, its figures "
         "kept in the JSON only; model answers: the GR model's lists (not the item drafter's, no fill) of the "
-        "answers. Table: [`overload.md`](overload.md).\n",
+        "answers; goodput: answers per second inside the budget at the caller, no fill, not degraded (and its "
+        f"ratio to the capacity). The gateway's door (`max_concurrent_rpcs`): {res.get('door') or 'none'}. "
+        "Table: [`overload.md`](overload.md).\n",
         "| load | void | offered rps | achieved rps | gateway p99 ms | caller p99 ms | send lag p99 ms | shed "
-        "| model answers | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| model answers | errors | goodput /s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
         *rows,
         "",
         *voids,
@@ -261,6 +270,11 @@ def parse(argv):
                     "process); the services get the others. None: the last CPU this process may use")
     ap.add_argument("--max-lag-ms", type=float, default=2.0, help="a run whose load generator's send lag p99 is "
                     "over this is void")
+    ap.add_argument("--door", type=int, default=None, help="the gateway's max_concurrent_rpcs (calls gRPC itself "
+                    "admits; past it RESOURCE_EXHAUSTED before any Python runs); 0: none; None: the service's "
+                    "setting (its default, or SPECREC_GATEWAY_MAX_CONCURRENT_RPCS)")
+    ap.add_argument("--capacity-rps", type=float, default=None, help="the capacity to offer multiples of, from an "
+                    "earlier run (the same reference for runs with different --door); None: measured")
     ap.add_argument("--profile", action="store_true", help="then one more run at the last multiple with py-spy on the "
                     "gateway, the verifier and the load generator (needs py-spy); where their samples are goes into "
                     "overload.json (not the table: samplers beside it stretch the tail)")
@@ -284,7 +298,7 @@ def load_run(target: str, metrics: str, users_file: Path, m: float, cap: float, 
     recs = in_process(target, users_file, m * cap, a.warmup + a.duration, a.budget_ms, a.seed + int(10 * m),
                       tmp / f"load_{m:g}x.jsonl", say=say, cpus=cpus, at=(a.warmup, read_first))
     t_from = first.get("t", min((r["t"] for r in recs), default=0.0) + a.warmup)
-    row = {"multiple": m, **summarise(recs, t_from, t_from + a.duration)}
+    row = {"multiple": m, **summarise(recs, t_from, t_from + a.duration, a.budget_ms, cap)}
     error = first.get("error")
     server: dict = {"server_p99_ms": float("nan")}
     if "h" in first:
@@ -317,7 +331,8 @@ def main(argv=None) -> int:
     except ValueError as e:
         placement_void = f"{e}: the load generator cannot have a CPU of its own"
         say(f"{placement_void}; every run will be void")
-    bundle, users, tmp, users_file, stack = open_stack(a, "overload", metrics=("gateway",))
+    env = {} if a.door is None else {"SPECREC_GATEWAY_MAX_CONCURRENT_RPCS": str(a.door)}
+    bundle, users, tmp, users_file, stack = open_stack(a, "overload", metrics=("gateway",), env=env)
     rows: list[dict] = []
     profiles: dict = {}
     placement: dict = {}
@@ -328,8 +343,13 @@ def main(argv=None) -> int:
             say(f"the load generator on CPU {sorted(gen_cpus)}, the services on {sorted(svc_cpus)}: "
                 + ", ".join(f"{n} {c}" for n, c in placement["processes"].items()))
         target, metrics = stack.addr("gateway"), stack.metrics_url("gateway")
-        cap = measured_capacity(target, users.ids, a)
-        say(f"capacity: {cap:.1f} beam answers/s ({a.clients} closed-loop callers, budget {CAPACITY_BUDGET_MS:g} ms)")
+        if a.capacity_rps is None:
+            cap = measured_capacity(target, users.ids, a)
+            say(f"capacity: {cap:.1f} beam answers/s ({a.clients} closed-loop callers, budget "
+                f"{CAPACITY_BUDGET_MS:g} ms)")
+        else:
+            cap = a.capacity_rps
+            say(f"capacity: {cap:.1f} beam answers/s, given (--capacity-rps)")
         multiples = [float(x) for x in a.multiples.split(",") if x.strip()]
         for m in multiples:
             row = load_run(target, metrics, users_file, m, cap, a, tmp, gen_cpus, placement_void)
@@ -337,7 +357,8 @@ def main(argv=None) -> int:
             say(f"{m:g}x ({row['offered_rps']:.0f} rps offered): gateway p99 {fmt(row['server_p99_ms'])} ms, caller "
                 f"p99 {fmt(row['client_p99_ms'])} ms, send lag p99 {fmt(row['generator_lag_p99_ms'], '.2f')} ms, shed "
                 f"{row['shed_share']:.1%}, model answers {row['model_answer_share']:.1%}, errors "
-                f"{row['error_share']:.1%}" + (f" -> VOID: {row['void_reason']}" if row["void"] else ""))
+                f"{row['error_share']:.1%}, goodput {row['goodput_rps']:.0f}/s ({row['goodput_ratio']:.2f}x capacity)"
+                + (f" -> VOID: {row['void_reason']}" if row["void"] else ""))
             time.sleep(2.0)
         if a.profile:  # one more run at the last multiple, with the samplers: its figures are not the table's
             spy = {n: stack.procs.procs[n].pid for n in ("gateway", "verifier")}
@@ -356,7 +377,8 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     res = {"command": command, "run": run_line(), "users": users.source, "budget_ms": a.budget_ms,
            "machine": machine_line(), "placement": placement, "placement_void": placement_void,
-           "max_lag_ms": a.max_lag_ms, "capacity_rps": cap, "clients": a.clients, "rows": rows,
+           "max_lag_ms": a.max_lag_ms, "capacity_rps": cap, "capacity_given": a.capacity_rps is not None,
+           "door": a.door, "clients": a.clients, "rows": rows,
            **({"profiles": profiles} if profiles else {})}
     write_json("overload", no_nan(res), out)
     plot(rows, a.budget_ms, a.max_lag_ms, out / "overload.png",
@@ -366,7 +388,7 @@ def main(argv=None) -> int:
     update_summary(no_nan(keys), out / "summary.json", retire=retire)
     cols = ["multiple", "void", "offered_rps", "achieved_rps", "server_p99_ms", "server_over_budget_share",
             "server_stats_p99_ms", "client_p99_ms", "generator_lag_p99_ms", "shed_share", "model_answer_share",
-            "no_fill_share", "error_share"]
+            "no_fill_share", "error_share", "goodput_rps", "goodput_ratio"]
     voids = "".join(f"- {r['multiple']:g}x is void: {r['void_reason']}.\n" for r in rows if r["void"])
     md = (f"Produced by:\n\n```bash\n{command}\n```\n\n{res['machine']}; capacity {cap:.1f} beam answers/s "
           f"({a.clients} closed-loop callers). Gateway p99 (`server_p99_ms`): its own histogram over the measured "

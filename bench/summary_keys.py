@@ -53,7 +53,8 @@ WRITERS: dict[str, list[str]] = {
                 r"gateway\.auto\.(max_rps_p99_\d+ms|recall_ratio_at_\d+ms|all_fill_share_at_\d+ms"
                 r"|recall_ratio_vs_fused_at_\d+ms|gr_ranked_share_open_\d+rps)"],
     "overload": [r"serving\.capacity_rps", r"serving\.overload_[\d.]+x\.(achieved_rps|client_p99_ms|error_share"
-                 r"|generator_lag_p99_ms|model_answer_share|offered_rps|server_p99_ms|shed_share|void)"],
+                 r"|generator_lag_p99_ms|model_answer_share|offered_rps|server_p99_ms|shed_share|void|goodput_rps"
+                 r"|goodput_ratio)"],
     "soak": [r"soak\.(errors|minutes|p99_drift_ms|rate_rps|rss_growth_max|shed|upsert_errors|upserts_acked)"],
     "chaos": [r"chaos\.(catalogue_items_lost|internal_errors|model_answer_share_during_faults"
               r"|overload_p99_over_budget_ms|recovery_s_max|redis_failover_acked_writes_lost"

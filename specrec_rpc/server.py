@@ -7,6 +7,11 @@
 - server reflection;
 - Prometheus metrics on an HTTP port: requests by method and status code,
   latency histograms by method, in-flight requests;
+- a door: with ``max_concurrent_rpcs``, gRPC itself answers the calls past
+  that many in flight with RESOURCE_EXHAUSTED before any Python runs (under
+  overload calls otherwise wait in gRPC's queue, seconds, before the service
+  sees them), and ``health_port`` serves the health service on a port of its
+  own, outside the bound, so probes still answer;
 - an interceptor that sheds load beyond ``max_concurrency``
   (RESOURCE_EXHAUSTED) and turns any unexpected exception into INTERNAL with
   a message, so none reaches a client unhandled;
@@ -300,6 +305,8 @@ class Runner:
         self.health = health.aio.HealthServicer()
         self.server: grpc.aio.Server | None = None
         self.port: int | None = None
+        self.health_server: grpc.aio.Server | None = None  # the health service alone (``health_port``)
+        self.health_port: int | None = None
         self.metrics = RpcMetrics(service.name)
         self._stopping: asyncio.Event | None = None
         self.ready = False  # set once the service's start() has finished
@@ -314,6 +321,7 @@ class Runner:
         self._stopping = asyncio.Event()
         self.server = grpc.aio.server(
             options=server_options(s),
+            maximum_concurrent_rpcs=s.max_concurrent_rpcs or None,
             interceptors=[GuardInterceptor(self.metrics, svc.admission, svc.log, ready=lambda: self.ready)],
         )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -332,7 +340,15 @@ class Runner:
         address = f"{s.host}:{s.port}"
         self.port = self.server.add_secure_port(address, creds) if creds else self.server.add_insecure_port(address)
         await self.server.start()
-        svc.log.info("listening", port=self.port, service=svc.name)
+        if s.health_port is not None:  # probes must not wait behind, or be shed by, the door of the main port
+            self.health_server = grpc.aio.server(options=server_options(s))
+            health_pb2_grpc.add_HealthServicer_to_server(self.health, self.health_server)
+            where = f"{s.host}:{s.health_port}"
+            self.health_port = (self.health_server.add_secure_port(where, creds) if creds
+                                else self.health_server.add_insecure_port(where))
+            await self.health_server.start()
+        svc.log.info("listening", port=self.port, health_port=self.health_port, service=svc.name,
+                     max_concurrent_rpcs=s.max_concurrent_rpcs or None)
         t0 = time.perf_counter()
         await svc.start()
         frozen = settle_heap()
@@ -349,6 +365,9 @@ class Runner:
         self.ready = False
         svc.log.info("shutting down", grace_s=self.s.grace_s if grace is None else grace)
         await self.server.stop(self.s.grace_s if grace is None else grace)
+        if self.health_server is not None:
+            await self.health_server.stop(0)
+            self.health_server = None
         await svc.stop()
         self.server = None
         if self._stopping is not None:

@@ -26,6 +26,13 @@ class ServiceSettings(BaseSettings):
     max_connection_age_grace_s: float = Field(10.0, ge=0, le=3600, description="time in-flight calls get when a "
                                               "connection is aged out")
     grace_s: float = Field(10.0, ge=0, le=3600, description="on SIGTERM, seconds to let in-flight requests finish")
+    max_concurrent_rpcs: int = Field(0, ge=0, le=1_000_000, description="calls in flight gRPC itself admits "
+                                     "(the aio server's maximum_concurrent_rpcs): past it, it answers "
+                                     "RESOURCE_EXHAUSTED before any of the service's Python runs, health checks "
+                                     "included; 0: no bound at the door (max_concurrency still sheds)")
+    health_port: int | None = Field(None, ge=0, le=65535, description="a second port serving the health service "
+                                    "alone, outside max_concurrent_rpcs' bound, so that probes answer while the door "
+                                    "sheds (0: a free port); None: the health service on the main port only")
     max_concurrency: int = Field(256, ge=1, le=1_000_000, description="concurrent RPCs (a batch counts each item) "
                                  "before new ones are shed (RESOURCE_EXHAUSTED)")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="log level")

@@ -320,6 +320,11 @@ def test_deployments_probes_security_resources(helm, values):
         c = container(dep)
         ports = {p["name"]: p["containerPort"] for p in c["ports"]}
         assert ports["grpc"] == port and ports["metrics"] == COMPONENTS[comp][1], (comp, ports)
+        # the gateway's probes use its health port, outside its door (max_concurrent_rpcs), where one is set
+        health = {e["name"]: e.get("value") for e in c.get("env", [])}.get("SPECREC_GATEWAY_HEALTH_PORT")
+        if comp == "gateway" and health:
+            assert ports["health"] == int(health), (comp, ports)
+            port = int(health)
         for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
             if tls:  # kubelet gRPC probes cannot speak TLS: the image's health check over TLS instead
                 cmd = c[probe]["exec"]["command"]
@@ -1129,7 +1134,8 @@ def test_tls_from_a_secret(helm, tmp_path):
 
     def probe(docs) -> int:
         cmd = container(named(docs, "Deployment", "gateway"))["readinessProbe"]["exec"]["command"]
-        cmd = [a.replace("/etc/specrec/tls", str(mounted)).replace("127.0.0.1:50050", f"127.0.0.1:{port}") for a in cmd]
+        assert "127.0.0.1:50060" in cmd  # the gateway's health port: outside its door
+        cmd = [a.replace("/etc/specrec/tls", str(mounted)).replace("127.0.0.1:50060", f"127.0.0.1:{port}") for a in cmd]
         return subprocess.run([sys.executable, *cmd[1:]], capture_output=True, timeout=60).returncode
 
     try:

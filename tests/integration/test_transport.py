@@ -183,3 +183,52 @@ async def test_a_request_is_traced_across_the_services(redis_url, serving_bundle
 
         await st.stop()
         delete_keys(redis_url, namespace_pattern(ns))
+
+
+async def test_the_door_sheds_past_max_concurrent_rpcs_and_the_health_port_still_answers():
+    """max_concurrent_rpcs 1: while one slow call is in flight gRPC itself answers the next calls
+    RESOURCE_EXHAUSTED at once (the service's handler never runs for them), and a probe of the health port
+    answers SERVING (on the main port it is shed like any call)."""
+    from specrec_rpc.server import Service
+    from specrec_rpc.settings import ServiceSettings
+
+    ran = []
+
+    async def wait(request: bytes, context) -> bytes:
+        ran.append(request)
+        await asyncio.sleep(0.5)
+        return request
+
+    class Slow(Service):
+        name = "slow"
+
+        def add_to_server(self, server):
+            server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+                "test.Slow", {"Wait": grpc.unary_unary_rpc_method_handler(wait)}),))
+
+    s = ServiceSettings(host="127.0.0.1", port=0, metrics_port=0, log_json=False, max_concurrent_rpcs=1,
+                        health_port=0)
+    runner = Runner(Slow(s))
+    port = await runner.start()
+    assert runner.health_port and runner.health_port != port
+    main = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    side = grpc.aio.insecure_channel(f"127.0.0.1:{runner.health_port}")
+    call = main.unary_unary("/test.Slow/Wait")
+    try:
+        first = asyncio.ensure_future(call(b"a", timeout=5))
+        while not ran:
+            await asyncio.sleep(0.01)
+        t0 = time.perf_counter()
+        with pytest.raises(grpc.aio.AioRpcError) as shed:
+            await call(b"b", timeout=5)
+        assert shed.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and time.perf_counter() - t0 < 0.25
+        with pytest.raises(grpc.aio.AioRpcError) as probe_main:
+            await health_pb2_grpc.HealthStub(main).Check(health_pb2.HealthCheckRequest(), timeout=3)
+        assert probe_main.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        ok = await health_pb2_grpc.HealthStub(side).Check(health_pb2.HealthCheckRequest(), timeout=3)
+        assert ok.status == health_pb2.HealthCheckResponse.SERVING
+        assert await first == b"a" and ran == [b"a"]
+    finally:
+        await main.close()
+        await side.close()
+        await runner.stop(0)

@@ -417,6 +417,12 @@ grpc:
   value: {{ $v.drafterMode | quote }}
 - name: SPECREC_GATEWAY_WORKERS
   value: {{ int $v.workers | quote }}
+- name: SPECREC_GATEWAY_MAX_CONCURRENT_RPCS
+  value: {{ int $v.maxConcurrentRpcs | quote }}
+{{- if $v.healthPort }}
+- name: SPECREC_GATEWAY_HEALTH_PORT
+  value: {{ int $v.healthPort | quote }}
+{{- end }}
 {{- if $v.policyDefaults }}
 - name: SPECREC_GATEWAY_POLICY_DEFAULTS
   value: {{ $v.policyDefaults | toJson | quote }}
