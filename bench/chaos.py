@@ -16,17 +16,23 @@ below): Poisson arrivals of ``auto`` for ``--settle-s`` of warm-up, then
 windows of ``--machine-fault-s`` seconds each, ``--settle-s`` apart:
 
 - ``baseline``: no fault (the reference, in the same run);
-- ``cpu-hog``: a busy process (a Python loop) confined to one CPU
-  (``--fault-cpu``, default the last this process may use) with
-  ``sched_setaffinity``, started before its window and killed after it;
-  the services stay where they were (every CPU);
-- ``one-core``: every thread of the verifier confined to that one CPU
-  (``bench.cpus.confine``) for its window, its masks restored after.
+- ``cpu-hog``: a busy process (a Python loop) on each CPU the request path
+  runs on (the gateway, the drafter and the verifier: every CPU here), each
+  confined to its CPU with ``sched_setaffinity``, started before its window
+  and killed after it; the services stay where they were;
+- ``one-core``: every thread of the whole request path (gateway, drafter and
+  verifier) confined to one CPU (``--fault-cpu``, default the last this
+  process may use; ``bench.cpus.confine``) for its window, their masks
+  restored after.
 
-Per window: the model-answer share (answers the GR model made: served by a
-verifier policy, not the item drafter, no catalogue fill; of the requests
-sent, shed and errors counting as not), the fill share (answers holding
-catalogue fill, of the answers), the gateway's own p99 (its latency
+Per window: the **undegraded share** (of the requests sent: answered with the
+policy's own choice, not degraded, no catalogue fill, no budget exit; shed and
+errors counting as not), the **recall ratio against no fault** (recall@10 of
+the window's requests, shed and errors as misses, over recall@10 of the same
+users asked again in the same run at the same rate with no fault, replayed
+after the last window), the GR-ranked share (answers the GR model made or
+ranked: not the item drafter's own list, no fill), the fill share (answers
+holding catalogue fill, of the answers), the gateway's own p99 (its latency
 histogram, ``specrec_rpc_latency_seconds`` of ``Recommend``, read when the
 window opens and when it closes: the difference, interpolated within a
 bucket as PromQL does), the caller's p99 (every request, from its scheduled
@@ -69,14 +75,16 @@ fault ends (until ``--streak`` answers in a row are model answers that are
 not degraded); catalogue items lost. Writes ``chaos.{json,md}`` and
 ``chaos.png`` (timeline) into ``--out``, the ``chaos.*`` summary keys of the
 scenarios that ran (the faults of the machine:
-``chaos.{cpu_hog,one_core}.{server_p99_ms,client_p99_ms,model_answer_share,
-fill_share,shed_share}``; a fault of the machine skipped retires its keys),
+``chaos.{cpu_hog,one_core}.{server_p99_ms,client_p99_ms,undegraded_share,
+recall_ratio_vs_no_fault,gr_ranked_share,fill_share,shed_share}``; a fault of
+the machine skipped retires its keys),
 and its section of README.md there.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import shutil
@@ -111,7 +119,7 @@ from bench.harness import (
     scrape_histogram,
     server_figures,
 )
-from bench.loadgen import InThread, capacity, model_answer
+from bench.loadgen import InThread, capacity, model_answer, poisson
 from specrec.eval.results import markdown_table, readme_section, update_summary, write_json
 from specrec_rpc.localstack import free_port, redis_ping
 
@@ -121,7 +129,11 @@ SENTINEL_SCENARIOS = {"kill-redis-primary"}  # run on a stack of their own, over
 MODEL_FAULTS = {"pause-verifier", "kill-verifier", "pause-drafter", "kill-drafter"}  # one of the two models is away
 MACHINE_SCENARIOS = ("cpu-hog", "one-core")  # faults of the machine: run first, at their own budget and rate
 #: a fault of the machine's summary keys: chaos.<scenario, with _>.<figure>
-MACHINE_FIGURES = ("server_p99_ms", "client_p99_ms", "model_answer_share", "fill_share", "shed_share")
+MACHINE_FIGURES = ("server_p99_ms", "client_p99_ms", "undegraded_share", "recall_ratio_vs_no_fault", "gr_ranked_share",
+                   "fill_share", "shed_share")
+#: a fault of the machine's keys retired: model_answer_share counted only the lists the verifier made while ``auto``
+#: served SASRec's, ~0 with or without the fault
+MACHINE_REPLACED = ("model_answer_share",)
 #: from a fault of the machine starting to its window opening: the hog's interpreter starting (the window then
 #: holds how the stack adapts to the fault)
 HOLD_S = 0.25
@@ -163,6 +175,15 @@ class PrivateRedis:
 
 
 # -- load ------------------------------------------------------------------------------------------
+def describing(targets: list[str]):
+    """:func:`describe` that also scores each answer: ``hit``, the user's test target in the first 10 items."""
+    def scored(i: int, resp, error) -> dict:
+        rec = describe(i, resp, error)
+        rec["hit"] = error is None and targets[i] in [it.item_id for it in resp.items[:10]]
+        return rec
+    return scored
+
+
 def describe(i: int, resp, error) -> dict:
     """A chaos record of one answer (:class:`bench.loadgen.InThread` adds the times): ``model`` is a list
     ranked by a model (the GR model or the drafter), not made only of catalogue fill; ``any_fill``: some
@@ -175,7 +196,7 @@ def describe(i: int, resp, error) -> dict:
     fill_only = bool(sources) and all(s == "fill" for s in sources)
     rec = {"code": "OK", "served_by": resp.stats.served_by or resp.stats.policy, "degraded": bool(resp.stats.degraded),
            "model": not fill_only and (resp.stats.served_by or "") != "fill" and len(sources) > 0,
-           "any_fill": "fill" in sources,
+           "any_fill": "fill" in sources, "exit": resp.stats.exit_reason,
            "server_ms": resp.stats.total_ms}  # the gateway's own time (latency_ms: the caller's)
     if resp.stats.degraded:
         rec["detail"] = resp.stats.degraded_reason[:200]
@@ -183,8 +204,8 @@ def describe(i: int, resp, error) -> dict:
 
 
 def make_load(target: str, users, budget_ms: float, rate: float, seed: int) -> InThread:
-    """``auto`` at ``rate`` requests/s (Poisson, open loop) for as long as the run lasts."""
-    return InThread(target, users.ids, rate, budget_ms, seed=seed, describe=describe)
+    """``auto`` at ``rate`` requests/s (Poisson, open loop) for as long as the run lasts; each answer scored."""
+    return InThread(target, users.ids, rate, budget_ms, seed=seed, describe=describing(users.targets))
 
 
 # -- the catalogue --------------------------------------------------------------------------------
@@ -306,21 +327,23 @@ class Fault:
 
 
 class CpuHog(Fault):
-    """``cpu-hog``: a busy process confined to ``cpu`` (:class:`bench.cpus.Hog`); the services untouched."""
+    """``cpu-hog``: a busy process on each of ``cpus`` (:class:`bench.cpus.Hog`), the CPUs the request path runs on;
+    the services untouched."""
 
-    def __init__(self, cpu: int):
-        self.hog = Hog(cpu)
+    def __init__(self, cpus: list[int]):
+        self.hogs = [Hog(c) for c in cpus]
 
     def start(self) -> dict[str, int]:
-        self.hog.start()
-        return {"hog": self.hog.pid}
+        return {f"hog{h.cpu}": h.start().pid for h in self.hogs}
 
     def stop(self) -> None:
-        self.hog.stop()
+        for h in self.hogs:
+            h.stop()
 
 
 class OneCore(Fault):
-    """``one-core``: every thread of the verifier's processes confined to ``cpu``; their masks back after."""
+    """``one-core``: every thread of the request path's processes (``pids``: gateway, drafter, verifier) confined to
+    ``cpu``; their masks back after."""
 
     def __init__(self, pids: list[int], cpu: int):
         self.pids, self.cpu = pids, cpu
@@ -354,7 +377,11 @@ def machine_row(name: str, recs: list[dict], s0: float, s1: float, server: dict,
     codes = Counter(r["code"] for r in part)
     return {
         "scenario": name, "seconds": s1 - s0, "requests": len(part), "offered_rps": len(part) / max(s1 - s0, 1e-9),
-        "model_answer_share": sum(model_answer(r) for r in part) / len(part) if part else nan,
+        # the policy's own choice, answered whole: not degraded, no fill, no budget exit (of the requests sent)
+        "undegraded_share": sum(undegraded(r) for r in part) / len(part) if part else nan,
+        "recall@10": sum(bool(r.get("hit")) for r in part) / len(part) if part else nan,
+        "users": [r["user"] for r in part],
+        "gr_ranked_share": sum(model_answer(r) for r in ok) / len(ok) if ok else nan,
         "fill_share": sum(bool(r.get("any_fill")) for r in ok) / len(ok) if ok else nan,
         "drafter_share": sum(r["served_by"] == "drafter" for r in ok) / len(ok) if ok else nan,
         "degraded_share": sum(bool(r["degraded"]) for r in ok) / len(ok) if ok else nan,
@@ -370,10 +397,31 @@ def machine_row(name: str, recs: list[dict], s0: float, s1: float, server: dict,
     }
 
 
+def undegraded(rec: dict) -> bool:
+    """An answer that is the policy's own choice, whole: OK, not degraded, no catalogue fill, no budget exit."""
+    return (rec["code"] == "OK" and not rec["degraded"] and not rec.get("any_fill") and rec.get("model", False)
+            and rec.get("exit") != "budget")
+
+
+def replay(target: str, users, idx: list[int], rate: float, budget_ms: float, seed: int) -> float:
+    """recall@10 of users ``idx`` (in that order) asked again as Poisson arrivals at ``rate`` with no fault, shed
+    and errors as misses: the reference a fault window's recall is divided by (the same users, the same run)."""
+    if not idx:
+        return float("nan")
+    hist = [users.ids[i] for i in idx]
+    score = describing([users.targets[i] for i in idx])
+    recs, _, _ = asyncio.run(poisson(target, hist, rate=rate, duration=len(idx) / rate * 1.5, policy="auto",
+                                     budget_ms=budget_ms, seed=seed, describe=score))
+    seen: dict[int, bool] = {}
+    for r in recs:  # each user once (the arrivals may run past the list and wrap)
+        seen.setdefault(r["user"], bool(r.get("hit")))
+    return sum(seen.values()) / len(idx)
+
+
 def machine_keys(rows: list[dict]) -> dict:
     """The summary keys of the faults of the machine (``chaos.cpu_hog.server_p99_ms`` ...; not the baseline's)."""
-    return {f"chaos.{r['scenario'].replace('-', '_')}.{f}": r[f] for r in rows if r["scenario"] in MACHINE_SCENARIOS
-            for f in MACHINE_FIGURES}
+    return {f"chaos.{r['scenario'].replace('-', '_')}.{f}": r.get(f, float("nan")) for r in rows
+            if r["scenario"] in MACHINE_SCENARIOS for f in MACHINE_FIGURES}
 
 
 def run_machine_phase(a, procs, users, names: list[str]) -> dict:
@@ -388,13 +436,14 @@ def run_machine_phase(a, procs, users, names: list[str]) -> dict:
         say(res["skipped"])
         return res
     cpu = cpus[-1] if a.fault_cpu is None else a.fault_cpu
+    path = [procs.procs[k].pid for n in ("gateway", "drafter", "verifier") for k in procs.keys(n)
+            if k in procs.procs]  # the request path
     target, metrics = procs.addr("gateway"), metrics_url(procs, "gateway")
     cap = measure_capacity(target, users, a.machine_budget_ms)
     rate = a.machine_load * cap
     res.update(capacity_rps=cap, rate=rate, cpu=cpu)
     say(f"faults of the machine: capacity {cap:.1f} answers/s at {a.machine_budget_ms:g} ms (closed loop, one at a "
         f"time); {rate:.1f} rps offered, faults on CPU {cpu}")
-    verifiers = [procs.procs[k].pid for k in procs.keys("verifier")]
     watched = {k: p.pid for k, p in procs.procs.items()}
     load = make_load(target, users, a.machine_budget_ms, rate, seed=a.seed + 2)
     windows = []
@@ -402,7 +451,7 @@ def run_machine_phase(a, procs, users, names: list[str]) -> dict:
     try:
         time.sleep(a.settle_s)  # warm-up at the rate, not measured
         for name in ["baseline", *names]:
-            fault = Fault() if name == "baseline" else CpuHog(cpu) if name == "cpu-hog" else OneCore(verifiers, cpu)
+            fault = Fault() if name == "baseline" else CpuHog(cpus) if name == "cpu-hog" else OneCore(path, cpu)
             try:
                 pids = {**watched, **fault.start()}
                 time.sleep(HOLD_S)
@@ -414,8 +463,8 @@ def run_machine_phase(a, procs, users, names: list[str]) -> dict:
                     h0, error = None, str(e)
                 s0 = time.monotonic()
                 c0 = {n: cpu_seconds(pid) for n, pid in pids.items()}
-                if name == "one-core":  # where the verifier's threads may run while its window lasts
-                    extra["verifier_cpus"] = sorted({c for v in verifiers for cs in affinity(v).values() for c in cs})
+                if name == "one-core":  # where the request path's threads may run while its window lasts
+                    extra["path_cpus"] = sorted({c for v in path for cs in affinity(v).values() for c in cs})
                 time.sleep(a.machine_fault_s)
                 s1 = time.monotonic()
                 c1 = {n: cpu_seconds(pid) for n, pid in pids.items()}
@@ -440,10 +489,20 @@ def run_machine_phase(a, procs, users, names: list[str]) -> dict:
         load.stop()
     recs = list(load.records)
     res["rows"] = [machine_row(name, recs, s0, s1, server, extra) for name, s0, s1, server, extra in windows]
+    for n, r in enumerate(res["rows"]):  # each window's users again, no fault: the same users, the same run
+        if r["scenario"] == "baseline":
+            continue
+        r["recall@10_no_fault"] = ref = replay(target, users, r.pop("users"), rate, a.machine_budget_ms, a.seed + n)
+        r["recall_ratio_vs_no_fault"] = r["recall@10"] / ref if ref else float("nan")
+        say(f"{r['scenario']}: recall@10 {fmt(r['recall@10'], '.4f')} against {fmt(ref, '.4f')} for the same users "
+            "with no fault")
+    for r in res["rows"]:
+        r.pop("users", None)
     res["records"] = recs
     res["windows"] = [(name, s0, s1) for name, s0, s1, _, _ in windows if name != "baseline"]
     for r in res["rows"]:
-        say(f"{r['scenario']}: model answers {fmt(r['model_answer_share'], '.1%')}, fill "
+        say(f"{r['scenario']}: undegraded {fmt(r['undegraded_share'], '.1%')}, GR-ranked "
+            f"{fmt(r['gr_ranked_share'], '.1%')}, fill "
             f"{fmt(r['fill_share'], '.1%')}, gateway p99 {fmt(r['server_p99_ms'])} ms, caller p99 "
             f"{fmt(r['client_p99_ms'])} ms, shed {fmt(r['shed_share'], '.1%')}")
     return res
@@ -523,7 +582,8 @@ def write_results(out: Path, res: dict) -> dict:
                         "chaos.redis_failover_recovery_s": float(fo[0]["recovery_s"])})
     summary.update(machine_keys(mrows))
     retire = tuple(f"chaos.{n.replace('-', '_')}.{f}" for n in mf.get("names", []) for f in MACHINE_FIGURES
-                   if mf.get("skipped"))
+                   if mf.get("skipped")) + tuple(f"chaos.{n.replace('-', '_')}.{f}" for n in MACHINE_SCENARIOS
+                                                 for f in MACHINE_REPLACED)
     res["summary"] = summary
     write_json("chaos", no_nan(res), out)
     parts = [f"# Chaos benchmark\n\n{head_line(res)}\n"]
@@ -550,15 +610,18 @@ def scenario_table(rows: list[dict]) -> str:
 
 def machine_table(rows: list[dict]) -> str:
     """The windows of the faults of the machine, the baseline first."""
-    cols = ["window", "CPU", "seconds", "requests", "model answers", "fill", "drafter", "shed", "errors",
-            "gateway p99 ms", "its bucket ms", "over budget", "caller p99 ms", "CPU s / s"]
+    cols = ["window", "CPU", "seconds", "requests", "undegraded", "R@10 / no fault", "GR-ranked", "fill", "drafter",
+            "shed", "errors", "gateway p99 ms", "its bucket ms", "over budget", "caller p99 ms", "CPU s / s"]
 
     def bucket(b) -> str:
         return "n/a" if not b else f"{fmt(b[0], 'g')}-{fmt(b[1], 'g') if b[1] is not None else 'inf'}"
 
     return markdown_table([dict(zip(cols, [
         r["scenario"], "all" if r.get("cpu") is None else r["cpu"], fmt(r["seconds"], ".1f"), r["requests"],
-        fmt(r["model_answer_share"], ".1%"), fmt(r["fill_share"], ".1%"), fmt(r["drafter_share"], ".1%"),
+        fmt(r.get("undegraded_share"), ".1%"),
+        f"{fmt(r.get('recall@10'), '.3f')} / {fmt(r.get('recall@10_no_fault'), '.3f')}"
+        f" = {fmt(r.get('recall_ratio_vs_no_fault'), '.2f')}" if r.get("recall@10_no_fault") is not None else "",
+        fmt(r.get("gr_ranked_share"), ".1%"), fmt(r["fill_share"], ".1%"), fmt(r["drafter_share"], ".1%"),
         fmt(r["shed_share"], ".1%"), ", ".join(f"{c} {n}" for c, n in sorted(r["errors"].items())) or "none",
         fmt(r["server_p99_ms"]), bucket(r.get("server_p99_bucket_ms")), fmt(r.get("server_over_budget_share"), ".1%"),
         fmt(r["client_p99_ms"]), ", ".join(f"{n} {v:.2f}" for n, v in r.get("cpu_share", {}).items())]))
@@ -571,9 +634,13 @@ def machine_line_of(mf: dict) -> str:
         return f"Skipped: {mf['skipped']}."
     return (f"`auto` at {mf['budget_ms']:g} ms, {fmt(mf.get('rate'))} requests/s offered (Poisson): "
             f"{mf.get('load', 0.5):g} x the capacity measured at that budget first ({fmt(mf.get('capacity_rps'))} "
-            f"answers/s, closed loop, one at a time); each fault on CPU {mf.get('cpu')}, for a window of its own "
-            "after a `baseline` window without one. Model answers: the GR model's lists (a verifier policy's, not the "
-            "item drafter's, no fill) of the requests sent, shed and errors counting as not; fill: answers holding "
+            f"answers/s, closed loop, one at a time); `cpu-hog`'s hogs on every CPU, `one-core` on CPU "
+            f"{mf.get('cpu')}, each for a window of its own "
+            "after a `baseline` window without one. Undegraded: the policy's own choice, answered whole (not degraded, "
+            "no fill, no budget exit), of the requests sent, shed and errors counting as not; R@10 / no fault: the "
+            "window's recall@10 (shed and errors as misses) over that of the same users asked again after the last "
+            "window, at the same rate, with no fault; GR-ranked: the GR model's lists (made or ranked by it: not the "
+            "item drafter's own, no fill) of the answers; fill: answers holding "
             "catalogue fill, of the answers; gateway p99: its own latency histogram over the window (the difference "
             "of two readings, interpolated within the bucket as PromQL does; the bucket and the share over the budget "
             "beside it); caller p99: every request from its scheduled send; CPU s / s: the CPU time each process "
@@ -600,8 +667,9 @@ def readme_body(res: dict) -> str:
         f"Run: {res.get('run', 'n/a')}. {res['machine']}. {res['users']}. Table: [`chaos.md`](chaos.md).\n",
     ]
     if mf:
-        parts += [f"Faults of the machine (`cpu-hog`: a busy process confined to one CPU; `one-core`: the verifier "
-                  f"confined to one CPU), run first: {machine_line_of(mf)}\n",
+        parts += [f"Faults of the machine (`cpu-hog`: a busy process on each CPU the request path runs on; `one-core`: "
+                  f"the gateway, the drafter and the verifier confined to one CPU together), run first: "
+                  f"{machine_line_of(mf)}\n",
                   *([] if mf.get("skipped") else [machine_table(mf.get("rows", []))])]
     if res["scenarios"]:
         parts += [

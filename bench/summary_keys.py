@@ -59,7 +59,8 @@ WRITERS: dict[str, list[str]] = {
     "chaos": [r"chaos\.(catalogue_items_lost|internal_errors|model_answer_share_during_faults"
               r"|overload_p99_over_budget_ms|recovery_s_max|redis_failover_acked_writes_lost"
               r"|redis_failover_internal_errors|redis_failover_recovery_s)",
-              r"chaos\.(cpu_hog|one_core)\.(server_p99_ms|client_p99_ms|model_answer_share|fill_share|shed_share)"],
+              r"chaos\.(cpu_hog|one_core)\.(server_p99_ms|client_p99_ms|undegraded_share|recall_ratio_vs_no_fault"
+              r"|gr_ranked_share|fill_share|shed_share)"],
     "scaleout": [r"scaleout\.(errors_on_replica_kill|max_rps_p99_one_replica|max_rps_p99_two_replicas"
                  r"|replica_share_min|(fill_share|server_p99_ms|gr_ranked_share)_on_replica_kill)"],
     "keys": [r"bench\.keys_without_writer"],

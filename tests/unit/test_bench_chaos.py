@@ -1,6 +1,6 @@
-"""What ``bench.chaos`` makes of a window of a fault of the machine without a stack: its figures (model answers
-of the requests, fill of the answers, the window's bounds), its keys, and what a run of those faults alone
-writes and retires."""
+"""What ``bench.chaos`` makes of a window of a fault of the machine without a stack: its figures (undegraded
+answers of the requests, GR-ranked and fill of the answers, the window's bounds), its keys, and what a run of those
+faults alone writes and retires."""
 
 from __future__ import annotations
 
@@ -27,14 +27,19 @@ def rec(t: float, served_by: str = "nezha", code: str = "OK", lag: float = 0.5, 
             "server_ms": latency - 1.0, "model": code == "OK", "any_fill": fill}
 
 
-def test_a_window_counts_model_answers_of_the_requests_and_fill_of_the_answers():
+def test_a_window_counts_undegraded_answers_of_the_requests_and_gr_ranked_and_fill_of_the_answers():
     inside = ([rec(10.0 + 0.01 * i) for i in range(16)] + [rec(10.2, "drafter"), rec(10.3, fill=True),
               rec(10.4, code="RESOURCE_EXHAUSTED", latency=1.0), rec(10.5, code="INTERNAL", latency=90.0)])
     outside = [rec(9.9, latency=500.0), rec(12.0, latency=500.0)]
     server = {"server_p99_ms": 29.0, "server_count": 20}
     row = chaos.machine_row("cpu-hog", outside + inside, 10.0, 11.0, server, {"cpu": 1})
     assert row["requests"] == 20 and row["seconds"] == pytest.approx(1.0)
-    assert row["model_answer_share"] == pytest.approx(16 / 20)  # not the drafter's, not fill, not shed or failed
+    assert row["undegraded_share"] == pytest.approx(16 / 20)  # not degraded, not fill, not shed or failed
+    assert row["gr_ranked_share"] == pytest.approx(16 / 18)  # of the answers: not the drafter's, not fill
+    budget_exit = dict(rec(10.6), exit="budget")
+    assert chaos.machine_row("x", [rec(10.0), budget_exit], 10.0, 11.0, {}, {})["undegraded_share"] == 0.5
+    hits = [dict(rec(10.0), hit=True), rec(10.1), rec(10.2, code="RESOURCE_EXHAUSTED")]
+    assert chaos.machine_row("x", hits, 10.0, 11.0, {}, {})["recall@10"] == pytest.approx(1 / 3)
     assert row["fill_share"] == pytest.approx(1 / 18) and row["drafter_share"] == pytest.approx(1 / 18)
     assert row["shed_share"] == pytest.approx(1 / 20) and row["internal_errors"] == 1
     assert row["client_p99_ms"] < 100.0  # the 500 ms answers outside the window are not its
@@ -67,13 +72,15 @@ def result(machine_faults: dict) -> dict:
 
 
 def test_a_fault_of_the_machine_run_alone_writes_its_keys_and_no_other_scenarios(tmp_path):
-    (tmp_path / "summary.json").write_text(json.dumps({"chaos.recovery_s_max": 2.2, "chaos.catalogue_items_lost": 0}))
+    (tmp_path / "summary.json").write_text(json.dumps({"chaos.recovery_s_max": 2.2, "chaos.catalogue_items_lost": 0,
+                                                       "chaos.cpu_hog.model_answer_share": 0.0}))
     row = chaos.machine_row("cpu-hog", [rec(10.0 + 0.01 * i) for i in range(50)], 10.0, 11.0,
                             {"server_p99_ms": 29.0, "server_p99_bucket_ms": [25.0, 30.0]}, {"cpu": 1, "cpu_share": {}})
     mf = {"names": ["cpu-hog"], "rows": [row], "budget_ms": 30.0, "rate": 20.0, "capacity_rps": 40.0, "cpu": 1}
     summary = chaos.write_results(tmp_path, result(mf))
     written = json.loads((tmp_path / "summary.json").read_text())
-    assert written["chaos.cpu_hog.server_p99_ms"] == 29.0 and written["chaos.cpu_hog.model_answer_share"] == 1.0
+    assert written["chaos.cpu_hog.server_p99_ms"] == 29.0 and written["chaos.cpu_hog.undegraded_share"] == 1.0
+    assert "chaos.cpu_hog.model_answer_share" not in written  # retired: it could not move with the fault
     assert written["chaos.recovery_s_max"] == 2.2  # the other scenarios did not run: their keys are left alone
     assert "chaos.model_answer_share_during_faults" not in summary and "chaos.internal_errors" not in summary
     assert "| cpu-hog | 1 |" in (tmp_path / "chaos.md").read_text()
@@ -89,7 +96,7 @@ def test_a_fault_of_the_machine_skipped_retires_its_keys(tmp_path):
     assert not [k for k in written if k.startswith("chaos.one_core.")]
     assert written["chaos.cpu_hog.server_p99_ms"] == 25.0  # not asked for in this run: left alone
     assert "one-core skipped: 1 CPU" in (tmp_path / "chaos.md").read_text()
-    assert math.isnan(chaos.machine_row("x", [], 0.0, 1.0, {}, {})["model_answer_share"])
+    assert math.isnan(chaos.machine_row("x", [], 0.0, 1.0, {}, {})["undegraded_share"])
 
 
 # -- the phase, against a fake gateway ----------------------------------------------------------------
@@ -132,11 +139,14 @@ def test_the_machine_phase_measures_each_window_and_puts_the_verifier_back(fake_
     rows = {r["scenario"]: r for r in res["rows"]}
     assert list(rows) == ["baseline", "cpu-hog", "one-core"] and res["rate"] == 20.0 and res["cpu"] == cpus[-1]
     for r in rows.values():
-        assert r["requests"] > 0 and r["model_answer_share"] < 1.0  # the drafter's lists are not the model's
+        assert r["requests"] > 0 and r["gr_ranked_share"] < 1.0  # the drafter's lists are not the model's
         assert r["server_count"] > 0 and 10.0 < r["server_p99_ms"] <= 15.0  # the fake's 12 ms, in its bucket
         assert r["fill_share"] == 0.0 and "server_error" not in r
-    assert "hog" in rows["cpu-hog"]["cpu_share"] and "hog" not in rows["baseline"]["cpu_share"]
-    assert rows["one-core"]["verifier_cpus"] == [cpus[-1]]  # confined while its window lasted
+    assert {f"hog{c}" for c in cpus} <= set(rows["cpu-hog"]["cpu_share"])  # a hog on every CPU of the path
+    assert not [n for n in rows["baseline"]["cpu_share"] if n.startswith("hog")]
+    assert rows["one-core"]["path_cpus"] == [cpus[-1]]  # confined while its window lasted
+    for name in ("cpu-hog", "one-core"):  # the same users asked again with no fault: the reference
+        assert 0.0 <= rows[name]["recall@10_no_fault"] <= 1.0 and "users" not in rows[name]
     assert {frozenset(c) for c in affinity(fake_stack.procs["verifier"].pid).values()} == {frozenset(cpus)}  # back
     assert [w[0] for w in res["windows"]] == ["cpu-hog", "one-core"]
     assert set(chaos.machine_keys(res["rows"])) == {f"chaos.{s}.{f}" for s in ("cpu_hog", "one_core")
