@@ -455,7 +455,8 @@ def run_machine_phase(a, procs, users, names: list[str]) -> dict:
             try:
                 pids = {**watched, **fault.start()}
                 time.sleep(HOLD_S)
-                extra: dict = {"cpu": None if name == "baseline" else cpu}
+                extra: dict = {"cpu": None if name == "baseline" else ",".join(map(str, cpus)) if name == "cpu-hog"
+                               else cpu}
                 error = None
                 try:
                     h0 = scrape_histogram(metrics)
