@@ -85,6 +85,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import json
 import os
 import shutil
@@ -92,6 +93,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections import Counter
@@ -580,7 +582,8 @@ def write_results(out: Path, res: dict) -> dict:
     if fo:
         summary.update({"chaos.redis_failover_acked_writes_lost": int(fo[0]["acked_writes_lost"]),
                         "chaos.redis_failover_internal_errors": int(fo[0]["internal_errors"]),
-                        "chaos.redis_failover_recovery_s": float(fo[0]["recovery_s"])})
+                        "chaos.redis_failover_recovery_s": float(fo[0]["recovery_s"]),
+                        "chaos.redis_failover.acked_without_replica": int(fo[0].get("acked_without_replica", -1))})
     summary.update(machine_keys(mrows))
     retire = tuple(f"chaos.{n.replace('-', '_')}.{f}" for n in mf.get("names", []) for f in MACHINE_FIGURES
                    if mf.get("skipped")) + tuple(f"chaos.{n.replace('-', '_')}.{f}" for n in MACHINE_SCENARIOS
@@ -689,18 +692,70 @@ def readme_body(res: dict) -> str:
     return "\n".join([*parts, f"Keys: {keys}.\n", "![timeline](chaos.png)\n"])
 
 
+class ReplicaWatch:
+    """The replicas connected to whichever data server is the primary, read every ``every_s`` in a thread of its
+    own (``polls``: (time, connected replicas), None while no server is primary): which acknowledged writes no
+    replica can have held."""
+
+    def __init__(self, ports: list[int], every_s: float = 0.02):
+        import redis
+
+        self.clients = [redis.Redis(port=p, socket_timeout=0.2, socket_connect_timeout=0.2) for p in ports]
+        self.every_s, self.polls = every_s, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="replica-watch", daemon=True)
+
+    def _run(self) -> None:
+        import redis
+
+        while not self._stop.is_set():
+            n = None
+            for c in self.clients:
+                try:
+                    info = c.info("replication")
+                except redis.RedisError:
+                    continue  # killed, or not answering
+                if info.get("role") == "master":
+                    n = int(info.get("connected_slaves", 0) or 0)
+                    break
+            self.polls.append((time.monotonic(), n))
+            self._stop.wait(self.every_s)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def without_replica(self, done: list[float]) -> int:
+        """The writes acknowledged at times ``done`` when the primary had no replica: the last reading before
+        the acknowledgement and the first after it both say none (a replica that connected in between is given
+        the benefit of the doubt)."""
+        times = [t for t, _ in self.polls]
+        count = 0
+        for d in done:
+            i = bisect.bisect_right(times, d)
+            if 0 < i < len(self.polls) and not self.polls[i - 1][1] and not self.polls[i][1]:
+                count += 1
+        return count
+
+
 def run_failover_phase(a, bundle_dir: Path, bundle, users, tmp: Path, name: str = "kill-redis-primary") -> dict:
-    """The ``kill-redis-primary`` scenario on a stack of its own over a Sentinel-managed Redis."""
+    """The ``kill-redis-primary`` scenario on a stack of its own over a Sentinel-managed Redis: a primary and two
+    replicas (the failover leaves one), three sentinels."""
     from specrec_rpc.localsentinel import LocalSentinel
 
-    rs = LocalSentinel(tmp / "sentinel").start()
+    rs = LocalSentinel(tmp / "sentinel", replicas=2).start()
     say(f"{name}: Sentinel-managed Redis up ({rs.url}); starting the stack on it")
     stack = Stack(bundle_dir, rs.url, tmp / "logs-failover", "chaos-fo", threads=a.threads,
                   max_history=bundle.cfg.max_history, env={"SPECREC_ITEMSET_REDIS_TIMEOUT_S": "1.0"})
     procs = stack.procs
     load = writer = None
+    watch = ReplicaWatch(rs.data_ports)
     try:
         procs.start(a.startup_timeout, say=say)
+        watch.start()
         load = make_load(procs.addr("gateway"), users, a.budget_ms, a.rate, seed=a.seed + 1)
         writer = Writer(procs.addr("itemset"), procs.token)
         load.start()
@@ -714,8 +769,10 @@ def run_failover_phase(a, bundle_dir: Path, bundle, users, tmp: Path, name: str 
         time.sleep(a.settle_s)
         writer.stop()
         load.stop()
+        watch.stop()
         t_next = time.monotonic()
         acked = dict(writer.acked)
+        without = watch.without_replica([r["done"] for r in writer.records if r["code"] == "OK"])
         check = catalogue_check(procs.addr("itemset"), 0, list(acked))
         recs = list(load.records)
         row = scenario_row(name, recs, t0, t1, t_next, a, check["lost"])
@@ -727,11 +784,14 @@ def run_failover_phase(a, bundle_dir: Path, bundle, users, tmp: Path, name: str 
         row.update(recovery_s=max(write_recovery, read_recovery if not np.isnan(read_recovery) else float("inf")),
                    write_recovery_s=write_recovery, read_recovery_s=read_recovery, promoted_s=promoted_s,
                    acked_writes=len(acked), acked_writes_lost=check["lost"], write_codes=dict(w_codes),
+                   acked_without_replica=without,
                    internal_errors=row["internal_errors"] + w_codes.get("INTERNAL", 0))
-        say(f"{name}: {len(acked)} writes acknowledged, {check['lost']} of them lost; writes {dict(w_codes)}; "
+        say(f"{name}: {len(acked)} writes acknowledged, {check['lost']} of them lost, {without} with no replica "
+            f"connected to the primary; writes {dict(w_codes)}; "
             f"recovery {row['recovery_s']:.2f} s (writes {write_recovery:.2f} s, reads {read_recovery:.2f} s)")
         return {"row": row, "records": recs, "window": (name, t0, t1)}
     finally:
+        watch.stop()
         if writer is not None:
             writer.stop()
         if load is not None:

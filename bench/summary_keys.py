@@ -58,7 +58,7 @@ WRITERS: dict[str, list[str]] = {
     "soak": [r"soak\.(errors|minutes|p99_drift_ms|rate_rps|rss_growth_max|shed|upsert_errors|upserts_acked)"],
     "chaos": [r"chaos\.(catalogue_items_lost|internal_errors|model_answer_share_during_faults"
               r"|overload_p99_over_budget_ms|recovery_s_max|redis_failover_acked_writes_lost"
-              r"|redis_failover_internal_errors|redis_failover_recovery_s)",
+              r"|redis_failover_internal_errors|redis_failover_recovery_s|redis_failover\.acked_without_replica)",
               r"chaos\.(cpu_hog|one_core)\.(server_p99_ms|client_p99_ms|undegraded_share|recall_ratio_vs_no_fault"
               r"|gr_ranked_share|fill_share|shed_share)"],
     "scaleout": [r"scaleout\.(errors_on_replica_kill|max_rps_p99_one_replica|max_rps_p99_two_replicas"

@@ -33,7 +33,9 @@ class ItemSetSettings(ServiceSettings):
                                                "require one (redis+sentinel:// only)")
     write_replicas: int = Field(-1, ge=-1, description="replicas that must hold a write (Redis WAIT) before it is "
                                 "acknowledged; fewer within write_wait_s: UNAVAILABLE (retrying is safe). -1 = auto: "
-                                "1 when the primary reports a connected replica, else 0 (a lone Redis)")
+                                "1 for a replicated Redis (a Sentinel URL, or a primary once seen with a replica: "
+                                "after a failover that left no replica, writes are refused until one connects), "
+                                "else 0 (a lone Redis); 0 = primary-only acknowledgements")
     write_wait_s: float = Field(1.0, gt=0, description="how long a write waits for write_replicas replicas "
                                 "(WAIT timeout; kept below redis_timeout_s)")
     write_retry_s: float = Field(10.0, ge=0, description="how long a write retries while Redis is unreachable, "

@@ -22,8 +22,12 @@ version). A write is acknowledged only when ``n`` replicas hold it: with
 fewer, :class:`NotAcknowledged` (UNAVAILABLE) says it is published on the
 primary but may be lost in a failover. Retrying is safe: an upsert of the same
 items publishes the same content again, a delete of removed ids changes
-nothing. ``n`` is ``write_replicas``, or (auto) 1 when the primary reports a
-connected replica, 0 for a lone Redis.
+nothing. ``n`` is ``write_replicas``, or (auto) 1 for a replicated Redis (a
+Sentinel URL, or a primary once seen with a replica), 0 for a lone Redis: after
+a failover that left the new primary without a replica, writes are refused
+(UNAVAILABLE, retried within ``write_retry_s``) until one connects, never
+acknowledged with no replica holding them. ``write_replicas = 0`` opts in to
+primary-only acknowledgements.
 """
 
 from __future__ import annotations
@@ -160,6 +164,7 @@ class CatalogueWrites:
     cluster: bool
     max_attempts: int
     write_replicas: int
+    replicated: bool  # a Sentinel URL, or a primary once seen with a replica
     wait_ms: int
     default_level_sizes: list[int] | None
     log: Any  # structlog logger
@@ -214,6 +219,8 @@ class CatalogueWrites:
             return self.write_replicas
         if self.cluster:
             return 0
+        if self.replicated:  # a Sentinel URL, or a replica seen before: a write no replica holds is not acknowledged
+            return 1
         info = await self._t("replicas", self.r.info("replication"))
         n = int(info.get("connected_slaves", 0) or 0)
         if n:

@@ -25,6 +25,7 @@ import time
 import grpc
 import numpy as np
 import pytest
+import redis
 
 from itemset_svc.settings import ItemSetSettings
 from itemset_svc.store import RedisCatalogue
@@ -40,7 +41,8 @@ def sentinel_redis(tmp_path):
         if os.environ.get("SPECREC_CI"):
             pytest.fail("needs redis-server (apt-get install redis-server; redis-sentinel is used when present)")
         pytest.skip("needs redis-server")
-    rs = LocalSentinel(tmp_path / "redis").start()
+    # two replicas: the failover leaves one, so writes go on being acknowledged (auto refuses a write no replica holds)
+    rs = LocalSentinel(tmp_path / "redis", replicas=2).start()
     yield rs
     rs.stop()
 
@@ -190,6 +192,40 @@ async def test_a_write_short_of_replicas_is_not_acknowledged_and_retrying_is_saf
             await replica.close()
     finally:
         for h in (strict, ok):
+            if h is not None:
+                await h.close()
+        rs.stop()
+
+
+async def test_auto_acknowledges_no_write_once_the_replica_is_gone(tmp_path, tiny_bundle_dir):
+    """write_replicas auto on a primary seen with a replica: the replica killed (as after a failover that left the
+    new primary without one), a write is not acknowledged (UNAVAILABLE) rather than acknowledged with no replica
+    holding it; write_replicas 0 opts in to primary-only acknowledgements."""
+    if not sentinel_available():
+        pytest.skip("needs redis-server")
+    from .test_itemset import settings, start_itemset
+
+    rs = LocalSentinel(tmp_path / "redis", sentinels=0).start()  # a primary and its replica, no sentinels
+    url = f"redis://127.0.0.1:{rs.data_ports[0]}/0"
+    auto = lone = None
+    try:
+        auto = await start_itemset(settings(url, "gone", tiny_bundle_dir, write_wait_s=0.1, write_retry_s=0.3,
+                                            watch_s=0))
+        await auto.upsert(itemset_pb2.UpsertItem(item_id="g-1", title="one", text="velvet matte lipstick"), timeout=5)
+        rs.procs[rs.data_ports[1]].kill()  # the replica
+        rs.procs[rs.data_ports[1]].wait()
+        primary = redis.Redis(port=rs.data_ports[0])
+        t0 = time.monotonic()
+        while int(primary.info("replication")["connected_slaves"]):
+            assert time.monotonic() - t0 < 5.0, "the primary still counts the killed replica"
+            time.sleep(0.05)
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await auto.upsert(itemset_pb2.UpsertItem(item_id="g-2", title="two", text="argan oil shampoo"), timeout=5)
+        assert e.value.code() == grpc.StatusCode.UNAVAILABLE and "not acknowledged" in e.value.details()
+        lone = await start_itemset(settings(url, "gone", tiny_bundle_dir, write_replicas=0, watch_s=0))
+        await lone.upsert(itemset_pb2.UpsertItem(item_id="g-3", title="three", text="rose clay mask"), timeout=5)
+    finally:
+        for h in (auto, lone):
             if h is not None:
                 await h.close()
         rs.stop()
