@@ -52,6 +52,7 @@ from specrec_rpc.v1 import drafter_pb2_grpc, recommender_pb2_grpc, verifier_pb2_
 
 from .calls import Hops
 from .drafter_client import DrafterInfo
+from .looplag import LoopLag
 from .metrics import BUDGET_CUTS, DEFAULT_BUDGET, DEPENDENCY_UP, HOP_OVERHEAD, STAGE, SpecCollector
 from .parts import VerifierParts
 from .queueing import QueueModel
@@ -91,6 +92,8 @@ class GatewayService(Service):
         self.queue = QueueModel(self.costs, settings.reserve_ms / 1000.0, self.drafter)
         self.ladder = Ladder(self.breaker, self.drafter, self.costs, GRACE_S, on_down=self._log_down)
         self.requests_log = RequestLog(self.log, settings.log_sample_rate)
+        self.loop_lag = LoopLag(self.costs)  # the deadline's cut keeps back how late the event loop runs
+        self.cut_margin = self.loop_lag.margin if settings.cut_early else (lambda: 0.0)
         self._missing: dict[tuple, str | None] = {}  # (policy, params, parts, fusion) -> what it lacks
         DEFAULT_BUDGET.set(settings.default_budget_ms / 1000.0)
 
@@ -119,6 +122,7 @@ class GatewayService(Service):
         DEPENDENCY_UP.labels("drafter").set_function(lambda: 0.0 if self.drafter.is_down() else 1.0)
         DEPENDENCY_UP.labels("itemset").set_function(
             lambda: 1.0 if time.monotonic() - self.catalogue.last_ok < 5.0 else 0.0)
+        self.loop_lag.start()
         await self._warmup()
 
     def _wait_for_backends(self) -> None:
@@ -159,6 +163,7 @@ class GatewayService(Service):
         return make_channel(address, self.s)
 
     async def stop(self) -> None:
+        await self.loop_lag.stop()
         await self.catalogue.stop()
         await self.itemset_channel.close()
         self.pool.shutdown(wait=True)
@@ -185,6 +190,7 @@ class GatewayService(Service):
             reserve=self.queue.reserve,  # auto admits a verifier tier only if it ends before the drafter's reserve
             reserve_held=HELD_RESERVE_S,  # ... or, when its fallback is in hand (fused), in time to answer with it
             down=self._down,  # auto skips the tiers that need a dependency that is down
+            cut_margin=self.cut_margin,  # ... and plans to end before the cut, which fires that much early
         )
 
     def admit(self, valid: ValidRequest) -> Admitted:
@@ -215,15 +221,21 @@ class GatewayService(Service):
     async def serve(self, run: Admitted, ctx: contextvars.Context | None = None) -> RecResult:
         """Run an admitted request on a worker thread (in ``ctx``, so the trace span and log bindings follow),
         and answer by its deadline whatever it asked: a policy (or its fallback) still running then is cut
-        (:meth:`_cut`). A request whose caller leaves while it still queues for a worker never runs, and its
-        count at its resource is returned at once: a queue of abandoned requests must not read as load
-        forever."""
+        (:meth:`_cut`), the cut set earlier by how late the event loop runs its timers (:class:`.looplag.LoopLag`),
+        so that it fires by the deadline on a busy machine. A request whose caller leaves while it still queues for
+        a worker never runs, and its count at its resource is returned at once: a queue of abandoned requests must
+        not read as load forever."""
+        run.cut_margin = self.cut_margin()  # read here, on the loop that learns it
         fn = self.run_policy if ctx is None else (lambda r: ctx.run(self.run_policy, r))
         fut = asyncio.get_running_loop().run_in_executor(self.pool, fn, run)
         try:
-            return await asyncio.wait_for(asyncio.shield(fut), max(0.0, run.request.deadline.left(time.monotonic())))
+            left = run.request.deadline.left(time.monotonic()) - run.cut_margin
+            return await asyncio.wait_for(asyncio.shield(fut), max(0.0, left))
         except TimeoutError:
-            return self._cut(run, fut)
+            t_cut = time.monotonic()
+            res = self._cut(run, fut)
+            self.loop_lag.observe_cut(time.monotonic() - t_cut)
+            return res
         except asyncio.CancelledError:
             if run.abandon():
                 self.queue.done(run.resource, served=False)
@@ -262,7 +274,9 @@ class GatewayService(Service):
             # the verifier's calls end (their grace included) when the reserve for the drafter's answer starts; a
             # policy whose fallback is in hand keeps back only the time to answer with it
             held = POLICIES[run.policy].holds_fallback
-            valid.deadline.reserve = (HELD_RESERVE_S if held else self.queue.reserve(valid.deadline.left(t0))) + GRACE_S
+            # (and before the gateway's cut, which fires ``cut_margin`` early on a busy machine)
+            valid.deadline.reserve = ((HELD_RESERVE_S if held else self.queue.reserve(valid.deadline.left(t0)))
+                                      + GRACE_S + run.cut_margin)
             hops = Hops()
             eng = self.engine(valid.snap, valid.deadline, valid.rid, hops)
             eng.hold = run.hold

@@ -31,6 +31,9 @@ class GatewaySettings(ServiceSettings):
     drafter_mode: str = Field("", description="item drafter mode for fused, specgr and drafter ('' = the drafter's "
                               "default: sasrec where the bundle has a fusion)")
     workers: int = Field(16, ge=1, le=1024, description="threads running policy loops")
+    cut_early: bool = Field(True, description="fire the deadline's cut early by how late the event loop runs its "
+                            "timers (the tail of a 10 ms sleep's overshoot, plus a cut's own time), and plan auto's "
+                            "tiers to end before it: on a busy machine answers still leave by the deadline")
     reserve_ms: float = Field(6.0, ge=0.0, le=1000.0, description="verifier calls end this long before the deadline "
                               "(or twice the drafter's mean request time when more, plus the tail of the wait "
                               "behind the requests queued at the drafter; at most 80% of the budget), so the drafter "

@@ -45,6 +45,9 @@ taught it a cost above the budget would refuse every request from then on
 ``probe_s``, and while the fault lasts one request in ``probe_s`` pays for the
 probe (it falls back to the drafter like any verifier call that misses).
 
+Every tier's time also ends ``Engine.cut_margin`` before the deadline: the
+gateway answers that much early on a busy machine (its event loop runs late).
+
 A tier whose dependency is down (``Engine.down``: at the gateway, the
 verifier's breaker refusing calls, or the drafter failed a moment ago) is
 skipped, not admitted to fall back: with the verifier down ``auto`` serves the
@@ -126,7 +129,7 @@ class AutoPolicy(Policy):
         for n, tier in enumerate(tiers):
             name = self._cheapest(tier, req.k)
             cost = self._cost(name, req.k)
-            left = budget - eng.load(name) - self._kept_back(name, budget)
+            left = budget - eng.load(name) - self._kept_back(name, budget) - eng.cut_margin()
             last = costs.last_tried(name, now)
             if cost is None or cost <= left:
                 costs.tried(name, now)

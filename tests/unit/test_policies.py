@@ -436,6 +436,20 @@ def test_auto_skips_a_tier_whose_dependency_is_down_instead_of_refusing_or_falli
     assert auto.choose(RecRequest(h, 5, deadline=0.1)) == "beam"
 
 
+def test_auto_plans_every_tier_to_end_before_the_callers_early_cut():
+    """beam's tail is 20 ms: it fits 30 ms, but not when the caller's cut fires 12 ms early (the gateway's event loop
+    running late): nezha (5 ms) is chosen then."""
+    eng = make_engine(13)
+    t = [0.0]
+    eng.clock = lambda: t[0]
+    teach_costs(eng, t, {"beam": 0.02, "strict": 0.03, "nezha": 0.005, "drafter": 0.001})
+    auto = make_policy("auto", eng)
+    h = histories(eng, 1, 13)[0]
+    assert auto.choose(RecRequest(h, 5, deadline=0.030)) == "beam"
+    eng.cut_margin = lambda: 0.012
+    assert auto.choose(RecRequest(h, 5, deadline=0.030)) == "nezha"
+
+
 def test_a_request_whose_dependency_was_down_does_not_teach_its_policys_cost():
     """A verifier call that fails after 5 s (a connect timeout to a replica gone) raises DependencyDown: beam's
     tail stays what its answered requests taught (20 ms), so beam fits the next 100 ms budget."""
