@@ -67,6 +67,10 @@ __all__ = ["GatewayService", "GatewaySettings"]
 # a policy the verifiers' bundles cannot serve (no SID drafter for nezha, say), asked for by name
 register(Unsupported, grpc.StatusCode.FAILED_PRECONDITION)
 
+#: the most of the time left that the deadline's early cut keeps back (a loop that runs very late, e.g. services
+#: sharing one interpreter, would otherwise leave no tier time to run: every request refused)
+CUT_SHARE = 0.2
+
 #: what a policy whose fallback is in hand (``fused``: its drafts) keeps back from its verifier call: the time to
 #: answer with that fallback once the call has ended at the latest
 HELD_RESERVE_S = 0.001
@@ -93,7 +97,7 @@ class GatewayService(Service):
         self.ladder = Ladder(self.breaker, self.drafter, self.costs, GRACE_S, on_down=self._log_down)
         self.requests_log = RequestLog(self.log, settings.log_sample_rate)
         self.loop_lag = LoopLag(self.costs)  # the deadline's cut keeps back how late the event loop runs
-        self.cut_margin = self.loop_lag.margin if settings.cut_early else (lambda: 0.0)
+
         self._missing: dict[tuple, str | None] = {}  # (policy, params, parts, fusion) -> what it lacks
         DEFAULT_BUDGET.set(settings.default_budget_ms / 1000.0)
 
@@ -225,7 +229,7 @@ class GatewayService(Service):
         so that it fires by the deadline on a busy machine. A request whose caller leaves while it still queues for
         a worker never runs, and its count at its resource is returned at once: a queue of abandoned requests must
         not read as load forever."""
-        run.cut_margin = self.cut_margin()  # read here, on the loop that learns it
+        run.cut_margin = self.cut_margin(run.request.deadline.left(time.monotonic()))  # on the loop that learns it
         fn = self.run_policy if ctx is None else (lambda r: ctx.run(self.run_policy, r))
         fut = asyncio.get_running_loop().run_in_executor(self.pool, fn, run)
         try:
@@ -293,6 +297,13 @@ class GatewayService(Service):
         for stage, ms in res.stats.stage_ms.items():
             STAGE.labels(valid.policy, stage).observe(ms / 1000.0)
         return res
+
+    def cut_margin(self, left: float) -> float:
+        """How early the deadline's cut fires, out of ``left`` seconds: the event loop's lateness and a cut's own
+        time (:class:`.looplag.LoopLag`), at most ``CUT_SHARE`` of ``left``; none without ``cut_early``."""
+        if not self.s.cut_early:
+            return 0.0
+        return min(self.loop_lag.margin(), CUT_SHARE * max(0.0, left))
 
     def _down(self, dependency: str) -> bool:
         """Whether ``dependency`` is down for a new request: the verifier's breaker refuses (open, its probe not

@@ -129,7 +129,7 @@ class AutoPolicy(Policy):
         for n, tier in enumerate(tiers):
             name = self._cheapest(tier, req.k)
             cost = self._cost(name, req.k)
-            left = budget - eng.load(name) - self._kept_back(name, budget) - eng.cut_margin()
+            left = budget - eng.load(name) - self._kept_back(name, budget) - eng.cut_margin(budget)
             last = costs.last_tried(name, now)
             if cost is None or cost <= left:
                 costs.tried(name, now)

@@ -91,9 +91,9 @@ class Engine:
     # whether a dependency ("verifier", "drafter") is down now (the gateway: its breaker refuses, or the drafter
     # failed a moment ago): ``auto`` skips the tiers that need it; never in-process
     down: Callable[[str], bool] = lambda dependency: False
-    # how early before the deadline the caller's own cut fires (the gateway: how late its event loop runs); what
-    # ``auto`` plans must end before it. 0 in-process
-    cut_margin: Callable[[], float] = lambda: 0.0
+    # how early before the deadline the caller's own cut fires, out of ``left`` seconds (the gateway: how late its
+    # event loop runs); what ``auto`` plans must end before it. 0 in-process
+    cut_margin: Callable[[float], float] = lambda left: 0.0
 
     def learned(self, policy: str) -> Online:
         """The policy's :class:`Online` state, shared by every policy object of this engine."""

@@ -446,7 +446,7 @@ def test_auto_plans_every_tier_to_end_before_the_callers_early_cut():
     auto = make_policy("auto", eng)
     h = histories(eng, 1, 13)[0]
     assert auto.choose(RecRequest(h, 5, deadline=0.030)) == "beam"
-    eng.cut_margin = lambda: 0.012
+    eng.cut_margin = lambda left: 0.012
     assert auto.choose(RecRequest(h, 5, deadline=0.030)) == "nezha"
 
 
