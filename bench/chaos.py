@@ -726,7 +726,10 @@ class ReplicaWatch:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(5)
+        if self._thread.is_alive():
+            self._thread.join(5)
+        for c in self.clients:
+            c.close()
 
     def without_replica(self, done: list[float]) -> int:
         """The writes acknowledged at times ``done`` when the primary had no replica: the last reading before

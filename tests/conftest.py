@@ -60,6 +60,18 @@ def random_sids(n: int, level_sizes, seed: int = 0) -> np.ndarray:
     return out
 
 
+def tiny_tiger(seed: int = 11):
+    """A tiny sharpened TIGER model (history window 8), its NEZHA head and 50 random item SIDs, seeded: what the
+    backend tests export to graphs and compare with eager."""
+    from specrec.models.nezha_head import NezhaHead
+    from specrec.models.tiger import Tiger
+
+    torch.manual_seed(seed)
+    m = Tiger(tiny_config(max_history=8)).eval()
+    sharpen(m, 20)
+    return m, NezhaHead(m).eval(), random_sids(50, m.cfg.level_sizes, seed)
+
+
 def sharpen(model, factor: float) -> None:
     """Make a random model's output distributions decisive (tests want clear rankings)."""
     import torch

@@ -125,11 +125,12 @@ class AutoPolicy(Policy):
             return self._cheapest(tiers[0], req.k)
         now = eng.clock()
         budget = req.deadline.left(now)
+        early = eng.cut_margin(budget)  # the caller's cut fires this much before the deadline
         tiers = self._up(tiers)
         for n, tier in enumerate(tiers):
             name = self._cheapest(tier, req.k)
             cost = self._cost(name, req.k)
-            left = budget - eng.load(name) - self._kept_back(name, budget) - eng.cut_margin(budget)
+            left = budget - eng.load(name) - self._kept_back(name, budget) - early
             last = costs.last_tried(name, now)
             if cost is None or cost <= left:
                 costs.tried(name, now)

@@ -253,6 +253,16 @@ async def test_degrades_when_verifier_or_drafter_stops(stack, serving_bundle):
         await asyncio.sleep(0.2)
 
 
+async def recovered(stack, hist, policy: str) -> None:
+    """Until the drafter no longer counts as down and ``policy`` answers undegraded (earlier tests stopped
+    services); 10 s at most."""
+    svc = stack.runners["gateway"].service
+    t0 = time.monotonic()
+    while svc.drafter.is_down() or (await stack.recommend(hist, k=10, policy=policy, budget_ms=500)).stats.degraded:
+        assert time.monotonic() - t0 < 10.0, "the stack did not recover within 10 s"
+        await asyncio.sleep(0.1)
+
+
 @pytest.mark.asyncio(loop_scope="session")
 async def test_auto_skips_the_verifiers_tiers_while_its_breaker_refuses(stack, serving_bundle):
     """With the verifier's breaker open, ``auto`` chooses the drafter's list itself: served by the drafter, not
@@ -260,10 +270,7 @@ async def test_auto_skips_the_verifiers_tiers_while_its_breaker_refuses(stack, s
     verifier tier serves."""
     svc = stack.runners["gateway"].service
     hist = histories(serving_bundle, 1, seed=12)[0]
-    t0 = time.monotonic()  # earlier tests stopped services: wait until both answer again
-    while svc.drafter.is_down() or (await stack.recommend(hist, k=10, policy="beam", budget_ms=500)).stats.degraded:
-        assert time.monotonic() - t0 < 10.0, "the stack did not recover within 10 s"
-        await asyncio.sleep(0.1)
+    await recovered(stack, hist, "beam")
     for _ in range(svc.breaker.failures):
         svc.breaker.result(False)
     try:
@@ -319,10 +326,7 @@ async def test_degraded_failed_and_sampled_requests_are_logged_as_one_json_line(
 
     svc = stack.runners["gateway"].service
     hist = histories(serving_bundle, 1, seed=11)[0]
-    t0 = time.monotonic()  # earlier tests stopped services: wait until both answer again
-    while svc.drafter.is_down() or (await stack.recommend(hist, k=10, policy="specgr", budget_ms=500)).stats.degraded:
-        assert time.monotonic() - t0 < 10.0, "the stack did not recover within 10 s"
-        await asyncio.sleep(0.1)
+    await recovered(stack, hist, "specgr")
     md = (("x-request-id", "req-degraded-1"),)
     req = recommender_pb2.RecommendRequest(history=hist, k=10, policy="beam", budget_ms=500, user_id="u-42")
     with capture_logs() as logs:

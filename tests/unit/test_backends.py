@@ -10,22 +10,18 @@ from specrec.decoding.beam import beam_search
 from specrec.decoding.scoring import score_sids
 from specrec.ids import SidTrie
 from specrec.itemset import LocalItemSet
-from specrec.models.nezha_head import NezhaHead
 from specrec.models.tiger import Tiger
 from specrec.policies import Engine, RecRequest, make_policy
 from specrec.verifier import LocalVerifier
 
-from ..conftest import random_sids, sharpen, tiny_config
+from ..conftest import sharpen, tiny_tiger
 
 TOL = 1e-4
 
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(11)
-    m = Tiger(tiny_config(max_history=8)).eval()
-    sharpen(m, 20)
-    return m, NezhaHead(m).eval(), random_sids(50, m.cfg.level_sizes, 11)
+    return tiny_tiger()
 
 
 @pytest.fixture(scope="module", params=["onnx"])

@@ -20,22 +20,19 @@ from specrec.backends.weights import ALIGN, MIN_BYTES, STORE, share_weights
 from specrec.decoding.beam import beam_search
 from specrec.decoding.searches.rank import layout
 from specrec.ids import SidTrie
-from specrec.models.nezha_head import NezhaHead
 from specrec.models.sid_mlp import SidMlpConfig, SidMlpDrafter
 from specrec.models.tiger import Tiger
 
-from ..conftest import random_sids, sharpen, tiny_config
+from ..conftest import sharpen, tiny_tiger
 
 TOL = 1e-4
 
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(11)
-    m = Tiger(tiny_config(max_history=8)).eval()
-    sharpen(m, 20)
+    m, head, sids = tiny_tiger()
     drafter = SidMlpDrafter(m.cfg.level_sizes, m.cfg.d_model, SidMlpConfig(hidden=16, ff=32)).eval()
-    return m, NezhaHead(m).eval(), drafter, random_sids(50, m.cfg.level_sizes, 11)
+    return m, head, drafter, sids
 
 
 def _hist(sids, lengths, h=8):

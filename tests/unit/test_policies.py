@@ -344,18 +344,23 @@ def teach_costs(eng, t, seconds: dict[str, float | list[float]], n: int = 50) ->
     t[0] = start
 
 
+def taught(seconds: dict[str, float | list[float]], n: int = 50):
+    """An engine on a fake clock whose policies learned ``seconds`` (:func:`teach_costs`), ``auto`` on it and one
+    history -> (engine, clock, auto, history)."""
+    eng = make_engine(13)
+    t = [0.0]
+    eng.clock = lambda: t[0]
+    teach_costs(eng, t, seconds, n)
+    return eng, t, make_policy("auto", eng), histories(eng, 1, 13)[0]
+
+
 def test_auto_picks_the_most_accurate_policy_that_fits():
     """With learned costs beam 20 ms, strict 30 ms, nezha 5 ms, drafter 1 ms: a 100 ms
     budget gets beam (strict gives the same list but costs more), 10 ms gets nezha,
     2 ms the drafter, and 0.5 ms (or a queue that eats the budget) is refused."""
     from specrec.policies import Overloaded
 
-    eng = make_engine(13)
-    t = [0.0]
-    eng.clock = lambda: t[0]
-    teach_costs(eng, t, {"beam": 0.02, "strict": 0.03, "nezha": 0.005, "drafter": 0.001})
-    auto = make_policy("auto", eng)
-    h = histories(eng, 1, 13)[0]
+    eng, t, auto, h = taught({"beam": 0.02, "strict": 0.03, "nezha": 0.005, "drafter": 0.001})
     for budget, want in ((0.1, "beam"), (0.010, "nezha"), (0.002, "drafter")):
         assert auto.choose(RecRequest(h, 5, deadline=budget)) == want
     with pytest.raises(Overloaded):
@@ -373,14 +378,9 @@ def test_auto_refuses_a_tier_whose_tail_misses_the_budget_though_its_mean_fits()
     """beam and strict answer in 10 ms, but 3 requests in 120 take 40 ms (p99 40 ms, mean 10.75 ms): a
     30 ms budget gets nezha (the mean, or the running mean plus two running mean deviations that auto read
     before, 19.5 ms here, would take beam and answer late 1 time in 40); 45 ms gets beam."""
-    eng = make_engine(13)
-    t = [0.0]
-    eng.clock = lambda: t[0]
     spiky = [0.010] * 39 + [0.040]
-    teach_costs(eng, t, {"beam": spiky * 3, "strict": spiky * 3, "nezha": 0.005, "drafter": 0.001})
+    eng, t, auto, h = taught({"beam": spiky * 3, "strict": spiky * 3, "nezha": 0.005, "drafter": 0.001})
     assert eng.costs.tail("beam", 5) == pytest.approx(0.040)
-    auto = make_policy("auto", eng)
-    h = histories(eng, 1, 13)[0]
     assert auto.choose(RecRequest(h, 5, deadline=0.030)) == "nezha"
     assert auto.choose(RecRequest(h, 5, deadline=0.045)) == "beam"
 
@@ -392,12 +392,7 @@ def test_auto_admits_a_verifier_tier_only_if_it_ends_before_the_reserve_for_the_
     fill."""
     from specrec.policies import Overloaded
 
-    eng = make_engine(13)
-    t = [0.0]
-    eng.clock = lambda: t[0]
-    teach_costs(eng, t, {"beam": 0.02, "strict": 0.03, "nezha": 0.005, "drafter": 0.005})
-    auto = make_policy("auto", eng)
-    h = histories(eng, 1, 13)[0]
+    eng, t, auto, h = taught({"beam": 0.02, "strict": 0.03, "nezha": 0.005, "drafter": 0.005})
     asked = []
     eng.reserve = lambda left: asked.append(left) or 0.012
     assert auto.choose(RecRequest(h, 5, deadline=0.030)) == "nezha"
@@ -415,12 +410,7 @@ def test_auto_skips_a_tier_whose_dependency_is_down_instead_of_refusing_or_falli
     """beam fits a 100 ms budget; with the verifier down (``Engine.down``) auto chooses the drafter's list as its
     own choice, with the drafter down it keeps beam, and with both down it plans as before (the fallbacks
     answer); a 3 ms budget with the verifier down is the drafter's, not a refusal."""
-    eng = make_engine(13)
-    t = [0.0]
-    eng.clock = lambda: t[0]
-    teach_costs(eng, t, {"beam": 0.02, "strict": 0.03, "nezha": 0.005, "drafter": 0.001})
-    auto = make_policy("auto", eng)
-    h = histories(eng, 1, 13)[0]
+    eng, t, auto, h = taught({"beam": 0.02, "strict": 0.03, "nezha": 0.005, "drafter": 0.001})
     down: set[str] = set()
     eng.down = lambda which: which in down
     assert auto.choose(RecRequest(h, 5, deadline=0.1)) == "beam"
@@ -439,12 +429,7 @@ def test_auto_skips_a_tier_whose_dependency_is_down_instead_of_refusing_or_falli
 def test_auto_plans_every_tier_to_end_before_the_callers_early_cut():
     """beam's tail is 20 ms: it fits 30 ms, but not when the caller's cut fires 12 ms early (the gateway's event loop
     running late): nezha (5 ms) is chosen then."""
-    eng = make_engine(13)
-    t = [0.0]
-    eng.clock = lambda: t[0]
-    teach_costs(eng, t, {"beam": 0.02, "strict": 0.03, "nezha": 0.005, "drafter": 0.001})
-    auto = make_policy("auto", eng)
-    h = histories(eng, 1, 13)[0]
+    eng, t, auto, h = taught({"beam": 0.02, "strict": 0.03, "nezha": 0.005, "drafter": 0.001})
     assert auto.choose(RecRequest(h, 5, deadline=0.030)) == "beam"
     eng.cut_margin = lambda left: 0.012
     assert auto.choose(RecRequest(h, 5, deadline=0.030)) == "nezha"
@@ -455,10 +440,7 @@ def test_a_request_whose_dependency_was_down_does_not_teach_its_policys_cost():
     tail stays what its answered requests taught (20 ms), so beam fits the next 100 ms budget."""
     from specrec.policies.errors import DependencyDown
 
-    eng = make_engine(13)
-    t = [0.0]
-    eng.clock = lambda: t[0]
-    teach_costs(eng, t, {"beam": 0.02, "strict": 0.03, "drafter": 0.001}, n=150)  # past the few-samples estimate
+    eng, t, auto, h = taught({"beam": 0.02, "strict": 0.03, "drafter": 0.001}, n=150)  # past the few-samples estimate
     real = eng.verifier.encode
 
     def gone(*a, **kw):
@@ -466,14 +448,13 @@ def test_a_request_whose_dependency_was_down_does_not_teach_its_policys_cost():
         raise DependencyDown("verifier", "connect timeout")
 
     eng.verifier.encode = gone
-    h = histories(eng, 1, 13)[0]
     for _ in range(3):
         with pytest.raises(DependencyDown):
             make_policy("beam", eng).run([RecRequest(h, 5)])
     eng.verifier.encode = real
     t[0] = 0.0  # (deadlines are absolute on the fake clock)
     assert eng.costs.tail("beam", 5) == pytest.approx(0.02, rel=0.01)
-    assert make_policy("auto", eng).choose(RecRequest(h, 5, deadline=0.1)) == "beam"
+    assert auto.choose(RecRequest(h, 5, deadline=0.1)) == "beam"
 
 
 def test_auto_probes_a_skipped_tier_and_relearns_its_cost():
