@@ -80,6 +80,11 @@ def _add_train_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="bfloat16 autocast for training matmuls (only on CPUs with AMX/AVX-512 BF16; 10x slower without)",
     )
+    g.add_argument("--init-from", metavar="BUNDLE", help="start from this bundle's GR weights (same model config)")
+    g.add_argument("--teacher", metavar="BUNDLE",
+                   help="a bundle whose SASRec gives soft targets on each SID level (with --distill-weight)")
+    g.add_argument("--distill-weight", type=float, default=0.0, help="the soft targets' share of the loss (0 = off)")
+    g.add_argument("--distill-temp", type=float, default=1.0, help="the teacher's softmax temperature")
     g.add_argument("--seed", type=int, default=0)
 
 
@@ -97,7 +102,9 @@ def cmd_train(a: argparse.Namespace) -> int:
     tcfg = TrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, weight_decay=a.weight_decay,
                        warmup_steps=a.warmup_steps, patience=a.patience, valid_limit=a.valid_limit or None, seed=a.seed,
                        bf16=a.bf16, ema=a.ema, valid_every=a.valid_every, workers=a.workers, threads=a.threads,
-                       window_stride=a.window_stride, budget_minutes=a.budget_minutes, curve_limit=a.curve_limit)
+                       window_stride=a.window_stride, budget_minutes=a.budget_minutes, curve_limit=a.curve_limit,
+                       init_from=a.init_from, teacher=a.teacher, distill_weight=a.distill_weight,
+                       distill_temp=a.distill_temp)
     build(a.data, a.out, a.protocol, mcfg, tcfg, quantile=a.quantile, seed=a.seed, resume=not a.no_resume,
           sids_from=a.sids_from)
     return 0

@@ -352,6 +352,12 @@ class Tiger(SidTokens, nn.Module):
         position (rows of -1 where there is none). One encoder pass serves every
         target; the decoder for position t sees encoder positions <= t only.
         Returns the mean token cross-entropy over valid targets."""
+        hidden, tgt = self.sequence_hidden(inp_sids, tgt_sids)
+        return self.mean_level_loss(hidden, tgt, self.cfg.sid_len)
+
+    def sequence_hidden(self, inp_sids: torch.Tensor, tgt_sids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decoder states of :meth:`forward_sequences`: ([N, L, d], the N valid targets' codes [N, L]),
+        targets in row-major (batch, position) order."""
         if not self.cfg.causal_encoder:
             raise ValueError("forward_sequences needs causal_encoder=True")
         mem, keep = self._memory(inp_sids)
@@ -374,16 +380,16 @@ class Tiger(SidTokens, nn.Module):
             hidden, _ = self.decode(EncoderState(mem, mask, *self._cross(mem)),
                                     self.decoder_input(tgt_sids.clamp(min=0)[..., :-1]))
             hidden = hidden[valid]  # [N, L, d]
-        return self._mean_level_loss(hidden, tgt, L)
+        return hidden, tgt
 
     def forward(self, hist_sids: torch.Tensor, target_sids: torch.Tensor) -> torch.Tensor:
         """Mean token cross-entropy of ``target_sids`` [B, L] given histories."""
         enc = self.encode(hist_sids)
         hidden, _ = self.decode(enc, self.decoder_input(target_sids[:, None, :-1]))
         hidden = hidden[:, 0]
-        return self._mean_level_loss(hidden, target_sids, self.cfg.sid_len)
+        return self.mean_level_loss(hidden, target_sids, self.cfg.sid_len)
 
-    def _mean_level_loss(self, hidden: torch.Tensor, target: torch.Tensor, levels: int) -> torch.Tensor:
+    def mean_level_loss(self, hidden: torch.Tensor, target: torch.Tensor, levels: int) -> torch.Tensor:
         """Token cross-entropy of ``target`` [N, L] from ``hidden`` [N, L, d], averaged over the first ``levels``."""
         losses = [
             F.cross_entropy(self.level_logits(hidden[:, lvl], lvl), target[:, lvl],

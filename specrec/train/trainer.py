@@ -64,6 +64,10 @@ class TrainConfig(BaseModel):
     window_stride: int | None = None  # causal chunks overlap: a new chunk every this many targets (None = max_history)
     budget_minutes: float | None = None  # after the first epoch, plan the epochs (and the cosine) to fill this budget
     curve_limit: int = 0  # test users (a seeded random sample) scored at each validation for the learning curve only
+    init_from: str | None = None  # a bundle whose GR weights (same model config) start the run
+    teacher: str | None = None  # a bundle whose SASRec gives soft targets (:mod:`specrec.train.soft_targets`)
+    distill_weight: float = 0.0  # the soft targets' share of the loss (the true next item keeps the rest)
+    distill_temp: float = 1.0  # the teacher's softmax temperature
 
 
 def bucketed_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generator, chunk: int) -> list[np.ndarray]:
@@ -202,6 +206,9 @@ class Trainer:
         self.log = log
         torch.manual_seed(cfg.seed)
         self.model = Tiger(model_cfg)
+        if cfg.init_from:
+            self._init_from(cfg.init_from)
+        self.teacher = self._teacher() if cfg.distill_weight > 0 else None
         self.ema = copy.deepcopy(self.model).eval() if cfg.ema else None
         decay = [p for n, p in self.model.named_parameters() if p.ndim >= 2]
         no_decay = [p for n, p in self.model.named_parameters() if p.ndim < 2]
@@ -221,6 +228,47 @@ class Trainer:
         self.history: list[dict] = []
         self.planned_epochs: int | None = None  # with a time budget: the epochs that fit, set after the first
         self.elapsed_s = 0.0  # training + validation seconds over all sessions of this run
+
+    def _init_from(self, path: str) -> None:
+        from ..bundle import Bundle
+
+        src = Bundle.load(path)
+        if src.cfg.model_dump() != self.mcfg.model_dump():
+            raise ValueError(f"{path}: its GR model config differs from this run's")
+        if not np.array_equal(src.sids, self.sids_np):
+            raise ValueError(f"{path}: its semantic IDs differ from this run's (use --sids-from {path})")
+        self.model.load_state_dict(src.model.state_dict())
+        self.log(f"GR weights from {path}")
+
+    def _teacher(self):
+        from ..bundle import Bundle
+        from .soft_targets import SasrecTeacher
+
+        if not self.mcfg.causal_encoder:
+            raise ValueError("distillation is built for the causal encoder's whole-sequence training")
+        if not self.cfg.teacher:
+            raise ValueError("distill_weight > 0 needs a teacher bundle")
+        src = Bundle.load(self.cfg.teacher)
+        if src.sasrec is None:
+            raise ValueError(f"{self.cfg.teacher}: the bundle has no SASRec (specrec train-baseline)")
+        if not np.array_equal(src.sids, self.sids_np):
+            raise ValueError(f"{self.cfg.teacher}: its catalogue or semantic IDs differ from this run's")
+        self.log(f"soft targets from {self.cfg.teacher}'s SASRec (weight {self.cfg.distill_weight}, "
+                 f"temperature {self.cfg.distill_temp})")
+        return SasrecTeacher(src.sasrec, self.sids, self.mcfg.level_sizes, self.cfg.distill_temp)
+
+    def _sequence_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The causal chunk's loss: cross-entropy of the true next items, mixed with the teacher's soft targets."""
+        if self.teacher is None:
+            return self.model.forward_sequences(self._codes(x), self._codes(y))
+        from .soft_targets import soft_level_loss
+
+        hidden, tgt = self.model.sequence_hidden(self._codes(x), self._codes(y))
+        hard = self.model.mean_level_loss(hidden, tgt, self.mcfg.sid_len)
+        soft = self.teacher.targets(x, y >= 0, tgt)
+        logits = [self.model.level_logits(hidden[:, lvl], lvl) for lvl in range(self.mcfg.sid_len)]
+        w = self.cfg.distill_weight
+        return (1.0 - w) * hard + w * soft_level_loss(logits, soft)
 
     @property
     def max_epochs(self) -> int:
@@ -333,7 +381,7 @@ class Trainer:
                     w = int(lengths[idx].max())
                     x, y = torch.from_numpy(inp[idx][:, -w:]), torch.from_numpy(tgt[idx][:, -w:])
                     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=c.bf16):
-                        loss = self.model.forward_sequences(self._codes(x), self._codes(y))
+                        loss = self._sequence_loss(x, y)
                     n_targets = int((y >= 0).sum())
                 else:
                     hist = history_batch(self.sids, self.train_ex.history[idx])
