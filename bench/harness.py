@@ -89,11 +89,11 @@ class Users:
 
 def sample_users(bundle, n: int, seed: int, protocol: str = "loo") -> Users:
     """A seeded random sample of ``n`` test users of the bundle's dataset under ``protocol`` (leave-one-out, or
-    ``temporal``: the bundle's own cut-off; :func:`specrec.pipeline.bundle_split`, as ``specrec eval`` reads
+    ``temporal``: the bundle's own cut-off; :func:`specrec.bundle.bundle_split`, as ``specrec eval`` reads
     it, so the same seed picks the same users): history = the last ``max_history`` items before the test target;
     the target is kept to score the answers."""
+    from specrec.bundle import bundle_split
     from specrec.data.splits import sample_examples
-    from specrec.pipeline import bundle_split
 
     data = bundle.meta.get("data_path")
     _, split = bundle_split(bundle, protocol=protocol)

@@ -26,8 +26,8 @@ def main(argv=None) -> int:
     ap.add_argument("--users", type=int, default=3000, help="random test users sampled")
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args(argv)
+    from specrec.data.open import open_dataset
     from specrec.data.splits import make_split, sample_examples
-    from specrec.pipeline import open_dataset
 
     print(command_line("bench.unseen_text_reach", argv))
     ds = open_dataset(a.data)

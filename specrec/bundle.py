@@ -35,7 +35,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .data.dataset import Catalogue
+from .data.dataset import Catalogue, Dataset
+from .data.splits import Split
 from .ids.semantic import SemanticIds
 from .ids.trie import SidTrie
 from .itemset import LocalItemSet
@@ -324,3 +325,22 @@ class Bundle:
         if "sasrec" in meta:
             b.sasrec = load_weights(SASRec(SASRecConfig(**meta["sasrec"])), path / "sasrec.safetensors")
         return b
+
+
+def bundle_split(bundle: Bundle, data: str | Path | None = None, protocol: str | None = None) -> tuple[Dataset, Split]:
+    """The dataset a bundle was trained on (or ``data``) and its split under ``protocol`` (default: the bundle's;
+    a temporal split at the bundle's own cut-off), as evaluation and the benchmarks read it."""
+    from .data.open import open_dataset
+    from .data.splits import make_split, temporal
+
+    data = data or bundle.meta.get("data_path")
+    if data and str(data) != "synthetic" and not Path(data).is_dir():
+        raise SystemExit(f"dataset directory not found: {data} (the bundle was trained on it; point --data at a copy, "
+                         "e.g. ../shared/data/beauty)")
+    ds = open_dataset(data)
+    if ds.catalogue.ids != bundle.catalogue.ids:
+        raise SystemExit(f"the dataset at {data} does not have the bundle's catalogue")
+    protocol = protocol or bundle.meta.get("protocol", "loo")
+    if protocol == "temporal" and bundle.meta.get("cutoff") is not None:
+        return ds, temporal(ds, bundle.cfg.max_history, cutoff=int(bundle.meta["cutoff"]))
+    return ds, make_split(ds, protocol, bundle.cfg.max_history, bundle.meta.get("quantile") or 0.8)

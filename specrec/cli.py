@@ -116,7 +116,7 @@ def _load_eval_split(bundle, data: str | None, protocol: str | None):
 
 def _load_eval_data(bundle, data: str | None, protocol: str | None):
     """The dataset a bundle was trained on (or ``data``) and its split under ``protocol`` (default: the bundle's)."""
-    from .pipeline import bundle_split
+    from .bundle import bundle_split
 
     return bundle_split(bundle, data, protocol)
 
@@ -314,9 +314,9 @@ def cmd_train_baseline(a: argparse.Namespace) -> int:
     import time
 
     from .bundle import Bundle, round_to_half
+    from .data.open import open_dataset
     from .data.splits import make_split, temporal
     from .models.sasrec import SASRecConfig
-    from .pipeline import open_dataset
     from .train.baseline import train_sasrec
     from .train.drafters import DrafterTrainConfig
 
@@ -354,8 +354,9 @@ def cmd_tune_fusion(a: argparse.Namespace) -> int:
 
 
 def cmd_sids(a: argparse.Namespace) -> int:
+    from .data.open import open_dataset
     from .data.splits import make_split
-    from .pipeline import fit_semantic_ids, open_dataset
+    from .pipeline import fit_semantic_ids
 
     ds = open_dataset(a.data)
     split = make_split(ds, a.protocol)

@@ -10,38 +10,13 @@ from pathlib import Path
 import numpy as np
 
 from .bundle import Bundle, round_to_half
-from .data.dataset import Dataset, load_dataset
+from .data.dataset import Dataset
+from .data.open import open_dataset
 from .data.splits import Split, make_split
-from .data.synthetic import synthetic_dataset
 from .ids.embed import TextEmbedder
 from .ids.semantic import SemanticIds
 from .models.tiger import TigerConfig
 from .train.trainer import TrainConfig, Trainer
-
-
-def open_dataset(data: str | Path | None, synthetic_seed: int = 0) -> Dataset:
-    """A dataset directory, or the synthetic catalogue when ``data`` is None or 'synthetic'."""
-    if data is None or str(data) == "synthetic":
-        return synthetic_dataset(seed=synthetic_seed)
-    return load_dataset(data)
-
-
-def bundle_split(bundle: Bundle, data: str | Path | None = None, protocol: str | None = None) -> tuple[Dataset, Split]:
-    """The dataset a bundle was trained on (or ``data``) and its split under ``protocol`` (default: the bundle's;
-    a temporal split at the bundle's own cut-off), as evaluation and the benchmarks read it."""
-    from .data.splits import temporal
-
-    data = data or bundle.meta.get("data_path")
-    if data and str(data) != "synthetic" and not Path(data).is_dir():
-        raise SystemExit(f"dataset directory not found: {data} (the bundle was trained on it; point --data at a copy, "
-                         "e.g. ../shared/data/beauty)")
-    ds = open_dataset(data)
-    if ds.catalogue.ids != bundle.catalogue.ids:
-        raise SystemExit(f"the dataset at {data} does not have the bundle's catalogue")
-    protocol = protocol or bundle.meta.get("protocol", "loo")
-    if protocol == "temporal" and bundle.meta.get("cutoff") is not None:
-        return ds, temporal(ds, bundle.cfg.max_history, cutoff=int(bundle.meta["cutoff"]))
-    return ds, make_split(ds, protocol, bundle.cfg.max_history, bundle.meta.get("quantile") or 0.8)
 
 
 def fit_semantic_ids(

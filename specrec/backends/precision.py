@@ -280,8 +280,8 @@ class _Scoring:
 def _validation(bundle: Bundle, users: int, seed: int):
     """(examples, their whole histories, the sample's description) of the bundle's validation users, or a reason
     there are none."""
+    from ..bundle import bundle_split
     from ..data.splits import sample_examples
-    from ..pipeline import bundle_split
 
     try:
         ds, split = bundle_split(bundle)

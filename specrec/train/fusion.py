@@ -97,7 +97,7 @@ def tune_fusion(bundle_dir: str | Path, users: int | None = 3000, seed: int = 0,
     fewest of ``drafts`` candidates within ``tolerance`` of the best recall, :func:`~specrec.fusion.choose`),
     measure the served lists' recall@10 on them, and write both into its ``bundle.json``. -> (the choice, what
     was written)."""
-    from ..pipeline import bundle_split
+    from ..bundle import bundle_split
 
     t0 = time.time()
     bundle = Bundle.load(bundle_dir)
