@@ -55,6 +55,7 @@ def main(argv=None) -> int:
     from specrec.cli import _load_eval_split
     from specrec.data.splits import sample_examples
     from specrec.decoding.scoring import tree_pass
+    from specrec.decoding.searches.head import nezha_beam_search
     from specrec.models.hotpath import FusedHotPath, child_tables
     from specrec.train.distill import _cat_padded, drafter_beams, frontier_coverage, run_frontier
     from specrec.train.trainer import history_batch
@@ -89,7 +90,8 @@ def main(argv=None) -> int:
                     drafted[("sid_mlp", n)][j].append(beams[j].numpy())
                 with torch.inference_mode():
                     hb = (
-                        b.nezha_head.beam_search(
+                        nezha_beam_search(
+                            b.nezha_head,
                             b.model,
                             b.nezha_head.hidden(b.model, b.model.encode(b.history_sids(list(ex.history[s : s + 250])))),
                             b.trie,

@@ -39,6 +39,7 @@ import torch
 
 from .decoding.beam import Beams, BeamSearch, select_topk
 from .decoding.scoring import Scores, VerifiedPrefixes, prefix_logprobs, tree_pass
+from .decoding.searches.head import nezha_beam_search
 from .decoding.tree import read_level, token_logprobs
 from .ids.trie import SidTrie
 from .models.tiger import EncoderState
@@ -313,7 +314,7 @@ class LocalVerifier:
 
     def _head_beams_eager(self, sess: Session, trie: SidTrie, width: int) -> Beams:
         """The head's search in eager torch (a backend without a whole head-search call)."""
-        return self.head.beam_search(self.head_model, self._head_h(sess), trie, width)
+        return nezha_beam_search(self.head, self.head_model, self._head_h(sess), trie, width)
 
     # -- the distilled drafter ----------------------------------------------------------------------------
     def parts(self) -> Parts:

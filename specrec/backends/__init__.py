@@ -10,7 +10,7 @@ compares against. ``make_backend(name, model, head)`` builds one by name;
 
 from __future__ import annotations
 
-from .base import Backend, StepCache
+from .base import Backend
 from .onnx import OrtBackend
 
 BACKENDS = {"eager": Backend, "onnx": OrtBackend}
@@ -25,4 +25,4 @@ def make_backend(name: str, model, head=None, **kw) -> Backend:
     return BACKENDS[name](model, head, **kw)
 
 
-__all__ = ["BACKENDS", "DEFAULT_BACKEND", "Backend", "OrtBackend", "StepCache", "make_backend"]
+__all__ = ["BACKENDS", "DEFAULT_BACKEND", "Backend", "OrtBackend", "make_backend"]

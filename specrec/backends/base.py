@@ -25,29 +25,16 @@ functions are themselves checked against the model
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
-from ..decoding.beam import Beams
+from ..decoding.beam import Beams, StepCache
 from ..decoding.searches import SEARCHES
 from ..decoding.tree import PrefixTree
 from ..models.hotpath import FusedHotPath, child_tables
 from ..models.tiger import EncoderState, Tiger
-
-
-@dataclass
-class StepCache:
-    """The static self-attention cache of a beam search: [n_layers, R*B', h, L, dk]
-    with B' = ``row_width`` rows per request (``beams`` of them real, the rest padding)."""
-
-    k: torch.Tensor
-    v: torch.Tensor
-    row_width: int
-    beams: int
-
 
 DRAFT_FACTORS = (1, 1.5, 2, 3, 4, 6)  # draft counts are m * K for m here (see policies.base.DraftSizer)
 

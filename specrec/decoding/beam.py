@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 import torch
@@ -26,8 +26,16 @@ from ..ids.trie import SidTrie
 from ..models.tiger import BOS_TOKEN, EncoderState
 from .topk import constrained_topk
 
-if TYPE_CHECKING:
-    from ..backends.base import StepCache
+
+@dataclass
+class StepCache:
+    """The beam search's own cache, filled by the backend's step: the static self-attention cache
+    [n_layers, R*B', h, L, dk] with B' = ``row_width`` rows per request (``beams`` of them real, the rest padding)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    row_width: int
+    beams: int
 
 
 @dataclass
@@ -201,8 +209,6 @@ class BeamSearch:
         new.beams = self.beams.select(idx)
         new.cache = self.cache
         if self.cache is not None and self.cache is not False:
-            from ..backends.base import StepCache
-
             c = self.cache
             rows = (idx.view(-1, 1) * c.row_width + torch.arange(c.row_width)).reshape(-1)
             new.cache = StepCache(c.k.index_select(1, rows), c.v.index_select(1, rows), c.row_width, c.beams)

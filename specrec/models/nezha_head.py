@@ -12,18 +12,18 @@ The GR model stays frozen; only placeholders, transitions and heads train
 (cross-entropy on the true next item plus KL to the GR's own distributions,
 so q tracks p).
 
-The head's maths is written once, here: :func:`head_level_logprobs`,
-:func:`gru_cell` (``torch.nn.GRUCell``'s, on the transitions' own weights) and
-the constrained search :func:`head_search`. :class:`NezhaHead` runs them on its
-parameters (training, and the search over a trie); the fused hot path runs the
-same functions on copied weights, and that is what the ONNX graph of the head's
-whole search traces (``head`` of the registry of searches, :mod:`specrec.decoding.searches.head`).
+The head's maths is written once, here: :func:`head_level_logprobs` and
+:func:`gru_cell` (``torch.nn.GRUCell``'s, on the transitions' own weights).
+:class:`NezhaHead` runs them on its parameters (training); the fused hot path
+runs the same functions on copied weights. The head's constrained search is
+the decoding layer's (``head`` of the registry of searches,
+:mod:`specrec.decoding.searches.head`: :func:`~specrec.decoding.searches.head.head_search`,
+and its eager reference over a trie, :func:`~specrec.decoding.searches.head.nezha_beam_search`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Protocol, TypeVar, cast
+from typing import cast
 
 import torch
 from pydantic import BaseModel
@@ -51,33 +51,6 @@ def gru_cell(x: torch.Tensor, s: torch.Tensor, w_ih: torch.Tensor, w_hh: torch.T
     z = torch.sigmoid(i_z + h_z)
     n = torch.tanh(i_n + rg * h_n)
     return (1 - z) * n + z * s
-
-
-class _Beams(Protocol):
-    codes: torch.Tensor  # [R, B, l]
-
-
-B = TypeVar("B", bound=_Beams)
-
-
-def head_search(hidden: torch.Tensor, level_logprobs: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor],
-                advance: Callable[[torch.Tensor, int, torch.Tensor], torch.Tensor],
-                select: Callable[[B, torch.Tensor, int], tuple[B, torch.Tensor]], root: B) -> B:
-    """The NEZHA head's constrained beam search (the one definition): hidden [R, L, d] the head's decoder
-    states; ``level_logprobs(h [R, d], s [R, B, d], level)`` -> [R, B, V]; ``advance(s, level, codes [R, B])``
-    -> the next states; ``select(beams, logq, level)`` -> (kept beams, their parent beam within the request
-    [R, W]): one constrained top-k (:func:`~specrec.decoding.topk.constrained_topk`), over a trie or dense
-    tables. Invalid prefixes are masked before each top-k, so the beams refill with valid ones; scores are
-    the head's summed log-probabilities."""
-    r, L, d = hidden.shape[0], int(hidden.shape[1]), int(hidden.shape[2])  # widths fixed, so graphs hold constants
-    s = torch.zeros(r, 1, d, dtype=hidden.dtype, device=hidden.device)
-    beams = root
-    for level in range(L):
-        beams, parent = select(beams, level_logprobs(hidden[:, level], s, level), level)
-        if level < L - 1:
-            s = s.gather(1, parent.unsqueeze(-1).expand(-1, -1, d))
-            s = advance(s, level, beams.codes[:, :, -1].clamp(min=0))
-    return beams
 
 
 class NezhaConfig(BaseModel):
@@ -141,19 +114,6 @@ class NezhaHead(nn.Module):
             if j < depth and j < self.L - 1:
                 s = self.advance(gr, s, j, prefixes[:, :, j])
         return out
-
-    def beam_search(self, gr: Tiger, h: torch.Tensor, trie, width: int):
-        """:func:`head_search` with the head alone over ``trie`` (h [R, L, d] from :meth:`hidden`)."""
-        from ..decoding.beam import Beams, root_beams, select_topk
-
-        r = h.shape[0]
-
-        def select(beams: Beams, logq: torch.Tensor, level: int) -> tuple[Beams, torch.Tensor]:
-            kept, flat = select_topk(beams, logq, trie, width)
-            return kept, flat.view(r, -1) - torch.arange(r).view(r, 1) * logq.shape[1]
-
-        return head_search(h, self.level_logprobs, lambda s, level, codes: self.advance(gr, s, level, codes), select,
-                           root_beams(r))
 
     def loss(
         self, gr: Tiger, enc: EncoderState, target: torch.Tensor, teacher: list[torch.Tensor] | None

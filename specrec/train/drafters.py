@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from tqdm.auto import tqdm
 
 from ..data.splits import PAD, Examples, Split
+from ..decoding.searches.head import nezha_beam_search
 from ..models.nezha_head import NezhaHead
 from ..models.retrieval import RetrievalConfig, RetrievalModel
 from ..models.self_draft import SelfDraftHead
@@ -221,7 +222,7 @@ def train_nezha(
         hits = 0
         for s in range(0, len(valid), 500):
             enc = gr.encode(history_batch(sids_t, valid.history[s : s + 500]))
-            beams = head.beam_search(gr, head.hidden(gr, enc), trie, 10)
+            beams = nezha_beam_search(head, gr, head.hidden(gr, enc), trie, 10)
             items = beams.items(trie)
             hits += int((items == torch.from_numpy(valid.target[s : s + 500]).unsqueeze(1)).any(1).sum())
         return hits / len(valid)
@@ -293,7 +294,7 @@ def _train_nezha_aligned(gr, split, sids, tcfg, align: AlignConfig, log, progres
         drafts = []
         for s in range(0, len(vb.examples), 500):
             enc = be.encode(history_batch(sids_t, vb.examples.history[s : s + 500]))
-            beams = head.beam_search(gr, head.hidden(gr, enc), trie, 2 * align.top_k)
+            beams = nezha_beam_search(head, gr, head.hidden(gr, enc), trie, 2 * align.top_k)
             drafts.append(beams.items(trie).numpy())
         return coverage(np.concatenate(drafts), v_target)
 

@@ -8,6 +8,7 @@ import torch
 from specrec.backends import Backend, make_backend
 from specrec.decoding.beam import beam_search
 from specrec.decoding.scoring import score_sids
+from specrec.decoding.searches.head import nezha_beam_search
 from specrec.ids import SidTrie
 from specrec.itemset import LocalItemSet
 from specrec.models.tiger import Tiger
@@ -76,7 +77,7 @@ def test_beam_search_and_head_match(pair):
     # the NEZHA head's whole search (decoder pass, transitions, trie) in one call equals its eager search
     hb = be.head(be.encode(hist), trie, 6)
     if hb is not None:
-        want = ref.nezha_head.beam_search(ref.model, ref.head_hidden(ref.encode(hist)), trie, 6)
+        want = nezha_beam_search(ref.nezha_head, ref.model, ref.head_hidden(ref.encode(hist)), trie, 6)
         assert torch.equal(hb.codes[hb.alive], want.codes[want.alive])
         assert (hb.scores - want.scores).nan_to_num(0, 0, 0).abs().max() < TOL
 

@@ -8,6 +8,7 @@ import torch
 
 from specrec.decoding.beam import root_beams, select_topk
 from specrec.decoding.searches import SEARCHES, SearchState
+from specrec.decoding.searches.head import nezha_beam_search
 from specrec.decoding.topk import constrained_topk
 from specrec.ids import SidTrie
 from specrec.models.hotpath import FusedHotPath, child_tables
@@ -86,7 +87,7 @@ def test_nezha_head_on_the_fused_path_is_the_head(model):
     trie = SidTrie(sids.numpy(), m.cfg.level_sizes)
     tables = child_tables(trie, fused.vmax)
     for width in (1, 4, 9):
-        want = head.beam_search(m, want_h, trie, width)
+        want = nezha_beam_search(head, m, want_h, trie, width)
         codes, scores, _, nodes = SEARCHES["head"].fn(fused, *enc, tables, width)
         alive = nodes >= 0
         assert torch.equal(codes[alive], want.codes[want.alive])
