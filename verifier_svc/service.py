@@ -1,10 +1,10 @@
 """The verifier service: the GR model behind gRPC.
 
 A thin adapter over :class:`specrec.verifier.LocalVerifier`: it converts
-protos to core jobs (:class:`~specrec.verifier.EncodeJob`,
-:class:`~specrec.verifier.ScoreJob`, ...), hands them to one opportunistic
+protos to core jobs (:class:`~specrec.verifier.jobs.EncodeJob`,
+:class:`~specrec.verifier.jobs.ScoreJob`, ...), hands them to one opportunistic
 :class:`~.batcher.Batcher` whose batches the core executes
-(:func:`specrec.verifier.run_jobs`), keeps sessions in a
+(:func:`specrec.verifier.jobs.run_jobs`), keeps sessions in a
 :class:`~.sessions.SessionStore`, and converts results back. A call that
 carries a history instead of a session is encoded in the same batch as its
 operation. The catalogue (for constrained decoding) follows the item set by
@@ -16,7 +16,7 @@ The whole searches' RPCs are the ones the registry of searches names
 ``draft``; with ``target_scores`` too, ``score``) and ``DraftVerify``
 (``strict``, and ``resume`` inside it for the rows its drafts missed). The
 wire's names stay as they are; the core groups their jobs by the registry's
-names (:func:`specrec.verifier.whole_search`).
+names (:func:`specrec.verifier.jobs.whole_search`).
 """
 
 from __future__ import annotations
@@ -37,20 +37,8 @@ from pydantic_settings import SettingsConfigDict
 
 from specrec.bundle import Bundle, sid_space_fingerprint
 from specrec.models.hotpath import child_tables
-from specrec.verifier import (
-    BeamJob,
-    DraftVerifyJob,
-    EncodeJob,
-    ExpandJob,
-    HeadJob,
-    LocalVerifier,
-    ScoreJob,
-    SearchSpec,
-    SelectRule,
-    Session,
-    SessionStateError,
-    run_jobs,
-)
+from specrec.verifier import LocalVerifier, SelectRule, Session, SessionStateError
+from specrec.verifier.jobs import BeamJob, DraftVerifyJob, EncodeJob, ExpandJob, HeadJob, ScoreJob, SearchSpec, run_jobs
 from specrec_rpc.catalogue import CatalogueWatcher, Snapshot
 from specrec_rpc.errors import (
     FailedPrecondition,
