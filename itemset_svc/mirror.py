@@ -1,7 +1,7 @@
 """The item set's own copy of the current catalogue (the *mirror*), and reads from it.
 
 Every item-set process keeps every item of the version it last published or
-saw. Two jobs (see :mod:`itemset_svc.service`):
+saw. Two jobs (see :mod:`itemset_svc.integrity`):
 
 - when Redis lost the catalogue, the mirror is published again;
 - while Redis cannot answer (a failover: the primary is gone and no replica is
@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 from specrec_rpc.fingerprint import fingerprint
 
 from .keys import Record, build_masks, sid_str
+from .publish import WriteResult
 from .reads import CatalogueInfo
-from .writes import WriteResult
 
 
 @dataclass

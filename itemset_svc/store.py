@@ -1,8 +1,11 @@
 """The catalogue in Redis: versioned, immutable once published.
 
 :class:`RedisCatalogue` is one namespace's catalogue: the key schema is in
-:mod:`.keys`, reads in :mod:`.reads`, writes in :mod:`.writes`, the client and
-the errors that mean Redis is down in :mod:`.client`. This module joins them.
+:mod:`.keys`, reads in :mod:`.reads`, writes (upsert, delete, rollback) in
+:mod:`.writes`, how a write becomes a published version in :mod:`.publish`,
+the bulk load in :mod:`.bulk`, the client and the errors that mean Redis is
+down in :mod:`.client`. This module joins them, and holds the named locks the
+replicas share.
 Storage code raises plain domain errors (:class:`VersionNotFound`,
 :class:`WriteConflict`, ...) and never imports gRPC; the service maps them to
 status codes (:mod:`specrec_rpc.errors`).
@@ -18,25 +21,23 @@ import structlog
 
 from specrec_rpc.redis_url import close_async
 
+from .bulk import CatalogueBulkLoad
 from .client import REDIS_DOWN, make_client  # noqa: F401 (re-exported)
 from .keys import Keys, Record, build_masks, parse_sid, prefix_steps, records_fingerprint, sid_str  # noqa: F401 (re-exported)
 from .metrics import REDIS_SECONDS
+from .publish import _COMMIT, _DROP, NotAcknowledged, WriteConflict, WriteRejected, WriteResult  # noqa: F401 (re-exported)
 from .reads import CatalogueEmpty, CatalogueInfo, CatalogueReads, VersionNotFound  # noqa: F401 (re-exported)
 from .settings import check_namespace
-from .writes import (  # noqa: F401
-    _COMMIT,
-    _DROP,
-    _UNLOCK,
-    CatalogueWrites,
-    NotAcknowledged,
-    UpsertSpec,
-    WriteConflict,
-    WriteRejected,
-    WriteResult,
-)
+from .writes import CatalogueWrites, UpsertSpec  # noqa: F401 (re-exported)
+
+# KEYS: the lock; ARGV: token. Deletes the lock only if we still hold it.
+_UNLOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
 
 
-class RedisCatalogue(CatalogueReads, CatalogueWrites):
+class RedisCatalogue(CatalogueReads, CatalogueWrites, CatalogueBulkLoad):
     """Every read and write of one namespace's catalogue (see :mod:`.keys` for the schema)."""
 
     def __init__(self, client, namespace: str = "specrec", keep_versions: int = 3,
@@ -53,7 +54,7 @@ class RedisCatalogue(CatalogueReads, CatalogueWrites):
         self.wait_ms = max(1, int(min(write_wait_s, 0.8 * timeout_s) * 1000))
         self.cluster = cluster
         # replicated: a version older than one this process saw is a failover that dropped writes that were
-        # never acknowledged, not a loss (see ItemSetService._lost); learned from the URL, the setting, or
+        # never acknowledged, not a loss (see CatalogueIntegrity._lost); learned from the URL, the setting, or
         # a primary seen with replicas
         self.replicated = sentinel or self.write_replicas > 0
         self.ns = check_namespace(namespace)
@@ -120,3 +121,12 @@ class RedisCatalogue(CatalogueReads, CatalogueWrites):
 
     async def close(self) -> None:
         await close_async(self.r)
+
+    # -- named locks: one replica loads or restores, the others wait ----------------------------
+    async def try_lock(self, name: str, ttl_s: float) -> str | None:
+        token = f"{time.time():.6f}-{id(self)}"
+        ok = await self.r.set(self.keys.key(name), token, nx=True, px=int(ttl_s * 1000))
+        return token if ok else None
+
+    async def unlock(self, name: str, token: str) -> None:
+        await self._unlock(keys=[self.keys.key(name)], args=[token])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from itemset_svc.keys import Record, records_fingerprint
 from itemset_svc.mirror import Mirror
-from itemset_svc.writes import WriteResult
+from itemset_svc.publish import WriteResult
 
 
 def _mirror() -> Mirror:
