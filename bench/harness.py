@@ -16,8 +16,9 @@ the load they send comes from :mod:`bench.loadgen`, the one load generator.
   :class:`Histogram` of what was observed between them, and :func:`server_figures` gives its p50/p99 (as
   PromQL's ``histogram_quantile``) and the share over the budget.
 - **Results**: :func:`command_line` (the command as a reader types it, into every result), :func:`run_line`
-  (the date and commit), :func:`machine_line`, :func:`no_nan`, :func:`fmt`, :func:`add_common_args`; writing
-  goes through :mod:`specrec.eval.results`.
+  (the date and commit), :func:`machine_line`, :func:`no_nan`, :func:`fmt`, :func:`add_common_args`;
+  :func:`publish`, the one writer every benchmark of the stack calls (its JSON, its table, its summary keys, its
+  section of the results README, through :mod:`specrec.eval.results`).
 - **Writes**: :class:`Writer` (one item upserted at a time through the item set, each answer recorded).
 """
 
@@ -41,14 +42,14 @@ from pathlib import Path
 
 import numpy as np
 
-from specrec.eval.results import RESULTS_DIR
+from specrec.eval.results import RESULTS_DIR, readme_section, update_summary, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
 __all__ = ["ROOT", "RESULTS_DIR", "Histogram", "Redis", "Stack", "Users", "Writer", "add_common_args", "command_line",
            "fmt", "hit_and_ndcg", "histogram_of", "itemset_stub", "machine_line", "no_nan", "open_stack", "pct",
-           "raise_on_signals", "request", "rss_mb", "run_line", "sample_users", "sayer", "scrape_histogram",
-           "server_figures", "write_users"]
+           "publish", "raise_on_signals", "request", "rss_mb", "run_line", "sample_users", "sayer",
+           "scrape_histogram", "server_figures", "write_users"]
 
 
 # -- messages ---------------------------------------------------------------------------------------
@@ -399,6 +400,19 @@ def add_common_args(ap: argparse.ArgumentParser, redis_url: bool = True) -> None
         ap.add_argument("--redis-url", default=os.environ.get("REDIS_URL"))
     ap.add_argument("--out", default=str(RESULTS_DIR))
     ap.add_argument("--startup-timeout", type=float, default=600.0)
+
+
+def publish(out: Path, name: str, res: dict, markdown: str, keys: dict, *, retire: tuple[str, ...] = (),
+            readme: tuple[str, str] | None = None, old_sections: tuple[str, ...] = ()) -> None:
+    """A benchmark's results in ``out``: ``<name>.json`` (``res``), ``<name>.md`` (``markdown``), its summary
+    ``keys`` set in ``summary.json`` (and the ``retire`` keys deleted), and with ``readme`` = (owner, body) its
+    section of ``README.md`` (``old_sections``: sections of owners gone, dropped). NaN is written as null."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(name, no_nan(res), out)
+    (out / f"{name}.md").write_text(markdown)
+    update_summary(no_nan(keys), out / "summary.json", retire=retire)
+    if readme is not None:
+        readme_section(out / "README.md", *readme, retire=old_sections)
 
 
 # -- catalogue writes --------------------------------------------------------------------------------

@@ -58,13 +58,14 @@ from bench.harness import (
     no_nan,
     open_stack,
     pct,
+    publish,
     run_line,
     sayer,
     scrape_histogram,
     server_figures,
 )
 from bench.loadgen import CAPACITY_BUDGET_MS, add_load_args, in_process, measured_capacity, model_answer, py_spy
-from specrec.eval.results import markdown_table, readme_section, update_summary, write_json
+from specrec.eval.results import markdown_table
 
 #: this benchmark's section of the results README
 README_OWNER = "bench.overload"
@@ -380,12 +381,10 @@ def main(argv=None) -> int:
            "max_lag_ms": a.max_lag_ms, "capacity_rps": cap, "capacity_given": a.capacity_rps is not None,
            "door": a.door, "clients": a.clients, "rows": rows,
            **({"profiles": profiles} if profiles else {})}
-    write_json("overload", no_nan(res), out)
     plot(rows, a.budget_ms, a.max_lag_ms, out / "overload.png",
          f"{bundle.name}: auto at {a.budget_ms:g} ms, capacity {cap:.0f} rps, load generator on CPU "
          f"{sorted(gen_cpus) if gen_cpus else 'shared'}")
     keys, retire = summary_keys(rows, cap)
-    update_summary(no_nan(keys), out / "summary.json", retire=retire)
     cols = ["multiple", "void", "offered_rps", "achieved_rps", "server_p99_ms", "server_over_budget_share",
             "server_stats_p99_ms", "client_p99_ms", "generator_lag_p99_ms", "shed_share", "model_answer_share",
             "no_fill_share", "error_share", "goodput_rps", "goodput_ratio"]
@@ -395,8 +394,8 @@ def main(argv=None) -> int:
           "part; `server_stats_p99_ms`: its answers' `stats.total_ms`. Caller p99: every request of the measured part, "
           f"shed ones included. A run whose generator lag p99 is over {a.max_lag_ms:g} ms is void.\n\n"
           + markdown_table(rows, cols) + ("\n" + voids if voids else "") + "\n![overload](overload.png)\n")
-    (out / "overload.md").write_text("# Overload at a budget\n\n" + md)
-    readme_section(out / "README.md", README_OWNER, readme_body(no_nan(res)), retire=("bench/overload.py",))
+    publish(out, "overload", res, "# Overload at a budget\n\n" + md, keys, retire=retire,
+            readme=(README_OWNER, readme_body(no_nan(res))), old_sections=("bench/overload.py",))
     print(json.dumps(no_nan(keys), indent=2))
     return 0
 

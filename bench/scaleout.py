@@ -30,9 +30,19 @@ import time
 import urllib.request
 from pathlib import Path
 
-from bench.harness import Redis, Stack, add_common_args, command_line, machine_line, no_nan, sample_users, sayer
-from bench.serving import best_rate, offline_beam, open_loop, passes, summarise
-from specrec.eval.results import markdown_table, update_summary, write_json
+from bench.harness import (
+    Redis,
+    Stack,
+    add_common_args,
+    command_line,
+    machine_line,
+    no_nan,
+    publish,
+    sample_users,
+    sayer,
+)
+from bench.serving_phases import best_rate, offline_beam, open_loop, passes, summarise
+from specrec.eval.results import markdown_table
 from specrec_rpc.localstack import ServiceProcs, free_port
 
 say = sayer("scaleout")
@@ -148,7 +158,6 @@ def main(argv=None) -> int:
                "scaleout.max_rps_p99_one_replica": b1, "scaleout.max_rps_p99_two_replicas": b2}
     res["summary"] = summary
     out = Path(a.out)
-    write_json("scaleout", no_nan(res), out)
     cols = ["replicas", "offered rps", "achieved rps", "p99 ms", "fill share", "R@10", "errors", "pass"]
     table = markdown_table([dict(zip(cols, [label, r["offered_rps"], r["achieved_rps"], r["p99_ms"], r["fill_share"],
                                             r["recall@10"], r["errors"], r["pass"]]))
@@ -167,8 +176,7 @@ def main(argv=None) -> int:
             f"\n\n"
             f"Highest rate passing (p99 <= {a.budget_ms:g} ms, no fill, R@10 >= 0.95 x offline beam): one replica "
             f"{b1}, two replicas {b2}.\n")
-    (out / "scaleout.md").write_text(text)
-    update_summary(no_nan(summary), out / "summary.json")
+    publish(out, "scaleout", res, text, summary)
     print(json.dumps(no_nan(summary), indent=2))
     return 0
 

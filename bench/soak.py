@@ -25,9 +25,21 @@ import threading
 import time
 from pathlib import Path
 
-from bench.harness import Writer, command_line, fmt, machine_line, no_nan, open_stack, pct, rss_mb, run_line, sayer
+from bench.harness import (
+    Writer,
+    command_line,
+    fmt,
+    machine_line,
+    no_nan,
+    open_stack,
+    pct,
+    publish,
+    rss_mb,
+    run_line,
+    sayer,
+)
 from bench.loadgen import add_load_args, in_process, measured_capacity
-from specrec.eval.results import markdown_table, readme_section, update_summary, write_json
+from specrec.eval.results import markdown_table
 
 #: this benchmark's section of the results README
 README_OWNER = "bench.soak"
@@ -191,11 +203,9 @@ def main(argv=None) -> int:
     res = {"command": command, "run": run_line(), "users": users.source, "machine": machine_line(),
            "capacity_rps": cap, "rate_rps": rate, "budget_ms": a.budget_ms, "upsert_every_s": a.upsert_every_s,
            "minutes": minutes, "rss": rss, "rss_samples": sampler.samples, **keys}
-    write_json("soak", no_nan(res), out)
     plot(minutes, sampler.samples, names, t_load, out / "soak.png",
          f"{bundle.name}: auto at {a.budget_ms:g} ms, {rate:.0f} rps ({a.load:g} x capacity), an upsert every "
          f"{a.upsert_every_s:g} s")
-    update_summary(no_nan(keys), out / "summary.json")
     rss_rows = [{"service": n, **v} for n, v in rss.items()]
     md = (f"Produced by:\n\n```bash\n{command}\n```\n\n{res['machine']}; capacity {cap:.1f} beam answers/s, soak at "
           f"{rate:.1f} rps. Errors: any status but OK (shed, RESOURCE_EXHAUSTED, counted apart).\n\n"
@@ -203,8 +213,8 @@ def main(argv=None) -> int:
           + markdown_table(rss_rows, ["service", "start_mb", "end_mb", "growth"]) + "\n"
           + markdown_table(minutes, ["minute", "requests", "p50_ms", "p99_ms", "errors", "shed"])
           + "\n![soak](soak.png)\n")
-    (out / "soak.md").write_text("# Soak\n\n" + md)
-    readme_section(out / "README.md", README_OWNER, readme_body(no_nan(res)), retire=("bench/soak.py",))
+    publish(out, "soak", res, "# Soak\n\n" + md, keys, readme=(README_OWNER, readme_body(no_nan(res))),
+            old_sections=("bench/soak.py",))
     print(json.dumps(no_nan(keys), indent=2))
     return 0
 

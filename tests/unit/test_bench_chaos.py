@@ -1,6 +1,6 @@
-"""What ``bench.chaos`` makes of a window of a fault of the machine without a stack: its figures (undegraded
-answers of the requests, GR-ranked and fill of the answers, the window's bounds), its keys, and what a run of those
-faults alone writes and retires."""
+"""What ``bench.chaos`` makes of a window of a fault of the machine without a stack (``bench.chaos_machine``): its
+figures (undegraded answers of the requests, GR-ranked and fill of the answers, the window's bounds), its keys, and
+what a run of those faults alone writes and retires; a scenario's recovery (``bench.chaos_services``)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from bench import chaos, summary_keys
+from bench import chaos, chaos_machine, chaos_services, summary_keys
 from bench.cpus import Hog, affinity, usable
 from bench.harness import Users
 
@@ -32,14 +32,14 @@ def test_a_window_counts_undegraded_answers_of_the_requests_and_gr_ranked_and_fi
               rec(10.4, code="RESOURCE_EXHAUSTED", latency=1.0), rec(10.5, code="INTERNAL", latency=90.0)])
     outside = [rec(9.9, latency=500.0), rec(12.0, latency=500.0)]
     server = {"server_p99_ms": 29.0, "server_count": 20}
-    row = chaos.machine_row("cpu-hog", outside + inside, 10.0, 11.0, server, {"cpu": 1})
+    row = chaos_machine.machine_row("cpu-hog", outside + inside, 10.0, 11.0, server, {"cpu": 1})
     assert row["requests"] == 20 and row["seconds"] == pytest.approx(1.0)
     assert row["undegraded_share"] == pytest.approx(16 / 20)  # not degraded, not fill, not shed or failed
     assert row["gr_ranked_share"] == pytest.approx(16 / 18)  # of the answers: not the drafter's, not fill
     budget_exit = dict(rec(10.6), exit="budget")
-    assert chaos.machine_row("x", [rec(10.0), budget_exit], 10.0, 11.0, {}, {})["undegraded_share"] == 0.5
+    assert chaos_machine.machine_row("x", [rec(10.0), budget_exit], 10.0, 11.0, {}, {})["undegraded_share"] == 0.5
     hits = [dict(rec(10.0), hit=True), rec(10.1), rec(10.2, code="RESOURCE_EXHAUSTED")]
-    assert chaos.machine_row("x", hits, 10.0, 11.0, {}, {})["recall@10"] == pytest.approx(1 / 3)
+    assert chaos_machine.machine_row("x", hits, 10.0, 11.0, {}, {})["recall@10"] == pytest.approx(1 / 3)
     assert row["fill_share"] == pytest.approx(1 / 18) and row["drafter_share"] == pytest.approx(1 / 18)
     assert row["shed_share"] == pytest.approx(1 / 20) and row["internal_errors"] == 1
     assert row["client_p99_ms"] < 100.0  # the 500 ms answers outside the window are not its
@@ -49,20 +49,21 @@ def test_a_window_counts_undegraded_answers_of_the_requests_and_gr_ranked_and_fi
 def test_recovery_is_answers_served_as_with_no_fault_auto_choosing_the_drafter_included():
     fallback = [dict(rec(1.0 + 0.1 * i, "drafter"), degraded=True) for i in range(3)]  # the verifier still down
     chosen = [dict(rec(1.3 + 0.1 * i, "drafter"), degraded=False) for i in range(5)]  # auto's own tier
-    assert chaos.recovery_s(fallback + chosen, 1.0, 5) == pytest.approx(0.3)
+    assert chaos_services.recovery_s(fallback + chosen, 1.0, 5) == pytest.approx(0.3)
     filled = [rec(1.3 + 0.1 * i, "beam", fill=True) for i in range(5)]
     filled = [dict(r, served_by="fill") for r in filled]
-    assert math.isnan(chaos.recovery_s(fallback + filled, 1.0, 5))  # the catalogue's fill is no recovery
-    assert chaos.recovery_s([rec(2.0 + 0.1 * i) for i in range(5)], 1.0, 5) == pytest.approx(1.0)
+    assert math.isnan(chaos_services.recovery_s(fallback + filled, 1.0, 5))  # the catalogue's fill is no recovery
+    assert chaos_services.recovery_s([rec(2.0 + 0.1 * i) for i in range(5)], 1.0, 5) == pytest.approx(1.0)
 
 
 def test_machine_keys_and_cpu_shares():
-    rows = [{"scenario": s, **{f: 0.5 for f in chaos.MACHINE_FIGURES}} for s in ("baseline", "cpu-hog", "one-core")]
-    keys = chaos.machine_keys(rows)
-    assert set(keys) == {f"chaos.{s}.{f}" for s in ("cpu_hog", "one_core") for f in chaos.MACHINE_FIGURES}
+    rows = [{"scenario": s, **{f: 0.5 for f in chaos_machine.MACHINE_FIGURES}}
+            for s in ("baseline", "cpu-hog", "one-core")]
+    keys = chaos_machine.machine_keys(rows)
+    assert set(keys) == {f"chaos.{s}.{f}" for s in ("cpu_hog", "one_core") for f in chaos_machine.MACHINE_FIGURES}
     assert summary_keys.keys_without_writer(keys) == []
-    assert chaos.cpu_shares({"hog": 1.0, "verifier": 2.0, "gone": None}, {"hog": 10.5, "verifier": 6.0}, 10.0) == {
-        "hog": 0.95, "verifier": 0.4}
+    shares = chaos_machine.cpu_shares({"hog": 1.0, "verifier": 2.0, "gone": None}, {"hog": 10.5, "verifier": 6.0}, 10.0)
+    assert shares == {"hog": 0.95, "verifier": 0.4}
 
 
 def result(machine_faults: dict) -> dict:
@@ -74,8 +75,9 @@ def result(machine_faults: dict) -> dict:
 def test_a_fault_of_the_machine_run_alone_writes_its_keys_and_no_other_scenarios(tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps({"chaos.recovery_s_max": 2.2, "chaos.catalogue_items_lost": 0,
                                                        "chaos.cpu_hog.model_answer_share": 0.0}))
-    row = chaos.machine_row("cpu-hog", [rec(10.0 + 0.01 * i) for i in range(50)], 10.0, 11.0,
-                            {"server_p99_ms": 29.0, "server_p99_bucket_ms": [25.0, 30.0]}, {"cpu": 1, "cpu_share": {}})
+    server = {"server_p99_ms": 29.0, "server_p99_bucket_ms": [25.0, 30.0]}
+    row = chaos_machine.machine_row("cpu-hog", [rec(10.0 + 0.01 * i) for i in range(50)], 10.0, 11.0, server,
+                                    {"cpu": 1, "cpu_share": {}})
     mf = {"names": ["cpu-hog"], "rows": [row], "budget_ms": 30.0, "rate": 20.0, "capacity_rps": 40.0, "cpu": 1}
     summary = chaos.write_results(tmp_path, result(mf))
     written = json.loads((tmp_path / "summary.json").read_text())
@@ -88,7 +90,7 @@ def test_a_fault_of_the_machine_run_alone_writes_its_keys_and_no_other_scenarios
 
 
 def test_a_fault_of_the_machine_skipped_retires_its_keys(tmp_path):
-    old = {f"chaos.one_core.{f}": 1.0 for f in chaos.MACHINE_FIGURES} | {"chaos.cpu_hog.server_p99_ms": 25.0}
+    old = {f"chaos.one_core.{f}": 1.0 for f in chaos_machine.MACHINE_FIGURES} | {"chaos.cpu_hog.server_p99_ms": 25.0}
     (tmp_path / "summary.json").write_text(json.dumps(old))
     mf = {"names": ["one-core"], "rows": [], "budget_ms": 30.0, "skipped": "one-core skipped: 1 CPU"}
     chaos.write_results(tmp_path, result(mf))
@@ -96,7 +98,7 @@ def test_a_fault_of_the_machine_skipped_retires_its_keys(tmp_path):
     assert not [k for k in written if k.startswith("chaos.one_core.")]
     assert written["chaos.cpu_hog.server_p99_ms"] == 25.0  # not asked for in this run: left alone
     assert "one-core skipped: 1 CPU" in (tmp_path / "chaos.md").read_text()
-    assert math.isnan(chaos.machine_row("x", [], 0.0, 1.0, {}, {})["undegraded_share"])
+    assert math.isnan(chaos_machine.machine_row("x", [], 0.0, 1.0, {}, {})["undegraded_share"])
 
 
 # -- the phase, against a fake gateway ----------------------------------------------------------------
@@ -130,12 +132,12 @@ def test_the_machine_phase_measures_each_window_and_puts_the_verifier_back(fake_
     cpus = usable()
     if len(cpus) < 2:
         pytest.skip("needs two CPUs")
-    monkeypatch.setattr(chaos, "measure_capacity", lambda target, users, budget_ms: 40.0)  # no closed loop here
-    monkeypatch.setattr(chaos, "Hog", lambda cpu: Hog(cpu, code="import time\ntime.sleep(60)\n"))  # no spinning
+    monkeypatch.setattr(chaos_machine, "measure_capacity", lambda target, users, budget_ms: 40.0)  # no closed loop
+    monkeypatch.setattr(chaos_machine, "Hog", lambda cpu: Hog(cpu, code="import time\ntime.sleep(60)\n"))  # no spin
     a = argparse.Namespace(machine_budget_ms=30.0, machine_load=0.5, machine_fault_s=0.6, settle_s=0.2, fault_cpu=None,
                            seed=0)
     users = Users([["a"], ["b"]], [], ["x", "y"], "two users")
-    res = chaos.run_machine_phase(a, fake_stack, users, ["cpu-hog", "one-core"])
+    res = chaos_machine.run_machine_phase(a, fake_stack, users, ["cpu-hog", "one-core"])
     rows = {r["scenario"]: r for r in res["rows"]}
     assert list(rows) == ["baseline", "cpu-hog", "one-core"] and res["rate"] == 20.0 and res["cpu"] == cpus[-1]
     for r in rows.values():
@@ -149,5 +151,5 @@ def test_the_machine_phase_measures_each_window_and_puts_the_verifier_back(fake_
         assert 0.0 <= rows[name]["recall@10_no_fault"] <= 1.0 and "users" not in rows[name]
     assert {frozenset(c) for c in affinity(fake_stack.procs["verifier"].pid).values()} == {frozenset(cpus)}  # back
     assert [w[0] for w in res["windows"]] == ["cpu-hog", "one-core"]
-    assert set(chaos.machine_keys(res["rows"])) == {f"chaos.{s}.{f}" for s in ("cpu_hog", "one_core")
-                                                    for f in chaos.MACHINE_FIGURES}
+    assert set(chaos_machine.machine_keys(res["rows"])) == {f"chaos.{s}.{f}" for s in ("cpu_hog", "one_core")
+                                                            for f in chaos_machine.MACHINE_FIGURES}
