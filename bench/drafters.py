@@ -51,8 +51,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(RESULTS_DIR))
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
-    from specrec.bundle import Bundle
-    from specrec.cli import _load_eval_split
+    from specrec.bundle import Bundle, bundle_split
     from specrec.data.splits import sample_examples
     from specrec.decoding.scoring import tree_pass
     from specrec.decoding.searches.head import nezha_beam_search
@@ -63,7 +62,7 @@ def main(argv=None) -> int:
     b = Bundle.load(a.bundle)
     if b.sid_mlp is None:
         raise SystemExit(f"{a.bundle} has no distilled drafter (specrec train-drafters --which distill)")
-    split = _load_eval_split(b, None, None)
+    _, split = bundle_split(b)
     ex = sample_examples(split.test, a.users, a.seed)
     sizes = b.cfg.level_sizes
     L = len(sizes)

@@ -15,8 +15,7 @@ import numpy as np
 import torch
 
 from bench.harness import command_line
-from specrec.bundle import Bundle
-from specrec.cli import _load_eval_data
+from specrec.bundle import Bundle, bundle_split
 from specrec.data.splits import sample_examples
 from specrec.drafters.base import DraftRequest
 from specrec.policies import RecRequest, make_policy
@@ -34,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     torch.set_num_threads(2)
     bundle = Bundle.load(a.bundle)
-    _, split = _load_eval_data(bundle, None, None)
+    _, split = bundle_split(bundle)
     ex = sample_examples(split.test, a.sample, a.seed)
     eng = bundle.engine(drafter="retrieval")
     users = np.nonzero(np.asarray(eng.itemset.is_unseen(np.asarray(ex.target))))[0]

@@ -1,5 +1,5 @@
-"""Serving subcommands of the ``specrec`` tool (added when the serving code
-is installed; the core library itself knows nothing of gRPC):
+"""Serving subcommands of the ``specrec`` tool, added through the ``specrec.commands`` entry point
+(``register``, declared in ``pyproject.toml``; the core library itself knows nothing of gRPC):
 
     specrec stack up       start Redis (if needed) and the four services, wait for health, send real requests
     specrec stack down     stop everything ``stack up`` started
@@ -8,6 +8,7 @@ is installed; the core library itself knows nothing of gRPC):
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import secrets
@@ -185,7 +186,7 @@ def cmd_recommend(a) -> int:
     return 0
 
 
-def register(sub) -> None:
+def register(sub: argparse._SubParsersAction) -> None:
     st = sub.add_parser(
         "stack",
         help="run the local stack: Redis + item set, drafter, verifier, gateway",

@@ -1,0 +1,91 @@
+"""``specrec eval --policies``: policies side by side on the same requests (interleaved, batch 1), against beam
+search as the reference (:mod:`specrec.eval.compare`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .options import hot_path_backend
+
+
+def _policy_params(items: list[str]) -> dict[str, dict]:
+    """--set specgr.gamma=-1.2 --set strict.n_drafts=20 -> {"specgr": {"gamma": -1.2}, ...}"""
+    out: dict[str, dict] = {}
+    for it in items or []:
+        key, _, val = it.partition("=")
+        pol, _, field = key.partition(".")
+        if not field or not _:
+            raise SystemExit(f"--set expects POLICY.FIELD=VALUE, got {it!r}")
+        out.setdefault(pol, {})[field] = json.loads(val) if val[:1] in "-0123456789[{tfn" else val
+    return out
+
+
+def run_policies(a: argparse.Namespace, bundle, split, ex, exclude=None) -> int:
+    """Side-by-side comparison of policies on the same requests (interleaved, batch 1)."""
+    from ..eval.compare import compare_policies, comparison_table, plot_stages, summary_keys
+    from ..eval.results import markdown_table, update_summary, write_json
+    from ..policies import make_policy
+
+    names = [p.strip() for p in a.policies.split(",") if p.strip()]
+    if "beam" not in names:
+        names = ["beam", *names]
+    params = _policy_params(a.set)
+    kind = bundle.default_drafter() if a.drafter == "default" else a.drafter
+    shares = ({"text_share": a.text_share, "unseen_share": a.unseen_share} if kind == "retrieval"
+              else {"unseen_share": a.unseen_share} if kind == "sasrec" else {})
+    engine = bundle.engine(drafter=kind, backend=hot_path_backend(bundle, a), **shares)
+    policies = {n: make_policy(n, engine, **params.get(n, {})) for n in names}
+    engine.verifier.backend.warmup(engine.itemset.trie, (a.k,), scored=bundle.scored_counts((a.k,)))  # none timed
+    if a.compare_eager:
+        policies["beam@eager"] = make_policy("beam", bundle.engine(drafter=None, backend=bundle.backend("eager")))
+    k = a.k
+    ks = sorted({10, 50, k} & set(range(1, k + 1))) or [k]
+    runs = compare_policies(policies, ex, k, progress=not a.json, exclude=exclude)
+    table, rows = comparison_table(runs, ex, split, ks, engine.metrics.snapshot())
+    ds_name = bundle.meta.get("dataset", bundle.name)
+    backend = engine.verifier.backend.describe()
+    out = {"k": k, "n": len(ex), "protocol": split.protocol, "drafter": kind, "threads": a.threads,
+           "ort_threads": a.ort_threads,
+           "sample": a.sample, "seed": a.seed, "backend": backend, "exclude_history": exclude is not None,
+           "drafter_shares": {k_: getattr(engine.drafter, k_, None) for k_ in ("text_share", "unseen_share")},
+           "params": {n: p.config.model_dump() for n, p in policies.items()},
+           "policies": {n: r.as_dict() for n, r in table.items()}}
+    cols = ["policy", *[f"recall@{x}" for x in ks], *[f"ndcg@{x}" for x in ks]]
+    if split.protocol == "temporal":
+        cols += [f"unseen_recall@{max(ks)}", f"in_sample_recall@{max(ks)}"]
+    cols += ["p50_ms", "p99_ms", "speedup", "equal_to_beam", "item_accept", "token_accept", "no_fallback"]
+    if a.json:
+        print(json.dumps(out, indent=2, default=str))
+    else:
+        from rich.console import Console
+        from rich.markdown import Markdown
+
+        Console().print(Markdown(markdown_table(rows, cols)))
+    if a.save:
+        tag = "_excl" if exclude is not None else ""  # never mixed with the TIGER-protocol figures
+        # drafter shares other than the bundle's are an experiment: files and keys of their own
+        tag += "".join(f"_{n}{v:g}" for n, v in (("text", a.text_share), ("unseen", a.unseen_share)) if v is not None)
+        name = f"{ds_name}_{split.protocol}_policies_k{k}{tag}"
+        results = Path(a.results_dir)
+        write_json(name, out, results)
+        users = (f"a random sample of {len(ex)} {a.split} users (seed {a.seed})" if a.sample is not None
+                 else f"{len(ex)} {a.split} users")
+        md = (f"# {name}\n\nCommand: `{' '.join(['specrec', *sys.argv[1:]])}`\n\n"
+              f"{users}, K = {k}, batch 1, interleaved (order rotated per request), {a.threads} torch / "
+              f"{a.ort_threads} ONNX Runtime threads, backend {backend}, drafter `{kind}`. "
+              f"speedup = beam's mean time / the policy's; item_accept / token_accept: accepted / drafted items and "
+              f"SID tokens; no_fallback: share of requests a level-wise policy served with no fallback pass.\n\n"
+              + markdown_table(rows, cols) + f"\n![stage times]({name}_stages.png)\n")
+        (results / f"{name}.md").write_text(md)
+        plot_stages(table, results / f"{name}_stages.png",
+                    f"{ds_name} {split.protocol}, K={k}: mean time per request by stage ({len(ex)} requests)")
+        keys = summary_keys(table, ds_name, split.protocol, k, tag.replace("_", "."))
+        if keys:  # frontier_coverage averaged in the target's own levels: drafted_level_coverage replaces it
+            retire = tuple(x.replace(".drafted_level_coverage", ".frontier_coverage") for x in keys
+                           if x.endswith(".drafted_level_coverage"))
+            update_summary(keys, results / "summary.json", retire=retire)
+    return 0
