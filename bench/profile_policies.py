@@ -46,14 +46,13 @@ def main(argv=None) -> int:
     import torch
     from tqdm import tqdm
 
-    from specrec.bundle import Bundle
-    from specrec.cli import _load_eval_split
+    from specrec.bundle import Bundle, bundle_split
     from specrec.policies import make_policy
-    from specrec.policies.base import RecRequest
+    from specrec.policies.requests import RecRequest
 
     torch.set_num_threads(a.threads)
     bundle = Bundle.load(a.bundle)
-    split = _load_eval_split(bundle, None, None)
+    _, split = bundle_split(bundle)
     ex = split.valid.head(a.n)
     hists = [h[h >= 0] for h in ex.history]
     engine = bundle.engine(drafter="retrieval")

@@ -238,7 +238,7 @@ class Bundle:
     def engine(self, drafter: str | None = "retrieval", backend=None, **drafter_kw):
         """An in-process engine: local verifier on ``backend`` (default: the
         default backend), the bundle's item set, and a drafter (``drafter_kw``: see :meth:`drafter`)."""
-        from .policies.base import Engine
+        from .policies.engine import Engine
         from .verifier import LocalVerifier
 
         verifier = LocalVerifier(backend if backend is not None else self.backend(), self.nezha_head, self.model)

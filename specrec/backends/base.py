@@ -36,7 +36,7 @@ from ..decoding.tree import PrefixTree
 from ..models.hotpath import FusedHotPath, child_tables
 from ..models.tiger import EncoderState, Tiger
 
-DRAFT_FACTORS = (1, 1.5, 2, 3, 4, 6)  # draft counts are m * K for m here (see policies.base.DraftSizer)
+DRAFT_FACTORS = (1, 1.5, 2, 3, 4, 6)  # draft counts are m * K for m here (see policies.draft_sizer.DraftSizer)
 
 
 def draft_count(factor: float, k: int) -> int:

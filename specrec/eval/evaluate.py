@@ -103,7 +103,7 @@ def compare(
 
 def policy_ranker(policy) -> Ranker:
     """A policy (see :mod:`specrec.policies`) as a ranker."""
-    from ..policies.base import RecRequest
+    from ..policies.requests import RecRequest
 
     def rank(histories: list[np.ndarray], k: int) -> np.ndarray:
         res = policy.run([RecRequest(np.asarray(h, dtype=np.int64), k) for h in histories])

@@ -8,8 +8,10 @@ that fits the budget); see DESIGN.md and each module's docstring.
 
 from . import auto, beam, drafter, fused, nezha, relaxed, sample, specgr, strict  # noqa: F401  (registration)
 from .auto import Overloaded
-from .base import POLICIES, Engine, Policy, RecRequest, RecResult, make_policy
+from .base import POLICIES, Policy, make_policy
+from .engine import Engine
 from .metrics import RequestStats, SpecMetrics
+from .requests import RecRequest, RecResult
 
 __all__ = [
     "POLICIES",

@@ -60,8 +60,10 @@ from __future__ import annotations
 from pydantic import Field
 
 from ..costs import Resource, resource_of
-from .base import POLICIES, LiveBatch, Policy, PolicyConfig, RecRequest, make_policy, register
+from .base import POLICIES, Policy, PolicyConfig, make_policy, register
+from .batch import LiveBatch
 from .errors import Overloaded, Unsupported
+from .requests import RecRequest
 
 __all__ = ["AutoConfig", "AutoPolicy", "Overloaded", "ordered_tiers"]
 

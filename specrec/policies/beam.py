@@ -12,7 +12,8 @@ from __future__ import annotations
 from pydantic import Field
 
 from ..costs import CostStage
-from .base import LiveBatch, Policy, PolicyConfig, Stage, charge, register
+from .base import Policy, PolicyConfig, register
+from .batch import LiveBatch, Stage, charge
 
 
 class BeamConfig(PolicyConfig):

@@ -8,7 +8,8 @@ Scores are the drafter's (inner products), not log-probabilities.
 from __future__ import annotations
 
 from ..drafters.base import DraftRequest
-from .base import LiveBatch, Policy, PolicyConfig, Stage, register
+from .base import Policy, PolicyConfig, register
+from .batch import LiveBatch, Stage
 
 
 class DrafterConfig(PolicyConfig):

@@ -30,10 +30,13 @@ from collections.abc import Callable
 import numpy as np
 
 from ..costs import CostModel, Resource
-from .base import Engine, RecRequest, RecResult, fill_to_k, make_policy
+from .base import make_policy
+from .batch import fill_to_k
 from .breaker import Breaker, Cooldown
+from .engine import Engine
 from .errors import BudgetExceeded, DependencyDown, Unsupported
 from .metrics import RequestStats
+from .requests import RecRequest, RecResult
 
 
 def catalogue_only(eng: Engine, req: RecRequest, why: str) -> RecResult:

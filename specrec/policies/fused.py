@@ -32,9 +32,11 @@ from pydantic import Field
 from ..costs import CostStage
 from ..drafters.base import Draft, DraftRequest
 from ..fusion import Fusion
-from .base import LiveBatch, Policy, PolicyConfig, RecRequest, RecResult, Stage, charge, register
+from .base import Policy, PolicyConfig, register
+from .batch import LiveBatch, Stage, charge
 from .errors import BudgetExceeded, DependencyDown
 from .metrics import RequestStats
+from .requests import RecRequest, RecResult
 
 
 class FusedConfig(PolicyConfig):

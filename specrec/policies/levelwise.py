@@ -17,7 +17,7 @@ How the next beams are chosen is the policy's :class:`~specrec.verifier.SelectRu
 ``strict`` takes the exact top-K (so its output equals ``beam``); ``relaxed``
 prefers drafted codes the target finds good enough.
 
-The draft count adapts (:class:`~.base.DraftSizer`): it grows after a
+The draft count adapts (:class:`~.draft_sizer.DraftSizer`): it grows after a
 fallback and shrinks slowly while drafts cover every level, per list length
 K, so it settles where about one request in five needs a fallback.
 """
@@ -33,13 +33,14 @@ from pydantic import Field
 from ..decoding.tree import prefix_keys
 from ..drafters.base import DraftRequest
 from ..verifier import SelectRule
-from .base import LiveBatch, Policy, PolicyConfig, Stage, charge
+from .base import Policy, PolicyConfig
+from .batch import LiveBatch, Stage, charge
 
 
 class LevelwiseConfig(PolicyConfig):
     width: int | None = Field(None, ge=1, le=1000, description="beam width (default: K)")
     n_drafts: int | None = Field(None, ge=1, le=4096,
-                                 description="drafted SIDs per request (default: adaptive, see base.DraftSizer)")
+                                 description="drafted SIDs per request (default: adaptive, see draft_sizer.DraftSizer)")
     drafter: Literal["head", "drafter"] = Field("head", description="draft with the NEZHA head or the engine's drafter")
 
 

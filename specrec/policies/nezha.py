@@ -13,7 +13,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from .base import LiveBatch, Policy, PolicyConfig, Stage, charge, register
+from .base import Policy, PolicyConfig, register
+from .batch import LiveBatch, Stage, charge
 from .errors import Unsupported
 
 

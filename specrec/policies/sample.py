@@ -18,7 +18,8 @@ import torch
 from pydantic import Field
 
 from ..decoding.speculative import speculative_sample, transform
-from .base import LiveBatch, Policy, PolicyConfig, Stage, charge, register
+from .base import Policy, PolicyConfig, register
+from .batch import LiveBatch, Stage, charge
 
 
 class SampleConfig(PolicyConfig):

@@ -47,7 +47,9 @@ from pydantic import Field
 from ..costs import CostStage
 from ..decoding.beam import Beams
 from ..drafters.base import Draft, DraftRequest
-from .base import Candidates, LiveBatch, Policy, PolicyConfig, RecResult, Stage, charge, length_normalised, register
+from .base import Policy, PolicyConfig, register
+from .batch import Candidates, LiveBatch, Stage, charge, length_normalised
+from .requests import RecResult
 
 EXPLORE_EVERY = 16
 

@@ -17,7 +17,7 @@ still serves ``strict`` from its item drafter.
 
 Either way the output equals ``beam`` exactly: same items, same order, scores
 equal up to float rounding, for every history. N adapts per K
-(:class:`~.base.DraftSizer`) to the cost observed: the count of the ladder
+(:class:`~.draft_sizer.DraftSizer`) to the cost observed: the count of the ladder
 whose requests, misses included, cost least."""
 
 from __future__ import annotations
@@ -26,15 +26,17 @@ from typing import Literal
 
 from pydantic import Field
 
-from .base import LiveBatch, PolicyConfig, Stage, charge, register
+from .base import PolicyConfig, register
+from .batch import LiveBatch, Stage, charge
 from .errors import Unsupported
 from .levelwise import LevelwisePolicy
 
 
 class StrictConfig(PolicyConfig):
     width: int | None = Field(default=None, ge=1, le=1000, description="beam width (default: K)")
-    n_drafts: int | None = Field(default=None, ge=1, le=4096,
-                                 description="drafted prefixes per level (default: adaptive, see base.DraftSizer)")
+    n_drafts: int | None = Field(
+        default=None, ge=1, le=4096,
+        description="drafted prefixes per level (default: adaptive, see draft_sizer.DraftSizer)")
     drafter: Literal["auto", "distilled", "head", "drafter"] = Field(
         default="auto",
         description="draft with the distilled drafter (one call), the NEZHA head or the engine's item drafter; "

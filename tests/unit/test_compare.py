@@ -11,8 +11,8 @@ import pytest
 
 from specrec.data.splits import Examples
 from specrec.eval.compare import compare_policies, comparison_table, summary_keys
-from specrec.policies.base import RecResult
 from specrec.policies.metrics import RequestStats, SpecMetrics
+from specrec.policies.requests import RecResult
 
 N, K = 12, 50
 

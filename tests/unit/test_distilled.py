@@ -174,7 +174,7 @@ def test_draft_beams_with_target_scores_are_the_targets_teacher_forced_logprobs(
 
 
 def test_specgr_round_zero_on_the_distilled_drafter_is_one_call_with_the_targets_values():
-    from specrec.policies.base import length_normalised
+    from specrec.policies.batch import length_normalised
 
     eng = make_engine(8, n_items=60, distilled=True)
     ver = eng.verifier

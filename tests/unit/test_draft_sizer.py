@@ -4,7 +4,7 @@
 import threading
 
 from specrec.backends.base import DRAFT_FACTORS, draft_count
-from specrec.policies.base import DraftSizer
+from specrec.policies.draft_sizer import DraftSizer
 
 
 def test_the_ladder_is_the_draft_factors_times_k_rounded_up():

@@ -39,7 +39,7 @@ def test_loo_keys_keep_the_k_infix_beyond_ten():
 def test_a_pool_keeps_places_for_the_best_unseen_candidates():
     import numpy as np
 
-    from specrec.policies.base import Candidates
+    from specrec.policies.batch import Candidates
 
     pool = Candidates()
     pool.add([1, 2, 3, 4, 5, 6], [-1.0, -1.5, -2.0, -2.5, -6.0, -7.0], "beam")  # 5 and 6: unseen, scored low

@@ -498,7 +498,7 @@ def test_auto_probes_its_last_tier_however_stale_so_one_burst_cannot_refuse_ever
 
 
 def test_draft_sizer_settles_on_the_cheapest_count_and_keeps_trying_its_neighbours():
-    from specrec.policies.base import DraftSizer
+    from specrec.policies.draft_sizer import DraftSizer
 
     sizer = DraftSizer(explore_every=4)
     cost = {10: 0.009, 15: 0.006, 20: 0.007, 30: 0.008, 40: 0.010, 60: 0.014}  # seconds per request, misses included
