@@ -17,21 +17,37 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import time
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import grpc
 
 from specrec.policies import Overloaded, RecResult
 from specrec.policies.errors import Unsupported
 from specrec_rpc import tracing
+from specrec_rpc.catalogue import CatalogueWatcher
 from specrec_rpc.errors import InvalidArgument, ResourceExhausted, handle_errors, require
+from specrec_rpc.server import Admission
 from specrec_rpc.v1 import common_pb2, recommender_pb2, recommender_pb2_grpc
 
 from .metrics import BUDGET_MISSES, RECS
-from .request import ValidRequest, validate
+from .request import Admitted, ValidRequest, validate
+from .requestlog import RequestLog
+from .settings import GatewaySettings
 
-if TYPE_CHECKING:
-    from .service import GatewayService
+
+class Gateway(Protocol):
+    """What the servicer needs of the gateway (:class:`gateway.service.GatewayService`, which builds it): the
+    servicer is its adapter to the wire and does not import it."""
+
+    s: GatewaySettings
+    log: Any  # a structlog logger
+    requests_log: RequestLog
+    catalogue: CatalogueWatcher
+    admission: Admission
+
+    def admit(self, valid: ValidRequest) -> Admitted: ...
+
+    async def serve(self, run: Admitted, ctx: contextvars.Context | None = None) -> RecResult: ...
 
 
 def respond(valid: ValidRequest, res: RecResult, t0: float) -> recommender_pb2.RecommendResponse:
@@ -57,7 +73,7 @@ def respond(valid: ValidRequest, res: RecResult, t0: float) -> recommender_pb2.R
 
 
 class Servicer(recommender_pb2_grpc.RecommenderServicer):
-    def __init__(self, svc: GatewayService):
+    def __init__(self, svc: Gateway):
         self.svc = svc
 
     def caller_deadline(self, context: grpc.aio.ServicerContext) -> float | None:

@@ -1,4 +1,4 @@
-"""The gateway's settings (environment ``SPECREC_GATEWAY_*``; documented by ``specrec_rpc.settings_doc``)."""
+"""The gateway's settings (environment ``SPECREC_GATEWAY_*``; documented by ``scripts/settings_doc.py``)."""
 
 from __future__ import annotations
 

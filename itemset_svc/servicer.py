@@ -24,7 +24,7 @@ import hmac
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import grpc
 from redis.exceptions import ReadOnlyError
@@ -43,6 +43,9 @@ from specrec_rpc.errors import (
 from specrec_rpc.v1 import common_pb2, itemset_pb2, itemset_pb2_grpc
 
 from .metrics import DELTAS, MIRROR_READS, WRITE_RETRIES
+from .mirror import Mirror
+from .publish import WriteResult
+from .settings import ItemSetSettings
 from .store import (
     REDIS_DOWN,
     Record,
@@ -53,6 +56,7 @@ from .store import (
     WriteRejected,
     sid_str,
 )
+from .tokenizer import SidTokenizer
 from .validation import (
     DEFAULT_CHUNK,
     MAX_CHUNK,
@@ -63,8 +67,22 @@ from .validation import (
     check_version,
 )
 
-if TYPE_CHECKING:
-    from .service import ItemSetService
+
+class ItemSet(Protocol):
+    """What the servicer needs of the item set (:class:`itemset_svc.service.ItemSetService`, which builds it): the
+    servicer is its adapter to the wire and does not import it."""
+
+    settings: ItemSetSettings
+    store: RedisCatalogue | None
+    tokenizer: SidTokenizer | None
+    mirror: Mirror | None
+    log: Any  # a structlog logger
+
+    async def encode(self, texts: list[str]): ...
+
+    async def refresh_mirror(self) -> None: ...
+
+    def mirror_write(self, res: WriteResult) -> None: ...
 
 
 def _chunks(version: str, level_sizes: list[int], items: list, fingerprint: str, size: int,
@@ -112,7 +130,7 @@ def stream(fn):
 
 
 class ItemSetServicer(itemset_pb2_grpc.ItemSetServicer):
-    def __init__(self, service: ItemSetService):
+    def __init__(self, service: ItemSet):
         self.svc = service
         self.log = service.log
         # snapshot messages: per record object (unchanged records are the same objects from one version of

@@ -4,7 +4,7 @@ A thin adapter over :class:`specrec.verifier.LocalVerifier`: it converts
 protos to core jobs (:class:`~specrec.verifier.jobs.EncodeJob`,
 :class:`~specrec.verifier.jobs.ScoreJob`, ...), hands them to one opportunistic
 :class:`~.batcher.Batcher` whose batches the core executes
-(:func:`specrec.verifier.jobs.run_jobs`), keeps sessions in a
+(:func:`specrec.verifier.local.run_jobs`), keeps sessions in a
 :class:`~.sessions.SessionStore`, and converts results back. A call that
 carries a history instead of a session is encoded in the same batch as its
 operation. The catalogue (for constrained decoding) follows the item set by
@@ -38,7 +38,8 @@ from pydantic_settings import SettingsConfigDict
 from specrec.bundle import Bundle, sid_space_fingerprint
 from specrec.models.hotpath import child_tables
 from specrec.verifier import LocalVerifier, SelectRule, Session, SessionStateError
-from specrec.verifier.jobs import BeamJob, DraftVerifyJob, EncodeJob, ExpandJob, HeadJob, ScoreJob, SearchSpec, run_jobs
+from specrec.verifier.jobs import BeamJob, DraftVerifyJob, EncodeJob, ExpandJob, HeadJob, ScoreJob, SearchSpec
+from specrec.verifier.local import run_jobs
 from specrec_rpc.catalogue import CatalogueWatcher, Snapshot
 from specrec_rpc.errors import (
     FailedPrecondition,

@@ -31,19 +31,15 @@ nothing is checked and everything stays float32.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import platform
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from .onnx import OrtBackend
 
 FLOAT32 = "float32"
 PRECISIONS = (FLOAT32, "int8", "int8_nbits", "bf16")
@@ -245,25 +241,6 @@ def decide(ms: dict[str, float], recall: dict[str, float | None], tolerance: flo
 
 def run_feed(sess, feed: dict) -> list[np.ndarray]:
     return sess.run(None, {i.name: feed[i.name] for i in sess.get_inputs()})
-
-
-def choose_kind(backend: OrtBackend, kind: str, cands: Sequence[str], feeds: Sequence[dict],
-                recall_of: Callable[[dict[str, str]], dict[str, float]], widths: Sequence[int | None] = (None,),
-                ) -> dict:
-    """The precision of graph ``kind`` of ``backend`` (float32 graphs), among ``cands``: each one's graphs of
-    ``widths`` built, timed side by side on ``feeds`` (batch 1; ms: the sum over the widths), and those faster than
-    float32 checked by ``recall_of`` ({precision: graph name of the first width} -> recall of each, float32's
-    included) -> the record's entry (the choice, each candidate's figures: :func:`decide`)."""
-    names = {(p, w): backend._exported(kind, w, precision=p) for p in cands for w in widths}
-    run = {f"{p}@{w}": functools.partial(run_feed, backend._session(name)) for (p, w), name in names.items()}
-    per = time_sessions(run, feeds)
-    ms = {p: round(sum(per[f"{p}@{w}"] for w in widths), 3) for p in cands}
-    faster = {p: names[(p, widths[0])] for p in cands if p == FLOAT32 or ms[p] < ms[FLOAT32]}
-    chosen, table = decide(ms, {**dict.fromkeys(cands), **recall_of(faster)})
-    if len(widths) > 1:
-        for p, row in table.items():
-            row["ms_by_width"] = {str(w): per[f"{p}@{w}"] for w in widths}
-    return {"chosen": chosen, "graph": variant_name(names[(FLOAT32, widths[0])], chosen), "candidates": table}
 
 
 def remove_unchosen(d: Path, record: dict) -> None:

@@ -9,8 +9,9 @@ scores them (:func:`_rank_record`), ``nezha``'s graphs (``draft``) by ``nezha``'
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -23,10 +24,12 @@ from ..backends.precision import (
     KINDS,
     TOLERANCE,
     candidates,
-    choose_kind,
     cpu_flags,
+    decide,
     remove_unchosen,
     run_feed,
+    time_sessions,
+    variant_name,
     write_precision,
 )
 from ..bundle import Bundle, bundle_split
@@ -70,6 +73,25 @@ def _validation(bundle: Bundle, users: int, seed: int):
         return f"no validation users: {e}"
     ex = sample_examples(split.valid, users, seed)
     return ex, ex.full_histories(ds.sequences), f"{len(ex)} validation users (seed {seed}), history excluded"
+
+
+def choose_kind(backend: OrtBackend, kind: str, cands: Sequence[str], feeds: Sequence[dict],
+                recall_of: Callable[[dict[str, str]], dict[str, float]], widths: Sequence[int | None] = (None,),
+                ) -> dict:
+    """The precision of graph ``kind`` of ``backend`` (float32 graphs), among ``cands``: each one's graphs of
+    ``widths`` built, timed side by side on ``feeds`` (batch 1; ms: the sum over the widths), and those faster than
+    float32 checked by ``recall_of`` ({precision: graph name of the first width} -> recall of each, float32's
+    included) -> the record's entry (the choice, each candidate's figures: :func:`decide`)."""
+    names = {(p, w): backend._exported(kind, w, precision=p) for p in cands for w in widths}
+    run = {f"{p}@{w}": functools.partial(run_feed, backend._session(name)) for (p, w), name in names.items()}
+    per = time_sessions(run, feeds)
+    ms = {p: round(sum(per[f"{p}@{w}"] for w in widths), 3) for p in cands}
+    faster = {p: names[(p, widths[0])] for p in cands if p == FLOAT32 or ms[p] < ms[FLOAT32]}
+    chosen, table = decide(ms, {**dict.fromkeys(cands), **recall_of(faster)})
+    if len(widths) > 1:
+        for p, row in table.items():
+            row["ms_by_width"] = {str(w): per[f"{p}@{w}"] for w in widths}
+    return {"chosen": chosen, "graph": variant_name(names[(FLOAT32, widths[0])], chosen), "candidates": table}
 
 
 def _rank_record(bundle: Bundle, backend: OrtBackend, cands: list[str], ex, full, sample: str, timing_users: int,

@@ -21,15 +21,15 @@ encoder work, for
   per session, cached).
 
 :class:`LocalVerifier` runs in-process on a :mod:`backend <specrec.backends>`.
-Its batched operations have one path, :func:`~specrec.verifier.jobs.run_jobs` (which the verifier
+Its batched operations have one path, :func:`~specrec.verifier.local.run_jobs` (which the verifier
 service's batcher also runs over the jobs of many callers): an in-process call
 is a batch of one job. The verifier service exposes the same operations over
 gRPC and the gateway's remote verifier implements this interface against it,
 so policies run unchanged. Every implementation reports, per beam step, how
 many beams were read from verified passes (:attr:`Session.coverage`).
 
-The package: :mod:`.types` (the interface and its values), :mod:`.local` (:class:`LocalVerifier`), :mod:`.jobs`
-(the job types and :func:`~specrec.verifier.jobs.run_jobs`).
+The package: :mod:`.types` (the interface and its values), :mod:`.jobs` (the job types and which can share a
+computation), :mod:`.local` (:class:`LocalVerifier` and :func:`~specrec.verifier.local.run_jobs`).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from specrec.decoding.searches.rank import layout
 from specrec.ids import SidTrie
 from specrec.models.sid_mlp import SidMlpConfig, SidMlpDrafter
 from specrec.models.tiger import Tiger
+from specrec.train.precision import choose_kind
 
 from ..conftest import sharpen, tiny_tiger
 
@@ -167,7 +168,7 @@ def test_the_precision_record_is_written_and_read_back(model, tmp_path, monkeypa
         asked.append(graphs)
         return dict.fromkeys(graphs, 0.5)
 
-    entry = prec.choose_kind(fp32, "rank", cands, _rank_feeds(fp32, sids), recall_of)
+    entry = choose_kind(fp32, "rank", cands, _rank_feeds(fp32, sids), recall_of)
     table = entry["candidates"]
     assert set(table) == {"float32", "int8"} and all(row["ms"] > 0 for row in table.values())
     assert asked[0]["float32"] == "rank" and asked[0].get("int8", "rank_int8") == "rank_int8"

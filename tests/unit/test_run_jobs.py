@@ -9,7 +9,8 @@ import torch
 from specrec.decoding.beam import Beams
 from specrec.decoding.scoring import Scores
 from specrec.verifier import Session
-from specrec.verifier.jobs import EncodeJob, HeadJob, ScoreJob, run_jobs
+from specrec.verifier.jobs import EncodeJob, HeadJob, ScoreJob
+from specrec.verifier.local import run_jobs
 
 from .policy_fixtures import histories, make_engine
 

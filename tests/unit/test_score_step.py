@@ -12,7 +12,8 @@ import torch
 from specrec.decoding.beam import Beams
 from specrec.decoding.scoring import Scores
 from specrec.verifier import SessionStateError
-from specrec.verifier.jobs import BeamJob, EncodeJob, ScoreJob, SearchSpec, run_jobs
+from specrec.verifier.jobs import BeamJob, EncodeJob, ScoreJob, SearchSpec
+from specrec.verifier.local import run_jobs
 
 from .policy_fixtures import histories, make_engine
 

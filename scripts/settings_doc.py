@@ -1,8 +1,9 @@
 """The settings tables of docs/operations.md, generated from the services' pydantic settings
-(one place: the ``Field`` descriptions), so the document cannot drift from the code.
+(one place: the ``Field`` descriptions), so the document cannot drift from the code. A script, not a module of
+``specrec_rpc``: it reads all four services' settings, so it sits above them.
 
-    python -m specrec_rpc.settings_doc          # rewrite the tables in docs/operations.md
-    python -m specrec_rpc.settings_doc --check  # exit 1 when they are out of date (tests run this)
+    python scripts/settings_doc.py          # rewrite the tables in docs/operations.md
+    python scripts/settings_doc.py --check  # exit 1 when they are out of date (tests run this)
 """
 
 from __future__ import annotations
@@ -14,16 +15,15 @@ import sys
 from pathlib import Path
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "operations.md"
-BEGIN, END = "<!-- settings: begin (python -m specrec_rpc.settings_doc) -->", "<!-- settings: end -->"
+BEGIN, END = "<!-- settings: begin (python scripts/settings_doc.py) -->", "<!-- settings: end -->"
 
 
 def _classes():
     from drafter_svc.service import DrafterSettings
     from gateway.settings import GatewaySettings
     from itemset_svc.settings import ItemSetSettings
+    from specrec_rpc.settings import ServiceSettings
     from verifier_svc.service import VerifierSettings
-
-    from .settings import ServiceSettings
 
     return [("Shared by all four", ServiceSettings, None), ("Item set", ItemSetSettings, "SPECREC_ITEMSET_"),
             ("Drafter", DrafterSettings, "SPECREC_DRAFTER_"), ("Verifier", VerifierSettings, "SPECREC_VERIFIER_"),
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     new = render(text)
     if a.check:
         if new != text:
-            print(f"{DOC} settings tables are out of date: run python -m specrec_rpc.settings_doc", file=sys.stderr)
+            print(f"{DOC} settings tables are out of date: run python scripts/settings_doc.py", file=sys.stderr)
             return 1
         return 0
     DOC.write_text(new)
