@@ -56,8 +56,8 @@ def main(argv=None) -> int:
     from specrec.decoding.scoring import tree_pass
     from specrec.decoding.searches.head import nezha_beam_search
     from specrec.models.hotpath import FusedHotPath, child_tables
+    from specrec.train.batches import history_batch
     from specrec.train.distill import _cat_padded, drafter_beams, frontier_coverage, run_frontier
-    from specrec.train.trainer import history_batch
 
     b = Bundle.load(a.bundle)
     if b.sid_mlp is None:

@@ -73,7 +73,7 @@ class TargetBeams:
 def target_beams(gr: Tiger, ex: Examples, sids: torch.Tensor, trie: SidTrie, k: int, cache=None,
                  batch_size: int = 128, progress: bool = True) -> TargetBeams:
     """Beam search of the (frozen) target on every example, cached on disk by content."""
-    from .trainer import history_batch
+    from .batches import history_batch
 
     key = hashlib.sha256()
     for t in (ex.history, ex.target, sids.numpy()):

@@ -37,7 +37,7 @@ from ..ids.trie import SidTrie
 from ..models.hotpath import Cross, FusedHotPath, child_tables
 from ..models.sid_mlp import SidMlpConfig, SidMlpDrafter
 from ..models.tiger import BOS_TOKEN, Tiger
-from .trainer import history_batch
+from .batches import history_batch
 
 
 class DistillConfig(BaseModel):

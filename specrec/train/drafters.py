@@ -28,7 +28,7 @@ from .align import (
     target_beams,
     target_logprobs,
 )
-from .trainer import bucketed_batches, history_batch
+from .batches import bucketed_batches, history_batch
 
 
 class DrafterTrainConfig(BaseModel):

@@ -115,7 +115,7 @@ def test_distillation_teaches_the_target_frontier():
 
     def coverage():
         with torch.no_grad():
-            from specrec.train.trainer import history_batch
+            from specrec.train.batches import history_batch
 
             h0, root, levels, _ = run_frontier(fused, tables, history_batch(torch.from_numpy(sids), hist), 4, False)
             beams = drafter_beams(drafter, h0, root, tables, [4, 4, 4])

@@ -123,7 +123,7 @@ def test_bundle_roundtrip(setup, tmp_path, synth):
 
 def test_causal_chunks_cover_every_target_once_with_its_context(synth):
     from specrec.data import leave_one_out as loo
-    from specrec.train.trainer import causal_chunks
+    from specrec.train.batches import causal_chunks
 
     split = loo(synth, max_history=6)
     inp, tgt = causal_chunks(split.train)
@@ -150,7 +150,7 @@ def test_overlapping_chunks_teach_each_target_once_with_enough_context(synth, st
     has the most context: at least H - stride + 1 items of its own history (all of it when shorter), and
     with stride 1 exactly the history it is served with."""
     from specrec.data import leave_one_out as loo
-    from specrec.train.trainer import causal_chunks
+    from specrec.train.batches import causal_chunks
 
     H = 6
     split = loo(synth, max_history=H)
