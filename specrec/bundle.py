@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from .data.dataset import Catalogue, Dataset
+from .data.histories import history_codes
 from .data.splits import Split
 from .ids.semantic import SemanticIds
 from .ids.trie import SidTrie
@@ -159,14 +160,7 @@ class Bundle:
     def history_sids(self, histories: list[np.ndarray] | np.ndarray) -> torch.Tensor:
         """Item-index histories (ragged lists, or [R, H] padded with -1) ->
         [R, max_history, L] codes, left-padded with -1 rows."""
-        h = self.cfg.max_history
-        out = torch.full((len(histories), h, self.cfg.sid_len), -1, dtype=torch.int64)
-        for i, items in enumerate(histories):
-            items = np.asarray(items, dtype=np.int64)
-            items = items[items >= 0][-h:]
-            if len(items):
-                out[i, h - len(items) :] = self.sids_t[torch.from_numpy(items)]
-        return out
+        return torch.from_numpy(history_codes(histories, self.cfg.max_history, self.sids))
 
     # -- serving pieces ----------------------------------------------------------
     def default_drafter(self) -> str | None:

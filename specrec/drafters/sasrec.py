@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from ..backends.onnx import session_options
+from ..data.histories import left_pad
 from ..fusion import Fusion
 from ..itemset import LocalItemSet
 from ..models.sasrec import SASRec
@@ -141,13 +142,7 @@ class SasrecDrafter:
 
     def log_softmax(self, histories: Sequence[np.ndarray]) -> np.ndarray:
         """SASRec's log-probability of every item it knows after each history: [R, n_known]."""
-        h = self.model.cfg.max_history
-        x = np.full((len(histories), h), -1, dtype=np.int64)
-        for i, items in enumerate(histories):
-            items = np.asarray(items, dtype=np.int64)
-            items = items[(items >= 0) & (items < self.n_known)][-h:]
-            if len(items):
-                x[i, h - len(items):] = items
+        x = left_pad(histories, self.model.cfg.max_history, known=self.n_known)
         if self.warmup() == "onnx":
             return self._session.run(None, {"items": x})[0]
         with torch.inference_mode():

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from ..data.histories import history_codes
 from ..itemset import LocalItemSet
 from ..models.self_draft import SelfDraftHead
 from ..models.tiger import Tiger
@@ -25,12 +26,7 @@ class SelfDrafter(VectorDrafter):
 
     @torch.inference_mode()
     def user_vectors(self, histories: Sequence[np.ndarray]) -> np.ndarray:
-        h, L = self.gr.cfg.max_history, self.gr.cfg.sid_len
-        hist = torch.full((len(histories), h, L), -1, dtype=torch.int64)
-        for i, items in enumerate(histories):
-            items = np.asarray(items, dtype=np.int64)[-h:]
-            if len(items):
-                hist[i, h - len(items) :] = self.itemset.sids_t[torch.from_numpy(items)]
+        hist = torch.from_numpy(history_codes(histories, self.gr.cfg.max_history, self.itemset.sids))
         return self.head.user_vectors(self.gr.encode(hist)).numpy()
 
     def add_items(self, itemset: LocalItemSet) -> None:

@@ -135,21 +135,26 @@ def beam_ranker(bundle, width: int, backend=None) -> Ranker:
 
 
 def sasrec_ranker(bundle) -> Ranker:
-    """The SASRec baseline of a bundle (``specrec train-baseline``): top-K by score over the catalogue."""
+    """The SASRec baseline of a bundle (``specrec train-baseline``), ranked by the drafter that serves it
+    (:meth:`Bundle.drafter` ``sasrec``, what the ``drafter`` policy answers with): its top K of the items it was
+    trained on, with the bundle's unseen share drafted by text."""
     if bundle.sasrec is None:
         raise ValueError(f"bundle {bundle.name!r} has no SASRec baseline (run `specrec train-baseline`)")
-    model, h = bundle.sasrec.eval(), bundle.sasrec.cfg.max_history
+    return drafter_ranker(bundle.drafter("sasrec"))
+
+
+def drafter_ranker(drafter) -> Ranker:
+    """An item drafter's own list of K (an n = K draft, as the ``drafter`` policy asks for) as a ranker."""
+    from ..drafters.base import DraftRequest
 
     def rank(histories: list[np.ndarray], k: int, exclude: list[np.ndarray] | None = None) -> np.ndarray:
-        x = torch.full((len(histories), h), -1, dtype=torch.int64)
-        for i, items in enumerate(histories):
-            items = np.asarray(items, dtype=np.int64)[-h:]
-            if len(items):
-                x[i, h - len(items):] = torch.from_numpy(items)
-        ban = None
-        if exclude is not None:
-            rows = np.concatenate([np.full(len(e), i) for i, e in enumerate(exclude)]).astype(np.int64)
-            ban = (torch.from_numpy(rows), torch.from_numpy(np.concatenate(exclude).astype(np.int64)))
-        return model.rank(x, k, ban).numpy()
+        ban = [frozenset()] * len(histories) if exclude is None else [
+            frozenset(np.asarray(e, dtype=np.int64).tolist()) for e in exclude]
+        drafts = drafter.draft([DraftRequest(np.asarray(h, dtype=np.int64), k, None, b)
+                                for h, b in zip(histories, ban)])
+        out = np.full((len(histories), k), -1, dtype=np.int64)
+        for i, d in enumerate(drafts):
+            out[i, : min(k, len(d.items))] = d.items[:k]
+        return out
 
     return rank

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from ..costs import CostModel
+from ..data.histories import history_codes
 from ..drafters.base import Drafter
 from ..itemset import LocalItemSet
 from ..verifier import Verifier
@@ -55,15 +56,9 @@ class Engine:
         return self.online[policy]
 
     def history_sids(self, histories: Sequence[np.ndarray]) -> torch.Tensor:
-        """Item-index histories -> [R, H, L] codes, left-padded with -1 rows."""
-        h, L = self.max_history, len(self.itemset.level_sizes)
-        out = np.full((len(histories), h, L), -1, dtype=np.int64)
-        sids = self.itemset.sids
-        for i, items in enumerate(histories):
-            items = np.asarray(items, dtype=np.int64)[-h:]
-            if len(items):
-                out[i, h - len(items) :] = sids[items]
-        return torch.from_numpy(out)
+        """Item-index histories -> [R, H, L] codes, left-padded with -1 rows
+        (:func:`~specrec.data.histories.history_codes`)."""
+        return torch.from_numpy(history_codes(histories, self.max_history, self.itemset.sids))
 
 
 @dataclass

@@ -220,8 +220,10 @@ def test_data_parallel_workers_learn_and_resume(setup, tmp_path):
     assert after["recall@10"] > before["recall@10"]
 
 
-def test_sasrec_baseline_learns_and_ranks_by_the_eval_code_path(synth):
-    from specrec.eval.evaluate import run_ranker, sasrec_ranker, summarise
+def test_sasrec_baseline_learns_and_ranks_by_the_eval_code_path(synth, setup):
+    from specrec.drafters.sasrec import SasrecDrafter
+    from specrec.eval.evaluate import drafter_ranker, run_ranker, summarise
+    from specrec.itemset import LocalItemSet
     from specrec.models.sasrec import SASRec, SASRecConfig
     from specrec.train.baseline import train_sasrec
     from specrec.train.drafters import DrafterTrainConfig
@@ -235,16 +237,16 @@ def test_sasrec_baseline_learns_and_ranks_by_the_eval_code_path(synth):
     losses = [e["loss"] for e in rep["epochs"]]
     assert losses[-1] < losses[0]
 
-    class B:  # the two things sasrec_ranker reads from a bundle
-        sasrec = model
-        name = "toy"
-
-    class U(B):
-        sasrec = untrained
-
+    sids = setup[3]
+    itemset = LocalItemSet(sids, np.ones(len(sids), bool), setup[1].level_sizes)
+    trained_drafter = SasrecDrafter(model, itemset, backend="eager")  # what sasrec_ranker ranks with
+    untrained_drafter = SasrecDrafter(untrained, itemset, backend="eager")
     ex = split.test.head(300)
-    after = summarise("sasrec", *run_ranker(sasrec_ranker(B), ex, 10, batch_size=64, progress=False), ex, split, (10,))
-    before = summarise("sasrec", *run_ranker(sasrec_ranker(U), ex, 10, batch_size=64, progress=False), ex, split, (10,))
+    def scored(drafter):
+        return summarise("sasrec", *run_ranker(drafter_ranker(drafter), ex, 10, batch_size=64, progress=False), ex,
+                         split, (10,))
+
+    after, before = scored(trained_drafter), scored(untrained_drafter)
     assert after.overall["ndcg@10"] > before.overall["ndcg@10"] + 0.02, (before.overall, after.overall)
 
 
