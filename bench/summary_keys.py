@@ -22,7 +22,7 @@ SUMMARY = Path(__file__).resolve().parent / "results" / "summary.json"
 _P = r"(strict|nezha|specgr|fused|drafter)"  # beam is the reference: no ratio to itself
 #: step of bench/rerun.sh -> the keys its commands write
 WRITERS: dict[str, list[str]] = {
-    "quality": [r"beauty\.loo\.(beam|sasrec)(\.excl)?\.((recall|ndcg)@\d+|users)", r"beauty\.train\.minutes",
+    "quality": [r"beauty\.loo\.(beam|sasrec)(\.excl)?\.((recall|ndcg)@\d+|users)", r"beauty\.(train|build)\.minutes",
                 r"beauty\.model\.params",
                 # every policy on all test users, history excluded (specgr ranking by both models against SASRec)
                 rf"beauty\.loo\.{_P}\.excl\.((recall|ndcg)@\d+|speedup_vs_beam|recall_ratio_vs_beam|item_acceptance"

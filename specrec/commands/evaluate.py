@@ -125,6 +125,8 @@ def run(a: argparse.Namespace) -> int:
         if split.protocol == "loo" and a.ranker == "beam" and a.sample is None and a.limit is None:
             if "train_minutes" in tr:
                 keys[f"{ds_name}.train.minutes"] = tr["train_minutes"]
+            if "minutes" in bundle.meta.get("build", {}):  # built by specrec build-bundle: every stage
+                keys[f"{ds_name}.build.minutes"] = bundle.meta["build"]["minutes"]
             keys[f"{ds_name}.model.params"] = bundle.model.n_params()
         update_summary(keys, Path(a.results_dir) / "summary.json")
     return 0

@@ -1,0 +1,56 @@
+"""``specrec build-bundle``: every stage in order, each skipped when current, a changed stage rebuilt with every
+stage after it, the minutes per stage in bundle.json."""
+
+import json
+
+import pytest
+
+from specrec.cli import main
+
+TINY_GR = ["--codebook-size", "16", "--levels", "2", "--collision-size", "64", "--d-model", "32", "--heads", "2",
+           "--d-kv", "16", "--d-ff", "64", "--enc-layers", "1", "--dec-layers", "1", "--max-history", "8",
+           "--causal-encoder", "--epochs", "1", "--batch-size", "64", "--valid-limit", "50"]
+TINY_SASREC = ["--d-model", "16", "--epochs", "1", "--valid-limit", "50"]
+
+
+def _build(tmp_path, capsys, recipe: dict) -> tuple[dict, str]:
+    f = tmp_path / "recipe.json"
+    f.write_text(json.dumps(recipe))
+    assert main(["build-bundle", "--data", "synthetic", "--protocol", "temporal", "--out", str(tmp_path / "run"),
+                 "--recipe", str(f)]) == 0
+    said = capsys.readouterr().out
+    return json.loads((tmp_path / "run" / "bundle" / "bundle.json").read_text())["build"], said
+
+
+@pytest.mark.slow
+def test_stages_run_once_and_a_changed_stage_rebuilds_itself_and_what_follows(tmp_path, capsys):
+    recipe = {"gr": TINY_GR, "sasrec": TINY_SASREC, "drafters": None, "fusion": None, "graphs": None}
+    first, said = _build(tmp_path, capsys, recipe)
+    assert "gr: specrec train" in said and "sasrec: specrec train-baseline" in said
+    assert "drafters: left out by the recipe" in said
+    assert set(first["stages"]) == {"gr", "sasrec"}
+    assert first["minutes"] == round(sum(s["minutes"] for s in first["stages"].values()), 1)
+    model = tmp_path / "run" / "bundle" / "model.safetensors"
+    stamp = model.stat().st_mtime_ns
+
+    again, said = _build(tmp_path, capsys, recipe)
+    assert "gr: current" in said and "sasrec: current" in said and "specrec train" not in said
+    assert again["stages"] == first["stages"] and model.stat().st_mtime_ns == stamp
+
+    changed, said = _build(tmp_path, capsys, {**recipe, "sasrec": [*TINY_SASREC, "--dropout", "0.2"]})
+    assert "gr: current" in said and "sasrec: specrec train-baseline" in said
+    assert changed["stages"]["gr"] == first["stages"]["gr"]
+    assert changed["stages"]["sasrec"]["key"] != first["stages"]["sasrec"]["key"]
+
+
+def test_a_recipe_naming_an_unknown_stage_or_options_that_are_not_strings_is_refused(tmp_path):
+    from specrec.commands.build_bundle import read_recipe
+
+    f = tmp_path / "r.json"
+    f.write_text(json.dumps({"gr": [], "sasrek": []}))
+    with pytest.raises(SystemExit, match="unknown stages"):
+        read_recipe(str(f))
+    f.write_text(json.dumps({"fusion": ["--drafts", 40]}))
+    with pytest.raises(SystemExit, match="list of strings"):
+        read_recipe(str(f))
+    assert read_recipe(None)["graphs"] == []
