@@ -166,8 +166,8 @@ def main(argv=None) -> int:
         bits = be.drafter_bits
         if be.draft(enc0, b.trie, a.k) is not None:
             wanted.append(("draft", "draft", search_name("draft", a.k, None, bits), None))
-        if be.score(enc0, b.trie, 2 * a.k) is not None:
-            wanted.append(("score", "score", search_name("score", 2 * a.k, None, bits), None))
+        if be.draft_scored(enc0, b.trie, 2 * a.k) is not None:
+            wanted.append(("draft_scored", "draft_scored", search_name("draft_scored", 2 * a.k, None, bits), None))
         if be.strict(enc0, b.trie, a.k, n) is not None:
             wanted.append(("strict", "strict", search_name("strict", a.k, n, bits), n))
     tables = be._tables_of(b.trie)
@@ -182,9 +182,9 @@ def main(argv=None) -> int:
         if kind is None:
             traced = traced_dir / "encode.onnx"
         else:
-            width = 2 * a.k if kind == "score" else a.k
+            width = 2 * a.k if kind == "draft_scored" else a.k
             traced = export_search(be.model, traced_dir, kind, width, be.nezha_head, be.drafter, drafts,
-                                   be.drafter_bits if kind in ("draft", "score", "strict") else None)
+                                   be.drafter_bits if kind in ("draft", "draft_scored", "strict") else None)
         r = out["graphs"][f"{label} ({name})"] = measure(be.graph_path(name), traced, feeds, a.runs)
         print(f"{name}: {r['nodes_traced']} -> {r['nodes_after']} nodes, {r['call_ms_p50']:.2f} ms; "
               + ", ".join(f"{k} {v:.0%}" for k, v in r["share_by_kind"].items()), flush=True)

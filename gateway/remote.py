@@ -7,7 +7,7 @@ carries the request's remaining budget as its gRPC deadline.
 
 Round trips are few: ``encode`` sends nothing; the history travels with the
 first verifier call (which creates the session), ``beam`` is one
-``BeamSearch``, and a ``specgr`` round is one ``Score`` that also takes the
+``Beam``, and a ``specgr`` round is one ``Score`` that also takes the
 beam step (``score_step``). A policy that drafts before it verifies
 (``specgr``) calls :meth:`RemoteVerifier.prepare`, which starts the encode in
 the background so that it runs while the drafter works. A session the verifier lost (restart,
@@ -206,9 +206,9 @@ class RemoteVerifier:
     # -- verification ---------------------------------------------------------------------
     def score(self, sess: Session, sids: torch.Tensor, full: bool = False, with_frontier: bool = False,
               scores_only: bool = False) -> Scores:
-        """``Score``; with ``scores_only`` (the verifier's scoring pass) it is the request's last call: the
+        """``Score``; with ``scores_only``, ``Rank`` (the registry's scoring pass), the request's last call: the
         session ends with it, or none is kept."""
-        r = self._session_call(sess, "Score", lambda ref: verifier_pb2.ScoreRequest(
+        r = self._session_call(sess, _rpc("rank") if scores_only else "Score", lambda ref: verifier_pb2.ScoreRequest(
             ref=ref, sids=to_msg(sids), full=full, with_frontier=with_frontier, scores_only=scores_only),
             keep=not scores_only, stateful=with_frontier)
         return Scores(to_torch(r.token_logp, "token_logp"), [to_torch(f, "full") for f in r.full] if full else None)
@@ -283,7 +283,7 @@ class RemoteVerifier:
     def draft_beams(self, sess: Session, trie, width: int, target_scores: bool = False) -> Beams | None:
         r = self._distilled(
             sess,
-            _rpc("score" if target_scores else "draft"),
+            _rpc("draft_scored" if target_scores else "draft"),
             lambda ref: verifier_pb2.HeadDraftsRequest(ref=_excluding(ref, trie), width=width, distilled=True,
                                                        target_scores=target_scores),
         )

@@ -10,13 +10,12 @@ carries a history instead of a session is encoded in the same batch as its
 operation. The catalogue (for constrained decoding) follows the item set by
 version.
 
-The whole searches' RPCs are the ones the registry of searches names
-(:data:`specrec.decoding.searches.SEARCHES`, each search's ``rpc``):
-``BeamSearch`` (``beam``), ``HeadDrafts`` (``head``; with ``distilled``,
-``draft``; with ``target_scores`` too, ``score``) and ``DraftVerify``
-(``strict``, and ``resume`` inside it for the rows its drafts missed). The
-wire's names stay as they are; the core groups their jobs by the registry's
-names (:func:`specrec.verifier.jobs.whole_search`).
+The whole searches' RPCs carry the registry's names (:data:`specrec.decoding.searches.SEARCHES`, each
+search's ``rpc``): ``Beam``, ``Head``, ``Draft``, ``DraftScored``, ``Strict`` (``resume`` runs inside it for the
+rows its drafts missed) and ``Rank``, the names the core groups their jobs by
+(:func:`specrec.verifier.jobs.whole_search`) and the metrics' ``method`` label shows. The older RPCs answer as
+before for callers built against them: ``BeamSearch``, ``HeadDrafts`` (its ``distilled`` and ``target_scores``
+fields choose among head, draft and draft_scored), ``DraftVerify`` and ``Score`` with ``scores_only``.
 """
 
 from __future__ import annotations
@@ -350,6 +349,9 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
 
     @handle_errors
     async def Score(self, request, context):
+        return await self._score(request, context)
+
+    async def _score(self, request, context) -> verifier_pb2.ScoreResponse:
         target, snap, n = await self._ref(request.ref)
         step = self._search(snap, request.ref, n, request.step, "step") if request.HasField("step") else None
         job = ScoreJob(target, self._codes(request.sids, "sids", n), request.full, request.with_frontier, step,
@@ -393,6 +395,45 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
 
     @handle_errors
     async def HeadDrafts(self, request, context):
+        return await self._head_drafts(request, context)
+
+    # the registry's names (specrec.decoding.searches) on the wire; the RPCs above are the older names
+    @handle_errors
+    async def Beam(self, request, context):
+        return await self._beams(request, context, whole=True)
+
+    @handle_errors
+    async def Head(self, request, context):
+        for f in ("distilled", "target_scores"):
+            if getattr(request, f):
+                raise InvalidArgument(f, "Head is the NEZHA head's search: leave it unset (Draft / DraftScored)")
+        return await self._head_drafts(request, context)
+
+    @handle_errors
+    async def Draft(self, request, context):
+        if request.target_scores:
+            raise InvalidArgument("target_scores", "Draft is the drafter's beams alone: leave it unset (DraftScored)")
+        request.distilled = True
+        return await self._head_drafts(request, context)
+
+    @handle_errors
+    async def DraftScored(self, request, context):
+        request.distilled = request.target_scores = True
+        return await self._head_drafts(request, context)
+
+    @handle_errors
+    async def Strict(self, request, context):
+        return await self._draft_verify(request, context)
+
+    @handle_errors
+    async def Rank(self, request, context):
+        for f in ("step", "with_frontier"):
+            if (request.HasField(f) if f == "step" else getattr(request, f)):
+                raise InvalidArgument(f, "Rank is the scoring pass alone: nothing is stepped (use Score)")
+        request.scores_only = True
+        return await self._score(request, context)
+
+    async def _head_drafts(self, request, context) -> verifier_pb2.Beams:
         if request.distilled and self.svc.local.backend.drafter is None:
             raise Unimplemented("this verifier's bundle has no distilled drafter")
         if not request.distilled and self.svc.local.head is None:
@@ -409,6 +450,9 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
 
     @handle_errors
     async def DraftVerify(self, request, context):
+        return await self._draft_verify(request, context)
+
+    async def _draft_verify(self, request, context) -> verifier_pb2.DraftVerifyResponse:
         if self.svc.local.backend.drafter is None:
             raise Unimplemented("this verifier's bundle has no distilled drafter")
         target, snap, n = await self._ref(request.ref)

@@ -75,7 +75,7 @@ class Backend:
         """``device``: where the eager backend computes ("cuda" for a GPU; the
         decoding around it stays on the CPU, tensors cross at the four calls).
         ``drafter``: the distilled drafter (:class:`~specrec.models.sid_mlp.SidMlpDrafter`), for
-        :meth:`strict`, :meth:`draft` and :meth:`score`. Whole searches are
+        :meth:`strict`, :meth:`draft` and :meth:`draft_scored`. Whole searches are
         methods named as the registry names them (:data:`~specrec.decoding.searches.SEARCHES`)."""
         self.device = torch.device(device)
         self.model = model.eval()
@@ -183,16 +183,16 @@ class Backend:
             return None
         return Beams.of_search(*out)
 
-    def score(self, enc: EncoderState, trie, width: int):
+    def draft_scored(self, enc: EncoderState, trie, width: int):
         """The distilled drafter's own beams, their ``token_logp`` the *target's* log-probability of each code
         (one tree pass over the beams' kept prefixes in the same call; ``scores`` stay the drafter's), one call
-        (:mod:`specrec.decoding.searches.score`); None without a distilled drafter."""
-        return self._drafted_beams("score", enc, trie, width)
+        (:mod:`specrec.decoding.searches.draft_scored`); None without a distilled drafter."""
+        return self._drafted_beams("draft_scored", enc, trie, width)
 
     def _drafted(self, kind: str, enc: EncoderState, trie, width: int, n: int | None):
-        """Search ``kind`` of the registry that runs the distilled drafter (``draft``, ``score``, ``strict``; ``n``
-        drafts per level for ``strict``) -> its outputs, or None without a distilled drafter or dense tables.
-        Eager: the registry's functions themselves, in torch (what the graph backends export)."""
+        """Search ``kind`` of the registry that runs the distilled drafter (``draft``, ``draft_scored``,
+        ``strict``; ``n`` drafts per level for ``strict``) -> its outputs, or None without a distilled drafter or
+        dense tables. Eager: the registry's functions themselves, in torch (what the graph backends export)."""
         if self.drafter is None:
             return None
         tables = child_tables(trie, max(self.cfg.level_sizes))  # kept by the trie (a request's view: by the view)

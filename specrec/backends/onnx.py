@@ -309,7 +309,7 @@ class OrtBackend(Backend):
             if self.drafter is not None:  # nezha drafts K and 2K beams; specgr's first round scores 2K
                 self.draft(enc, trie, k)
                 self.draft(enc, trie, 2 * k)
-                self.score(enc, trie, 2 * k)
+                self.draft_scored(enc, trie, 2 * k)
             for m in drafts:
                 if self.nezha_head is not None:
                     self.head(enc, trie, draft_count(m, k))

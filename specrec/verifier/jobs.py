@@ -99,7 +99,7 @@ def whole_search(job: Job) -> tuple[str, SidTrie, tuple[int, ...]] | None:
             return "beam", job.search.trie, (job.search.width,)
         return None
     if isinstance(job, HeadJob):
-        return ("score" if job.target_scores else "draft") if job.distilled else "head", job.trie, (job.width,)
+        return ("draft_scored" if job.target_scores else "draft") if job.distilled else "head", job.trie, (job.width,)
     if isinstance(job, DraftVerifyJob):
         return "strict", job.trie, (job.width, job.n)
     return None

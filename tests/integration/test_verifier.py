@@ -191,6 +191,46 @@ async def test_draft_verify_over_grpc_equals_beam_search(vstack, vbundle_dir):
 
 
 @pytest.mark.asyncio(loop_scope="session")
+async def test_each_whole_search_answers_under_the_registrys_name_as_under_its_older_rpc(vstack, vbundle_dir):
+    """Beam, Head, Draft, DraftScored, Strict and Rank (the registry's names) answer what BeamSearch, HeadDrafts,
+    DraftVerify and Score with scores_only answer; a field that contradicts the name is INVALID_ARGUMENT."""
+    b = Bundle.load(vbundle_dir)
+    stub = vstack.verifier
+    h = hist_tensor(b, [[1, 4, 6], [2, 3]])
+
+    def same_beams(a, c):
+        assert torch.equal(to_torch(a.codes), to_torch(c.codes))
+        assert torch.allclose(to_torch(a.token_logp), to_torch(c.token_logp), atol=1e-5)
+
+    same_beams(await stub.Beam(verifier_pb2.BeamSearchRequest(ref=ref(hist=h), width=5)),
+               await stub.BeamSearch(verifier_pb2.BeamSearchRequest(ref=ref(hist=h), width=5)))
+    same_beams(await stub.Head(verifier_pb2.HeadDraftsRequest(ref=ref(hist=h), width=6)),
+               await stub.HeadDrafts(verifier_pb2.HeadDraftsRequest(ref=ref(hist=h), width=6)))
+    for scored in (False, True):
+        new = stub.DraftScored if scored else stub.Draft
+        same_beams(await new(verifier_pb2.HeadDraftsRequest(ref=ref(hist=h), width=6)),
+                   await stub.HeadDrafts(verifier_pb2.HeadDraftsRequest(ref=ref(hist=h), width=6, distilled=True,
+                                                                        target_scores=scored)))
+    strict = await stub.Strict(verifier_pb2.DraftVerifyRequest(ref=ref(hist=h), width=5, n=4))
+    same_beams(strict.beams, (await stub.DraftVerify(verifier_pb2.DraftVerifyRequest(ref=ref(hist=h), width=5,
+                                                                                      n=4))).beams)
+    sids = to_msg(torch.from_numpy(b.sids[[[3, 7, 9], [0, 5, 8]]]))
+    ranked = await stub.Rank(verifier_pb2.ScoreRequest(ref=ref(hist=h), sids=sids))
+    scored = await stub.Score(verifier_pb2.ScoreRequest(ref=ref(hist=h), sids=sids, scores_only=True))
+    assert torch.allclose(to_torch(ranked.token_logp), to_torch(scored.token_logp), atol=1e-5)
+    assert not ranked.session  # the scoring pass keeps nothing
+    for call, req, field in ((stub.Head, verifier_pb2.HeadDraftsRequest(ref=ref(hist=h), width=6, distilled=True),
+                              "distilled"),
+                             (stub.Draft, verifier_pb2.HeadDraftsRequest(ref=ref(hist=h), width=6, target_scores=True),
+                              "target_scores"),
+                             (stub.Rank, verifier_pb2.ScoreRequest(ref=ref(hist=h), sids=sids, with_frontier=True),
+                              "with_frontier")):
+        with pytest.raises(grpc.aio.AioRpcError) as ei:
+            await call(req)
+        assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in ei.value.details()
+
+
+@pytest.mark.asyncio(loop_scope="session")
 async def test_concurrent_requests_are_batched(vstack, vbundle_dir):
     b = Bundle.load(vbundle_dir)
     be = b.backend("eager")

@@ -24,25 +24,30 @@ MODELS = Path(__file__).resolve().parents[2] / "specrec" / "models"
 
 
 def test_one_declaration_per_search_read_by_every_layer():
-    assert list(SEARCHES) == ["beam", "head", "draft", "score", "strict", "resume", "rank"]
+    assert list(SEARCHES) == ["beam", "head", "draft", "draft_scored", "strict", "resume", "rank"]
     assert all(name == s.name for name, s in SEARCHES.items())
-    assert DRAFTER_KINDS == onnx_backend.DRAFTER_KINDS == ("draft", "score", "strict")
+    assert DRAFTER_KINDS == onnx_backend.DRAFTER_KINDS == ("draft", "draft_scored", "strict")
     assert onnx_backend.RESUME == list(SEARCHES["resume"].inputs)
     assert SEARCHES["strict"].outputs[-len(SEARCHES["resume"].inputs):] == SEARCHES["resume"].inputs
     for s in SEARCHES.values():  # the backends' method that runs it has its name
         assert callable(getattr(Backend, s.name)) and callable(getattr(onnx_backend.OrtBackend, s.name)), s.name
+    from specrec_rpc.v1 import verifier_pb2
     from verifier_svc.service import Servicer
 
-    rpcs = {s.rpc for s in SEARCHES.values()} - {None}
-    assert rpcs == {"BeamSearch", "HeadDrafts", "DraftVerify"}
-    assert all(r in Servicer.__dict__ for r in rpcs)  # the service serves each one
+    wire = verifier_pb2.DESCRIPTOR.services_by_name["Verifier"].methods_by_name
+    for s in SEARCHES.values():  # on the wire by its own name (CamelCase); resume runs inside strict's call
+        if s.name == "resume":
+            assert s.rpc is None
+            continue
+        assert s.rpc == "".join(w.capitalize() for w in s.name.split("_")), s.name
+        assert s.rpc in wire and s.rpc in Servicer.__dict__, s.rpc  # in the proto, and the service serves it
 
 
 def test_graph_names_stay_the_same():
     """Exported graphs and caches are found by these names."""
     assert search_name("beam", 10) == "beam_w10"
     assert search_name("strict", 10, 20, 8) == "strict_w10_n20_q8"
-    assert search_name("score", 20, None, 8) == "score_w20_q8"
+    assert search_name("draft_scored", 20, None, 8) == "draft_scored_w20_q8"
     assert search_name("resume", 10) == "resume_w10"
 
 

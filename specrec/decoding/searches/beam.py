@@ -44,4 +44,4 @@ def descend(fused: FusedHotPath, state: SearchState, anc, kept, cross: Cross, ta
     return state
 
 
-SEARCH = Search("beam", run, BEAMS, rpc="BeamSearch")
+SEARCH = Search("beam", run, BEAMS, rpc="Beam")

@@ -18,4 +18,4 @@ def run(fused: FusedHotPath, enc_mask, cross_k, cross_v, tables: list[torch.Tens
     return states[-1].beams()
 
 
-SEARCH = Search("draft", run, BEAMS, rpc="HeadDrafts", uses_sid_drafter=True)
+SEARCH = Search("draft", run, BEAMS, rpc="Draft", uses_sid_drafter=True)

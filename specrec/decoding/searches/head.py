@@ -70,4 +70,4 @@ def run(fused: FusedHotPath, enc_mask, cross_k, cross_v, tables: list[torch.Tens
     return state.beams()
 
 
-SEARCH = Search("head", run, BEAMS, rpc="HeadDrafts", uses_head=True)
+SEARCH = Search("head", run, BEAMS, rpc="Head", uses_head=True)

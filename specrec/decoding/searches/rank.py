@@ -100,4 +100,4 @@ def example(fused: FusedHotPath, enc, tables: list[torch.Tensor], width: int | N
     return tuple(torch.from_numpy(x) for x in layout(sids.numpy()))
 
 
-SEARCH = Search("rank", run, ("token_logp",), rpc=None, widths=(), inputs=INPUTS, example=example, axes=AXES)
+SEARCH = Search("rank", run, ("token_logp",), rpc="Rank", widths=(), inputs=INPUTS, example=example, axes=AXES)

@@ -32,9 +32,8 @@ class Search:
 
     ``uses_sid_drafter``: it runs the distilled SID drafter (whose weights a graph may hold in 8 bits);
     ``uses_head``: the NEZHA draft head. The :class:`~specrec.backends.base.Backend` method that runs it has its
-    name (``backend.beam(enc, trie, width)``); ``rpc`` is the verifier service's RPC that serves it
-    (``verifier.proto``; None: it runs inside another search's call). RPC and proto names are the wire's and stay
-    as they are."""
+    name (``backend.beam(enc, trie, width)``); ``rpc`` is the verifier service's RPC that serves it,
+    its name in CamelCase (``verifier.proto``; None: it runs inside another search's call)."""
 
     name: str
     fn: Callable[..., tuple[torch.Tensor, ...]]

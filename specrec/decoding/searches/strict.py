@@ -69,5 +69,5 @@ def run(fused: FusedHotPath, enc_mask, cross_k, cross_v, tables: list[torch.Tens
     return (*target.beams(), covered, torch.stack(frontier, 1), *at1, kept_kv)
 
 
-SEARCH = Search("strict", run, (*BEAMS, "covered", "frontier", *LEFT), rpc="DraftVerify",
+SEARCH = Search("strict", run, (*BEAMS, "covered", "frontier", *LEFT), rpc="Strict",
                 widths=("width", "n"), uses_sid_drafter=True)

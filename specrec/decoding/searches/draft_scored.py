@@ -1,4 +1,4 @@
-"""``score``: ``specgr``'s first round in one graph: the distilled drafter's ``width`` beams (level 0 exact)
+"""``draft_scored``: ``specgr``'s first round in one graph: the distilled drafter's ``width`` beams (level 0 exact)
 and the target's log-probability of every code of each, from one tree pass over the beams' kept prefixes."""
 
 from __future__ import annotations
@@ -30,4 +30,4 @@ def run(fused: FusedHotPath, enc_mask, cross_k, cross_v, tables: list[torch.Tens
     return final.codes, final.scores, torch.stack(target, -1), final.nodes
 
 
-SEARCH = Search("score", run, BEAMS, rpc="HeadDrafts", uses_sid_drafter=True)
+SEARCH = Search("draft_scored", run, BEAMS, rpc="DraftScored", uses_sid_drafter=True)
