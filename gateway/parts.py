@@ -35,6 +35,7 @@ class VerifierParts:
         self.replicas, self.timeout_s, self.retry_s = replicas, timeout_s, retry_s
         self._known: dict[str, Parts] = {}
         self._asked: dict[str, float] = {}  # address -> when it was last asked (time.monotonic())
+        self._older: set[str] = set()  # replicas that answer only the older names of the whole searches' RPCs
         self._lock = threading.Lock()
         self.log = structlog.get_logger("verifier-parts")
 
@@ -73,10 +74,23 @@ class VerifierParts:
 
     def forget(self, address: str) -> None:
         """``address`` was unreachable: ask it again before trusting what it said (it may have restarted with
-        another bundle)."""
+        another bundle, or another version)."""
         with self._lock:
             self._known.pop(address, None)
             self._asked.pop(address, None)
+            self._older.discard(address)
+
+    def answers_older_names(self, address: str) -> bool:
+        """``address`` is a verifier built before the whole searches' RPCs took the registry's names."""
+        with self._lock:
+            return address in self._older
+
+    def older_names(self, address: str) -> None:
+        """``address`` did not know a registry-named RPC (gRPC's own UNIMPLEMENTED: no such method)."""
+        with self._lock:
+            if address not in self._older:
+                self._older.add(address)
+                self.log.info("verifier answers the older RPC names only", replica=address)
 
     def _describe(self, replica) -> None:
         with self._lock:

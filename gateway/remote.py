@@ -62,6 +62,12 @@ class RemoteState:
     tried: set = field(default_factory=set)  # replicas that failed this request
 
 
+#: each whole search's RPC under its older name, which a verifier built before the names agreed answers instead (the
+#: same request: the gateway sets the older RPC's ``distilled``, ``target_scores`` and ``scores_only`` fields itself)
+OLDER_RPC = {"Beam": "BeamSearch", "Head": "HeadDrafts", "Draft": "HeadDrafts", "DraftScored": "HeadDrafts",
+             "Strict": "DraftVerify", "Rank": "Score"}
+
+
 def _rpc(search: str) -> str:
     """The verifier RPC that serves whole search ``search`` (the registry's: :data:`SEARCHES`)."""
     rpc = SEARCHES[search].rpc
@@ -178,8 +184,7 @@ class RemoteVerifier:
         for attempt in (0, 1):
             fresh = attempt > 0
             try:
-                resp = _call("verifier", getattr(st.replica.stub, method), make(self._ref(st, keep, fresh)),
-                             self._until(), self.metadata, self.hops, method)
+                resp = self._invoke(st, method, make(self._ref(st, keep, fresh)))
             except SessionLost as e:
                 if fresh or stateful:
                     raise DependencyDown("verifier", f"session lost: {e}") from None
@@ -202,6 +207,25 @@ class RemoteVerifier:
             elif resp.session:
                 st.session = resp.session
             return resp
+
+    def _invoke(self, st: RemoteState, method: str, request):
+        """One call of ``method`` on the request's replica; a verifier that does not know the registry's name
+        (gRPC's own UNIMPLEMENTED, "Method not found") is asked once more under the older name, and is
+        remembered as answering only those (until it is unreachable)."""
+        address = st.replica.address
+        if method in OLDER_RPC and self.offers.answers_older_names(address):
+            method = OLDER_RPC[method]
+        try:
+            return _call("verifier", getattr(st.replica.stub, method), request, self._until(), self.metadata,
+                         self.hops, method)
+        except DependencyDown as e:
+            unknown = e.code == grpc.StatusCode.UNIMPLEMENTED.name and "Method not found" in str(e)
+            if method not in OLDER_RPC or not unknown:  # a part the bundle lacks is UNIMPLEMENTED too, by the service
+                raise
+        self.offers.older_names(address)
+        older = OLDER_RPC[method]
+        return _call("verifier", getattr(st.replica.stub, older), request, self._until(), self.metadata, self.hops,
+                     older)
 
     # -- verification ---------------------------------------------------------------------
     def score(self, sess: Session, sids: torch.Tensor, full: bool = False, with_frontier: bool = False,

@@ -427,9 +427,10 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
 
     @handle_errors
     async def Rank(self, request, context):
-        for f in ("step", "with_frontier"):
+        for f in ("step", "with_frontier", "full"):
             if (request.HasField(f) if f == "step" else getattr(request, f)):
-                raise InvalidArgument(f, "Rank is the scoring pass alone: nothing is stepped (use Score)")
+                raise InvalidArgument(f, "Rank is the scoring pass alone: candidates' own log-probabilities, nothing "
+                                      "stepped or kept (use Score)")
         request.scores_only = True
         return await self._score(request, context)
 

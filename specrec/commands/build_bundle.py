@@ -128,6 +128,7 @@ def run(a: argparse.Namespace) -> int:
     build["recipe"] = a.recipe
     upstream = json.dumps([a.data, a.protocol])
     t_all = time.time()
+    stale = False  # an earlier stage runs: every later one is built again on what it makes
     for n, s in enumerate(STAGES, 1):
         opts = recipe[s.name]
         if opts is None:
@@ -137,15 +138,22 @@ def run(a: argparse.Namespace) -> int:
         key = stage_key(s.name, argv, upstream)
         upstream = key
         rec = build["stages"].get(s.name, {})
-        meta = _meta(bundle_dir)
-        if rec.get("key") == key and s.done(bundle_dir, meta):
+        if not stale and rec.get("key") == key and s.done(bundle_dir, _meta(bundle_dir)):
             print(f"[build] {n}/{len(STAGES)} {s.name}: current ({rec.get('minutes', 0):.1f} min when built)",
                   flush=True)
             continue
+        stale = True
+        if s.name == "gr" and rec.get("key") not in (None, key):
+            argv = [*argv, "--no-resume"]  # other options: the checkpoint is another run's (an interrupted one resumes)
         line = " ".join(["specrec", s.cmd, *argv])
         print(f"[build] {n}/{len(STAGES)} {s.name}: {line}", flush=True)
         if a.dry_run:
             continue
+        # what this stage and the ones after it recorded no longer holds, whether or not this run finishes
+        for later in STAGES[n - 1:]:
+            build["stages"].pop(later.name, None)
+        if (bundle_dir / "bundle.json").exists():
+            _record(bundle_dir, build)
         t0 = time.time()
         args = parser.parse_args([s.cmd, *argv])
         status = int(args.func(args) or 0)
@@ -153,8 +161,6 @@ def run(a: argparse.Namespace) -> int:
             raise SystemExit(f"[build] stage {s.name} failed ({status}): {line}")
         build["stages"][s.name] = {"key": key, "argv": argv, "minutes": round((time.time() - t0) / 60.0, 2),
                                    "finished": datetime.now(UTC).isoformat(timespec="seconds")}
-        for later in STAGES[n:]:  # what was built on the old output is stale now
-            build["stages"].pop(later.name, None)
         _record(bundle_dir, build)
     if not a.dry_run:
         _record(bundle_dir, build)

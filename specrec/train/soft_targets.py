@@ -23,6 +23,7 @@ class SasrecTeacher:
             raise ValueError(f"the teacher scores {sasrec.cfg.n_items} items, the SIDs have {len(sids)}")
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
+        self.max_history = sasrec.cfg.max_history  # its positions: a longer chunk than this it cannot read
         self.sasrec = sasrec.eval()
         for p in self.sasrec.parameters():
             p.requires_grad_(False)
@@ -35,8 +36,9 @@ class SasrecTeacher:
         """``inp`` [B, T] item indices (left-padded -1), ``valid`` [B, T] the positions taught, ``tgt_codes``
         [N, L] their targets' codes (row-major over ``valid``) -> per level a [N, V_l] distribution (rows whose
         true prefix the teacher gives no mass are all zero: no soft target there)."""
-        states = self.sasrec.sequence(inp.clamp(min=-1))[valid]  # [N, d]
-        p = torch.softmax(self.sasrec.scores(states).float() / self.temperature, dim=-1)  # [N, items]
+        with torch.autocast("cpu", enabled=False):  # float32 whatever the student's training runs in
+            states = self.sasrec.sequence(inp)[valid]  # [N, d]
+            p = torch.softmax(self.sasrec.scores(states).float() / self.temperature, dim=-1)  # [N, items]
         out = []
         match = torch.ones_like(p, dtype=torch.bool)
         for lvl, size in enumerate(self.level_sizes):

@@ -187,6 +187,11 @@ class Trainer:
             raise ValueError(f"{self.cfg.teacher}: the bundle has no SASRec (specrec train-baseline)")
         if not np.array_equal(src.sids, self.sids_np):
             raise ValueError(f"{self.cfg.teacher}: its catalogue or semantic IDs differ from this run's")
+        if src.sasrec.cfg.max_history < self.mcfg.max_history:
+            raise ValueError(f"{self.cfg.teacher}: its SASRec reads {src.sasrec.cfg.max_history} items of history, "
+                             f"the GR model {self.mcfg.max_history}")
+        if not 0.0 < self.cfg.distill_weight <= 1.0:
+            raise ValueError(f"distill_weight {self.cfg.distill_weight}: must be in (0, 1]")
         self.log(f"soft targets from {self.cfg.teacher}'s SASRec (weight {self.cfg.distill_weight}, "
                  f"temperature {self.cfg.distill_temp})")
         return SasrecTeacher(src.sasrec, self.sids, self.mcfg.level_sizes, self.cfg.distill_temp)

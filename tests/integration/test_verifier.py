@@ -224,7 +224,8 @@ async def test_each_whole_search_answers_under_the_registrys_name_as_under_its_o
                              (stub.Draft, verifier_pb2.HeadDraftsRequest(ref=ref(hist=h), width=6, target_scores=True),
                               "target_scores"),
                              (stub.Rank, verifier_pb2.ScoreRequest(ref=ref(hist=h), sids=sids, with_frontier=True),
-                              "with_frontier")):
+                              "with_frontier"),
+                             (stub.Rank, verifier_pb2.ScoreRequest(ref=ref(hist=h), sids=sids, full=True), "full")):
         with pytest.raises(grpc.aio.AioRpcError) as ei:
             await call(req)
         assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in ei.value.details()

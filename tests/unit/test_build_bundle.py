@@ -42,6 +42,11 @@ def test_stages_run_once_and_a_changed_stage_rebuilds_itself_and_what_follows(tm
     assert changed["stages"]["gr"] == first["stages"]["gr"]
     assert changed["stages"]["sasrec"]["key"] != first["stages"]["sasrec"]["key"]
 
+    # the GR's options changed: trained afresh (not resumed from the other run's checkpoint), then what follows
+    regr, said = _build(tmp_path, capsys, {**recipe, "gr": [*TINY_GR, "--dropout", "0.2"]})
+    assert "gr: specrec train" in said and "--no-resume" in said and "sasrec: specrec train-baseline" in said
+    assert regr["stages"]["gr"]["key"] != first["stages"]["gr"]["key"] and model.stat().st_mtime_ns != stamp
+
 
 def test_a_recipe_naming_an_unknown_stage_or_options_that_are_not_strings_is_refused(tmp_path):
     from specrec.commands.build_bundle import read_recipe
