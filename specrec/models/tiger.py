@@ -391,9 +391,14 @@ class Tiger(SidTokens, nn.Module):
 
     def mean_level_loss(self, hidden: torch.Tensor, target: torch.Tensor, levels: int) -> torch.Tensor:
         """Token cross-entropy of ``target`` [N, L] from ``hidden`` [N, L, d], averaged over the first ``levels``."""
-        losses = [
-            F.cross_entropy(self.level_logits(hidden[:, lvl], lvl), target[:, lvl],
-                            label_smoothing=self.cfg.label_smoothing)
-            for lvl in range(levels)
-        ]
-        return sum(losses[1:], losses[0]) / levels  # summed in level order
+        return self.mean_level_ce(self.levels_logits(hidden, levels), target)
+
+    def levels_logits(self, hidden: torch.Tensor, levels: int) -> list[torch.Tensor]:
+        """``hidden`` [N, L, d] -> the logits of each of the first ``levels`` levels, [N, V_l] each."""
+        return [self.level_logits(hidden[:, lvl], lvl) for lvl in range(levels)]
+
+    def mean_level_ce(self, logits: list[torch.Tensor], target: torch.Tensor) -> torch.Tensor:
+        """Token cross-entropy of ``target`` [N, L] from each level's ``logits``, averaged over the levels."""
+        losses = [F.cross_entropy(lg, target[:, lvl], label_smoothing=self.cfg.label_smoothing)
+                  for lvl, lg in enumerate(logits)]
+        return sum(losses[1:], losses[0]) / len(logits)  # summed in level order

@@ -39,6 +39,7 @@ from ..eval.metrics import ndcg_at_k, recall_at_k, target_ranks
 from ..ids.trie import SidTrie
 from ..models.tiger import Tiger, TigerConfig
 from .batches import bucketed_batches, causal_chunks, history_batch
+from .soft_targets import SasrecTeacher, soft_level_loss
 
 
 class TrainConfig(BaseModel):
@@ -176,7 +177,6 @@ class Trainer:
 
     def _teacher(self):
         from ..bundle import Bundle
-        from .soft_targets import SasrecTeacher
 
         if not self.mcfg.causal_encoder:
             raise ValueError("distillation is built for the causal encoder's whole-sequence training")
@@ -200,14 +200,11 @@ class Trainer:
         """The causal chunk's loss: cross-entropy of the true next items, mixed with the teacher's soft targets."""
         if self.teacher is None:
             return self.model.forward_sequences(self._codes(x), self._codes(y))
-        from .soft_targets import soft_level_loss
-
         hidden, tgt = self.model.sequence_hidden(self._codes(x), self._codes(y))
-        hard = self.model.mean_level_loss(hidden, tgt, self.mcfg.sid_len)
+        logits = self.model.levels_logits(hidden, self.mcfg.sid_len)  # one output pass for both losses
         soft = self.teacher.targets(x, y >= 0, tgt)
-        logits = [self.model.level_logits(hidden[:, lvl], lvl) for lvl in range(self.mcfg.sid_len)]
         w = self.cfg.distill_weight
-        return (1.0 - w) * hard + w * soft_level_loss(logits, soft)
+        return (1.0 - w) * self.model.mean_level_ce(logits, tgt) + w * soft_level_loss(logits, soft)
 
     @property
     def max_epochs(self) -> int:

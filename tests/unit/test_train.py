@@ -269,3 +269,32 @@ def test_alignment_makes_the_head_cover_the_targets_top_k(setup, mode, tmp_path)
                             log=lambda s: None, progress=False, align=align, cache=tmp_path)
     assert rep["best_valid_coverage"] > rep["coverage_before"] + 0.05, rep
     assert len(list(tmp_path.glob("target_beams_*.npz"))) == 2  # training and validation beams, cached
+
+
+def test_distillation_mixes_the_true_items_loss_with_the_teachers_and_trains(setup, tmp_path):
+    """The distilled loss of a causal chunk is (1 - w) x the plain loss (forward_sequences, unchanged) + w x the
+    soft targets' loss, from one output pass; an epoch of it lowers the loss."""
+    from specrec.models.sasrec import SASRec, SASRecConfig
+    from specrec.train.batches import causal_chunks
+    from specrec.train.soft_targets import SasrecTeacher, soft_level_loss
+
+    split, cfg, _, sids = setup
+    causal = cfg.model_copy(update={"causal_encoder": True})
+    tc = TrainConfig(epochs=2, batch_size=64, lr=3e-3, warmup_steps=10, valid_limit=100, patience=50)
+    tr = Trainer(causal, tc, sids, split.train, split.valid, tmp_path, log=lambda s: None)
+    torch.manual_seed(3)
+    sasrec = SASRec(SASRecConfig(n_items=len(sids), d_model=16, n_heads=2, d_ff=32, max_history=6))
+    tr.teacher = SasrecTeacher(sasrec, tr.sids, causal.level_sizes)
+    tr.cfg.distill_weight = 0.25
+    inp, tgt = causal_chunks(split.train, None)
+    x, y = torch.from_numpy(inp[:32]), torch.from_numpy(tgt[:32])
+    tr.model.eval()  # no dropout: the same pass twice
+    with torch.no_grad():
+        got = tr._sequence_loss(x, y)
+        plain = tr.model.forward_sequences(tr._codes(x), tr._codes(y))
+        hidden, codes = tr.model.sequence_hidden(tr._codes(x), tr._codes(y))
+        soft = soft_level_loss(tr.model.levels_logits(hidden, causal.sid_len), tr.teacher.targets(x, y >= 0, codes))
+    assert torch.allclose(got, 0.75 * plain + 0.25 * soft, atol=1e-6)
+    assert soft > 0 and not torch.allclose(got, plain)
+    tr.fit(progress=False)
+    assert tr.history[-1]["loss"] < tr.history[0]["loss"]
