@@ -124,12 +124,14 @@ def request(history: list[str], i: int, policy: str, k: int, budget_ms: float, u
 # -- the stack --------------------------------------------------------------------------------------
 class Redis:
     """The Redis a benchmark runs on: ``url`` if given (it must answer), else one answering on
-    127.0.0.1:6379, else a private ``redis-server`` (no persistence) under ``tmp``, which :meth:`stop` ends."""
+    127.0.0.1:6379, else (or with ``private``) a private ``redis-server`` (no persistence) under ``tmp``, which
+    :meth:`stop` ends."""
 
-    def __init__(self, url: str | None, tmp: Path):
+    def __init__(self, url: str | None, tmp: Path, private: bool = False):
         from specrec_rpc.localstack import find_or_start_redis
 
-        self.url, self.proc = find_or_start_redis(url, workdir=tmp / "redis", log_path=tmp / "redis.log")
+        self.url, self.proc = find_or_start_redis(url, workdir=tmp / "redis", log_path=tmp / "redis.log",
+                                                  private=private)
 
     def stop(self) -> None:
         from specrec_rpc.localstack import stop_process
@@ -205,7 +207,8 @@ def open_stack(a, prefix: str, **stack_kw) -> tuple:
     users = sample_users(bundle, a.requests, a.seed)
     tmp = Path(tempfile.mkdtemp(prefix=f"specrec-{prefix}-"))
     users_file = write_users(users, tmp / "users.json")
-    stack = Stack(Path(a.bundle).resolve(), Redis(a.redis_url, tmp), tmp / "logs", prefix, threads=a.threads,
+    stack = Stack(Path(a.bundle).resolve(), Redis(a.redis_url, tmp, a.private_redis), tmp / "logs", prefix,
+                  threads=a.threads,
                   max_history=bundle.cfg.max_history, **stack_kw)
     return bundle, users, tmp, users_file, stack
 
@@ -398,6 +401,9 @@ def add_common_args(ap: argparse.ArgumentParser, redis_url: bool = True) -> None
     ap.add_argument("--threads", type=int, default=1, help="verifier intra-op threads (each verifier process)")
     if redis_url:
         ap.add_argument("--redis-url", default=os.environ.get("REDIS_URL"))
+        ap.add_argument("--private-redis", action="store_true", help="start a redis-server of the benchmark's own "
+                        "even when one answers on 127.0.0.1:6379 (placed on the services' CPUs where a benchmark "
+                        "places them; the machine's own is left where it runs)")
     ap.add_argument("--out", default=str(RESULTS_DIR))
     ap.add_argument("--startup-timeout", type=float, default=600.0)
 

@@ -10,10 +10,11 @@ subprocesses, a private namespace, the gateway's ``/metrics`` on a free port) an
 Requests are a seeded random sample of leave-one-out test users.
 
 0. **Placement**: once the stack is SERVING, every thread of every service (and of the private Redis, when
-   the stack started one; the machine's own Redis is not ours and is left where it runs) is confined to all
-   CPUs but one (``bench.cpus.confine``), and this process to that one (``--generator-cpu``, default the last
-   CPU this process may use): the capacity phase's callers and the load generator (also confined by its
-   pid) run there, the services never. With fewer than two CPUs nothing is placed and every run is void.
+   the stack started one: ``--private-redis``, as the step runs it, so that no work of the stack lands on the
+   generator's CPU; the machine's own Redis is not ours and is left where it runs) is confined to all CPUs
+   but one (``bench.cpus.confine``), and this process to that one (``--generator-cpu``, default the last CPU
+   this process may use): the capacity phase's callers and the load generator (also confined by its pid) run
+   there, the services never. With fewer than two CPUs nothing is placed and every run is void.
 1. **Capacity**: the GR model's answers/s of the services on their CPUs: a closed loop of ``--clients``
    concurrent callers (each sends its next request when the last is answered) asking ``beam`` with a budget
    that never acts, counting beam's own answers: what the stack serves at full quality when saturated.

@@ -65,7 +65,7 @@ serving() {
   python -m bench.serving --bundle "$BUNDLE" --policies auto,fused,beam,strict,nezha,specgr,drafter \
     --open-policies auto --rates 30,60 --duration 10 --requests 300 --overhead-requests 100
 }
-overload() { python -m bench.overload --bundle "$BUNDLE" --multiples 1,2,3 --duration 20 --door 2 --clients 2; }
+overload() { python -m bench.overload --bundle "$BUNDLE" --multiples 1,2,3 --duration 20 --door 2 --clients 2 --private-redis; }
 soak() {
   python -m bench.soak --bundle "$BUNDLE" --minutes 10
   python -m bench.upsert_cost --bundle "$BUNDLE" --seconds 20  # the write path alone, no requests
