@@ -203,5 +203,8 @@ class Servicer(drafter_pb2_grpc.DrafterServicer):
         return drafter_pb2.DrafterDescription(
             mode=mode, unseen_share=float(getattr(drafter, "unseen_share", 0.0) or 0.0),
             fusion=None if fusion is None else drafter_pb2.Fusion(
-                weight=fusion.weight, norm=fusion.norm, drafts=fusion.drafts, valid_recall=dict(fusion.valid)),
+                weight=fusion.weight, norm=fusion.norm, drafts=fusion.drafts, valid_recall=dict(fusion.valid),
+                combiner=None if fusion.combiner is None else drafter_pb2.Combiner(
+                    features=fusion.combiner.features, inputs=fusion.combiner.inputs, hidden=fusion.combiner.hidden,
+                    weights=fusion.combiner.flat())),
             modes=sorted(svc.drafters), sid_space=svc.sid_space)

@@ -14,7 +14,7 @@ import structlog
 
 from specrec.deadline import Deadline
 from specrec.drafters.base import Draft, DraftRequest
-from specrec.fusion import DEFAULTS, Fusion
+from specrec.fusion import DEFAULTS, FEATURES, Combiner, Fusion
 from specrec.policies.errors import DependencyDown
 from specrec_rpc.catalogue import Snapshot
 from specrec_rpc.v1 import common_pb2, drafter_pb2
@@ -50,7 +50,8 @@ class DrafterInfo:
                 continue
             f = d.fusion if d.HasField("fusion") else None
             fusion = None if f is None else Fusion(f.weight, f.norm or DEFAULTS["norm"],  # type: ignore[arg-type]
-                                                   f.drafts or DEFAULTS["drafts"], dict(f.valid_recall))
+                                                   f.drafts or DEFAULTS["drafts"], dict(f.valid_recall),
+                                                   _combiner(f))
             with self._lock:
                 self.unseen_share, self.fusion, self.described = float(d.unseen_share), fusion, True
             self.log.info("drafter described", replica=replica.address, mode=d.mode, unseen_share=self.unseen_share,
@@ -67,6 +68,19 @@ class DrafterInfo:
                 return
             self._asked = now
         threading.Thread(target=self.describe, name="describe drafter", daemon=True).start()
+
+
+def _combiner(f) -> Combiner | None:
+    """The learned combiner a drafter described (None: it described none, or one reading features this gateway
+    does not compute, which it then ranks by the weight, and says so)."""
+    if not f.HasField("combiner"):
+        return None
+    c = f.combiner
+    try:
+        return Combiner.from_flat(c.inputs, c.hidden, list(c.weights), c.features or FEATURES)
+    except ValueError as e:
+        structlog.get_logger("drafter-info").warning("combiner not used: fused ranks by the weight", reason=str(e))
+        return None
 
 
 class RemoteDrafter:

@@ -21,6 +21,11 @@ the item drafter's unseen candidates where it drafted some (:func:`top_reserved`
 order: the drafter chose them by text likeness to the history, which no sequence model can judge for an item
 nobody interacted with (ranked by the GR's L-1 score instead, they held fewer of the unseen targets).
 
+Where the bundle has a learned **combiner** (:class:`Combiner`), it replaces the weighted mix: a small MLP over
+each candidate's :func:`features` (both models' scores, the GR's per code, within-request z-scores and ranks),
+trained by ``tune-fusion`` on half of the validation users and kept only where it beats the mix on the other half
+(:mod:`specrec.train.combiner`); the weight stays beside it for a caller that does not know combiners.
+
 The weight, the normalisation and the number of candidates are chosen on validation users (:func:`choose`,
 ``specrec tune-fusion``) and kept in the bundle (``bundle.json`` ``fusion``) with the validation recall of every
 list a policy serves (``valid``: the fused list, the item drafter's own list, the GR's own beam search, ...),
@@ -50,6 +55,8 @@ class Fusion:
     # validation recall@10 of each list a policy serves, by policy name ("fused", "drafter", "beam", "nezha"),
     # measured by ``tune-fusion``; empty: not told
     valid: Mapping[str, float] = field(default_factory=dict, compare=False, hash=False)
+    # the learned score that replaces the weighted mix (None: the mix)
+    combiner: Combiner | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.weight <= 1.0:
@@ -73,9 +80,17 @@ class Fusion:
         (the item drafter's own order). -> (items, fused scores), best first."""
         items = np.asarray(items)
         unseen = np.asarray(unseen, dtype=bool)
-        fused = self.score(gr_logp(token_logp, unseen), item_logp(item_scores, unseen))
+        fused = self.fused(token_logp, item_scores, unseen)
         pick = top_reserved(fused, k, reserved, unseen)
         return items[pick], fused[pick]
+
+    def fused(self, token_logp: np.ndarray, item_scores: np.ndarray, unseen: np.ndarray) -> np.ndarray:
+        """The fused score [n] of one request's candidates (as :meth:`rank` takes them): the combiner's where
+        there is one, else the weighted mix (:meth:`score`)."""
+        unseen = np.asarray(unseen, dtype=bool)
+        if self.combiner is not None:
+            return self.combiner.score(features(token_logp, item_scores, unseen))
+        return self.score(gr_logp(token_logp, unseen), item_logp(item_scores, unseen))
 
     def candidates(self, k: int) -> int:
         """Candidates scored for a list of ``k``: the chosen count (chosen at K = 10), and never fewer than 2K,
@@ -84,7 +99,10 @@ class Fusion:
 
     def as_dict(self) -> dict:
         """What ``bundle.json`` keeps of the choice (the validation figures are written beside it)."""
-        return {"weight": self.weight, "norm": self.norm, "drafts": self.drafts}
+        out: dict = {"weight": self.weight, "norm": self.norm, "drafts": self.drafts}
+        if self.combiner is not None:
+            out["combiner"] = self.combiner.as_dict()
+        return out
 
     @staticmethod
     def of(meta: dict | None) -> Fusion | None:
@@ -96,7 +114,7 @@ class Fusion:
         valid = {LEGACY_LABELS.get(name, name): float(v["recall@10"])
                  for name, v in meta.get("valid", {}).items() if "recall@10" in v and name not in NOT_SERVED}
         return Fusion(float(meta["weight"]), meta.get("norm", DEFAULTS["norm"]),
-                      int(meta.get("drafts", DEFAULTS["drafts"])), valid)
+                      int(meta.get("drafts", DEFAULTS["drafts"])), valid, Combiner.of(meta.get("combiner")))
 
 
 #: validation figures of lists no policy serves (kept in bundle.json for the record, never a label)
@@ -140,6 +158,93 @@ def top_reserved(scores: np.ndarray, k: int, reserved: int = 0, eligible: np.nda
     return order[chosen[order]]
 
 
+#: the version of :func:`features`; a combiner names the one it was trained on, and one that names another is
+#: refused (its weights would read other columns)
+FEATURES = "v1"
+
+
+def features(token_logp: np.ndarray, item_scores: np.ndarray, unseen: np.ndarray) -> np.ndarray:
+    """What a combiner reads of each of one request's candidates [n, L + 7]: the GR's log-probability of each
+    code of its SID (an unseen item's last one, which means nothing for an item nobody interacted with, set to
+    the mean of its others), the GR's :func:`gr_logp` and the item model's :func:`item_logp`, both z-scored
+    over the request, both ranks in the request over n (0: the best), and whether it is unseen."""
+    tl = np.asarray(token_logp, np.float64)
+    unseen = np.asarray(unseen, dtype=bool)
+    n, L = tl.shape
+    levels = tl.copy()
+    if L > 1 and unseen.any():
+        levels[unseen, L - 1] = tl[unseen, : L - 1].mean(-1)
+    gr, item = gr_logp(tl, unseen), item_logp(item_scores, unseen)
+    return np.column_stack([levels, gr, item, _norm(gr, "z"), _norm(item, "z"), _ranks(gr) / max(1, n),
+                            _ranks(item) / max(1, n), unseen.astype(np.float64)])
+
+
+def _ranks(x: np.ndarray) -> np.ndarray:
+    """Each entry's place when sorted best (largest) first, ties in the given order."""
+    r = np.empty(len(x), np.float64)
+    r[np.argsort(-x, kind="stable")] = np.arange(len(x))
+    return r
+
+
+@dataclass(frozen=True, eq=False)
+class Combiner:
+    """A learned fused score: one hidden ReLU layer over :func:`features` (their standardisation folded into the
+    first layer), ``score = relu(x @ w1 + b1) @ w2 + b2``. Trained by :func:`specrec.train.combiner.fit`."""
+
+    w1: np.ndarray  # [F, H]
+    b1: np.ndarray  # [H]
+    w2: np.ndarray  # [H]
+    b2: float
+    features: str = FEATURES
+
+    def __post_init__(self) -> None:
+        if self.features != FEATURES:
+            raise ValueError(f"combiner trained on features {self.features!r}; this code computes {FEATURES!r}")
+        F, H = np.shape(self.w1)
+        if np.shape(self.b1) != (H,) or np.shape(self.w2) != (H,):
+            raise ValueError(f"combiner shapes: w1 {np.shape(self.w1)}, b1 {np.shape(self.b1)}, "
+                             f"w2 {np.shape(self.w2)}")
+
+    @property
+    def inputs(self) -> int:
+        return int(np.shape(self.w1)[0])
+
+    @property
+    def hidden(self) -> int:
+        return int(np.shape(self.w1)[1])
+
+    def score(self, x: np.ndarray) -> np.ndarray:
+        """The fused score [n] of one request's candidates from their :func:`features` [n, F]."""
+        x = np.asarray(x, np.float64)
+        if x.shape[-1] != self.inputs:
+            raise ValueError(f"combiner reads {self.inputs} features, got {x.shape[-1]} (a SID of another length?)")
+        return np.maximum(x @ self.w1 + self.b1, 0.0) @ self.w2 + self.b2
+
+    def flat(self) -> list[float]:
+        """Its weights in one list: w1 (row-major), b1, w2, b2 (how the drafter service sends it)."""
+        return [*np.ravel(self.w1).tolist(), *np.ravel(self.b1).tolist(), *np.ravel(self.w2).tolist(),
+                float(self.b2)]
+
+    @staticmethod
+    def from_flat(inputs: int, hidden: int, weights: Sequence[float], features: str = FEATURES) -> Combiner:
+        w = np.asarray(weights, np.float64)
+        F, H = int(inputs), int(hidden)
+        if len(w) != F * H + 2 * H + 1:
+            raise ValueError(f"combiner of {F} inputs and {H} hidden units has {F * H + 2 * H + 1} weights, "
+                             f"got {len(w)}")
+        return Combiner(w[: F * H].reshape(F, H), w[F * H: F * H + H], w[F * H + H: F * H + 2 * H],
+                        float(w[-1]), features)
+
+    def as_dict(self) -> dict:
+        return {"features": self.features, "inputs": self.inputs, "hidden": self.hidden, "weights": self.flat()}
+
+    @staticmethod
+    def of(meta: dict | None) -> Combiner | None:
+        if not meta:
+            return None
+        return Combiner.from_flat(meta["inputs"], meta["hidden"], meta["weights"], meta.get("features", FEATURES))
+
+
 def _norm(x: np.ndarray, norm: Norm) -> np.ndarray:
     if norm == "raw" or len(x) < 2:
         return x
@@ -159,15 +264,22 @@ class Scored:
     target: int
 
 
+def served_candidates(u: Scored, drafts: int, unseen_share: float = 0.0) -> np.ndarray:
+    """Indices of the candidates of ``u`` that a draft of ``drafts`` gives (the first of its longer draft, the
+    drafter's unseen share kept: :func:`top_reserved` in the drafter's order), in the drafter's order."""
+    return np.sort(top_reserved(-np.arange(len(u.items), dtype=np.float64), drafts, int(round(unseen_share * drafts)),
+                                u.unseen))
+
+
 def recall_ndcg(users: Sequence[Scored], fusion: Fusion, k: int = 10, unseen_share: float = 0.0) -> tuple[float, float]:
     """Recall@k and NDCG@k of the fused lists of ``users`` as served with an item drafter that reserves
     ``unseen_share`` of its drafts (and of the list) for unseen items: each user's candidates are what a draft of
     ``fusion.drafts`` gives (the first of a longer draft, its unseen share kept: :func:`top_reserved` in the
     drafter's order)."""
     rec = ndcg = 0.0
-    n, reserved = fusion.drafts, int(round(unseen_share * k))
+    reserved = int(round(unseen_share * k))
     for u in users:
-        c = np.sort(top_reserved(-np.arange(len(u.items), dtype=np.float64), n, int(round(unseen_share * n)), u.unseen))
+        c = served_candidates(u, fusion.drafts, unseen_share)
         top, _ = fusion.rank(u.items[c], u.token_logp[c], u.item_scores[c], u.unseen[c], k, reserved)
         hit = np.nonzero(top == u.target)[0]
         if len(hit):

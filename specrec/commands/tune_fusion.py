@@ -23,6 +23,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     tf.add_argument("--drafts", default="30,40,50", help="candidate counts to choose from (comma-separated)")
     tf.add_argument("--tolerance", type=float, default=0.005, help="take the fewest candidates whose best validation "
                     "recall@10 is within this share of the best of all (the scoring pass costs in proportion to them)")
+    tf.add_argument("--combiner-hidden", type=int, default=16, help="hidden units of the learned combiner trained "
+                    "on half of the users and kept only where it beats the weighted mix on the other half; 0: none")
     tf.set_defaults(func=run)
 
 
@@ -30,8 +32,14 @@ def run(a: argparse.Namespace) -> int:
     from ..train.fusion import tune_fusion
 
     drafts = tuple(int(x) for x in a.drafts.split(",") if x.strip())
-    fusion, entry = tune_fusion(a.bundle, a.users, a.seed, drafts, tolerance=a.tolerance)
+    fusion, entry = tune_fusion(a.bundle, a.users, a.seed, drafts, tolerance=a.tolerance,
+                                combiner_hidden=a.combiner_hidden)
     lists = ", ".join(f"{n} {v['recall@10']:.4f}" for n, v in entry["valid"].items())
     print(f"fusion: GR weight {fusion.weight:g}, {fusion.norm} scores, {fusion.drafts} SASRec candidates "
           f"({entry['chosen_on']}); validation R@10 of the lists: {lists}; written into {a.bundle}/bundle.json")
+    if "combiner_choice" in entry:
+        c = entry["combiner_choice"]
+        print(f"learned combiner ({c['hidden']} hidden units) {'kept' if c['kept'] else 'not kept'}: on the half "
+              f"it was not trained on, R@10 {c['b.combiner.recall@10']:.4f} against the mix's "
+              f"{c['b.mix.recall@10']:.4f} ({c['split']})")
     return 0

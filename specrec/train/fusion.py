@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -92,12 +93,14 @@ def drafter_recall(users: list[Scored], reserved: int) -> tuple[float, float]:
 
 
 def tune_fusion(bundle_dir: str | Path, users: int | None = 3000, seed: int = 0, drafts: tuple[int, ...] = (50,),
-                progress: bool = True, tolerance: float = 0.0) -> tuple[Fusion, dict]:
+                progress: bool = True, tolerance: float = 0.0, combiner_hidden: int = 16) -> tuple[Fusion, dict]:
     """Choose the fusion of the bundle at ``bundle_dir`` on ``users`` random validation users (None: all) (the
     fewest of ``drafts`` candidates within ``tolerance`` of the best recall, :func:`~specrec.fusion.choose`),
-    measure the served lists' recall@10 on them, and write both into its ``bundle.json``. -> (the choice, what
-    was written)."""
+    with ``combiner_hidden`` > 0 a learned combiner where it beats the mix on half of them
+    (:func:`specrec.train.combiner.compare`), measure the served lists' recall@10 on them, and write all into its
+    ``bundle.json``. -> (the choice, what was written)."""
     from ..bundle import bundle_split
+    from .combiner import compare
 
     t0 = time.time()
     bundle = Bundle.load(bundle_dir)
@@ -111,6 +114,12 @@ def tune_fusion(bundle_dir: str | Path, users: int | None = 3000, seed: int = 0,
     scored = score_users(bundle, ex, full, max(drafts), progress=progress)
     fusion, grid = choose(scored, drafts, K, unseen_share=share, tolerance=tolerance)
     rec, ndcg = recall_ndcg(scored, fusion, K, share)
+    learned: dict | None = None
+    if combiner_hidden > 0:
+        comb, learned = compare(scored, fusion.drafts, share, K, seed, hidden=combiner_hidden)
+        if comb is not None:  # its figures from the half it was not trained on
+            fusion = replace(fusion, combiner=comb)
+            rec, ndcg = learned[f"b.combiner.recall@{K}"], learned[f"b.combiner.ndcg@{K}"]
     own = drafter_recall(scored, reserved)
     gr = recall_ndcg(scored, Fusion(1.0, "raw", fusion.drafts), K, share)
     valid = {"fused": {"recall@10": rec, "ndcg@10": ndcg}, "drafter": {"recall@10": own[0], "ndcg@10": own[1]}}
@@ -122,8 +131,10 @@ def tune_fusion(bundle_dir: str | Path, users: int | None = 3000, seed: int = 0,
     valid["gr_reranked"] = {"recall@10": gr[0], "ndcg@10": gr[1]}  # no policy serves it: for the record
     entry = {**fusion.as_dict(), "chosen_on": f"{len(scored)} validation users (seed {seed}), history excluded, "
              f"{reserved} of {K} places kept for unseen candidates, the fewest of {list(drafts)} candidates within "
-             f"{tolerance:.1%} of the best recall@10", "valid": valid,
-             "grid": grid, "minutes": round((time.time() - t0) / 60, 1)}
+             f"{tolerance:.1%} of the best recall@10" + (
+                 "; the combiner's figures from the half it was not trained on" if fusion.combiner else ""),
+             "valid": valid, "grid": grid, **({"combiner_choice": learned} if learned else {}),
+             "minutes": round((time.time() - t0) / 60, 1)}
     path = Path(bundle_dir) / "bundle.json"
     text = path.read_text()
     meta = json.loads(text)

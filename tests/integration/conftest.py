@@ -156,6 +156,23 @@ def fused_bundle_dir(serving_bundle_dir, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def combiner_bundle_dir(fused_bundle_dir, tmp_path_factory) -> Path:
+    """The fused bundle with a learned combiner (seeded random weights) beside its weight: ``fused`` ranks by the
+    combiner."""
+    import numpy as np
+
+    from specrec.bundle import Bundle
+    from specrec.fusion import Combiner
+
+    b = Bundle.load(fused_bundle_dir)
+    rng = np.random.default_rng(4)
+    F = b.cfg.sid_len + 7
+    comb = Combiner(rng.normal(size=(F, 8)), rng.normal(size=8), rng.normal(size=8), 0.0)
+    b.meta["fusion"] = {**b.meta["fusion"], "combiner": comb.as_dict()}
+    return b.save(tmp_path_factory.mktemp("combiner") / "bundle")
+
+
+@pytest.fixture(scope="session")
 def serving_bundle(serving_bundle_dir):
     from specrec.bundle import Bundle
 
