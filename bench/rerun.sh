@@ -6,7 +6,7 @@
 #   bash bench/rerun.sh quality policies     # only these steps
 #   BUNDLE=runs/x bash bench/rerun.sh policies
 #
-# Steps: quality (GR + SASRec, TIGER protocol and --exclude-history, all test users; the learning curve),
+# Steps: quality (GR + SASRec, TIGER protocol and --exclude-history, all test users; the fusion curve; the learning curve),
 # policies (K=10/50, 500 random test users, the cost model), temporal (bundles/beauty-temporal, where its
 # unseen targets are lost, and the same users through the gateway), drafters, backends, profile (policies,
 # graphs, pass cost and floor), startup (cold and warm start), index (HNSW), serving, overload (the load
@@ -31,6 +31,8 @@ quality() {
   specrec eval --bundle "$BUNDLE" --batch-size 64 --exclude-history --save
   # every list a user of the stack can get, history excluded, all test users: fused ranking by both models
   specrec eval --bundle "$BUNDLE" --policies beam,fused,drafter --k 10 --exclude-history --save
+  # what the GR adds to SASRec's list at every fusion weight, validation (chooses) and test (reported only)
+  python -m bench.fusion_curve --bundle "$BUNDLE"
   python -m bench.learning_curve --bundle "$BUNDLE" --out bench/results/beauty_loo_learning_curve
 }
 policies() {
