@@ -5,6 +5,7 @@ becomes INTERNAL, and replicas share the load and survive losing one."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 
 import grpc
@@ -50,6 +51,7 @@ def slow_verifier(stack, seconds: float):
 
 @pytest.mark.asyncio(loop_scope="session")
 async def test_auto_answers_with_a_cheaper_model_when_the_verifier_is_slow(stack, serving_bundle):
+    gc.collect()  # the garbage of the tests before (their models and stacks) is not this test's stall
     hists = histories(serving_bundle, 50, seed=21)
     for h in hists[:10]:  # learn the costs with a fast verifier
         r = await stack.recommend(h, k=10, policy="auto", budget_ms=300)
@@ -82,8 +84,9 @@ async def test_auto_answers_with_a_cheaper_model_when_the_verifier_is_slow(stack
         probes = 2 * (1 + int(time.monotonic() - started[-20]))
         assert sum(fills[-20:]) <= probes, (served, fills, probes)
         # a verifier call that does not answer leaves the drafter its reserve: answers come within the budget
-        # (one stall of the shared event loop may push one past it; waiting for the 60 ms verifier would not)
-        assert np.percentile(totals, 90) <= 40 + GRACE_MS and max(totals) <= 80, totals
+        # (one stall of the interpreter the four services share may push one past it, in a full run once by 350 ms;
+        # waiting for the 60 ms verifier would push every verifier try past 80 ms)
+        assert np.percentile(totals, 90) <= 40 + GRACE_MS and sorted(totals)[-2] <= 80, totals
     finally:
         undo()
 
