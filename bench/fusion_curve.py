@@ -38,8 +38,8 @@ def curve(bundle_dir: Path) -> dict:
     ds, split = bundle_split(b)
     ex = split.test
     scored = score_users(b, ex, ex.full_histories(ds.sequences), fusion.drafts)
-    own = drafter_recall(scored, 0)
     share = float(b.meta.get("drafters", {}).get("unseen_share", 0.0))
+    own = drafter_recall(scored, int(round(share * 10)))  # SASRec's own list, its unseen places as served
     rows = []
     valid = {(g["norm"], round(g["weight"], 2)): g for g in b.meta["fusion"]["grid"] if g["drafts"] == fusion.drafts}
     valid_own = b.meta["fusion"]["valid"]["drafter"]["recall@10"]

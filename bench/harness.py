@@ -208,8 +208,7 @@ def open_stack(a, prefix: str, **stack_kw) -> tuple:
     tmp = Path(tempfile.mkdtemp(prefix=f"specrec-{prefix}-"))
     users_file = write_users(users, tmp / "users.json")
     stack = Stack(Path(a.bundle).resolve(), Redis(a.redis_url, tmp, a.private_redis), tmp / "logs", prefix,
-                  threads=a.threads,
-                  max_history=bundle.cfg.max_history, **stack_kw)
+                  threads=a.threads, max_history=bundle.cfg.max_history, **stack_kw)
     return bundle, users, tmp, users_file, stack
 
 

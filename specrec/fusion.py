@@ -271,21 +271,32 @@ def served_candidates(u: Scored, drafts: int, unseen_share: float = 0.0) -> np.n
                                 u.unseen))
 
 
-def recall_ndcg(users: Sequence[Scored], fusion: Fusion, k: int = 10, unseen_share: float = 0.0) -> tuple[float, float]:
-    """Recall@k and NDCG@k of the fused lists of ``users`` as served with an item drafter that reserves
-    ``unseen_share`` of its drafts (and of the list) for unseen items: each user's candidates are what a draft of
-    ``fusion.drafts`` gives (the first of a longer draft, its unseen share kept: :func:`top_reserved` in the
-    drafter's order)."""
-    rec = ndcg = 0.0
+def hit_places(users: Sequence[Scored], fusion: Fusion, k: int = 10, unseen_share: float = 0.0) -> np.ndarray:
+    """Per user, the place (0: first) of its target in its fused list of ``k`` as served with an item drafter that
+    reserves ``unseen_share`` of its drafts (and of the list) for unseen items, -1 where the list misses it: each
+    user's candidates are what a draft of ``fusion.drafts`` gives (the first of a longer draft, its unseen share
+    kept: :func:`top_reserved` in the drafter's order)."""
     reserved = int(round(unseen_share * k))
-    for u in users:
+    out = np.full(len(users), -1, dtype=np.int64)
+    for j, u in enumerate(users):
         c = served_candidates(u, fusion.drafts, unseen_share)
         top, _ = fusion.rank(u.items[c], u.token_logp[c], u.item_scores[c], u.unseen[c], k, reserved)
         hit = np.nonzero(top == u.target)[0]
         if len(hit):
-            rec += 1.0
-            ndcg += 1.0 / np.log2(hit[0] + 2)
-    return rec / max(1, len(users)), ndcg / max(1, len(users))
+            out[j] = hit[0]
+    return out
+
+
+def recall_ndcg(users: Sequence[Scored], fusion: Fusion, k: int = 10, unseen_share: float = 0.0) -> tuple[float, float]:
+    """Recall@k and NDCG@k of the fused lists of ``users`` as served (:func:`hit_places`)."""
+    return recall_ndcg_of(hit_places(users, fusion, k, unseen_share))
+
+
+def recall_ndcg_of(places: np.ndarray) -> tuple[float, float]:
+    """Recall and NDCG of lists from their targets' places (:func:`hit_places`; -1: missed)."""
+    hit = places >= 0
+    n = max(1, len(places))
+    return float(hit.sum()) / n, float((1.0 / np.log2(places[hit] + 2.0)).sum()) / n
 
 
 def choose(users: Sequence[Scored], drafts: Sequence[int] = (50,), k: int = 10,

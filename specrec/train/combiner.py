@@ -21,7 +21,17 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from ..fusion import Combiner, Fusion, Scored, choose, features, recall_ndcg, served_candidates
+from ..fusion import (
+    Combiner,
+    Fusion,
+    Scored,
+    choose,
+    features,
+    hit_places,
+    recall_ndcg,
+    recall_ndcg_of,
+    served_candidates,
+)
 
 
 def _batch(users: Sequence[Scored], drafts: int, unseen_share: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -111,9 +121,9 @@ def compare(users: Sequence[Scored], drafts: int, unseen_share: float = 0.0, k: 
     b = [users[i] for i in perm[half:]]
     mix, _ = choose(a, (drafts,), k, unseen_share=unseen_share)
     comb, curve = fit(a, drafts, unseen_share, hidden=hidden, epochs=epochs, seed=seed, k=k)
-    mix_b = recall_ndcg(b, mix, k, unseen_share)
-    comb_b = recall_ndcg(b, replace(mix, combiner=comb), k, unseen_share)
-    hits_mix, hits_comb = _hits(b, mix, k, unseen_share), _hits(b, replace(mix, combiner=comb), k, unseen_share)
+    at_mix, at_comb = hit_places(b, mix, k, unseen_share), hit_places(b, replace(mix, combiner=comb), k, unseen_share)
+    mix_b, comb_b = recall_ndcg_of(at_mix), recall_ndcg_of(at_comb)
+    hits_mix, hits_comb = at_mix >= 0, at_comb >= 0
     keep = comb_b[0] > mix_b[0]
     record = {
         "kept": bool(keep),
@@ -130,13 +140,3 @@ def compare(users: Sequence[Scored], drafts: int, unseen_share: float = 0.0, k: 
     }
     return (comb if keep else None), record
 
-
-def _hits(users: Sequence[Scored], fusion: Fusion, k: int, unseen_share: float) -> np.ndarray:
-    """Per user: whether the fused list of ``k`` holds the target."""
-    reserved = int(round(unseen_share * k))
-    out = np.zeros(len(users), dtype=bool)
-    for j, u in enumerate(users):
-        c = served_candidates(u, fusion.drafts, unseen_share)
-        top, _ = fusion.rank(u.items[c], u.token_logp[c], u.item_scores[c], u.unseen[c], k, reserved)
-        out[j] = bool((top == u.target).any())
-    return out
