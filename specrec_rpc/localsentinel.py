@@ -117,6 +117,10 @@ class LocalSentinel:
             self._wait(f"replica {port}", lambda p=port: self._client(p).info("replication")
                        .get("master_link_status") == "up", port=port,
                        log=self.workdir / f"redis-{port}" / "redis.log")
+        # A replica's link is up before it acknowledges writes: for up to a second after the sync, WAIT on the
+        # primary counts 0 replicas (seen here in half of the starts). Ready means a write reaches every replica.
+        self._wait("replicas acknowledging writes", lambda: self._acknowledged(primary) == self.replicas,
+                   port=primary, log=self.workdir / f"redis-{primary}" / "redis.log")
         self.sentinel_ports = [free_port() for _ in range(self.sentinels)]
         for port in self.sentinel_ports:
             d = self.workdir / f"sentinel-{port}"
@@ -135,6 +139,14 @@ class LocalSentinel:
             self._wait(f"sentinel {port}", lambda p=port: self._sentinel_ready(p), port=port,
                        log=self.workdir / f"sentinel-{port}" / "sentinel.log")
         return self
+
+    def _acknowledged(self, port: int) -> int:
+        """Replicas that hold a write made now (a probe key, deleted again), within 100 ms."""
+        p = self._client(port).pipeline(transaction=False)
+        p.set("localsentinel:ready", "1")
+        p.wait(self.replicas, 100)
+        p.delete("localsentinel:ready")
+        return int(p.execute()[1])
 
     def _sentinel_ready(self, port: int) -> bool:
         m = self._client(port).sentinel_master(self.master)
