@@ -41,6 +41,9 @@ from ..models.tiger import Tiger, TigerConfig
 from .batches import bucketed_batches, causal_chunks, history_batch
 from .soft_targets import SasrecTeacher, soft_level_loss
 
+#: model settings that only training reads: a run may start from weights trained with others
+TRAINING_ONLY = frozenset({"dropout", "label_smoothing"})
+
 
 class TrainConfig(BaseModel):
     """Training hyper-parameters (all saved with the run)."""
@@ -66,7 +69,7 @@ class TrainConfig(BaseModel):
     window_stride: int | None = None  # causal chunks overlap: a new chunk every this many targets (None = max_history)
     budget_minutes: float | None = None  # after the first epoch, plan the epochs (and the cosine) to fill this budget
     curve_limit: int = 0  # test users (a seeded random sample) scored at each validation for the learning curve only
-    init_from: str | None = None  # a bundle whose GR weights (same model config) start the run
+    init_from: str | None = None  # a bundle whose GR weights (same model config but TRAINING_ONLY) start the run
     teacher: str | None = None  # a bundle whose SASRec gives soft targets (:mod:`specrec.train.soft_targets`)
     distill_weight: float = 0.0  # the soft targets' share of the loss (the true next item keeps the rest)
     distill_temp: float = 1.0  # the teacher's softmax temperature
@@ -168,8 +171,10 @@ class Trainer:
         from ..bundle import Bundle
 
         src = Bundle.load(path)
-        if src.cfg.model_dump() != self.mcfg.model_dump():
-            raise ValueError(f"{path}: its GR model config differs from this run's")
+        theirs, ours = src.cfg.model_dump(), self.mcfg.model_dump()
+        differ = sorted(k for k in ours if theirs.get(k) != ours[k] and k not in TRAINING_ONLY)
+        if differ:  # the weights' shape and meaning must match; dropout and label smoothing may change
+            raise ValueError(f"{path}: its GR model config differs from this run's in {', '.join(differ)}")
         if not np.array_equal(src.sids, self.sids_np):
             raise ValueError(f"{path}: its semantic IDs differ from this run's (use --sids-from {path})")
         self.model.load_state_dict(src.model.state_dict())

@@ -298,3 +298,20 @@ def test_distillation_mixes_the_true_items_loss_with_the_teachers_and_trains(set
     assert soft > 0 and not torch.allclose(got, plain)
     tr.fit(progress=False)
     assert tr.history[-1]["loss"] < tr.history[0]["loss"]
+
+
+def test_a_run_starts_from_a_bundles_weights_with_other_dropout_but_not_another_shape(setup, tmp_path, synth):
+    split, cfg, sem, sids = setup
+    tr = _trainer(setup, tmp_path / "run", epochs=1)
+    tr.fit(progress=False)
+    Bundle("synthetic", synth.catalogue, sem, sids, split.seen, tr.model, {"protocol": "loo"}).save(tmp_path / "b")
+    more_dropout = cfg.model_copy(update={"dropout": 0.3})
+    base = dict(epochs=1, batch_size=64, valid_limit=200, init_from=str(tmp_path / "b"))
+    again = Trainer(more_dropout, TrainConfig(**base), sids, split.train, split.valid, tmp_path / "r2",
+                    log=lambda s: None)
+    saved = Bundle.load(tmp_path / "b").model.state_dict()
+    for (name, p), q in zip(again.model.state_dict().items(), saved.values()):
+        assert torch.equal(p, q), name
+    wider = cfg.model_copy(update={"d_ff": cfg.d_ff * 2})
+    with pytest.raises(ValueError, match="d_ff"):
+        Trainer(wider, TrainConfig(**base), sids, split.train, split.valid, tmp_path / "r3", log=lambda s: None)
