@@ -33,6 +33,8 @@ quality() {
   specrec eval --bundle "$BUNDLE" --policies beam,fused,drafter --k 10 --exclude-history --save
   # what the GR adds to SASRec's list at every fusion weight, validation (chooses) and test (reported only)
   python -m bench.fusion_curve --bundle "$BUNDLE"
+  # where the GR loses to SASRec between validation and test (losses per split, ranking by history length)
+  python -m bench.generalisation --bundle "$BUNDLE"
   python -m bench.learning_curve --bundle "$BUNDLE" --out bench/results/beauty_loo_learning_curve
 }
 policies() {
