@@ -93,7 +93,8 @@ def top10_by_length(scored, lengths) -> dict:
 def measure(bundle_dir: Path, users: int, seed: int, gr_weights: str | None = None) -> dict:
     from specrec.bundle import Bundle, bundle_split, load_weights
     from specrec.data.splits import sample_examples
-    from specrec.train.fusion import score_users
+    from specrec.fusion import recall_ndcg
+    from specrec.train.fusion import drafter_recall, score_users
 
     b = Bundle.load(bundle_dir)
     if b.sasrec is None or b.fusion is None:
@@ -102,10 +103,12 @@ def measure(bundle_dir: Path, users: int, seed: int, gr_weights: str | None = No
         load_weights(b.model, Path(gr_weights))
     ds, split = bundle_split(b)
     backend = b.backend(precision="float32")
+    share = float(b.meta.get("drafters", {}).get("unseen_share", 0.0))
     sets = {"train_last": last_training_examples(split), "valid": split.valid, "test": split.test}
     res: dict = {"bundle": str(bundle_dir), "gr_weights": gr_weights, "users": users, "seed": seed,
                  "dataset": b.meta.get("dataset", "beauty"), "protocol": b.meta.get("protocol", "loo"),
-                 "drafts": b.fusion.drafts, "nll": {}, "top10": {}}
+                 "drafts": b.fusion.drafts, "fusion": f"{b.fusion.norm} {b.fusion.weight:g}",
+                 "nll": {}, "top10": {}, "recall@10": {}}
     for name, ex in sets.items():
         ex = sample_examples(ex, users, seed)
         res["nll"][name] = {"gr": gr_nll(b, backend, ex), "sasrec": sasrec_nll(b.sasrec.eval(), ex)}
@@ -114,6 +117,9 @@ def measure(bundle_dir: Path, users: int, seed: int, gr_weights: str | None = No
         if name != "train_last":
             scored = score_users(b, ex, ex.full_histories(ds.sequences), b.fusion.drafts, backend=backend)
             res["top10"][name] = top10_by_length(scored, [len(h) for h in ex.full_histories(ds.sequences)])
+            own = drafter_recall(scored, int(round(share * 10)))[0]
+            fused = recall_ndcg(scored, b.fusion, 10, share)[0]
+            res["recall@10"][name] = {"sasrec": own, "fused": fused, "fused_ratio_vs_sasrec": fused / own}
     return res
 
 
@@ -182,6 +188,10 @@ def main(argv=None) -> int:
             if r["users"]:
                 md.append(f"| {split} | {span(r['lo'], r['hi'])} | {r['users']} | {r['gr']:.3f} | {r['sasrec']:.3f} | "
                           f"{r['gr'] / r['sasrec'] if r['sasrec'] else float('nan'):.3f} |")
+    md += ["", f"The fused list at the bundle's weight ({res['fusion']}) on the same users, history excluded:", "",
+           "| split | SASRec R@10 | fused R@10 | ratio |", "|---|---|---|---|"]
+    md += [f"| {n} | {r['sasrec']:.4f} | {r['fused']:.4f} | {r['fused_ratio_vs_sasrec']:.3f} |"
+           for n, r in res["recall@10"].items()]
     md.append(f"\n![generalisation]({name}.png)\n")
     publish(out, name, res, "\n".join(md) + "\n", keys)
     for k, v in keys.items():
