@@ -12,12 +12,15 @@ test is the part that validation cannot show when it chooses weights.
 
 Then, as ``tune-fusion`` scores users (:func:`specrec.train.fusion.score_users`: SASRec's best candidates,
 history excluded, the GR's log-probability of each), for the users whose target is among the candidates: the
-share that each model alone places in its top 10, by history length. ``--gr-weights`` scores another GR with
-the bundle's semantic IDs (a candidate's ``model.safetensors``) in place of the bundle's.
+share that each model alone places in its top 10, by history length; and again with each history's most recent
+item dropped (both models read one item less), which separates how each model reads the last item from the
+rest. ``--gr-weights`` scores another GR with the bundle's semantic IDs (a candidate's ``model.safetensors``) in
+place of the bundle's.
 
 Keys (``<dataset>.<protocol>.``, the bundle's own GR only): ``gr.nll_step_valid_to_test`` and
 ``sasrec.nll_step_valid_to_test`` (nats per target), ``gr_reranked.top10_share_ratio_vs_sasrec.valid`` and
-``.test`` (the GR's top-10 share over SASRec's, among targets in the candidates). Writes
+``.test`` (the GR's top-10 share over SASRec's, among targets in the candidates) and ``.test_without_last_item``
+(the same with each history's most recent item dropped: what the GR makes of the rest of the history). Writes
 ``<dataset>_<protocol>_generalisation.{json,md,png}``.
 """
 
@@ -108,7 +111,7 @@ def measure(bundle_dir: Path, users: int, seed: int, gr_weights: str | None = No
     res: dict = {"bundle": str(bundle_dir), "gr_weights": gr_weights, "users": users, "seed": seed,
                  "dataset": b.meta.get("dataset", "beauty"), "protocol": b.meta.get("protocol", "loo"),
                  "drafts": b.fusion.drafts, "fusion": f"{b.fusion.norm} {b.fusion.weight:g}",
-                 "nll": {}, "top10": {}, "recall@10": {}}
+                 "nll": {}, "top10": {}, "recall@10": {}, "top10_without_last_item": {}}
     for name, ex in sets.items():
         ex = sample_examples(ex, users, seed)
         res["nll"][name] = {"gr": gr_nll(b, backend, ex), "sasrec": sasrec_nll(b.sasrec.eval(), ex)}
@@ -120,7 +123,25 @@ def measure(bundle_dir: Path, users: int, seed: int, gr_weights: str | None = No
             own = drafter_recall(scored, int(round(share * 10)))[0]
             fused = recall_ndcg(scored, b.fusion, 10, share)[0]
             res["recall@10"][name] = {"sasrec": own, "fused": fused, "fused_ratio_vs_sasrec": fused / own}
+            full = ex.full_histories(ds.sequences)
+            short = without_last_item(ex, full, split.max_history)  # both models read one item less, same exclusion
+            t = top10_by_length(score_users(b, short, full, b.fusion.drafts, backend=backend),
+                                [len(h) - 1 for h in full])
+            res["top10_without_last_item"][name] = {k: t[k] for k in ("in_candidates", "gr", "sasrec")}
     return res
+
+
+def without_last_item(ex, full: list[np.ndarray], max_history: int):
+    """The same users and targets, each history (``full``: the whole of it, oldest first) without its most recent
+    item, cut to the model's window."""
+    from specrec.data.splits import PAD, Examples
+
+    hist = np.full_like(ex.history, PAD)
+    for i, h in enumerate(full):
+        kept = np.asarray(h[:-1][-max_history:], dtype=np.int64)
+        if len(kept):
+            hist[i, max_history - len(kept):] = kept
+    return Examples(hist, ex.target, ex.user, ex.position)
 
 
 def plot(res: dict, path: Path) -> None:
@@ -169,7 +190,9 @@ def main(argv=None) -> int:
     keys = {f"{p}.gr.nll_step_valid_to_test": nll["test"]["gr"] - nll["valid"]["gr"],
             f"{p}.sasrec.nll_step_valid_to_test": nll["test"]["sasrec"] - nll["valid"]["sasrec"],
             f"{p}.gr_reranked.top10_share_ratio_vs_sasrec.valid": top["valid"]["gr"] / top["valid"]["sasrec"],
-            f"{p}.gr_reranked.top10_share_ratio_vs_sasrec.test": top["test"]["gr"] / top["test"]["sasrec"]}
+            f"{p}.gr_reranked.top10_share_ratio_vs_sasrec.test": top["test"]["gr"] / top["test"]["sasrec"],
+            f"{p}.gr_reranked.top10_share_ratio_vs_sasrec.test_without_last_item":
+                res["top10_without_last_item"]["test"]["gr"] / res["top10_without_last_item"]["test"]["sasrec"]}
     name = f"{res['dataset']}_{res['protocol']}_generalisation"
     if a.gr_weights:  # a candidate's figures are for the record, not the bundle's keys
         name, keys = name + "_candidate", {}
@@ -188,6 +211,11 @@ def main(argv=None) -> int:
             if r["users"]:
                 md.append(f"| {split} | {span(r['lo'], r['hi'])} | {r['users']} | {r['gr']:.3f} | {r['sasrec']:.3f} | "
                           f"{r['gr'] / r['sasrec'] if r['sasrec'] else float('nan'):.3f} |")
+    md += ["", "The same users with each history's most recent item dropped (both models read one item less; "
+           "the candidates still exclude the whole history):", "", "| split | users | GR | SASRec | GR / SASRec |",
+           "|---|---|---|---|---|"]
+    md += [f"| {n} | {t['in_candidates']} | {t['gr']:.3f} | {t['sasrec']:.3f} | {t['gr'] / t['sasrec']:.3f} |"
+           for n, t in res["top10_without_last_item"].items()]
     md += ["", f"The fused list at the bundle's weight ({res['fusion']}) on the same users, history excluded:", "",
            "| split | SASRec R@10 | fused R@10 | ratio |", "|---|---|---|---|"]
     md += [f"| {n} | {r['sasrec']:.4f} | {r['fused']:.4f} | {r['fused_ratio_vs_sasrec']:.3f} |"

@@ -33,7 +33,7 @@ WRITERS: dict[str, list[str]] = {
                 r"beauty\.loo\.fused\.excl\.best_recall_ratio_any_weight",
                 # bench.generalisation: the step from validation to test, and where the GR's ranking loses
                 r"beauty\.loo\.(gr|sasrec)\.nll_step_valid_to_test",
-                r"beauty\.loo\.gr_reranked\.top10_share_ratio_vs_sasrec\.(valid|test)"],
+                r"beauty\.loo\.gr_reranked\.top10_share_ratio_vs_sasrec\.(valid|test|test_without_last_item)"],
     "policies": [rf"beauty\.loo\.{_P}(\.k50)?\.(recall|ndcg)@\d+",  # beam's: the quality step's (all users)
                  rf"beauty\.loo\.{_P}(\.k50)?\.(speedup_vs_beam|recall_ratio_vs_beam|recall@10_ratio_vs_beam"
                  r"|equal_to_beam|no_fallback_share|drafted_level_coverage|whole_frontier_share|item_acceptance"

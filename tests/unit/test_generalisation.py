@@ -37,3 +37,18 @@ def test_the_last_training_example_of_each_user_is_the_one_before_validation(syn
     valid_pos = dict(zip(split.valid.user.tolist(), split.valid.position.tolist()))
     for u, p in zip(last.user.tolist(), last.position.tolist()):
         assert p == valid_pos[u] - 1
+
+
+def test_without_last_item_drops_the_most_recent_and_refills_the_window_from_before():
+    from bench.generalisation import without_last_item
+    from specrec.data.splits import PAD, Examples
+
+    full = [np.arange(10, 18), np.array([7, 8]), np.array([5])]
+    hist = np.full((3, 4), PAD)
+    for i, h in enumerate(full):
+        w = h[-4:]
+        hist[i, 4 - len(w):] = w
+    ex = Examples(hist, np.array([1, 2, 3]), np.arange(3), np.array([8, 2, 1]))
+    short = without_last_item(ex, full, 4)
+    assert short.history.tolist() == [[13, 14, 15, 16], [PAD, PAD, PAD, 7], [PAD] * 4]
+    assert short.target.tolist() == [1, 2, 3] and ex.history[0].tolist() == [14, 15, 16, 17]
