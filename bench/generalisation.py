@@ -197,6 +197,7 @@ def main(argv=None) -> int:
     if a.gr_weights:  # a candidate's figures are for the record, not the bundle's keys
         name, keys = name + "_candidate", {}
     out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
     plot(res, out / f"{name}.png")
     md = [f"# Where the GR loses to SASRec between validation and test\n\n`{res['command']}`: {a.users} users "
           f"per split (seed {a.seed}).\n", "| targets | GR NLL (nats) | SASRec NLL (nats) |", "|---|---|---|"]
