@@ -74,13 +74,15 @@ def sasrec_nll(sasrec, ex, batch: int = 512) -> float:
 
 def top10_by_length(scored, lengths) -> dict:
     """Among users whose target is a candidate: each model's share of targets in its own top 10, per length."""
+    from specrec.fusion import gr_logp
+
     rows = []
     for s, n in zip(scored, lengths):
         where = np.flatnonzero(s.items == s.target)
         if not len(where):
             continue
         j = int(where[0])
-        gr = s.token_logp.sum(1)
+        gr = gr_logp(s.token_logp, s.unseen)  # the GR's score of each candidate, as the fused list reads it
         rows.append((n, int((gr > gr[j]).sum()) < 10, j < 10))
     a = np.array(rows, dtype=np.int64).reshape(-1, 3)
     by_length = []
@@ -118,12 +120,12 @@ def measure(bundle_dir: Path, users: int, seed: int, gr_weights: str | None = No
         print(f"{name}: NLL per target GR {res['nll'][name]['gr']:.3f}, SASRec {res['nll'][name]['sasrec']:.3f}",
               flush=True)
         if name != "train_last":
-            scored = score_users(b, ex, ex.full_histories(ds.sequences), b.fusion.drafts, backend=backend)
-            res["top10"][name] = top10_by_length(scored, [len(h) for h in ex.full_histories(ds.sequences)])
+            full = ex.full_histories(ds.sequences)
+            scored = score_users(b, ex, full, b.fusion.drafts, backend=backend)
+            res["top10"][name] = top10_by_length(scored, [len(h) for h in full])
             own = drafter_recall(scored, int(round(share * 10)))[0]
             fused = recall_ndcg(scored, b.fusion, 10, share)[0]
             res["recall@10"][name] = {"sasrec": own, "fused": fused, "fused_ratio_vs_sasrec": fused / own}
-            full = ex.full_histories(ds.sequences)
             short = without_last_item(ex, full, split.max_history)  # both models read one item less, same exclusion
             t = top10_by_length(score_users(b, short, full, b.fusion.drafts, backend=backend),
                                 [len(h) - 1 for h in full])
