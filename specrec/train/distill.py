@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 
 from ..data.splits import Examples, Split, sample_examples
 from ..decoding.searches import SearchState
+from ..decoding.searches import beam as beam_search
 from ..ids.trie import SidTrie
 from ..models.hotpath import Cross, FusedHotPath, child_tables
 from ..models.sid_mlp import SidMlpConfig, SidMlpDrafter
@@ -145,6 +146,28 @@ def run_frontier(fused: FusedHotPath, tables: list[torch.Tensor], hist_sids: tor
             flat = (par + torch.arange(r).view(r, 1) * b).reshape(-1)
             past = [(k.index_select(0, flat), v.index_select(0, flat)) for k, v in past]
         tokens = state.codes[:, :, -1].clamp(min=0) + fused.offsets[level]  # type: ignore[index]
+    return h0, root, levels, state
+
+
+@torch.inference_mode()
+def target_frontier(fused: FusedHotPath, tables: list[torch.Tensor], hist_sids: torch.Tensor, width: int,
+                    keep_logp: bool = True):
+    """The target's constrained beam search on [R, H, L] histories, the serving search itself
+    (:func:`specrec.decoding.searches.beam.search`), keeping what distillation reads: (h0 [R, d], root log-probs
+    [R, V0], per level j >= 1 (prefixes [R, W, j], alive [R, W], log-probs [R, W, V_j]; None without
+    ``keep_logp``), the final state)."""
+    keep, ck, cv = fused.encode(hist_sids)
+    sizes = fused.cfg.level_sizes
+    seen: list = []
+
+    def watch(level: int, state: SearchState, hid: torch.Tensor, logp: torch.Tensor) -> None:
+        if level == 0:
+            seen.append((hid[:, 0], logp[:, 0, : sizes[0]]))
+        else:
+            seen.append((state.codes, state.nodes >= 0, logp[..., : sizes[level]] if keep_logp else None))
+
+    state = beam_search.search(fused, fused.cross(keep, ck, cv), tables, width, watch)
+    (h0, root), levels = seen[0], seen[1:]
     return h0, root, levels, state
 
 
