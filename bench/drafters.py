@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     from specrec.decoding.searches.head import nezha_beam_search
     from specrec.models.hotpath import FusedHotPath, child_tables
     from specrec.train.batches import history_batch
-    from specrec.train.distill import _cat_padded, drafter_beams, frontier_coverage, run_frontier
+    from specrec.train.distill import cat_padded, drafter_beams, frontier_coverage, target_frontier
 
     b = Bundle.load(a.bundle)
     if b.sid_mlp is None:
@@ -78,7 +78,7 @@ def main(argv=None) -> int:
         for s in range(0, len(ex), 250):
             hist = history_batch(b.sids_t, ex.history[s : s + 250])
             with torch.inference_mode():
-                h0, root, levels, _ = run_frontier(fused, tables, hist, k, keep_logp=False)
+                h0, root, levels, _ = target_frontier(fused, tables, hist, k, keep_logp=False)
                 enc = eager.encode(b.history_sids(list(ex.history[s : s + 250])))
             for j, (c, al, _) in enumerate(levels):
                 tgt[j].append(c.numpy())
@@ -107,8 +107,8 @@ def main(argv=None) -> int:
         for (fam, n), d in drafted.items():
             if not d[0]:
                 continue
-            rep = frontier_coverage([_cat_padded(x, fill=-1) for x in d], [_cat_padded(t) for t in tgt],
-                                    [_cat_padded(x, fill=False) for x in alive], sizes)
+            rep = frontier_coverage([cat_padded(x, fill=-1) for x in d], [cat_padded(t) for t in tgt],
+                                    [cat_padded(x, fill=False) for x in alive], sizes)
             cov[f"{fam}.k{k}.n{n}"] = rep
             print(f"K={k} {fam:10s} N={n:3d}: per level {[round(x, 3) for x in rep['levels']]}  "
                   f"mean {rep['mean']:.3f}  whole frontier {rep['whole']:.3f}", flush=True)

@@ -2,8 +2,9 @@
 
 What verification needs is that the drafter's beams hold the target's
 *frontier*: the prefixes the target's own beam search keeps after every level.
-So the training data is the target's beam search itself, computed once per
-model and cached (:func:`teacher_frontier`): for each training history, the
+So the training data is the target's beam search itself, the serving search
+(:func:`specrec.decoding.searches.beam.search`, read by :func:`target_frontier`),
+computed once per model and cached (:func:`teacher_frontier`): for each training history, the
 BOS state ``h0`` and, at every level j >= 1, the width-W beams the target kept
 after level j-1 with the target's full next-level distribution there. The
 drafter learns KL(p || q) at those prefixes (:func:`distill_loss`), optionally
@@ -24,7 +25,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -35,10 +35,14 @@ from ..data.splits import Examples, Split, sample_examples
 from ..decoding.searches import SearchState
 from ..decoding.searches import beam as beam_search
 from ..ids.trie import SidTrie
-from ..models.hotpath import Cross, FusedHotPath, child_tables
+from ..models.hotpath import FusedHotPath, child_tables
 from ..models.sid_mlp import SidMlpConfig, SidMlpDrafter
-from ..models.tiger import BOS_TOKEN, Tiger
+from ..models.tiger import Tiger
 from .batches import history_batch
+
+#: histories per call of the target's search when reading its frontier: the serving search's ancestor gathers
+#: stay in the CPU's caches at 64 rows x 32 beams (about 14 ms a history against 26 at 256, rough, 2 shared cores)
+FRONTIER_BATCH = 64
 
 
 class DistillConfig(BaseModel):
@@ -98,57 +102,6 @@ class Frontier:
                    [z[f"logp{j}"] for j in range(n)])
 
 
-def _grow_step(fused: FusedHotPath, x: torch.Tensor, r: int, past: list, cross: Cross):
-    """One decoder position for N = r * B sequences, x [N, d] (token + position embedded), with the keys and
-    values of earlier positions ``past`` (per layer (k [N, h, t, dk], v), already in beam order; grown in place):
-    the serving path's decoder (:meth:`FusedHotPath.decoder`) with a growing cache, since at training batch
-    sizes the static cache of the serving step is mostly copying."""
-    n = x.shape[0]
-    b = n // r
-
-    def growing(i: int, layer: Any, h: torch.Tensor) -> torch.Tensor:
-        qkv = (h @ layer.qkv).view(n, 3, fused.h, 1, fused.dk)
-        k, v = qkv[:, 1], qkv[:, 2]
-        if past[i] is not None:
-            k, v = torch.cat([past[i][0], k], 2), torch.cat([past[i][1], v], 2)
-        past[i] = (k, v)
-        a = torch.softmax(qkv[:, 0] @ k.transpose(-1, -2), dim=-1) @ v  # [N, h, 1, dk]
-        return a.transpose(1, 2).reshape(r, b, fused.inner)
-
-    return fused.decoder(x.view(r, b, fused.d), cross, growing).reshape(n, fused.d)
-
-
-@torch.inference_mode()
-def run_frontier(fused: FusedHotPath, tables: list[torch.Tensor], hist_sids: torch.Tensor, width: int,
-                 keep_logp: bool = True):
-    """The target's constrained beam search on [R, H, L] histories, keeping what distillation reads:
-    (h0 [R, d], root log-probs [R, V0], per level j >= 1 (prefixes [R, W, j], alive [R, W], log-probs [R, W, V_j]),
-    the final state). The same search as the serving graph's (same top-k), with a growing cache."""
-    keep, ck, cv = fused.encode(hist_sids)
-    cross = fused.cross(keep, ck, cv)  # once: every level's pass reads it
-    r = keep.shape[0]
-    sizes = fused.cfg.level_sizes
-    tokens = torch.full((r, 1), BOS_TOKEN, dtype=torch.int64)
-    past: list = [None] * len(fused.dec_layers)
-    state = SearchState.root(r)
-    h0 = root = None
-    levels = []
-    for level in range(fused.L):
-        b = tokens.shape[1]
-        hid = _grow_step(fused, (fused.tok[tokens] + fused.dec_pos[level]).reshape(r * b, fused.d), r, past, cross)
-        logp = fused.level_logprobs(hid, level).view(r, b, fused.vmax)
-        if level == 0:
-            h0, root = hid, logp[:, 0, : sizes[0]]
-        else:
-            levels.append((state.codes, state.nodes >= 0, logp[..., : sizes[level]] if keep_logp else None))
-        state, par = state.advance(logp, tables[level], width)
-        if level + 1 < fused.L:
-            flat = (par + torch.arange(r).view(r, 1) * b).reshape(-1)
-            past = [(k.index_select(0, flat), v.index_select(0, flat)) for k, v in past]
-        tokens = state.codes[:, :, -1].clamp(min=0) + fused.offsets[level]  # type: ignore[index]
-    return h0, root, levels, state
-
-
 @torch.inference_mode()
 def target_frontier(fused: FusedHotPath, tables: list[torch.Tensor], hist_sids: torch.Tensor, width: int,
                     keep_logp: bool = True):
@@ -182,8 +135,8 @@ def _key(gr: Tiger, ex: Examples, sids: np.ndarray, width: int) -> str:
 
 
 def teacher_frontier(gr: Tiger, ex: Examples, sids: np.ndarray, trie: SidTrie, width: int, cache: Path | None = None,
-                     batch_size: int = 256, progress: bool = True) -> Frontier:
-    """:func:`run_frontier` over every example, in batches, cached on disk by content."""
+                     batch_size: int = FRONTIER_BATCH, progress: bool = True) -> Frontier:
+    """:func:`target_frontier` over every example, in batches, cached on disk by content."""
     path = None if cache is None else cache / f"frontier_w{width}_{_key(gr, ex, sids, width)}.npz"
     if path is not None and path.exists():
         return Frontier.load(path)
@@ -195,22 +148,23 @@ def teacher_frontier(gr: Tiger, ex: Examples, sids: np.ndarray, trie: SidTrie, w
     parts: list = []
     for s in tqdm(range(0, len(ex), batch_size), desc=f"target frontier (width {width})", disable=not progress,
                   leave=False):
-        h0, root, levels, _ = run_frontier(fused, tables, history_batch(sids_t, ex.history[s : s + batch_size]), width)
+        h0, root, levels, _ = target_frontier(fused, tables, history_batch(sids_t, ex.history[s : s + batch_size]),
+                                              width)
         parts.append((h0.numpy().astype(np.float16), root.numpy().astype(np.float16),
                       [(c.numpy().astype(np.uint8 if max(trie.level_sizes) <= 256 else np.int32), a.numpy(),
                         p.numpy().astype(np.float16)) for c, a, p in levels]))
     n_lv = len(parts[0][2])
     out = Frontier(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
-                   [_cat_padded([p[2][j][0] for p in parts]) for j in range(n_lv)],
-                   [_cat_padded([p[2][j][1] for p in parts]) for j in range(n_lv)],
-                   [_cat_padded([p[2][j][2] for p in parts], fill=-np.inf) for j in range(n_lv)])
+                   [cat_padded([p[2][j][0] for p in parts]) for j in range(n_lv)],
+                   [cat_padded([p[2][j][1] for p in parts]) for j in range(n_lv)],
+                   [cat_padded([p[2][j][2] for p in parts], fill=-np.inf) for j in range(n_lv)])
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         out.save(path)
     return out
 
 
-def _cat_padded(xs: list[np.ndarray], fill=0) -> np.ndarray:
+def cat_padded(xs: list[np.ndarray], fill=0) -> np.ndarray:
     """Concatenate along axis 0, padding axis 1 (beams: a batch of short catalogues may keep fewer) to the widest."""
     w = max(x.shape[1] for x in xs)
     out = []
@@ -280,7 +234,7 @@ def frontier_coverage(drafted: list[np.ndarray], target: list[np.ndarray], targe
 
 
 def coverage_report(drafter: SidMlpDrafter, fused: FusedHotPath, tables, sids_t: torch.Tensor, ex: Examples,
-                    k: int, ns: list[int], batch_size: int = 256) -> dict:
+                    k: int, ns: list[int], batch_size: int = FRONTIER_BATCH) -> dict:
     """Frontier coverage of the target's width-``k`` beams by the drafter's ``n`` beams, for each n in ``ns``
     (level 1 exact: the target's top-k), on examples ``ex``."""
     sizes = fused.cfg.level_sizes
@@ -290,8 +244,8 @@ def coverage_report(drafter: SidMlpDrafter, fused: FusedHotPath, tables, sids_t:
     target: list = [[] for _ in range(L - 1)]
     alive: list = [[] for _ in range(L - 1)]
     for s in range(0, len(ex), batch_size):
-        h0, root, levels, _ = run_frontier(fused, tables, history_batch(sids_t, ex.history[s : s + batch_size]), k,
-                                           keep_logp=False)
+        h0, root, levels, _ = target_frontier(fused, tables, history_batch(sids_t, ex.history[s : s + batch_size]), k,
+                                              keep_logp=False)
         for j, (c, a, _) in enumerate(levels):  # the target's kept prefixes after levels 0..L-2 (lengths 1..L-1)
             target[j].append(c.numpy())
             alive[j].append(a.numpy())
@@ -300,8 +254,8 @@ def coverage_report(drafter: SidMlpDrafter, fused: FusedHotPath, tables, sids_t:
             for j in range(L - 1):
                 drafted[n][j].append(beams[j].numpy())
     for n in ns:
-        res[n] = frontier_coverage([_cat_padded(d, fill=-1) for d in drafted[n]], [_cat_padded(t) for t in target],
-                                   [_cat_padded(a, fill=False) for a in alive], sizes)
+        res[n] = frontier_coverage([cat_padded(d, fill=-1) for d in drafted[n]], [cat_padded(t) for t in target],
+                                   [cat_padded(a, fill=False) for a in alive], sizes)
     return res
 
 

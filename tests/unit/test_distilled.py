@@ -17,7 +17,7 @@ from specrec.train.distill import (
     distill_loss,
     drafter_beams,
     frontier_coverage,
-    run_frontier,
+    target_frontier,
     teacher_frontier,
 )
 
@@ -117,7 +117,7 @@ def test_distillation_teaches_the_target_frontier():
         with torch.no_grad():
             from specrec.train.batches import history_batch
 
-            h0, root, levels, _ = run_frontier(fused, tables, history_batch(torch.from_numpy(sids), hist), 4, False)
+            h0, root, levels, _ = target_frontier(fused, tables, history_batch(torch.from_numpy(sids), hist), 4, False)
             beams = drafter_beams(drafter, h0, root, tables, [4, 4, 4])
         return frontier_coverage([b.numpy() for b in beams], [c.numpy() for c, _, _ in levels],
                                  [a.numpy() for _, a, _ in levels], model.cfg.level_sizes)
