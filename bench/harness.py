@@ -68,7 +68,7 @@ def raise_on_signals(*signums: int) -> None:
     """Turn these signals into KeyboardInterrupt, so that a script's ``finally`` stops the stack it started
     (its services run in sessions of their own and would outlive it)."""
 
-    def _interrupt(signum, frame):
+    def _interrupt(signum, _frame):
         raise KeyboardInterrupt(f"signal {signum}")
 
     for s in signums or (signal.SIGTERM,):

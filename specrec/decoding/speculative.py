@@ -76,14 +76,6 @@ class SampleStats:
     def accepted_tokens(self) -> int:
         return int(self.accepted.sum())
 
-    @property
-    def drafted_by_position(self) -> list[int]:
-        return self.drafted.sum(0).tolist()
-
-    @property
-    def accepted_by_position(self) -> list[int]:
-        return self.accepted.sum(0).tolist()
-
 
 def speculative_sample(
     p_fn: Callable[[torch.Tensor], list[torch.Tensor]],

@@ -57,10 +57,6 @@ class VectorDrafter:
         self._lock = threading.Lock()
         self._users: OrderedDict[bytes, np.ndarray] = OrderedDict()
 
-    @property
-    def index_kind(self) -> str:
-        return type(self.index).__name__
-
     def user_vectors(self, histories: Sequence[np.ndarray]) -> np.ndarray:  # pragma: no cover - abstract
         raise NotImplementedError
 

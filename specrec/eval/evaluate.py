@@ -101,17 +101,6 @@ def compare(
     return out
 
 
-def policy_ranker(policy) -> Ranker:
-    """A policy (see :mod:`specrec.policies`) as a ranker."""
-    from ..policies.requests import RecRequest
-
-    def rank(histories: list[np.ndarray], k: int) -> np.ndarray:
-        res = policy.run([RecRequest(np.asarray(h, dtype=np.int64), k) for h in histories])
-        return np.stack([r.items for r in res])
-
-    return rank
-
-
 def beam_ranker(bundle, width: int, backend=None) -> Ranker:
     """The baseline: trie-constrained beam search with a KV cache."""
     from ..decoding.beam import beam_search

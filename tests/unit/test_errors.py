@@ -100,7 +100,7 @@ class SessionGone(LookupError):
 def test_a_reason_travels_in_the_status_details_and_the_client_reads_it_from_there():
     """An error registered with a reason aborts with google.rpc.ErrorInfo(reason, domain) in the details;
     the gateway's client raises SessionLost from that reason alone."""
-    from gateway.remote import SessionLost, _raise_for
+    from gateway.calls import SessionLost, raise_for
     from specrec_rpc.errors import DOMAIN, Reason, reason_of_rpc, register
 
     register(SessionGone, grpc.StatusCode.FAILED_PRECONDITION, reason=Reason.SESSION_LOST)
@@ -110,18 +110,19 @@ def test_a_reason_travels_in_the_status_details_and_the_client_reads_it_from_the
     err = RpcError(ctx.status.code, ctx.status.details, ctx.status.trailing_metadata)
     assert reason_of_rpc(err) == Reason.SESSION_LOST and DOMAIN == "specrec"
     with pytest.raises(SessionLost):
-        _raise_for("verifier", err)
+        raise_for("verifier", err)
 
 
 def test_a_message_that_mentions_a_session_is_not_a_lost_session():
     """Without the SESSION_LOST reason a FAILED_PRECONDITION is a refusal, whatever its text says."""
-    from gateway.remote import DependencyDown, _raise_for
+    from gateway.calls import raise_for
+    from specrec.policies.errors import DependencyDown
     from specrec_rpc.errors import reason_of_rpc
 
     err = RpcError(grpc.StatusCode.FAILED_PRECONDITION, "session: its beam search is already complete")
     assert reason_of_rpc(err) is None
     with pytest.raises(DependencyDown) as e:
-        _raise_for("verifier", err)
+        raise_for("verifier", err)
     assert e.value.code == "FAILED_PRECONDITION" and not e.value.unreachable
 
 
@@ -145,8 +146,9 @@ def test_a_reason_of_another_domain_or_unknown_to_the_client_is_none():
     (grpc.StatusCode.RESOURCE_EXHAUSTED, False),
 ])
 def test_a_dependency_that_refused_is_not_counted_as_down(code, unreachable):
-    from gateway.remote import DependencyDown, _raise_for
+    from gateway.calls import raise_for
+    from specrec.policies.errors import DependencyDown
 
     with pytest.raises(DependencyDown) as e:
-        _raise_for("drafter", RpcError(code, "no item of the history is in the catalogue"))
+        raise_for("drafter", RpcError(code, "no item of the history is in the catalogue"))
     assert e.value.which == "drafter" and e.value.unreachable is unreachable
