@@ -49,6 +49,9 @@ from .models.sid_mlp import SidMlpConfig, SidMlpDrafter
 from .models.tiger import Tiger, TigerConfig
 
 FORMAT_VERSION = 1
+#: held-out test histories shipped in a bundle (written by :func:`specrec.pipeline.write_demo_histories`): the
+#: local stack's demo shows the real model without the dataset
+DEMO_HISTORIES = "demo_histories.json"
 
 
 def save_weights(module: nn.Module, path: Path, half: bool = True) -> None:

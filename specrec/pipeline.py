@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .bundle import Bundle, round_to_half
+from .bundle import DEMO_HISTORIES, Bundle, round_to_half
 from .data.dataset import Dataset
 from .data.open import open_dataset
 from .data.splits import Split, make_split
@@ -38,9 +38,6 @@ def fit_semantic_ids(
         report["inductive"] = a.report
     report.update(sem.report(sids).as_dict())
     return sem, sids, report
-
-
-DEMO_HISTORIES = "demo_histories.json"
 
 
 def write_demo_histories(bundle_dir: str | Path, split, n: int = 50, seed: int = 7) -> Path:

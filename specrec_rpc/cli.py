@@ -27,6 +27,7 @@ PORTS = {"itemset": 50051, "drafter": 50052, "verifier": 50053, "gateway": 50050
 METRICS = {"itemset": 9101, "drafter": 9102, "verifier": 9103, "gateway": 9100}
 BEAUTY_BUNDLE = ROOT / "bundles" / "beauty-loo"
 SYNTH_BUNDLE = ROOT / "runs" / "synthetic-stack" / "bundle"
+SYNTH_RECIPE = ROOT / "recipes" / "synthetic-stack.json"
 
 
 def _say(msg: str) -> None:
@@ -40,16 +41,11 @@ def _ensure_bundle(a) -> Path:
         return BEAUTY_BUNDLE
     if (SYNTH_BUNDLE / "retrieval.safetensors").exists():
         return SYNTH_BUNDLE
-    _say("no committed bundle here: building a small synthetic bundle (a few minutes, once)")
-    from specrec.models.tiger import TigerConfig
-    from specrec.pipeline import build, train_drafters
-    from specrec.train.trainer import TrainConfig
-
-    mcfg = TigerConfig(level_sizes=[32, 32, 32, 64], d_model=64, n_heads=4, d_kv=16, d_ff=256,
-                       n_enc_layers=2, n_dec_layers=2, max_history=20)
-    out = SYNTH_BUNDLE.parent
-    b = build(None, out, "temporal", mcfg, TrainConfig(epochs=8, warmup_steps=50, valid_limit=500), resume=False)
-    train_drafters(b, out / "bundle", epochs={"retrieval": 8, "self": 4, "nezha": 3})
+    _say("no committed bundle here: building a small synthetic bundle (specrec build-bundle with "
+         f"{SYNTH_RECIPE.relative_to(ROOT)}; a few minutes, once)")
+    # the core CLI trains it: serving code never imports training (pyproject [tool.importlinter])
+    subprocess.run([sys.executable, "-m", "specrec.cli", "build-bundle", "--data", "synthetic", "--protocol",
+                    "temporal", "--out", str(SYNTH_BUNDLE.parent), "--recipe", str(SYNTH_RECIPE)], check=True)
     return SYNTH_BUNDLE
 
 
@@ -125,7 +121,7 @@ def _demo(bundle: Path, n: int, budget_ms: float) -> None:
 def _sample_histories(meta: dict, ids: list[str], n: int, bundle: Path | None = None) -> list[list[str]]:
     import numpy as np
 
-    from specrec.pipeline import DEMO_HISTORIES
+    from specrec.bundle import DEMO_HISTORIES
 
     demo = bundle / DEMO_HISTORIES if bundle is not None else None
     if demo is not None and demo.exists():  # held-out test histories shipped with the bundle

@@ -2,10 +2,13 @@
 stage after it, the minutes per stage in bundle.json."""
 
 import json
+from pathlib import Path
 
 import pytest
 
 from specrec.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
 
 TINY_GR = ["--codebook-size", "16", "--levels", "2", "--collision-size", "64", "--d-model", "32", "--heads", "2",
            "--d-kv", "16", "--d-ff", "64", "--enc-layers", "1", "--dec-layers", "1", "--max-history", "8",
@@ -59,3 +62,38 @@ def test_a_recipe_naming_an_unknown_stage_or_options_that_are_not_strings_is_ref
     with pytest.raises(SystemExit, match="list of strings"):
         read_recipe(str(f))
     assert read_recipe(None)["graphs"] == []
+
+
+@pytest.mark.parametrize("recipe", sorted((ROOT / "recipes").glob("*.json")), ids=lambda p: p.name)
+def test_every_committed_recipe_gives_each_stage_options_its_command_takes(recipe):
+    """A typo in a recipe fails here, not minutes into a build (``specrec stack up`` builds from one)."""
+    import argparse
+
+    from specrec.commands.build_bundle import STAGES, read_recipe
+
+    parser = argparse.ArgumentParser(prog="specrec", exit_on_error=False)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    for s in STAGES:
+        s.command.add_parser(sub)
+    fake = argparse.Namespace(data="synthetic", protocol="temporal")
+    for s in STAGES:
+        opts = read_recipe(str(recipe))[s.name]
+        if opts is not None:
+            args = parser.parse_args([s.cmd, *s.place(fake, ROOT / "runs" / "x"), *opts])
+            assert args.cmd == s.cmd
+
+
+def test_the_local_stack_recipe_is_the_small_model_it_was():
+    """``specrec stack up``'s synthetic bundle (``recipes/synthetic-stack.json``): the model it built before its
+    options moved to a recipe."""
+    import argparse
+
+    from specrec.commands import train
+    from specrec.commands.build_bundle import read_recipe
+
+    parser = argparse.ArgumentParser(prog="specrec")
+    train.add_parser(parser.add_subparsers(dest="cmd"))
+    a = parser.parse_args(["train", "--out", "x", *read_recipe(str(ROOT / "recipes" / "synthetic-stack.json"))["gr"]])
+    assert [a.codebook_size] * a.levels + [a.collision_size] == [32, 32, 32, 64]
+    assert (a.d_model, a.heads, a.d_kv, a.d_ff, a.enc_layers, a.dec_layers, a.max_history) == (64, 4, 16, 256, 2, 2, 20)
+    assert (a.epochs, a.warmup_steps, a.valid_limit) == (8, 50, 500)
