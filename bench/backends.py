@@ -34,7 +34,7 @@ def main() -> int:
     p.add_argument("--bundle", default=str(ROOT / "bundles" / "beauty-loo"))
     p.add_argument("--backends", default="eager,onnx",
                    help="eager (the reference), onnx (ONNX Runtime, the CPU default); torch.compile was measured "
-                   "and dropped (see bench/results/README.md)")
+                   "and dropped (see bench/results/HISTORY.md)")
     p.add_argument("--n", type=int, default=200, help="timed repetitions per call (histories drawn at random)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--widths", default="10,50")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.harness import fmt
-from specrec.eval.results import markdown_table
+from bench.harness import fmt, machine_of
+from specrec.eval.results import markdown_table, paragraph
 
 
 def plot(recs: list[dict], windows: list[tuple[str, float, float]], t_base: float, budgets_ms: list[float],
@@ -64,8 +64,21 @@ def markdown(res: dict) -> str:
         table = "" if mf.get("skipped") else machine_table(mf.get("rows", []))
         parts.append(f"## Faults of the machine\n\n{machine_line_of(mf)}\n\n{table}")
     if rows:
-        parts.append(f"## Faults of the services and of Redis\n\n{scenario_table(rows)}")
+        parts.append(f"## Faults of the services and of Redis\n\n{services_line_of(res)}\n\n{scenario_table(rows)}")
     return "\n".join(parts) + "\n"
+
+
+def services_line_of(res: dict) -> str:
+    """What the faults of the services and of Redis ran at, and what their columns mean."""
+    return (f"`auto` at {res['budget_ms']:g} ms, {res['rate']:g} requests/s offered (Poisson); `overload` offers "
+            f"{res['flood_x']:g}x the capacity measured first ({fmt(res['capacity_rps'])} answers/s, closed loop, one "
+            "at a time). Model share: the requests sent during the fault answered by the GR model or the drafter, "
+            "not catalogue fill (errors count as not); recovery: from the fault's end (SIGCONT, or the new process "
+            f"SERVING) to the first of {res['streak']} undegraded answers in a row from the GR model through the "
+            "verifier. `kill-redis-primary` runs last, on a stack of its own over a Sentinel-managed Redis (a "
+            "primary, a replica, three sentinels) with a writer upserting one item at a time: its fault lasts from "
+            "the SIGKILL to the promotion, its recovery until writes are acknowledged again and the answers have "
+            "recovered; its items lost are acknowledged writes missing afterwards.")
 
 
 def scenario_table(rows: list[dict]) -> str:
@@ -127,32 +140,26 @@ def head_line(res: dict) -> str:
 
 
 def readme_body(res: dict) -> str:
-    """This benchmark's section of the results README (``res``: what ``chaos.json`` holds)."""
+    """This benchmark's section of the results README (``res``: what ``chaos.json`` holds): the run and its keys;
+    the windows of the machine's faults, the scenarios of the services and every definition are ``chaos.md``'s."""
     keys = ", ".join(f"`{k.removeprefix('chaos.')}` {fmt(v, '.3g') if isinstance(v, float) else v}"
                      for k, v in res["summary"].items())
     mf = res.get("machine_faults") or {}
-    parts = [
-        "## Chaos: faults under load (`bench.chaos`, `chaos.*`)\n",
-        f"Command (rerun step `chaos`): `{res['command']}`\n",
-        f"Run: {res.get('run', 'n/a')}. {res['machine']}. {res['users']}. Table: [`chaos.md`](chaos.md).\n",
-    ]
-    if mf:
-        parts += [f"Faults of the machine (`cpu-hog`: a busy process on each CPU the request path runs on; `one-core`: "
-                  f"the gateway, the drafter and the verifier confined to one CPU together), run first: "
-                  f"{machine_line_of(mf)}\n",
-                  *([] if mf.get("skipped") else [machine_table(mf.get("rows", []))])]
+    machine = ""
+    if mf and not mf.get("skipped"):
+        machine = (f"Faults of the machine (`cpu-hog`, `one-core`): `auto` at {mf['budget_ms']:g} ms, "
+                   f"{fmt(mf.get('rate'))} requests/s, {mf.get('load', 0.5):g} x the capacity at that budget "
+                   f"({fmt(mf.get('capacity_rps'))} answers/s).")
+    services = ""
     if res["scenarios"]:
-        parts += [
-            f"Faults of the services and of Redis: `auto` at {res['budget_ms']:g} ms, {res['rate']:g} requests/s "
-            f"offered (Poisson); `overload` offers {res['flood_x']:g}x the capacity measured first "
-            f"({fmt(res['capacity_rps'])} answers/s, closed loop, one at a time). Model share: the requests sent "
-            "during the fault answered by the GR model or the drafter, not catalogue fill (errors count as not); "
-            "recovery: from the fault's end (SIGCONT, or the new process SERVING) to the first of "
-            f"{res['streak']} undegraded answers in a row from the GR model through the verifier. "
-            "`kill-redis-primary` runs last, on a stack of its own over a Sentinel-managed Redis (a primary, a "
-            "replica, three sentinels) with a writer upserting one item at a time: its fault lasts from the SIGKILL "
-            "to the promotion, its recovery until writes are acknowledged again and the answers have recovered; its "
-            "items lost are acknowledged writes missing afterwards.\n",
-            scenario_table(res["scenarios"]),
-        ]
-    return "\n".join([*parts, f"Keys: {keys}.\n", "![timeline](chaos.png)\n"])
+        services = (f"Faults of the services and of Redis: `auto` at {res['budget_ms']:g} ms, {res['rate']:g} "
+                    f"requests/s; `overload` at {res['flood_x']:g}x the capacity ({fmt(res['capacity_rps'])} "
+                    f"answers/s); recovery: to {res['streak']} undegraded GR answers in a row.")
+    return "\n".join([
+        "## Chaos: faults under load (`bench.chaos`, `chaos.*`)\n",
+        paragraph(f"Run: {res.get('run', 'n/a')}. {machine_of(res)}. {res['users']}.", machine, services,
+                  "Every window and scenario: [`chaos.md`](chaos.md)."),
+        paragraph(f"Command (step `chaos`): `{res['command']}`"),
+        paragraph(f"Keys: {keys}."),
+        "![timeline](chaos.png)\n",
+    ])

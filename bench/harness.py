@@ -370,6 +370,12 @@ def machine_line() -> str:
             f"and the load generator")
 
 
+def machine_of(res: dict) -> str:
+    """A result's machine for the results README: its CPUs (``2 CPUs (AMD EPYC)``); that the stack, Redis and the
+    load generator share them the README says once."""
+    return str(res.get("machine", "n/a")).split(";")[0]
+
+
 def run_line() -> str:
     """When and on which code a run is: ``2026-12-02, commit 5a1728f`` (``with local changes`` when tracked
     files outside ``bench/results`` differ from the commit; the date alone outside a git checkout)."""

@@ -56,6 +56,7 @@ from bench.harness import (
     command_line,
     fmt,
     machine_line,
+    machine_of,
     no_nan,
     open_stack,
     pct,
@@ -66,7 +67,7 @@ from bench.harness import (
     server_figures,
 )
 from bench.loadgen import CAPACITY_BUDGET_MS, add_load_args, in_process, measured_capacity, model_answer, py_spy
-from specrec.eval.results import markdown_table
+from specrec.eval.results import markdown_table, paragraph
 
 #: this benchmark's section of the results README
 README_OWNER = "bench.overload"
@@ -221,7 +222,8 @@ def plot(rows: list[dict], budget_ms: float, max_lag_ms: float, path: Path, titl
 
 
 def readme_body(res: dict) -> str:
-    """This benchmark's section of the results README (``res``: what ``overload.json`` holds)."""
+    """This benchmark's section of the results README (``res``: what ``overload.json`` holds; the words are the
+    README's; every column, and why a run is void, ``overload.md``'s)."""
     def share(v) -> str:
         return fmt(100 * v if v is not None else None) + "%"
 
@@ -230,7 +232,6 @@ def readme_body(res: dict) -> str:
             f"{fmt(r['generator_lag_p99_ms'], '.2f')} | {share(r['shed_share'])} | {share(r['model_answer_share'])} | "
             f"{share(r['error_share'])} | {fmt(r.get('goodput_rps'), '.0f')} ({fmt(r.get('goodput_ratio'), '.2f')}x) |"
             for r in res["rows"]]
-    voids = [f"- {r['multiple']:g}x is void: {r['void_reason']}." for r in res["rows"] if r["void"]]
     b = f"{res['budget_ms']:g}"
     pl = res.get("placement") or {}
     where = (f"the load generator (and the capacity phase's callers) on CPU {pl['generator_cpus']}, every thread "
@@ -238,25 +239,17 @@ def readme_body(res: dict) -> str:
              "nothing placed: " + str(res.get("placement_void") or "n/a"))
     return "\n".join([
         f"## Overload at {b} ms (`bench.overload`, `serving.capacity_rps`, `serving.overload_<m>x.*`)\n",
-        f"Command (rerun step `overload`): `{res['command']}`\n",
-        f"Run: {res.get('run', 'n/a')}. {res['machine']}. {res['users']}. Placement: {where}. Capacity: "
-        f"{fmt(res['capacity_rps'])} beam answers/s of the services on their CPUs ({res['clients']} closed-loop "
-        f"callers, a budget that never acts); then `auto` at {b} ms, Poisson arrivals at multiples of it from the "
-        "load generator in its own process. Gateway p99: the gateway's own latency histogram over the measured "
-        "part (the difference of two readings, interpolated within a bucket as PromQL does); caller p99: every "
-        "request of the measured part from its scheduled send, shed ones included; send lag: how late the "
-        f"generator sent (its own tail): a run whose p99 is over {res['max_lag_ms']:g} ms is void, its figures "
-        "kept in the JSON only; model answers: the GR model's lists (not the item drafter's, no fill) of the "
-        "answers; goodput: answers per second inside the budget at the caller, no fill, not degraded (and its "
-        f"ratio to the capacity). The gateway's door (`max_concurrent_rpcs`): {res.get('door') or 'none'}. "
-        "Table: [`overload.md`](overload.md).\n",
+        paragraph(f"Run: {res.get('run', 'n/a')}. {machine_of(res)}. {res['users']}. Placement: {where}. Capacity: "
+                  f"{fmt(res['capacity_rps'])} beam answers/s ({res['clients']} closed-loop callers, a budget that "
+                  f"never acts); then `auto` at {b} ms, Poisson arrivals at multiples of it. Void: send lag p99 over "
+                  f"{res['max_lag_ms']:g} ms. The gateway's door (`max_concurrent_rpcs`): {res.get('door') or 'none'}. "
+                  "Every column: [`overload.md`](overload.md)."),
+        paragraph(f"Command (step `overload`): `{res['command']}`"),
         "| load | void | offered rps | achieved rps | gateway p99 ms | caller p99 ms | send lag p99 ms | shed "
         "| model answers | errors | goodput /s |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
         *rows,
         "",
-        *voids,
-        *([""] if voids else []),
         "![overload](overload.png)\n",
     ])
 

@@ -70,6 +70,7 @@ from bench.harness import (
     command_line,
     fmt,
     machine_line,
+    machine_of,
     no_nan,
     publish,
     raise_on_signals,
@@ -89,7 +90,7 @@ from bench.serving_phases import (
     place_generator,
     summarise,
 )
-from specrec.eval.results import markdown_table
+from specrec.eval.results import markdown_table, paragraph
 
 RETIRED_KEYS = ("gateway.specgr.max_rps_p99_30ms", "gateway.specgr.p99_ms_at_20rps", "gateway.beam.p99_ms_at_20rps",
                 "gateway.beam.grpc_overhead_p50_ms", "gateway.specgr.grpc_overhead_p50_ms",
@@ -172,7 +173,8 @@ def summary_of(res: dict, policies: list[str], budget_ms: float) -> dict:
 
 def readme_body(res: dict, summary: dict) -> str:
     """This benchmark's section of the results README: per policy, the closed loop at the budget and the
-    gRPC path's overhead; the open loop's highest passing rate; the plot."""
+    gRPC path's overhead; the open loop's highest passing rate; the plot. The words are the README's (its
+    "Words used below"); every column and rate is in ``serving.md``."""
     b = f"{res['budget_ms']:g}"
     rows = []
     for p, c in res["closed"].items():
@@ -188,27 +190,22 @@ def readme_body(res: dict, summary: dict) -> str:
         ratio, fill = (summary.get(f"gateway.auto.{k}_at_{b}ms") for k in ("recall_ratio", "all_fill_share"))
         fused = summary.get(f"gateway.auto.recall_ratio_vs_fused_at_{b}ms")
         served = ", ".join(f"{x} {n}" for x, n in res["closed"]["auto"]["served_by"].items())
-        auto = (f" `auto` in the closed loop (served by {served}): R@10 {fmt(ratio, '.3f')} x the offline beam's on "
+        auto = (f"`auto` in the closed loop (served by {served}): R@10 {fmt(ratio, '.3f')} x the offline beam's on "
                 "the same users" + ("" if fused is None else f", {fmt(fused, '.3f')} x the in-process fused list's")
                 + f", {fmt(fill, '.1%')} of answers only fill.")
     return "\n".join([
         "## Serving through the gateway (`bench.serving`, `gateway.*`)\n",
-        f"Command (rerun step `serving`): `{res['command']}`\n",
-        f"Run: {res.get('run', 'n/a')}. {res['machine']}. {res['users']}, K = {res['k']}. "
-        f"Closed loop, one request at a time, at the {b} ms "
-        "budget: p50 / p99 on the caller's clock, server p99 on the gateway's (`stats.total_ms`); GR-ranked: a list "
-        "the GR model made or ranked (not the item drafter's own, no catalogue fill); overhead: at a 1 s budget, the "
-        "gateway's total less its callees' own server time on the critical path (each call's `x-server-ms`). Keys "
-        "`gateway.<policy>.{p50_ms, p99_ms_at_" + b + "ms, server_p99_ms_at_" + b + "ms, budget_exit_share_at_" + b +
-        "ms, gr_ranked_share_at_" + b + "ms, overhead_p50_ms}`, `gateway.fused.fused_share_at_" + b + "ms`; tables "
-        "[`serving.md`](serving.md).\n",
+        paragraph(f"Run: {res.get('run', 'n/a')}. {machine_of(res)}. {res['users']}, K = {res['k']}; closed loop, one "
+                  f"request at a time, at the {b} ms budget (keys `gateway.<policy>.*`). Every column: "
+                  "[`serving.md`](serving.md)."),
+        paragraph(f"Command (step `serving`): `{res['command']}`"),
         "| policy | p50 ms | p99 ms | server p99 ms | budget exits | GR-ranked | overhead p50 ms |",
         "|---|---|---|---|---|---|---|",
         *rows,
         "",
-        f"Open loop (Poisson; {res.get('generator_placement') or 'generator and services unplaced'}), the highest "
-        f"rate passing ({res['criterion']}; `gateway.<policy>.max_rps_p99_{b}ms`): "
-        f"{rates or 'no open-loop sweep in this run'}.{auto}\n",
+        paragraph(f"Open loop (Poisson; {res.get('generator_placement') or 'generator and services unplaced'}), the "
+                  f"highest rate passing (`gateway.<policy>.max_rps_p99_{b}ms`): "
+                  f"{rates or 'no open-loop sweep in this run'}.", auto),
         "![R@10 and p99 against the offered rate](serving.png)\n",
     ])
 
@@ -242,13 +239,12 @@ def protocol_readme_body(res: dict, summary: dict, inprocess: dict) -> str:
                     f"{', '.join(f'{x} {n}' for x, n in c['served_by'].items())} |")
     return "\n".join([
         f"## The {proto} split through the gateway (`bench.serving --protocol {proto}`, `gateway.{proto}.*`)\n",
-        f"Command: `{res['command']}`\n",
-        f"Run: {res.get('run', 'n/a')}. {res['machine']}. {res['users']}, K = {k}, closed loop, one request at a "
-        f"time, at the {b} ms budget. GR-ranked: a list the GR model made or ranked, no catalogue fill. The "
-        f"in-process column is `specrec eval`'s on the same split (`beauty.{proto}.<policy>.unseen_recall@{k}`). "
-        f"Keys `gateway.{proto}.<policy>.{{gr_ranked_share_at_{b}ms, recall@{k}, unseen_recall@{k}, server_p99_ms}}`; "
-        f"tables [`serving_{proto}.md`](serving_{proto}.md).\n",
-        f"| policy | GR-ranked | R@{k} | unseen R@{k} ({res['unseen_users']} users) | unseen R@{k} in-process "
+        paragraph(f"Run: {res.get('run', 'n/a')}. {machine_of(res)}. {res['users']}, K = {k}, closed loop, one "
+                  f"request at a time, at the {b} ms budget. In process: `specrec eval`'s figure on the same split "
+                  f"(`beauty.{proto}.<policy>.unseen_recall@{k}`); keys `gateway.{proto}.<policy>.*`. Every column: "
+                  f"[`serving_{proto}.md`](serving_{proto}.md)."),
+        paragraph(f"Command (step `temporal`): `{res['command']}`"),
+        f"| policy | GR-ranked | R@{k} | unseen R@{k} ({res['unseen_users']} users) | unseen R@{k} in process "
         f"| server p99 ms | served by |",
         "|---|---|---|---|---|---|---|",
         *rows,

@@ -30,6 +30,7 @@ from bench.harness import (
     command_line,
     fmt,
     machine_line,
+    machine_of,
     no_nan,
     open_stack,
     pct,
@@ -39,7 +40,7 @@ from bench.harness import (
     sayer,
 )
 from bench.loadgen import add_load_args, in_process, measured_capacity
-from specrec.eval.results import markdown_table
+from specrec.eval.results import markdown_table, paragraph
 
 #: this benchmark's section of the results README
 README_OWNER = "bench.soak"
@@ -106,7 +107,8 @@ def plot(minutes: list[dict], samples: list[dict], names: list[str], t0: float, 
 
 
 def readme_body(res: dict) -> str:
-    """This benchmark's section of the results README (``res``: what ``soak.json`` holds)."""
+    """This benchmark's section of the results README (``res``: what ``soak.json`` holds; the words are the
+    README's, minute by minute ``soak.md``)."""
     def pc(v) -> str:
         return "n/a" if v is None else f"{100.0 * v:.1f}%"
 
@@ -114,19 +116,17 @@ def readme_body(res: dict) -> str:
                     for n, v in res["rss"].items())
     return "\n".join([
         "## Soak (`bench.soak`, `soak.*`)\n",
-        f"Command (rerun step `soak`): `{res['command']}`\n",
-        f"Run: {res.get('run', 'n/a')}. {res['machine']}. `auto` at {res.get('budget_ms', 30.0):g} ms, "
-        f"{res['rate_rps']:.1f} rps (capacity "
-        f"{res['capacity_rps']:.1f} beam answers/s) for {res['soak.minutes']} min, an upsert every "
-        f"{res.get('upsert_every_s', 1.0):g} s through the item set. RSS growth: the last minute's median against the "
-        "second minute's; errors: any status but OK, shed (RESOURCE_EXHAUSTED) apart; p99 drift: the last minute's "
-        "caller p99 minus the first's. Minute by minute: [`soak.md`](soak.md).\n",
+        paragraph(f"Run: {res.get('run', 'n/a')}. {machine_of(res)}. `auto` at {res.get('budget_ms', 30.0):g} ms, "
+                  f"{res['rate_rps']:.1f} rps (capacity {res['capacity_rps']:.1f} beam answers/s) for "
+                  f"{res['soak.minutes']} min, an upsert every {res.get('upsert_every_s', 1.0):g} s through the item "
+                  "set. Minute by minute: [`soak.md`](soak.md)."),
+        paragraph(f"Command (step `soak`): `{res['command']}`"),
         "| `rss_growth_max` | `errors` | `shed` | `p99_drift_ms` | `upserts_acked` | `upsert_errors` |",
         "|---|---|---|---|---|---|",
         f"| {pc(res['soak.rss_growth_max'])} | {res['soak.errors']} | {res['soak.shed']} | "
         f"{fmt(res['soak.p99_drift_ms'])} | {res['soak.upserts_acked']} | {res['soak.upsert_errors']} |",
         "",
-        f"RSS at the start and the end, MB: {rss}.\n",
+        paragraph(f"RSS at the start and the end, MB: {rss}."),
         "![soak](soak.png)\n",
     ])
 

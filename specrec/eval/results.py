@@ -72,3 +72,17 @@ def readme_section(path: Path, owner: str, body: str, retire: tuple[str, ...] = 
         text = text.rstrip("\n") + "\n\n" + section
     path.write_text(text)
 
+
+def paragraph(*parts: str, width: int = 200) -> str:
+    """Sentences as one Markdown paragraph over lines of about ``width`` characters (a README section's prose:
+    the results page keeps every line short, ``tests/unit/test_bench_package.py``). A word that Markdown would
+    read at the start of a line as a list, heading, rule, quote or table row stays at the end of the line before."""
+    import re
+
+    lines: list[str] = []
+    for word in " ".join(p.strip() for p in parts if p.strip()).split():
+        if lines and (len(lines[-1]) + 1 + len(word) <= width or re.fullmatch(r"[-+*#=_]+|\d+[.)]|[>|<].*", word)):
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return "\n".join(lines) + "\n"
