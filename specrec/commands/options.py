@@ -77,14 +77,21 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=0)
 
 
+def backend_device(a: argparse.Namespace) -> str:
+    """The device an eval's eager or cuda backend runs on (--device; default: cuda for --backend cuda)."""
+    return a.device or ("cuda" if a.backend == "cuda" else "cpu")
+
+
 def hot_path_backend(bundle, a: argparse.Namespace):
     """The hot-path backend an eval asked for (--backend, --device, --ort-threads)."""
     name = a.backend or "onnx"
     if name == "eager":
-        return bundle.backend("eager", device=a.device)
-    if a.device != "cpu":
-        raise SystemExit(
-            "--device applies to --backend eager (ONNX Runtime picks CUDA itself when onnxruntime-gpu finds a GPU)"
-        )
+        return bundle.backend(name, device=backend_device(a))
+    if name == "cuda":
+        sizes = getattr(a, "batch_sizes", None)
+        return bundle.backend(name, device=backend_device(a), **({"batch_sizes": sizes} if sizes else {}))
+    if a.device not in (None, "cpu"):
+        raise SystemExit("--device applies to --backend eager and cuda (ONNX Runtime picks CUDA itself when "
+                         "onnxruntime-gpu finds a GPU)")
     kw = {"drafter_bits": None} if getattr(a, "float_drafter", False) else {}
     return bundle.backend(name, threads=a.ort_threads, **kw)
