@@ -41,8 +41,9 @@ def resolve_device(name: str | torch.device) -> torch.device:
         raise ValueError(f"device {str(name)!r}: training runs on {' or '.join(DEVICES)}")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
+            build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
             raise ValueError(f"device {str(name)!r}: torch finds no CUDA device here (torch {torch.__version__}, "
-                             f"built for CUDA {torch.version.cuda or 'none'}); use --device cpu")
+                             f"{build}); use --device cpu")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise ValueError(f"device {str(name)!r}: there are {torch.cuda.device_count()} CUDA devices")
     return dev
