@@ -8,7 +8,10 @@ protos to core jobs (:class:`~specrec.verifier.jobs.EncodeJob`,
 :class:`~.sessions.SessionStore`, and converts results back. A call that
 carries a history instead of a session is encoded in the same batch as its
 operation. The catalogue (for constrained decoding) follows the item set by
-version.
+version. A device that fails (a CUDA error, a lost GPU, a batch past the
+``hang_s`` watchdog: :mod:`specrec.verifier.device`) ends the batcher and
+takes the service out of rotation for good: health NOT_SERVING, every call
+UNAVAILABLE with the reason DEVICE_FAILED, so its callers use another replica.
 
 The whole searches' RPCs carry the registry's names (:data:`specrec.decoding.searches.SEARCHES`, each
 search's ``rpc``): ``Beam``, ``Head``, ``Draft``, ``DraftScored``, ``Strict`` (``resume`` runs inside it for the
