@@ -71,6 +71,11 @@ SESSIONS = Gauge("specrec_verifier_sessions", "Live encoder sessions")
 GRAPH_PRECISION = Gauge("specrec_verifier_graph_precision", "1 for the arithmetic each graph runs in: float32, or the "
                         "precision `specrec export-onnx` chose for this machine on validation users (rank: the "
                         "scoring pass; draft: nezha's)", ["graph", "precision"])
+GRAPHS = Gauge("specrec_verifier_graphs", "CUDA graphs the backend holds (backend cuda: captured per search, widths "
+               "and row bucket before SERVING; more afterwards, each by a slow call, in `after_start`)", ["when"])
+GRAPH_CAPTURE = Gauge("specrec_verifier_graph_capture_seconds", "Seconds the backend spent capturing its graphs")
+GRAPH_MEMORY = Gauge("specrec_verifier_graph_memory_bytes", "Device memory the captured graphs took (their static "
+                     "buffers and shared pool)")
 DEVICE_FAILED = Gauge("specrec_verifier_device_failed", "1 once the verifier's device failed (a CUDA error, a lost "
                       "device, a batch past the hang_s watchdog): it is out of rotation until it restarts", ["kind"])
 for _kind in ("error", "hang"):
@@ -128,6 +133,13 @@ class VerifierService(Service):
         self._gc = asyncio.create_task(self._expire_sessions())
         await self._warmup()
         self.faults.armed = True  # (the warm-up's batches are not counted)
+        d = backend.describe()
+        if "graphs" in d:  # a backend of captured graphs (cuda): what capturing took, said before SERVING
+            self.log.info("graphs captured", **d)
+            GRAPHS.labels("warm_up").set(d["graphs"])
+            GRAPHS.labels("after_start").set_function(lambda: backend.describe()["captured_after_start"])
+            GRAPH_CAPTURE.set(d["capture_s"])
+            GRAPH_MEMORY.set(d["graph_memory_mb"] * 2**20)
 
     def _compute(self, jobs: list) -> list:
         """One batch, on a compute thread (what fault injection makes fail or hang, as a failed GPU would)."""
