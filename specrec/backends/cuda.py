@@ -265,8 +265,9 @@ class CudaBackend(Backend):
     def warmup(self, trie, ks=(10,), drafts=DRAFT_FACTORS, scored: tuple[int, ...] = ()) -> None:
         """Capture, for every row bucket (the largest first: the smaller graphs reuse its memory in the pool), the
         encoder and every whole search serving list lengths ``ks`` uses (:meth:`.onnx.OrtBackend.warmup` lists
-        them), and ``rank`` for every candidate bucket up to the largest count in ``scored``. A key first met later is captured by the call
-        that needs it (a slow call; :attr:`~.graphs.GraphRunner.captured_after_start` counts them)."""
+        them), and ``rank`` for every candidate bucket up to the largest count in ``scored``. A key first met later
+        is captured by the call that needs it (a slow call; :attr:`~.graphs.GraphRunner.captured_after_start`
+        counts them)."""
         L = self.cfg.sid_len
         gen = torch.Generator().manual_seed(0)
         for rb in sorted(self.sizes, reverse=True):
