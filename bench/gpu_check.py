@@ -136,10 +136,13 @@ def timed_runs(policies: dict, users, k: int) -> dict:
     return out
 
 
-def recall(items: np.ndarray, users, bundle, at: int = 10) -> float:
+def target_rows(bundle, users) -> np.ndarray:
     index = {iid: r for r, iid in enumerate(bundle.catalogue.ids)}
-    targets = np.asarray([index[t] for t in users.targets])
-    return float((items[:, :at] == targets[:, None]).any(1).mean())
+    return np.asarray([index[t] for t in users.targets])
+
+
+def recall(items: np.ndarray, users, bundle, at: int = 10) -> float:
+    return float((items[:, :at] == target_rows(bundle, users)[:, None]).any(1).mean())
 
 
 def inprocess(bundle, users, a, keys: dict, rows: list) -> dict:
@@ -273,10 +276,14 @@ def verifier_load(stack, bundle, users, a, keys: dict) -> dict:
 # -- 3. the stack at the budget -----------------------------------------------------------------------------------
 def gateway_load(stack, bundle, users, a, keys: dict, rows: list) -> dict:
     """Phase 3: ``auto`` at 30 ms through the gateway, closed loop then open loop at rising rates."""
-    from bench.serving_phases import closed_loop, offline_beam, open_loop, summarise
+    from bench.serving_phases import closed_loop, open_loop, summarise
+    from specrec.policies import make_policy
 
     target = stack.addr("gateway")
-    hits = offline_beam(bundle, users, 10)
+    # the offline reference: beam in this process, eagerly on the device (the default backend, ONNX Runtime, would
+    # export its graphs first: minutes on the GPU machine)
+    beam = make_policy("beam", bundle.engine(drafter=None, backend=bundle.backend("eager", device=a.device)))
+    hits = (lists_of(beam, users, 10)[0] == target_rows(bundle, users)[:, None]).any(1).astype(float)
     closed = summarise(asyncio.run(closed_loop(target, users, "auto", 10, BUDGET_MS, len(users.ids))), hits,
                        len(users.ids))
     keys["gpu.gateway.auto.gr_ranked_share_at_30ms"] = closed["gr_ranked_share"]
