@@ -29,7 +29,7 @@ _.recommend_batch
 _.unique_prefixes
 _.items_with_collision
 _.max_collision_digit
-# options that ONNX Runtime (SessionOptions) and faiss (HNSW) read when they build what they build
+# options that ONNX Runtime (SessionOptions), faiss (HNSW) and torch (torch.backends.*) read when they build or run
 _.graph_optimization_level
 _.intra_op_num_threads
 _.inter_op_num_threads
@@ -38,6 +38,7 @@ _.optimized_model_filepath
 _.enable_profiling
 _.profile_file_prefix
 _.efConstruction
+_.allow_tf32
 
 # Known dead code in packages another part of issue 52 rewrites (the verifier's API, the backends, the gateway);
 # delete each entry with its code there, not here.

@@ -16,6 +16,10 @@ Model selection is by frontier coverage on a fixed random sample of
 validation histories (:func:`frontier_coverage`): per level, the share of the
 target's width-K frontier that the drafter's N beams contain, and the share of
 requests where every level is covered (no fallback).
+
+``DistillConfig.device`` runs all of it on a GPU (:mod:`specrec.train.device`): the
+target's frontier, the drafter's training and its selection, in float32; the
+cached frontier and the drafter come back on the CPU.
 """
 
 from __future__ import annotations
@@ -39,10 +43,17 @@ from ..models.hotpath import FusedHotPath, child_tables
 from ..models.sid_mlp import SidMlpConfig, SidMlpDrafter
 from ..models.tiger import Tiger
 from .batches import history_batch
+from .device import on_device, resolve_device, to_device
 
-#: histories per call of the target's search when reading its frontier: the serving search's ancestor gathers
-#: stay in the CPU's caches at 64 rows x 32 beams (about 14 ms a history against 26 at 256, rough, 2 shared cores)
-FRONTIER_BATCH = 64
+#: histories per call of the target's search when reading its frontier on the CPU: the serving search's ancestor
+#: gathers stay in the CPU's caches at 64 rows x 32 beams (about 14 ms a history against 26 at 256, rough, 2 shared
+#: cores); on a GPU the batch it had, 256 (not measured against others there)
+FRONTIER_BATCH = {"cpu": 64, "other": 256}
+
+
+def frontier_batch(device: torch.device) -> int:
+    """Histories per call of the target's search on ``device`` (:data:`FRONTIER_BATCH`)."""
+    return FRONTIER_BATCH["cpu" if device.type == "cpu" else "other"]
 
 
 class DistillConfig(BaseModel):
@@ -65,6 +76,7 @@ class DistillConfig(BaseModel):
     select_k: int = Field(default=10, ge=1, description="frontier width K used for model selection")
     select_n: int = Field(default=20, ge=1, description="drafter beams N per level used for model selection")
     seed: int = 0
+    device: str = Field(default="cpu", description="where the frontier is computed and the drafter trains")
 
 
 @dataclass
@@ -129,30 +141,34 @@ def _key(gr: Tiger, ex: Examples, sids: np.ndarray, width: int) -> str:
     for t in (ex.history, np.asarray(sids)):
         h.update(np.ascontiguousarray(t).tobytes())
     for v in gr.state_dict().values():
-        h.update(v.detach().float().numpy().tobytes())
+        h.update(v.detach().float().cpu().numpy().tobytes())
     h.update(str(width).encode())
     return h.hexdigest()[:16]
 
 
 def teacher_frontier(gr: Tiger, ex: Examples, sids: np.ndarray, trie: SidTrie, width: int, cache: Path | None = None,
-                     batch_size: int = FRONTIER_BATCH, progress: bool = True) -> Frontier:
-    """:func:`target_frontier` over every example, in batches, cached on disk by content."""
+                     batch_size: int | None = None, progress: bool = True) -> Frontier:
+    """:func:`target_frontier` over every example, in batches (:func:`frontier_batch`), on ``gr``'s device, cached
+    on disk by content."""
     path = None if cache is None else cache / f"frontier_w{width}_{_key(gr, ex, sids, width)}.npz"
     if path is not None and path.exists():
         return Frontier.load(path)
     fused = FusedHotPath(gr).eval()
+    dev = fused.tok.device
     tables = child_tables(trie, fused.vmax)
     if tables is None:
         raise ValueError("distillation needs dense child tables (a catalogue small enough per level)")
-    sids_t = torch.from_numpy(np.ascontiguousarray(sids, dtype=np.int64))
+    tables = [x.to(dev) for x in tables]
+    sids_t = torch.from_numpy(np.ascontiguousarray(sids, dtype=np.int64)).to(dev)
+    batch_size = batch_size or frontier_batch(dev)
     parts: list = []
     for s in tqdm(range(0, len(ex), batch_size), desc=f"target frontier (width {width})", disable=not progress,
                   leave=False):
         h0, root, levels, _ = target_frontier(fused, tables, history_batch(sids_t, ex.history[s : s + batch_size]),
                                               width)
-        parts.append((h0.numpy().astype(np.float16), root.numpy().astype(np.float16),
-                      [(c.numpy().astype(np.uint8 if max(trie.level_sizes) <= 256 else np.int32), a.numpy(),
-                        p.numpy().astype(np.float16)) for c, a, p in levels]))
+        parts.append((h0.cpu().numpy().astype(np.float16), root.cpu().numpy().astype(np.float16),
+                      [(c.cpu().numpy().astype(np.uint8 if max(trie.level_sizes) <= 256 else np.int32),
+                        a.cpu().numpy(), p.cpu().numpy().astype(np.float16)) for c, a, p in levels]))
     n_lv = len(parts[0][2])
     out = Frontier(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
                    [cat_padded([p[2][j][0] for p in parts]) for j in range(n_lv)],
@@ -196,7 +212,7 @@ def drafter_beams(drafter: SidMlpDrafter, h0: torch.Tensor, root: torch.Tensor, 
     levels; ``widths[j]`` beams kept after level j. Returns each level's kept prefixes [R, widths[j], j+1]
     (dead beams -1)."""
     r = h0.shape[0]
-    state = SearchState.root(r)
+    state = SearchState.root(r, h0.device)
     vmax = max(drafter.level_sizes)
     out = []
     for level, w in enumerate(widths):
@@ -234,7 +250,7 @@ def frontier_coverage(drafted: list[np.ndarray], target: list[np.ndarray], targe
 
 
 def coverage_report(drafter: SidMlpDrafter, fused: FusedHotPath, tables, sids_t: torch.Tensor, ex: Examples,
-                    k: int, ns: list[int], batch_size: int = FRONTIER_BATCH) -> dict:
+                    k: int, ns: list[int], batch_size: int | None = None) -> dict:
     """Frontier coverage of the target's width-``k`` beams by the drafter's ``n`` beams, for each n in ``ns``
     (level 1 exact: the target's top-k), on examples ``ex``."""
     sizes = fused.cfg.level_sizes
@@ -243,16 +259,17 @@ def coverage_report(drafter: SidMlpDrafter, fused: FusedHotPath, tables, sids_t:
     drafted: dict = {n: [[] for _ in range(L - 1)] for n in ns}
     target: list = [[] for _ in range(L - 1)]
     alive: list = [[] for _ in range(L - 1)]
+    batch_size = batch_size or frontier_batch(sids_t.device)
     for s in range(0, len(ex), batch_size):
         h0, root, levels, _ = target_frontier(fused, tables, history_batch(sids_t, ex.history[s : s + batch_size]), k,
                                               keep_logp=False)
         for j, (c, a, _) in enumerate(levels):  # the target's kept prefixes after levels 0..L-2 (lengths 1..L-1)
-            target[j].append(c.numpy())
-            alive[j].append(a.numpy())
+            target[j].append(c.cpu().numpy())
+            alive[j].append(a.cpu().numpy())
         for n in ns:
             beams = drafter_beams(drafter, h0, root, tables, [k] + [n] * (L - 2))
             for j in range(L - 1):
-                drafted[n][j].append(beams[j].numpy())
+                drafted[n][j].append(beams[j].cpu().numpy())
     for n in ns:
         res[n] = frontier_coverage([cat_padded(d, fill=-1) for d in drafted[n]], [cat_padded(t) for t in target],
                                    [cat_padded(a, fill=False) for a in alive], sizes)
@@ -267,20 +284,21 @@ def own_prefixes(drafter: SidMlpDrafter, fused: FusedHotPath, tables, sids_t: to
 
     sizes = fused.cfg.level_sizes
     L = len(sizes)
+    dev = sids_t.device
     codes_l: list = [[] for _ in range(L - 1)]
     alive_l: list = [[] for _ in range(L - 1)]
     logp_l: list = [[] for _ in range(L - 1)]
     for s in tqdm(range(0, len(ex), batch_size), desc="drafter's own prefixes", disable=not progress, leave=False):
         sl = slice(s, s + batch_size)
-        h0 = torch.from_numpy(fr.h0[sl]).float()
-        root = torch.from_numpy(fr.root[sl]).float()
-        beams = drafter_beams(drafter, h0, root, tables, [n] * (L - 1))
+        h0 = to_device(fr.h0[sl], dev).float()
+        root = to_device(fr.root[sl], dev).float()
+        beams = [b.cpu() for b in drafter_beams(drafter, h0, root, tables, [n] * (L - 1))]
         hist = history_batch(sids_t, ex.history[sl])
         with torch.inference_mode():
             keep, ck, cv = fused.encode(hist)
             full = beams[-1].numpy()
             tree = build_tree([(full, np.asarray((full >= 0).all(-1)))], sizes, len(h0))
-            out = fused.tree(tree.tokens, tree.positions, tree.mask, keep, ck, cv)
+            out = fused.tree(tree.tokens.to(dev), tree.positions.to(dev), tree.mask.to(dev), keep, ck, cv).cpu()
         for j in range(L - 1):
             c = beams[j].numpy()
             a = (c >= 0).all(-1)
@@ -296,22 +314,33 @@ def train_sid_mlp(gr: Tiger, split: Split, sids: np.ndarray, cfg: DistillConfig 
                   mcfg: SidMlpConfig | None = None, cache: Path | None = None, log: Callable[[str], None] = print,
                   progress: bool = True, minutes: float | None = None) -> tuple[SidMlpDrafter, dict]:
     """Distil a :class:`SidMlpDrafter` from the frozen target ``gr``; keep the epoch with the best whole-frontier
-    coverage on a fixed random sample of validation histories. ``minutes`` caps the training time."""
+    coverage on a fixed random sample of validation histories. ``minutes`` caps the training time. On
+    ``cfg.device``; ``gr`` stays where it was, the drafter comes back on the CPU."""
     cfg = cfg or DistillConfig()
+    with on_device(gr, resolve_device(cfg.device)):
+        drafter, rep = _distill(gr, split, sids, cfg, mcfg, cache, log, progress, minutes)
+    return drafter.cpu().eval(), rep
+
+
+def _distill(gr: Tiger, split: Split, sids: np.ndarray, cfg: DistillConfig, mcfg: SidMlpConfig | None,
+             cache: Path | None, log: Callable[[str], None], progress: bool,
+             minutes: float | None) -> tuple[SidMlpDrafter, dict]:
     torch.manual_seed(cfg.seed)
     gr.eval()
     t_start = time.time()
+    dev = next(gr.parameters()).device
     trie = SidTrie(sids, gr.cfg.level_sizes)
     fused = FusedHotPath(gr).eval()
     tables = child_tables(trie, fused.vmax)
-    sids_t = torch.from_numpy(np.ascontiguousarray(sids, dtype=np.int64))
+    tables = None if tables is None else [x.to(dev) for x in tables]
+    sids_t = torch.from_numpy(np.ascontiguousarray(sids, dtype=np.int64)).to(dev)
     train_ex = sample_examples(split.train, cfg.examples, cfg.seed)
     valid_ex = sample_examples(split.valid, cfg.valid_examples, cfg.seed + 1)
     if tables is None:
         raise ValueError("distillation needs dense child tables (a catalogue small enough per level)")
     fr = teacher_frontier(gr, train_ex, sids, trie, cfg.width, cache, progress=progress)
     log(f"target frontier of {len(fr)} training histories (width {cfg.width}) in {time.time() - t_start:.0f} s")
-    drafter = SidMlpDrafter(gr.cfg.level_sizes, gr.cfg.d_model, mcfg)
+    drafter = SidMlpDrafter(gr.cfg.level_sizes, gr.cfg.d_model, mcfg).to(dev)
     opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     steps_per_epoch = -(-len(fr) // cfg.batch_size)
     total = steps_per_epoch * cfg.epochs
@@ -324,6 +353,7 @@ def train_sid_mlp(gr: Tiger, split: Split, sids: np.ndarray, cfg: DistillConfig 
         return rep
 
     best, history = -1.0, []
+    acc = torch.zeros((), dtype=torch.float64, device=dev)  # the epoch's loss sum (float64: as Python floats')
     best_state = {k: v.clone() for k, v in drafter.state_dict().items()}
     own: Frontier | None = None
     own_rows = np.sort(
@@ -336,10 +366,10 @@ def train_sid_mlp(gr: Tiger, split: Split, sids: np.ndarray, cfg: DistillConfig 
         cols = np.concatenate(
             [np.arange(min(cfg.keep_top, w)), np.sort(rng.choice(rest, min(cfg.sample_rest, len(rest)), replace=False))]
         )
-        return distill_loss(drafter, torch.from_numpy(f.h0[idx]).float(),
-                            [torch.from_numpy(c[idx][:, cols]) for c in f.codes],
-                            [torch.from_numpy(a[idx][:, cols]) for a in f.alive],
-                            [torch.from_numpy(p[idx][:, cols]) for p in f.logp])
+        return distill_loss(drafter, to_device(f.h0[idx], dev).float(),  # pinned copies, not waited for
+                            [to_device(c[idx][:, cols], dev) for c in f.codes],
+                            [to_device(a[idx][:, cols], dev) for a in f.alive],
+                            [to_device(p[idx][:, cols], dev) for p in f.logp])
 
     for epoch in range(cfg.epochs):
         t0 = time.time()
@@ -351,7 +381,7 @@ def train_sid_mlp(gr: Tiger, split: Split, sids: np.ndarray, cfg: DistillConfig 
             log(f"verified the drafter's own prefixes on {len(own_rows)} histories in {time.time() - t0:.0f} s")
         rng = np.random.default_rng(cfg.seed * 7919 + epoch)
         order = rng.permutation(len(fr))
-        tot = 0.0
+        acc.zero_()
         for step, s in enumerate(tqdm(range(0, len(order), cfg.batch_size), desc=f"distil {epoch + 1}/{cfg.epochs}",
                                       disable=not progress, leave=False)):
             idx = np.sort(order[s : s + cfg.batch_size])
@@ -362,10 +392,10 @@ def train_sid_mlp(gr: Tiger, split: Split, sids: np.ndarray, cfg: DistillConfig 
             loss.backward()
             opt.step()
             sched.step()
-            tot += float(loss.detach()) * len(idx)
+            acc += loss.detach().double() * len(idx)
             if not progress and step % 50 == 49:
-                log(f"  epoch {epoch + 1} step {step + 1}/{steps_per_epoch}: loss {tot / (s + len(idx)):.4f}")
-        rep = select()
+                log(f"  epoch {epoch + 1} step {step + 1}/{steps_per_epoch}: loss {float(acc) / (s + len(idx)):.4f}")
+        rep, tot = select(), float(acc)
         history.append({"epoch": epoch + 1, "loss": tot / len(fr), "valid_coverage": rep,
                         "seconds": round(time.time() - t0, 1)})
         log(f"distil epoch {epoch + 1}: loss {tot / len(fr):.4f}  valid coverage per level "
@@ -376,6 +406,7 @@ def train_sid_mlp(gr: Tiger, split: Split, sids: np.ndarray, cfg: DistillConfig 
             log(f"stopping after {epoch + 1} epochs: the {minutes} minute cap")
             break
     drafter.load_state_dict(best_state)
-    return drafter.eval(), {"config": cfg.model_dump(), "model": drafter.cfg.model_dump(), "params": drafter.n_params(),
-                            "best_valid_whole_frontier": best, "select": {"k": cfg.select_k, "n": cfg.select_n},
-                            "epochs": history, "minutes": round((time.time() - t_start) / 60, 1)}
+    return drafter.eval(), {"config": cfg.model_dump(), "device": str(dev), "model": drafter.cfg.model_dump(),
+                            "params": drafter.n_params(), "best_valid_whole_frontier": best,
+                            "select": {"k": cfg.select_k, "n": cfg.select_n}, "epochs": history,
+                            "minutes": round((time.time() - t_start) / 60, 1)}
