@@ -57,7 +57,7 @@ BUNDLE=${BUNDLE:-bundles/beauty-loo}
 DATA=${DATA:-}
 RESULTS=${RESULTS:-bench/results}
 N=${N:-300}
-# the dataset (for histories and targets): ../shared/data/beauty when there, else the bundle's demo histories
+# the dataset (for histories and targets): the bundle's own (data/beauty in the repository), or DATA=dir
 DATA_ARG=()
 [[ -n "$DATA" ]] && DATA_ARG=(--data "$DATA")
 mkdir -p "$RESULTS/gpu"

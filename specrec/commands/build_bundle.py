@@ -16,7 +16,7 @@ goes on where it stopped, and a change of one stage's options rebuilds that stag
 minutes each stage took go into ``build.stages.<name>.minutes`` and their sum into ``build.minutes`` (``specrec
 eval`` reports it as ``<dataset>.build.minutes``).
 
-    specrec build-bundle --data ../shared/data/beauty --out runs/beauty-loo --recipe recipes/beauty-loo.json
+    specrec build-bundle --data data/beauty --out runs/beauty-loo --recipe recipes/beauty-loo.json
 """
 
 from __future__ import annotations
