@@ -307,8 +307,10 @@ class Bundle:
         if self.sasrec is not None:
             meta["sasrec"] = self.sasrec.cfg.model_dump()
             save_weights(self.sasrec, path / "sasrec.safetensors")
-        if self.text_emb is not None:
-            np.save(path / "text_emb.npy", self.text_emb.astype(np.float16))
+        if self.text_emb is not None:  # a new file: bundles of one catalogue may share it by a link, never written to
+            emb = path / "text_emb.npy"
+            emb.unlink(missing_ok=True)
+            np.save(emb, self.text_emb.astype(np.float16))
         (path / "bundle.json").write_text(json.dumps(meta, indent=2) + "\n")
         with open(path / "items.jsonl", "w", encoding="utf-8") as fh:
             c = self.catalogue

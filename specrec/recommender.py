@@ -118,12 +118,14 @@ class Recommender:
 
     @classmethod
     def load(cls, path: str | Path, drafter: str | None = "default", backend: str | None = None,
-             threads: int | None = None, warmup: bool = True) -> Recommender:
+             threads: int | None = None, warmup: bool = True, device: str | None = None) -> Recommender:
         """Load the bundle at ``path`` (``specrec train`` writes one; ``bundles/beauty-loo`` is committed).
 
         ``drafter``: "sasrec", "retrieval", "self", None (no drafter: ``fused``, ``specgr`` and ``drafter`` then
         refuse), or "default" (:meth:`~specrec.bundle.Bundle.default_drafter`: sasrec where the bundle has it with a
-        fusion, else retrieval, else self). ``backend``: "onnx" (default) or "eager".
+        fusion, else retrieval, else self). ``backend``: "onnx" (default on the CPU), "eager", or "cuda" (the
+        searches captured as CUDA graphs; the default where ``device`` is a GPU). ``device``: where the eager or
+        cuda backend computes ("cuda", "cuda:1"; default the CPU).
         ``threads``: torch / ONNX Runtime intra-op threads. ``warmup``: run :meth:`warmup` (every policy ``auto``
         may choose, at K = 10), so a budget holds from the first call; ``False`` loads faster, and the first call
         of each policy then loads its graphs (about 0.1 s).
@@ -136,7 +138,13 @@ class Recommender:
             torch.set_num_threads(threads)
         bundle = Bundle.load(path)
         kind = bundle.default_drafter() if drafter == "default" else drafter
-        kw = {"threads": threads} if threads is not None and (backend or "onnx") == "onnx" else {}
+        if backend is None and device is not None and device.startswith("cuda"):
+            backend = "cuda"
+        kw: dict = {"threads": threads} if threads is not None and (backend or "onnx") == "onnx" else {}
+        if device is not None:
+            if backend not in ("eager", "cuda"):
+                raise ValueError(f"device applies to the eager and cuda backends, not {backend or 'onnx'!r}")
+            kw["device"] = device
         engine = bundle.engine(drafter=kind, backend=bundle.backend(backend, **kw))
         rec = cls(bundle, engine, kind)
         if warmup:
@@ -154,6 +162,8 @@ class Recommender:
         from .policies.auto import AutoPolicy
 
         eng = self.engine
+        if eng.verifier.backend.name == "cuda":  # every graph of these K, every batch bucket, captured before a call
+            eng.verifier.backend.warmup(self.itemset.trie, tuple(ks), scored=self.bundle.scored_counts(tuple(ks)))
         names = list(policies) if policies is not None else [n for tier in AutoPolicy(eng).runnable() for n in tier]
         rows = np.flatnonzero(self.itemset.active)
         rng = np.random.default_rng(0)

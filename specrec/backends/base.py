@@ -145,8 +145,9 @@ class Backend:
         beams, covered = Beams.of_search(codes, scores, tlp, nodes), covered.bool()
         miss = torch.nonzero(~covered).squeeze(1)
         if len(miss):
-            kept = at1[-1].index_select(1, miss)  # [n_layers, R, 1 + W, 2 * inner]
-            rest = self.resume(enc.select(miss), trie, width, [x.index_select(0, miss) for x in at1[:-1]] + [kept])
+            left = [x.index_select(0, miss.to(x.device)) for x in at1[:-1]]  # where strict left them (a GPU's stay)
+            kept = at1[-1].index_select(1, miss.to(at1[-1].device))  # [n_layers, R, 1 + W, 2 * inner]
+            rest = self.resume(enc.select(miss), trie, width, left + [kept])
             beams = beams.replace_rows(miss, Beams.of_search(*rest))
         return beams, covered, frontier
 

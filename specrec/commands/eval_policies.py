@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from .options import hot_path_backend
+from .options import backend_device, hot_path_backend
 
 
 def _policy_params(items: list[str]) -> dict[str, dict]:
@@ -41,7 +41,8 @@ def run_policies(a: argparse.Namespace, bundle, split, ex, exclude=None) -> int:
     policies = {n: make_policy(n, engine, **params.get(n, {})) for n in names}
     engine.verifier.backend.warmup(engine.itemset.trie, (a.k,), scored=bundle.scored_counts((a.k,)))  # none timed
     if a.compare_eager:
-        policies["beam@eager"] = make_policy("beam", bundle.engine(drafter=None, backend=bundle.backend("eager")))
+        eager = bundle.backend("eager", device=backend_device(a))  # the reference, on the same device
+        policies["beam@eager"] = make_policy("beam", bundle.engine(drafter=None, backend=eager))
     k = a.k
     ks = sorted({10, 50, k} & set(range(1, k + 1))) or [k]
     runs = compare_policies(policies, ex, k, progress=not a.json, exclude=exclude)

@@ -24,8 +24,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--bundle", required=True)
     e.add_argument("--ranker", choices=["beam", "sasrec"], default="beam",
                    help="the GR model's beam search, or the bundle's SASRec baseline (specrec train-baseline)")
-    e.add_argument("--backend", choices=["onnx", "eager"], help="hot-path backend (default: onnx)")
-    e.add_argument("--device", default="cpu", help="device of the eager backend (e.g. cuda)")
+    e.add_argument("--backend", choices=["onnx", "eager", "cuda"],
+                   help="hot-path backend: ONNX Runtime (default), eager PyTorch (the reference), or cuda (the "
+                   "searches captured as CUDA graphs)")
+    e.add_argument("--device", help="device of the eager and cuda backends (default: cuda for --backend cuda, "
+                   "else cpu; cuda:1 for another GPU; cpu with --backend cuda runs its stand-in, uncaptured)")
+    e.add_argument("--batch-sizes", type=lambda v: tuple(int(x) for x in v.split(",")),
+                   help="--backend cuda: the row buckets whose graphs it captures (default 1,2,4,8,16,32,64)")
     e.add_argument("--data", help="dataset directory (default: the one the bundle was trained on)")
     e.add_argument("--protocol", choices=["loo", "temporal"], help="default: the bundle's")
     e.add_argument("--split", choices=["test", "valid"], default="test")
@@ -62,7 +67,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="its share of drafts by text similarity among the unseen items (no training interactions; "
                    "default: the bundle's drafters.unseen_share, else 0)")
     g.add_argument("--compare-eager", action="store_true",
-                   help="also run beam search on the eager (reference) backend: speedup_vs_eager of the default beam")
+                   help="also run beam search on the eager (reference) backend on the same device: speedup_vs_eager "
+                   "of the default beam")
     g.add_argument("--set", action="append", metavar="POLICY.FIELD=VALUE",
                    help="policy parameter, e.g. --set specgr.gamma=-1.2 (repeatable)")
     e.set_defaults(func=run)

@@ -91,6 +91,22 @@ def layout(sids: np.ndarray) -> tuple[np.ndarray, ...]:
     return node_codes, node_depth, node_cols, node_bias, cand_nodes, sids
 
 
+def padded(inputs: tuple[np.ndarray, ...], m: int) -> tuple[np.ndarray, ...]:
+    """:func:`layout`'s inputs padded to ``m`` candidates and ``m * (L-1)`` nodes, the most ``m`` candidates can
+    have: fixed shapes for a captured graph. Padding nodes attend to the root alone and padding candidates read
+    node 0; nothing reads what they give."""
+    node_codes, node_depth, node_cols, node_bias, cand_nodes, cand_codes = inputs
+    r, have, L = cand_codes.shape
+    t_pad, m_pad = m * (L - 1) - node_codes.shape[1], m - have
+    if t_pad < 0 or m_pad < 0:
+        raise ValueError(f"{have} candidates ({node_codes.shape[1]} nodes) do not fit {m}")
+    bias = np.full((r, t_pad, L), NEG_INF, np.float32)
+    bias[:, :, 0] = 0.0
+    return (np.pad(node_codes, ((0, 0), (0, t_pad))), np.pad(node_depth, ((0, 0), (0, t_pad)), constant_values=1),
+            np.pad(node_cols, ((0, 0), (0, t_pad), (0, 0))), np.concatenate([node_bias, bias], 1),
+            np.pad(cand_nodes, ((0, 0), (0, m_pad), (0, 0))), np.pad(cand_codes, ((0, 0), (0, m_pad), (0, 0))))
+
+
 def example(fused: FusedHotPath, enc, tables: list[torch.Tensor], width: int | None) -> tuple[torch.Tensor, ...]:
     """Example inputs to trace with: a few random candidates per request."""
     r = enc[0].shape[0]

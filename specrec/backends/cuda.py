@@ -1,0 +1,292 @@
+"""``cuda``: the GR model's hot path on a GPU, its whole searches captured as CUDA graphs.
+
+On a GPU an eager pass is a few hundred small kernel launches from Python: eager beam search at K = 10 took
+14 ms on an H200, slower than two CPU cores. Captured, the same search is one launch (``../shared/ANCHORS.md``).
+So :class:`CudaBackend` runs on the device:
+
+- ``encode`` and every whole search of the registry (:data:`~specrec.decoding.searches.SEARCHES`: ``beam``,
+  ``head``, ``draft``, ``draft_scored``, ``strict`` and its ``resume``, ``rank``) as graphs captured per
+  (search, widths, row bucket) by a :class:`~.graphs.GraphRunner`: histories padded to the model's window, rows
+  to the smallest bucket of ``batch_sizes`` (larger calls run in chunks of the largest), ``rank``'s candidates to
+  a multiple of 8 (then a power of two) and its nodes to the most those candidates can have;
+- the item set's dense child tables in one static buffer per level (:class:`DeviceTables`), which every graph
+  reads: the catalogue is uploaded once per version, a request's view without some items
+  (:meth:`~specrec.ids.trie.SidTrie.excluding`) is the catalogue's tables with its cut cells set on the device;
+- the hot path's single functions (``step``, ``tree``, ``head_hidden``: the stepwise searches of ``specgr``,
+  ``relaxed``, ``sample``) eagerly on the device, as does a search whose capture failed, or a catalogue too big
+  for dense tables (:meth:`CudaBackend.describe` says which).
+
+Lossless searches stay float32: TF32 is off (``torch.backends.*.allow_tf32``), so a captured search equals eager
+torch on the same device, and the CPU's lists except where two scores tie within float32 rounding (the history
+padded to the whole window changes the order of some sums).
+
+Every device operation runs under the runner's lock: the graphs share one memory pool and the tables' buffers,
+and a single GPU computes one batch at a time anyway; concurrent callers' jobs reach it batched (the verifier's
+batcher), each batch padded to its bucket.
+
+``capture=False`` (the default off a GPU) is the stand-in CI tests on the CPU: the same buckets, padding, static
+buffers, tables and chunks, the graphs' functions run eagerly over the static buffers.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..decoding.beam import Beams
+from ..decoding.searches import SEARCHES
+from ..decoding.searches import rank as rank_search
+from ..decoding.searches.strict import LEFT
+from ..models.hotpath import child_tables
+from ..models.tiger import EncoderState
+from .base import DRAFT_FACTORS, Backend, draft_count
+from .graphs import Feed, GraphRunner, bucket, chunks
+
+#: row buckets captured by default: powers of two up to the verifier's default largest batch (vLLM captures 1, 2,
+#: 4, then multiples of 8; powers of two keep the warm-up's ~36 graphs per bucket to about 250 in all)
+DEFAULT_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64)
+#: the hot path's functions that run eagerly on the device (the stepwise searches call them)
+EAGER_FUNCTIONS = ("step", "tree", "head_hidden")
+
+
+def candidate_bucket(m: int) -> int:
+    """Candidates a ``rank`` graph is captured for: ``m`` rounded up to a multiple of 8, past 64 a power of two."""
+    if m <= 64:
+        return max(8, -(-m // 8) * 8)
+    return 1 << (m - 1).bit_length()
+
+
+def rank_buckets(scored: Sequence[int]) -> list[int]:
+    """The candidate buckets the warm-up captures ``rank`` for: every one up to the largest of ``scored`` (the
+    fused list's candidate counts; 8 at least), so a scoring call of fewer candidates finds its graph too."""
+    top = candidate_bucket(max(scored, default=8))
+    out, m = [], 8
+    while m <= top:
+        out.append(m)
+        m = candidate_bucket(m + 1)
+    return out
+
+
+def lossless_float32() -> None:
+    """No TF32 in matrix products or convolutions: float32 searches stay exact (``beam`` == eager == ``strict``)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+
+
+class DeviceTables:
+    """The item set's dense child tables where the graphs read them: per level one static buffer of ``capacity``
+    rows (the catalogue's rows with headroom; the rest -1, so the last row, which a dead beam reads, allows
+    nothing), filled with the tables of the catalogue a call searches. A catalogue's tables go to the device once
+    (kept for the last catalogue, not for per-request views); a view's are its catalogue's with the cells it cuts
+    set to -1, on the device. A catalogue that outgrows the buffers gets new ones (``generation`` + 1): the graphs
+    that read the old ones must be captured again."""
+
+    def __init__(self, device: torch.device, vmax: int, headroom: float = 1.25, round_to: int = 1024):
+        self.device, self.vmax, self.headroom, self.round_to = device, vmax, headroom, round_to
+        self.slots: list[torch.Tensor] = []
+        self.generation = 0
+        self._holds: Callable[[], object] = lambda: None  # the trie whose tables the slots hold (weak)
+        self._base: tuple[Callable[[], object], list[torch.Tensor]] = (lambda: None, [])  # the last catalogue's
+
+    def load(self, trie) -> list[torch.Tensor] | None:
+        """The slots, holding ``trie``'s tables; None where a level is too big for a dense table."""
+        if self._holds() is trie:
+            return self.slots
+        view = getattr(trie, "base", None)  # an ExcludingTrie: its catalogue's tables, cut
+        catalogue = trie if view is None else view
+        tables = self._on_device(catalogue)
+        if tables is None:
+            return None
+        self._fit([t.shape[0] for t in tables])
+        for slot, t in zip(self.slots, tables):
+            slot[: t.shape[0]].copy_(t)
+            slot[t.shape[0] :].fill_(-1)
+        if view is not None:
+            for slot, parent, code in zip(self.slots, trie.cut_parent, trie.cut_code):
+                if len(parent):
+                    slot[parent.to(self.device), code.to(self.device)] = -1
+        self._holds = weakref.ref(trie)
+        return self.slots
+
+    def _on_device(self, catalogue) -> list[torch.Tensor] | None:
+        held, tables = self._base
+        if held() is not catalogue:
+            host = child_tables(catalogue, self.vmax)
+            if host is None:
+                return None
+            tables = [t.to(self.device) for t in host]
+            self._base = (weakref.ref(catalogue), tables)
+        return tables
+
+    def _fit(self, rows: list[int]) -> None:
+        if len(self.slots) == len(rows) and all(s.shape[0] >= n for s, n in zip(self.slots, rows)):
+            return
+        cap = [max(n, -(-int(n * self.headroom) // self.round_to) * self.round_to) for n in rows]
+        self.slots = [torch.full((c, self.vmax), -1, dtype=torch.int32, device=self.device) for c in cap]
+        self.generation += 1
+
+
+def _search_fn(fn, fused, tables, widths, enc_mask, cross_k, cross_v, *inputs):
+    """A registry search as a graph's function: the encoder state and inputs vary, the rest is static."""
+    return fn(fused, enc_mask, cross_k, cross_v, tables, *widths, *inputs)
+
+
+def _row_axis(name: str) -> int:
+    return 1 if name == "kept_kv" else 0  # [n_layers, R, 1 + W, 2 * inner]; every other tensor leads with R
+
+
+class CudaBackend(Backend):
+    """The hot path as captured CUDA graphs (see the module's docstring); ``capture=False``: the CPU stand-in."""
+
+    name = "cuda"
+
+    def __init__(self, model, head=None, device: str = "cuda", drafter=None,
+                 batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, capture: bool | None = None):
+        super().__init__(model, head, device=device, drafter=drafter)
+        if capture is None:
+            capture = self.device.type == "cuda"
+        if self.device.type == "cuda":
+            lossless_float32()
+        sizes = sorted(set(batch_sizes))
+        if not sizes or sizes[0] < 1:
+            raise ValueError(f"batch_sizes: positive row counts, not {list(batch_sizes)}")
+        self.sizes = tuple(sizes)
+        self.runner = GraphRunner(self.device, capture)
+        self.tables = DeviceTables(self.device, max(self.cfg.level_sizes))
+        self.window = self.cfg.max_history
+        self._generation = 0  # the tables' buffers the graphs read
+        self.no_tables: set[str] = set()  # searches that stepped eagerly: the catalogue was too big for dense tables
+
+    def describe(self) -> dict:
+        eager = list(EAGER_FUNCTIONS) + sorted(self.no_tables) + sorted({str(k[0]) for k in self.runner.eager})
+        return {"backend": self.name, "device": str(self.device), **self.runner.describe(),
+                "batch_sizes": list(self.sizes), "eager": eager}
+
+    # -- graphs --------------------------------------------------------------------------------------------
+    def _graphed(self, key: tuple, fn, feeds: list[Feed], out_axes: Sequence[int],
+                 to_host: Sequence[bool]) -> list[torch.Tensor]:
+        """``fn`` over ``feeds`` as graph ``key`` + the row bucket, in chunks of the largest bucket."""
+        first = feeds[0]
+        r = first.tensor.shape[first.axis]
+        parts = []
+        for a, b in chunks(r, self.sizes[-1]):
+            part = [Feed(f.tensor.narrow(f.axis, a, b - a), f.axis) for f in feeds]
+            parts.append(self.runner.run((*key, bucket(b - a, self.sizes)), fn, part, b - a, out_axes, to_host))
+        if len(parts) == 1:
+            return parts[0]
+        return [torch.cat([p[i] for p in parts], axis) for i, axis in enumerate(out_axes)]
+
+    def _search(self, kind: str, enc: EncoderState, trie, widths: tuple[int, ...], inputs: Sequence[Feed] = (),
+                shape: tuple = ()) -> list[torch.Tensor] | None:
+        """Whole search ``kind`` of the registry as a graph: its outputs, on the host except what ``strict``
+        leaves for ``resume`` (:data:`~specrec.decoding.searches.strict.LEFT`, kept on the device); None where it
+        cannot run here (no NEZHA head or distilled drafter, or no dense tables: the caller steps instead)."""
+        s = SEARCHES[kind]
+        if (s.uses_head and self.nezha_head is None) or (s.uses_sid_drafter and self.drafter is None):
+            return None
+        with self.runner.lock, torch.inference_mode():
+            tables: list[torch.Tensor] | None = [] if trie is None else self.tables.load(trie)
+            if tables is None:
+                self.no_tables.add(kind)
+                return None
+            if trie is not None:
+                self._drop_stale()
+                shape = (*shape, self.tables.generation)
+            fn = functools.partial(_search_fn, s.fn, self.fused, tables, widths)
+            enc_mask, cross_k, cross_v = self._fused_encoder(enc)
+            feeds = [Feed(enc_mask, 0), Feed(cross_k, 1), Feed(cross_v, 1), *inputs]
+            return self._graphed((kind, *widths, *shape), fn, feeds, [_row_axis(n) for n in s.outputs],
+                                 [n not in LEFT for n in s.outputs])
+
+    def _drop_stale(self) -> None:
+        """Forget graphs that read tables' buffers that were replaced (their key's generation is older)."""
+        gen = self.tables.generation
+        if self._generation != gen:
+            self.runner.drop(lambda k: k[0] not in ("encode", "rank") and k[-2] != gen)
+            self._generation = gen
+
+    # -- the encoder -----------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def encode(self, hist_sids: torch.Tensor) -> EncoderState:
+        """[R, H, L] codes, left-padded with rows of -1 -> the encoder state on the device, every history padded
+        to the model's window (one graph per row bucket)."""
+        _, h, _ = hist_sids.shape
+        w = self.window
+        x = hist_sids[:, h - w :] if h >= w else F.pad(hist_sids, (0, 0, w - h, 0), value=-1)
+        keep, cross_k, cross_v = self._graphed(("encode",), self.fused.encode, [Feed(x)], (0, 1, 1),
+                                               (False, False, False))
+        return EncoderState(None, keep[:, None, None, :], cross_k.transpose(-1, -2), cross_v)
+
+    # -- whole searches --------------------------------------------------------------------------------------
+    def beam(self, enc: EncoderState, trie, width: int):
+        out = self._search("beam", enc, trie, (width,))
+        return None if out is None else Beams.of_search(*out)
+
+    def head(self, enc: EncoderState, trie, width: int):
+        out = self._search("head", enc, trie, (width,))
+        return None if out is None else Beams.of_search(*out)
+
+    def _drafted(self, kind: str, enc: EncoderState, trie, width: int, n: int | None):
+        return self._search(kind, enc, trie, (width,) if n is None else (width, n))
+
+    def resume(self, enc: EncoderState, trie, width: int, state: list[torch.Tensor]) -> list[torch.Tensor]:
+        feeds = [Feed(x, _row_axis(name)) for name, x in zip(LEFT, state)]
+        out = self._search("resume", enc, trie, (width,), feeds)
+        assert out is not None  # strict's graph ran on these tables
+        return out
+
+    def _ranked(self, enc: EncoderState, inputs: list[torch.Tensor]) -> torch.Tensor:
+        m = inputs[-1].shape[1]
+        mb = candidate_bucket(m)
+        padded = rank_search.padded(tuple(x.numpy() for x in inputs), mb)
+        out = self._search("rank", enc, None, (), [Feed(torch.from_numpy(x)) for x in padded], (mb,))
+        assert out is not None  # rank needs neither a head nor a drafter nor tables
+        return out[0][:, :m]
+
+    # -- the hot path's single functions, eagerly on the device (under the lock: one GPU, one batch at a time) --
+    def _step(self, *args):
+        with self.runner.lock:
+            return super()._step(*args)
+
+    def _tree(self, *args):
+        with self.runner.lock:
+            return super()._tree(*args)
+
+    def _head_hidden(self, *args):
+        with self.runner.lock:
+            return super()._head_hidden(*args)
+
+    # -- warm-up -----------------------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def warmup(self, trie, ks=(10,), drafts=DRAFT_FACTORS, scored: tuple[int, ...] = ()) -> None:
+        """Capture, for every row bucket (the largest first: the smaller graphs reuse its memory in the pool), the
+        encoder and every whole search serving list lengths ``ks`` uses (:meth:`.onnx.OrtBackend.warmup` lists
+        them), and ``rank`` for every candidate bucket up to the largest count in ``scored``. A key first met later
+        is captured by the call that needs it (a slow call; :attr:`~.graphs.GraphRunner.captured_after_start`
+        counts them)."""
+        L = self.cfg.sid_len
+        gen = torch.Generator().manual_seed(0)
+        for rb in sorted(self.sizes, reverse=True):
+            enc = self.encode(torch.zeros(rb, self.window, L, dtype=torch.int64))
+            out = None
+            for k in ks:
+                self.beam(enc, trie, k)
+                if self.drafter is not None:
+                    self.draft(enc, trie, k)
+                    self.draft(enc, trie, 2 * k)
+                    self.draft_scored(enc, trie, 2 * k)
+                for m in drafts:
+                    if self.nezha_head is not None:
+                        self.head(enc, trie, draft_count(m, k))
+                    if self.drafter is not None:
+                        out = self._drafted("strict", enc, trie, k, draft_count(m, k))
+                if self.drafter is not None and L >= 3 and out is not None:  # what finishes a row strict missed
+                    self.resume(enc, trie, k, out[len(out) - len(LEFT) :])
+            for m in rank_buckets(scored):
+                sids = torch.stack([torch.randint(0, v, (rb, m), generator=gen) for v in self.cfg.level_sizes], -1)
+                self.rank(enc, sids)
+        self.runner.started = True

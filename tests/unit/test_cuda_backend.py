@@ -1,0 +1,215 @@
+"""The CUDA backend (:mod:`specrec.backends.cuda`): on the CPU its stand-in (``capture=False``) runs the same
+buckets, padding, static buffers, chunks and device tables with the graphs' functions run eagerly, and every
+search equals the eager backend's; on a GPU (skipped here without one) the captured graphs equal eager CUDA."""
+
+import numpy as np
+import pytest
+import torch
+
+from specrec.backends import Backend, make_backend
+from specrec.backends.cuda import DEFAULT_BATCH_SIZES, CudaBackend, candidate_bucket, rank_buckets
+from specrec.backends.graphs import Feed, GraphRunner, bucket, chunks
+from specrec.decoding.beam import beam_search
+from specrec.decoding.searches.head import nezha_beam_search
+from specrec.ids import SidTrie
+from specrec.models.sid_mlp import SidMlpConfig, SidMlpDrafter
+
+from ..conftest import random_sids, tiny_tiger
+
+TOL = 1e-5
+SIZES = (1, 2, 4)  # small buckets: 3 rows pad to 4, 6 rows run as 4 + 2
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here: the graphs themselves "
+                                "are measured by bench/device_check.sh on a GPU")
+
+
+@pytest.fixture(scope="module")
+def parts():
+    m, head, sids = tiny_tiger()
+    torch.manual_seed(0)
+    drafter = SidMlpDrafter(m.cfg.level_sizes, m.cfg.d_model, SidMlpConfig(hidden=32, ff=64)).eval()
+    return m, head, drafter, sids
+
+
+@pytest.fixture()
+def pair(parts):
+    m, head, drafter, sids = parts
+    return (Backend(m, head, drafter=drafter),
+            make_backend("cuda", m, head, drafter=drafter, device="cpu", batch_sizes=SIZES), sids)
+
+
+def _hist(sids, lengths, h=8):
+    out = torch.full((len(lengths), h, sids.shape[1]), -1, dtype=torch.int64)
+    for i, k in enumerate(lengths):
+        out[i, h - k :] = torch.from_numpy(sids[i : i + k])
+    return out
+
+
+def _same_beams(a, b):
+    assert torch.equal(a.codes, b.codes)
+    assert torch.equal(a.alive, b.alive)
+    assert (a.scores - b.scores).nan_to_num(0, 0, 0).abs().max() < TOL
+    assert (a.token_logp - b.token_logp).nan_to_num(0, 0, 0).abs().max() < TOL
+
+
+def test_buckets_and_chunks():
+    assert [bucket(n, SIZES) for n in (1, 2, 3, 4)] == [1, 2, 4, 4]
+    with pytest.raises(ValueError, match="largest bucket"):
+        bucket(5, SIZES)
+    assert chunks(6, 4) == [(0, 4), (4, 6)] and chunks(4, 4) == [(0, 4)]
+    assert [candidate_bucket(m) for m in (1, 8, 9, 40, 64, 65, 100)] == [8, 8, 16, 40, 64, 128, 128]
+    assert rank_buckets([40]) == [8, 16, 24, 32, 40] and rank_buckets([]) == [8]
+    assert rank_buckets([70])[-2:] == [64, 128]
+    assert DEFAULT_BATCH_SIZES[0] == 1 and list(DEFAULT_BATCH_SIZES) == sorted(DEFAULT_BATCH_SIZES)
+
+
+@pytest.mark.parametrize("lengths", [[7], [7, 3, 1], [5, 5, 2, 1, 8, 3]])
+@torch.inference_mode()
+def test_every_search_equals_eager(pair, lengths):
+    """1 row, 3 rows padded to a bucket of 4, 6 rows in chunks of 4 + 2: beam, head, the distilled drafter's
+    searches, strict (its resume included: n = 1 draft misses rows) and rank, as the eager backend gives them."""
+    ref, be, sids = pair
+    trie = SidTrie(sids, ref.cfg.level_sizes)
+    h = _hist(sids, lengths)
+    ea, eb = ref.encode(h), be.encode(h)
+    for w in (1, 4, 9):
+        _same_beams(beam_search(ref, ea, trie, w), be.beam(eb, trie, w))
+        want = nezha_beam_search(ref.nezha_head, ref.model, ref.head_hidden(ea), trie, w)
+        got = be.head(eb, trie, w)
+        assert torch.equal(got.codes[got.alive], want.codes[want.alive])
+        _same_beams(ref.draft(ea, trie, w), be.draft(eb, trie, w))
+        _same_beams(ref.draft_scored(ea, trie, w), be.draft_scored(eb, trie, w))
+        for n in (1, 2 * w):
+            (a, cov_a, fr_a), (b, cov_b, fr_b) = ref.strict(ea, trie, w, n), be.strict(eb, trie, w, n)
+            _same_beams(a, b)
+            assert torch.equal(torch.as_tensor(cov_a), torch.as_tensor(cov_b))
+            assert torch.equal(torch.as_tensor(fr_a), torch.as_tensor(fr_b))
+            _same_beams(b, beam_search(ref, ea, trie, w))  # strict is beam, on this backend too
+    for m in (1, 13, 41):
+        cand = torch.from_numpy(sids[np.random.default_rng(m).integers(0, 50, len(lengths) * m)])
+        cand = cand.view(len(lengths), m, -1)
+        assert (ref.rank(ea, cand) - be.rank(eb, cand)).abs().max() < TOL
+
+
+@torch.inference_mode()
+def test_a_call_never_writes_into_its_inputs(pair):
+    """Static buffers are the backend's own: a later call of the same graph leaves an earlier encoder state (a
+    session's, held across rounds) as it was."""
+    ref, be, sids = pair
+    trie = SidTrie(sids, ref.cfg.level_sizes)
+    first = be.encode(_hist(sids, [3, 5]))
+    kept = [first.mask.clone(), first.cross_k.clone(), first.cross_v.clone()]
+    be.beam(first, trie, 4)
+    second = be.encode(_hist(sids[10:], [6, 1]))
+    be.beam(second, trie, 4)
+    assert torch.equal(first.mask, kept[0]) and torch.equal(first.cross_k, kept[1])
+    assert torch.equal(first.cross_v, kept[2])
+    _same_beams(be.beam(first, trie, 4), beam_search(ref, ref.encode(_hist(sids, [3, 5])), trie, 4))
+
+
+@torch.inference_mode()
+def test_a_graph_is_made_once_per_key_and_counted_after_the_warm_up(pair):
+    ref, be, sids = pair
+    trie = SidTrie(sids, ref.cfg.level_sizes)
+    be.warmup(trie, ks=(3,), scored=(7,))
+    made = len(be.runner)
+    # every bucket x (encode, beam, 3 drafter searches, 6 head and 6 strict widths, resume, rank) at K = 3
+    assert made >= len(SIZES) * 10
+    for lengths in ([4], [2, 3], [1, 2, 3]):
+        enc = be.encode(_hist(sids, lengths))
+        be.beam(enc, trie, 3)
+        be.rank(enc, torch.from_numpy(sids[:7]).expand(len(lengths), -1, -1))
+    assert len(be.runner) == made and be.runner.captured_after_start == 0
+    be.beam(be.encode(_hist(sids, [4])), trie, 5)  # a width the warm-up did not capture: made by the call
+    assert len(be.runner) == made + 1 and be.runner.captured_after_start == 1
+    d = be.describe()
+    assert d["backend"] == "cuda" and d["graphs"] == made + 1 and d["batch_sizes"] == list(SIZES)
+    assert d["eager"] == ["step", "tree", "head_hidden"]
+
+
+@torch.inference_mode()
+def test_tables_follow_the_catalogue_its_views_and_its_growth(parts):
+    """A request's view without some items reads the catalogue's tables with its cuts; the next call on the
+    catalogue reads them whole again; a catalogue that outgrows the tables' buffers gets new ones and the graphs
+    that read the old are made again."""
+    m, head, drafter, sids = parts
+    ref = Backend(m, head, drafter=drafter)
+    be = CudaBackend(m, head, device="cpu", drafter=drafter, batch_sizes=SIZES)
+    be.tables.round_to = 1  # buffers of the catalogue's size plus 25%, so that a bigger one outgrows them
+    trie = SidTrie(sids, m.cfg.level_sizes)
+    h = _hist(sids, [4, 2])
+    ea, eb = ref.encode(h), be.encode(h)
+    view = trie.excluding(sids[:6])
+    for t in (trie, view, trie, view):
+        _same_beams(beam_search(ref, ea, t, 6), be.beam(eb, t, 6))
+        _same_beams(ref.draft(ea, t, 6), be.draft(eb, t, 6))
+    gen = be.tables.generation
+    bigger = SidTrie(np.concatenate([sids, random_sids(60, m.cfg.level_sizes, seed=5)]), m.cfg.level_sizes)
+    assert any(n > s.shape[0] for n, s in zip([t.shape[0] for t in bigger.child_tables(6)], be.tables.slots))
+    _same_beams(beam_search(ref, ea, bigger, 6), be.beam(eb, bigger, 6))
+    assert be.tables.generation == gen + 1
+    assert all(k[0] in ("encode", "rank") or k[-2] == gen + 1 for k in be.runner.graphs)
+    _same_beams(beam_search(ref, ea, trie, 6), be.beam(eb, trie, 6))
+
+
+@torch.inference_mode()
+def test_a_catalogue_too_big_for_dense_tables_steps_eagerly(parts, monkeypatch):
+    import specrec.ids.trie as trie_mod
+
+    m, head, drafter, sids = parts
+    monkeypatch.setattr(trie_mod, "DENSE_LIMIT", 4)  # no level fits a dense table
+    trie = SidTrie(sids, m.cfg.level_sizes)
+    be = CudaBackend(m, head, device="cpu", drafter=drafter, batch_sizes=SIZES)
+    enc = be.encode(_hist(sids, [3]))
+    assert be.beam(enc, trie, 4) is None and be.draft(enc, trie, 4) is None  # the caller steps instead
+    assert {"beam", "draft"} <= set(be.describe()["eager"])
+    ref = Backend(m, head, drafter=drafter)
+    _same_beams(beam_search(be, enc, trie, 4), beam_search(ref, ref.encode(_hist(sids, [3])), trie, 4))
+
+
+def test_a_key_whose_capture_fails_runs_eagerly_and_says_why():
+    runner = GraphRunner(torch.device("cpu"), capture=False)
+    runner.capture = True  # as on a GPU, with a capture that fails
+
+    def no_capture(fn, inputs):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    runner._capture = no_capture  # type: ignore[method-assign]
+    x = torch.arange(6.0).view(3, 2)
+    out = runner.run(("double", 4), lambda t: (t * 2,), [Feed(x)], 3, (0,), (True,))
+    assert torch.equal(out[0], x * 2)
+    assert "capture failed" in runner.eager[("double", 4)] and len(runner) == 0
+    assert torch.equal(runner.run(("double", 4), lambda t: (t * 2,), [Feed(x)], 3, (0,), (True,))[0], x * 2)
+
+
+def test_an_error_in_the_call_itself_is_raised_and_nothing_is_kept():
+    runner = GraphRunner(torch.device("cpu"), capture=False)
+
+    def bad(t):
+        raise IndexError("index 9 is out of bounds")
+
+    with pytest.raises(IndexError):
+        runner.run(("bad", 1), bad, [Feed(torch.zeros(1, 2))], 1, (0,), (True,))
+    assert len(runner) == 0 and not runner.eager
+
+
+def test_graphs_need_a_cuda_device():
+    with pytest.raises(ValueError, match="CUDA device"):
+        GraphRunner(torch.device("cpu"), capture=True)
+
+
+@needs_cuda
+@torch.inference_mode()
+def test_captured_graphs_equal_eager_cuda(parts):
+    m, head, drafter, sids = parts
+    ref = Backend(m, head, device="cuda", drafter=drafter)
+    be = CudaBackend(m, head, device="cuda", drafter=drafter, batch_sizes=SIZES)
+    assert be.runner.capture
+    trie = SidTrie(sids, m.cfg.level_sizes)
+    for lengths in ([7], [7, 3, 1], [5, 5, 2, 1, 8, 3]):
+        h = _hist(sids, lengths)
+        ea, eb = ref.encode(h), be.encode(h)
+        for w in (1, 4, 9):
+            _same_beams(beam_search(ref, ea, trie, w), be.beam(eb, trie, w))
+            _same_beams(ref.draft(ea, trie, w), be.draft(eb, trie, w))
+            _same_beams(be.strict(eb, trie, w, 1)[0], be.beam(eb, trie, w))
+    assert not be.runner.eager, be.runner.eager
