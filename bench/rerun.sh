@@ -53,7 +53,7 @@ temporal() {  # the temporal split: unseen items, with and without the drafter's
   specrec export-onnx --bundle bundles/beauty-temporal --k 10,50
   python -m bench.serving --bundle bundles/beauty-temporal --protocol temporal --policies fused,auto,drafter,beam \
     --open-policies "" --overhead-requests 0 --k 50 --budget-ms 30 --requests 2000 --seed 0
-  python -m bench.unseen_text_reach --data ../shared/data/beauty --emb bundles/beauty-loo/text_emb.npy
+  python -m bench.unseen_text_reach --data data/beauty --emb bundles/beauty-loo/text_emb.npy
 }
 startup() { python -m bench.cold_start --bundle "$BUNDLE"; }
 index() { python -m bench.drafter_index --items 300000 --dim 64 --queries 500; }
