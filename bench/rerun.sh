@@ -76,7 +76,10 @@ soak() {
 }
 chaos() { python -m bench.chaos --bundle "$BUNDLE" --rate 10 --budget-ms 100 --machine-budget-ms 30; }
 scaleout() { python -m bench.scaleout --bundle "$BUNDLE" --rates 10,20,30,40 --duration 10; }
-gpu() { bash bench/device_check.sh; }  # needs an NVIDIA GPU (exits 3 without one): only when named
+gpu() {  # needs an NVIDIA GPU (exits 3 without one): only when named; on the device tool, see device_check.sh
+  bash bench/device_check.sh  # its results into bench/results/gpu, then their keys into summary.json
+  python -m bench.gpu_check --merge bench/results/gpu
+}
 
 ALL=(quality policies temporal drafters backends profile startup index serving overload soak chaos scaleout keys)
 EXTRA=(gpu)
