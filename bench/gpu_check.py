@@ -328,7 +328,11 @@ def start_stack(bundle_dir: Path, a, tmp: Path):
     stack = Stack(bundle_dir, Redis(a.redis_url, tmp), tmp / "logs", "gpu", threads=None, env=env,
                   replicas={"drafter": n})
     say(f"starting the stack: verifier on {a.device} (CUDA backend), {n} drafter process(es)")
-    return stack.start(900.0, say=say)
+    try:
+        return stack.start(900.0, say=say)
+    except BaseException:  # what started is stopped (a service that never became SERVING raised SystemExit)
+        stack.stop(say=say)
+        raise
 
 
 # -- 4. one epoch of training -------------------------------------------------------------------------------------
@@ -418,7 +422,7 @@ def merge(src: Path) -> int:
     dest = RESULTS_DIR / "gpu"
     dest.mkdir(parents=True, exist_ok=True)
     for name in ("gpu_check.json", "gpu_check.md", "gpu_check.png", "gpu_keys.json"):
-        if (src / name).exists():
+        if (src / name).exists() and (src / name).resolve() != (dest / name).resolve():
             shutil.copyfile(src / name, dest / name)
     old = json.loads((RESULTS_DIR / "summary.json").read_text())
     update_summary(keys, RESULTS_DIR / "summary.json", retire=tuple(k for k in old if k.startswith("gpu.")
@@ -449,7 +453,7 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         try:
             res["phases"][name] = out = fn()
-        except Exception:  # noqa: BLE001 - recorded; the next phase runs
+        except (Exception, SystemExit):  # noqa: BLE001 - recorded; the next phase runs
             errors[name], out = traceback.format_exc(), None
             say(f"phase {name} failed:\n{errors[name]}")
         res["seconds"][name] = round(time.perf_counter() - t0, 1)
