@@ -35,7 +35,6 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from specrec.bundle import Bundle, sid_space_fingerprint
-from specrec.models.hotpath import child_tables
 from specrec.verifier import LocalVerifier, SelectRule, Session, SessionStateError
 from specrec.verifier.jobs import BeamJob, DraftVerifyJob, EncodeJob, ExpandJob, HeadJob, ScoreJob, SearchSpec
 from specrec.verifier.local import run_jobs
@@ -150,7 +149,7 @@ class VerifierService(Service):
         # a new version's search tables are built with it, not by the first request that searches it
         self.catalogue = CatalogueWatcher(self.channel, expect_bundle=self.sid_space,
                                           min_reload_s=s.catalogue_min_reload_s,
-                                          prepare=lambda snap: child_tables(snap.itemset.trie, vmax))
+                                          prepare=lambda snap: snap.itemset.trie.search_tables(vmax))
         await self.catalogue.start()
         self.batcher: Batcher = Batcher("verifier", lambda jobs: run_jobs(self.local, jobs), self.executor, s.max_batch,
                                         concurrency=s.compute_threads)

@@ -33,8 +33,9 @@ from tqdm.auto import tqdm
 
 from ..data.splits import Examples, Split, sample_examples
 from ..decoding.searches import SearchState
+from ..ids.tables import Level
 from ..ids.trie import SidTrie
-from ..models.hotpath import Cross, FusedHotPath, child_tables
+from ..models.hotpath import Cross, FusedHotPath
 from ..models.sid_mlp import SidMlpConfig, SidMlpDrafter
 from ..models.tiger import BOS_TOKEN, Tiger
 from .batches import history_batch
@@ -118,7 +119,7 @@ def _grow_step(fused: FusedHotPath, x: torch.Tensor, r: int, past: list, cross: 
 
 
 @torch.inference_mode()
-def run_frontier(fused: FusedHotPath, tables: list[torch.Tensor], hist_sids: torch.Tensor, width: int,
+def run_frontier(fused: FusedHotPath, tables: list[Level], hist_sids: torch.Tensor, width: int,
                  keep_logp: bool = True):
     """The target's constrained beam search on [R, H, L] histories, keeping what distillation reads:
     (h0 [R, d], root log-probs [R, V0], per level j >= 1 (prefixes [R, W, j], alive [R, W], log-probs [R, W, V_j]),
@@ -165,9 +166,7 @@ def teacher_frontier(gr: Tiger, ex: Examples, sids: np.ndarray, trie: SidTrie, w
     if path is not None and path.exists():
         return Frontier.load(path)
     fused = FusedHotPath(gr).eval()
-    tables = child_tables(trie, fused.vmax)
-    if tables is None:
-        raise ValueError("distillation needs dense child tables (a catalogue small enough per level)")
+    tables = trie.search_tables(fused.vmax)
     sids_t = torch.from_numpy(np.ascontiguousarray(sids, dtype=np.int64))
     parts: list = []
     for s in tqdm(range(0, len(ex), batch_size), desc=f"target frontier (width {width})", disable=not progress,
@@ -213,7 +212,7 @@ def distill_loss(drafter: SidMlpDrafter, h0: torch.Tensor, codes: list[torch.Ten
 
 
 @torch.no_grad()
-def drafter_beams(drafter: SidMlpDrafter, h0: torch.Tensor, root: torch.Tensor, tables: list[torch.Tensor],
+def drafter_beams(drafter: SidMlpDrafter, h0: torch.Tensor, root: torch.Tensor, tables: list[Level],
                   widths: list[int]) -> list[torch.Tensor]:
     """The drafter's constrained beams: level 0 exact (the target's ``root`` log-probs), then the drafter's
     levels; ``widths[j]`` beams kept after level j. Returns each level's kept prefixes [R, widths[j], j+1]
@@ -326,12 +325,10 @@ def train_sid_mlp(gr: Tiger, split: Split, sids: np.ndarray, cfg: DistillConfig 
     t_start = time.time()
     trie = SidTrie(sids, gr.cfg.level_sizes)
     fused = FusedHotPath(gr).eval()
-    tables = child_tables(trie, fused.vmax)
+    tables = trie.search_tables(fused.vmax)
     sids_t = torch.from_numpy(np.ascontiguousarray(sids, dtype=np.int64))
     train_ex = sample_examples(split.train, cfg.examples, cfg.seed)
     valid_ex = sample_examples(split.valid, cfg.valid_examples, cfg.seed + 1)
-    if tables is None:
-        raise ValueError("distillation needs dense child tables (a catalogue small enough per level)")
     fr = teacher_frontier(gr, train_ex, sids, trie, cfg.width, cache, progress=progress)
     log(f"target frontier of {len(fr)} training histories (width {cfg.width}) in {time.time() - t_start:.0f} s")
     drafter = SidMlpDrafter(gr.cfg.level_sizes, gr.cfg.d_model, mcfg)
