@@ -444,7 +444,7 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
         job = HeadJob(target, self._trie(snap, request.ref, n), self._width(request.width), request.distilled,
                       request.target_scores)
         beams = await self.svc.run(job, context)
-        if beams is None:  # the backend's distilled search could not answer (no dense tables)
+        if beams is None:  # the backend's distilled search could not answer (no distilled drafter)
             raise FailedPrecondition(NO_DISTILLED)
         return beams_msg(beams, self._session_id(job, request.ref, snap))
 
@@ -459,7 +459,7 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
         require(1 <= request.n <= self.svc.s.max_width, "n", f"must be 1..{self.svc.s.max_width}")
         job = DraftVerifyJob(target, self._trie(snap, request.ref, n), self._width(request.width), int(request.n))
         d = await self.svc.run(job, context)
-        if d is None:  # the backend's draft-and-verify could not answer (no dense tables)
+        if d is None:  # the backend's draft-and-verify could not answer (no distilled drafter)
             raise FailedPrecondition(NO_DISTILLED)
         return verifier_pb2.DraftVerifyResponse(beams=beams_msg(d.beams), covered=to_msg(torch.from_numpy(d.covered)),
                                                 frontier=to_msg(torch.from_numpy(d.frontier.astype(np.int32))),

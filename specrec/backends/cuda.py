@@ -73,7 +73,8 @@ class DeviceTables:
     searches, and its view's cut list. Padding keeps every read of a padded buffer what it was: a dense level's
     rows past the catalogue's are -1 (the last, which a dead beam reads, allows nothing), a CSR level's ``ptr``
     repeats its last offset (a dead beam's node -1 reads an empty range) and its ``codes`` are 0 past the edges
-    (never read), a cut list's pairs past the view's are (-2, 0), which match no node.
+    (never read), its ``offs`` go on past the level's largest fan-out (edges past a node's range are masked), a cut
+    list's pairs past the view's are (-2, 0), which match no node.
 
     A catalogue's tables go to the device once, when a call first searches it; a request's view without some
     items (:meth:`~specrec.ids.trie.SidTrie.excluding`) writes only its cut lists (a few pairs), so the tables never
@@ -128,12 +129,16 @@ class DeviceTables:
         def cut(c: int) -> torch.Tensor:
             return torch.zeros(2, max(self.cuts, 1 << (c - 1).bit_length()), dtype=torch.int64, device=dev)
 
-        self.slots = [
-            Level(torch.full((cap(lv.table.shape[0]), self.vmax), -1, dtype=torch.int32, device=dev), None, None,
-                  cut(lv.cut.shape[1])) if lv.table is not None
-            else Level(None, torch.zeros(cap(lv.ptr.shape[0] - 1) + 1, dtype=torch.int32, device=dev),  # type: ignore[union-attr]
-                       torch.zeros(cap(lv.codes.shape[0]), dtype=torch.int32, device=dev), cut(lv.cut.shape[1]))  # type: ignore[union-attr]
-            for lv in levels]
+        def slot(lv: Level) -> Level:
+            if lv.table is not None:
+                table = torch.full((cap(lv.table.shape[0]), self.vmax), -1, dtype=torch.int32, device=dev)
+                return Level(table, None, None, None, cut(lv.cut.shape[1]))
+            assert lv.ptr is not None and lv.codes is not None and lv.offs is not None
+            return Level(None, torch.zeros(cap(lv.ptr.shape[0] - 1) + 1, dtype=torch.int32, device=dev),
+                         torch.zeros(cap(lv.codes.shape[0]), dtype=torch.int32, device=dev),
+                         torch.arange(lv.offs.shape[0], dtype=torch.int32, device=dev), cut(lv.cut.shape[1]))
+
+        self.slots = [slot(lv) for lv in levels]
         self.generation += 1
         return True
 

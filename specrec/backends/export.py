@@ -323,15 +323,16 @@ def export_onnx(model: Tiger, out_dir: str | Path, head=None, drafter=None) -> P
 def weights_fingerprint(*modules) -> str:
     """sha256 (first 16 hex digits) of the modules' weights and of the code the graphs are traced
     from and kept by (this module, the backend, the shared weights and the precisions, the hot path, the head's
-    functions, the constrained top-k and every module of the registry of searches): exported graphs belong to
-    exactly these."""
+    functions, the constrained top-k, the search tables' read and every module of the registry of searches):
+    exported graphs belong to exactly these."""
     import hashlib
     import inspect
 
     from ..decoding import topk
+    from ..ids import tables
     from ..models import hotpath, nezha_head
 
-    code = [Path(inspect.getfile(m)) for m in (hotpath, nezha_head, topk)]
+    code = [Path(inspect.getfile(m)) for m in (hotpath, nezha_head, topk, tables)]
     code += sorted(Path(inspect.getfile(searches)).parent.glob("*.py"))
     here = Path(__file__).parent  # the export, the backend, the shared weights and the precisions
     code += [here / f"{m}.py" for m in ("export", "onnx", "weights", "precision")]

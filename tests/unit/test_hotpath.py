@@ -1,7 +1,7 @@
 """The serving path's functions (:mod:`specrec.models.hotpath`: what the eager backend runs and the ONNX
 graphs trace) compute what the model itself computes (:class:`~specrec.models.tiger.Tiger`'s teacher-forced
 decoder, the NEZHA head's own modules), and the one constrained top-k gives the same beams over a trie and
-over dense child tables."""
+over its search tables."""
 
 import pytest
 import torch
