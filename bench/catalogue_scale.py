@@ -9,7 +9,9 @@ items (no training interactions, no text). Per size, in this process:
 - **tables**: the item set's trie and the whole searches' tables (:meth:`~specrec.ids.trie.SidTrie.search_tables`:
   per level a dense child table or CSR arrays, :mod:`specrec.ids.tables`) built, timed (``build_s``), and their
   memory: ``tables_mb`` (what the searches read, and what a GPU holds), ``trie_mb`` (the trie's own arrays, which
-  the step-by-step searches and lookups read), and each level's form (``forms``: ``d`` dense, ``c`` CSR);
+  the step-by-step searches and lookups read: a CSR level's arrays are the trie's, counted in both; below
+  :data:`~specrec.ids.trie.DENSE_LIMIT` cells a level also keeps a bool mask for the step-by-step searches), and
+  each level's form (``forms``: ``d`` dense, ``c`` CSR);
 - **policies**: ``beam``, ``nezha`` and ``fused`` on an engine over that catalogue (the bundle's default backend,
   ONNX Runtime, one thread, and its SASRec drafter), each request K = 10 for the same ``--users`` seeded random
   leave-one-out test histories, ``--rounds`` times, policies interleaved per request after a warm-up (graphs
@@ -31,6 +33,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import textwrap
 import time
 from pathlib import Path
 
@@ -178,7 +181,7 @@ def plot(res: dict, path: Path) -> None:
     cx.set_ylabel("build s")
     bx.legend(loc="upper left", fontsize=8)
     cx.legend(loc="lower right", fontsize=8)
-    fig.suptitle(res["title"], fontsize=9)
+    fig.suptitle(textwrap.fill(res["title"], 160), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -225,7 +228,8 @@ def main(argv=None) -> int:
     users = sample_users(b, a.users, a.seed)
     backend = b.backend()
     vmax = max(b.cfg.level_sizes)
-    res: dict = {"command": command_line("bench.catalogue_scale", argv), "machine": machine_line(), "run": run_line(),
+    res: dict = {"command": command_line("bench.catalogue_scale", argv), "machine": machine_line(in_process=True),
+                 "run": run_line(),
                  "users": users.source + f", K = {a.k}, {a.rounds} timed rounds, history "
                  f"{'excluded' if a.exclude_history else 'not excluded'}", "backend": backend.describe(),
                  "policies": policies, "sizes": []}

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -231,7 +232,7 @@ class OrtBackend(Backend):
         trie keeps them, so a request's view of it, which brings its own cut lists, piles nothing up here)."""
         return graph_inputs(trie.search_tables(max(self.cfg.level_sizes)))
 
-    def _whole(self, kind: str, enc, trie, width: int, n: int | None = None, state: list[torch.Tensor] = ()):
+    def _whole(self, kind: str, enc, trie, width: int, n: int | None = None, state: Sequence[torch.Tensor] = ()):
         """Run whole-search graph ``kind`` (exported on first use) over ``trie``'s tables (and ``state``: the
         inputs after them): its outputs, or None where it cannot run (no NEZHA head or distilled drafter)."""
         if (SEARCHES[kind].uses_head and self.nezha_head is None) or (SEARCHES[kind].uses_sid_drafter

@@ -66,7 +66,8 @@ class Level(NamedTuple):
         return self._replace(cut=cut)
 
     def to(self, device: torch.device | str) -> Level:
-        return Level(*(None if t is None else t.to(device) for t in self))
+        table, ptr, codes, offs = (None if t is None else t.to(device) for t in self[:-1])
+        return Level(table, ptr, codes, offs, self.cut.to(device))
 
     @property
     def nbytes(self) -> int:
