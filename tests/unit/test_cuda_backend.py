@@ -219,18 +219,25 @@ def test_graphs_need_a_cuda_device():
 
 
 @needs_cuda
+@pytest.mark.parametrize("dense_cells", [None, 0])
 @torch.inference_mode()
-def test_captured_graphs_equal_eager_cuda(parts):
+def test_captured_graphs_equal_eager_cuda(parts, monkeypatch, dense_cells):
+    """Captured, over the rule's tables (all dense here) and over CSR at every level, a request's view included."""
+    import specrec.ids.tables as tables_mod
+
     m, head, drafter, sids = parts
+    if dense_cells is not None:
+        monkeypatch.setattr(tables_mod, "DENSE_CELLS", dense_cells)
     ref = Backend(m, head, device="cuda", drafter=drafter)
     be = CudaBackend(m, head, device="cuda", drafter=drafter, batch_sizes=SIZES)
     assert be.runner.capture
     trie = SidTrie(sids, m.cfg.level_sizes)
-    for lengths in ([7], [7, 3, 1], [5, 5, 2, 1, 8, 3]):
-        h = _hist(sids, lengths)
-        ea, eb = ref.encode(h), be.encode(h)
-        for w in (1, 4, 9):
-            _same_beams(beam_search(ref, ea, trie, w), be.beam(eb, trie, w))
-            _same_beams(ref.draft(ea, trie, w), be.draft(eb, trie, w))
-            _same_beams(be.strict(eb, trie, w, 1)[0], be.beam(eb, trie, w))
+    for t in (trie, trie.excluding(sids[:7])):
+        for lengths in ([7], [7, 3, 1], [5, 5, 2, 1, 8, 3]):
+            h = _hist(sids, lengths)
+            ea, eb = ref.encode(h), be.encode(h)
+            for w in (1, 4, 9):
+                _same_beams(beam_search(ref, ea, t, w), be.beam(eb, t, w))
+                _same_beams(ref.draft(ea, t, w), be.draft(eb, t, w))
+                _same_beams(be.strict(eb, t, w, 1)[0], be.beam(eb, t, w))
     assert not be.runner.eager, be.runner.eager
