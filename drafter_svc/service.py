@@ -50,6 +50,10 @@ class DrafterSettings(ServiceSettings):
     unseen_share: float | None = Field(None, ge=0.0, le=1.0, description="its share of drafts by text similarity "
                                        "among the unseen items: items with no training interactions, such as the "
                                        "ones upserted since (unset: the bundle's, else 0)")
+    text_embedder: bool = Field(True, description="serve the retrieval drafter, which loads the text embedder "
+                                "(all-MiniLM-L6-v2, 88 MB) at start to embed the texts of items upserted since the "
+                                "bundle; off (a machine without that model): the other drafters serve, SASRec's unseen "
+                                "share drafted by none")
 
 
 class DrafterService(Service):
@@ -95,7 +99,7 @@ class DrafterService(Service):
         b = self.bundle
         base = b.itemset
         n0 = len(b.catalogue)
-        if b.retrieval is not None and b.text_emb is not None:
+        if b.retrieval is not None and b.text_emb is not None and self.s.text_embedder:
             self.drafters["retrieval"] = b.drafter("retrieval", base, text_share=self.s.text_share,
                                                    unseen_share=self.s.unseen_share)
         if b.self_draft is not None:

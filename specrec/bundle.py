@@ -267,8 +267,7 @@ class Bundle:
         if self.sasrec is not None:
             meta["sasrec"] = self.sasrec.cfg.model_dump()
             save_weights(self.sasrec, path / "sasrec.safetensors")
-        # a new file: bundles of one catalogue may share text_emb.npy by a link, never written through it
-        if self.text_emb is not None:
+        if self.text_emb is not None:  # a new file: bundles of one catalogue may share it by a link, never written to
             emb = path / "text_emb.npy"
             emb.unlink(missing_ok=True)
             np.save(emb, self.text_emb.astype(np.float16))

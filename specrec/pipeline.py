@@ -145,15 +145,26 @@ def train_drafters(
     log: Callable[[str], None] = print,
     align=None,
     distill=None,
+    device: str = "cpu",
+    batch_scale: float = 1.0,
 ) -> Bundle:
     """Train the drafters of a bundle on its own split and save the bundle to
     ``out``; ``align`` (:class:`~specrec.train.align.AlignConfig`) aligns the
     NEZHA head and the self-drafter to the GR model (AtSpeed); ``which`` may name
     "distill": the SID-MLP drafter distilled from the GR model (``distill``:
-    its :class:`~specrec.train.distill.DistillConfig`)."""
+    its :class:`~specrec.train.distill.DistillConfig`). Each trains on ``device``
+    with ``batch_scale`` times its batch (:func:`specrec.train.device.scale_batch`)."""
     from .data.splits import temporal
     from .ids.embed import cache_dir
+    from .train.device import scale_batch
     from .train.drafters import DrafterTrainConfig, train_nezha, train_retrieval, train_self_draft
+
+    def tcfg(epochs: int, batch_size: int, lr: float, **kw) -> DrafterTrainConfig:
+        b, r, _ = scale_batch(batch_size, lr, batch_scale)
+        return DrafterTrainConfig(epochs=epochs, batch_size=b, lr=r, device=device, **kw)
+
+    def recorded(tc: DrafterTrainConfig, t0: float) -> dict:  # the batch it trained with, and its minutes
+        return {"batch_size": tc.batch_size, "lr": tc.lr, "minutes": round((time.time() - t0) / 60, 1)}
 
     ds = open_dataset(data or bundle.meta.get("data_path"))
     if ds.catalogue.ids != bundle.catalogue.ids:
@@ -167,43 +178,30 @@ def train_drafters(
     if "retrieval" in which:
         if bundle.text_emb is None:
             bundle.text_emb = TextEmbedder(progress=progress)(bundle.catalogue.texts)
-        t0 = time.time()
-        model, rep = train_retrieval(
-            split,
-            [s.items for s in ds.sequences],
-            bundle.text_emb,
-            tcfg=DrafterTrainConfig(epochs=epochs.get("retrieval", 30), batch_size=128, lr=1e-3),
-            log=log,
-            progress=progress,
-        )
+        t0, tc = time.time(), tcfg(epochs.get("retrieval", 30), 128, 1e-3)
+        model, rep = train_retrieval(split, [s.items for s in ds.sequences], bundle.text_emb, tcfg=tc, log=log,
+                                     progress=progress)
         bundle.retrieval = round_to_half(model)
-        info["retrieval"] = {**rep, "minutes": round((time.time() - t0) / 60, 1)}
+        info["retrieval"] = {**rep, **recorded(tc, t0)}
     if "self" in which:
-        t0 = time.time()
-        self_head, rep = train_self_draft(bundle.model, split, bundle.sids,
-                                          tcfg=DrafterTrainConfig(epochs=epochs.get("self", 8), batch_size=256,
-                                                                  lr=2e-3),
-                                          log=log, progress=progress, align=align, cache=cache_dir() / "beams")
+        t0, tc = time.time(), tcfg(epochs.get("self", 8), 256, 2e-3)
+        self_head, rep = train_self_draft(bundle.model, split, bundle.sids, tcfg=tc, log=log, progress=progress,
+                                          align=align, cache=cache_dir() / "beams")
         bundle.self_draft = round_to_half(self_head)
-        info["self_draft"] = {**rep, "minutes": round((time.time() - t0) / 60, 1)}
+        info["self_draft"] = {**rep, **recorded(tc, t0)}
     if "nezha" in which:
-        t0 = time.time()
-        head, rep = train_nezha(
-            bundle.model,
-            split,
-            bundle.sids,
-            tcfg=DrafterTrainConfig(epochs=epochs.get("nezha", 5), batch_size=256, lr=2e-3, patience=2),
-            log=log,
-            progress=progress,
-            align=align,
-            cache=cache_dir() / "beams",
-        )
+        t0, tc = time.time(), tcfg(epochs.get("nezha", 5), 256, 2e-3, patience=2)
+        head, rep = train_nezha(bundle.model, split, bundle.sids, tcfg=tc, log=log, progress=progress, align=align,
+                                cache=cache_dir() / "beams")
         bundle.nezha_head = round_to_half(head)
-        info["nezha_head"] = {**rep, "minutes": round((time.time() - t0) / 60, 1)}
+        info["nezha_head"] = {**rep, **recorded(tc, t0)}
     if "distill" in which:
         from .train.distill import DistillConfig, train_sid_mlp
 
-        drafter, rep = train_sid_mlp(bundle.model, split, bundle.sids, distill or DistillConfig(), log=log,
+        dcfg = distill or DistillConfig()
+        b, r, _ = scale_batch(dcfg.batch_size, dcfg.lr, batch_scale)
+        dcfg = dcfg.model_copy(update={"batch_size": b, "lr": r, "device": device})
+        drafter, rep = train_sid_mlp(bundle.model, split, bundle.sids, dcfg, log=log,
                                      progress=progress, cache=cache_dir() / "frontier")
         bundle.sid_mlp = round_to_half(drafter)
         info["sid_mlp"] = rep

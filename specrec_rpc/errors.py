@@ -38,6 +38,9 @@ class Reason(str, Enum):
     """Machine-readable reasons (``google.rpc.ErrorInfo.reason``) that clients switch on."""
 
     SESSION_LOST = "SESSION_LOST"  # the verifier no longer has the session (restart, eviction, expiry)
+    # the service's device failed (a CUDA error, a lost GPU, a computation that hung): it is out of rotation for
+    # good (health NOT_SERVING); the call is to be retried on another replica
+    DEVICE_FAILED = "DEVICE_FAILED"
 
 
 class InvalidArgument(ValueError):
@@ -140,9 +143,15 @@ async def abort_for(context, exc: BaseException, method: str, log) -> None:
         await context.abort(grpc.StatusCode.INTERNAL,
                             f"internal error in {method} (ref {ref}; details in the service's log)")
         return
-    code, message, reason = found
-    if code == grpc.StatusCode.UNAVAILABLE:
-        log.warning("dependency unavailable", method=method, error=message)
+    if found[0] == grpc.StatusCode.UNAVAILABLE:
+        log.warning("unavailable", method=method, error=found[1], reason=found[2].value if found[2] else None)
+    await refuse(context, exc)
+
+
+async def refuse(context, exc: BaseException) -> None:
+    """Abort the call with the status the table maps ``exc`` to (its :class:`Reason` in the details when it has
+    one; an exception not in the table: UNAVAILABLE with its message). Logs nothing."""
+    code, message, reason = _lookup(exc) or (grpc.StatusCode.UNAVAILABLE, f"{type(exc).__name__}: {exc}", None)
     if reason is not None:
         await context.abort_with_status(rich_status(code, message, reason))
         return

@@ -3,7 +3,9 @@
 - ``grpc.aio`` server with message-size and keepalive options set on purpose;
 - the standard health service: NOT_SERVING until the service's ``start()``
   (model loading and warm-up) has finished, SERVING after, NOT_SERVING again
-  from the first moment of shutdown;
+  from the first moment of shutdown, or for good once the service takes itself
+  out of rotation (:meth:`Service.take_out_of_rotation`: the verifier whose
+  device failed), when every call answers with that failure's status;
 - server reflection;
 - Prometheus metrics on an HTTP port: requests by method and status code,
   latency histograms by method, in-flight requests;
@@ -28,7 +30,7 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import grpc
 import structlog
@@ -37,7 +39,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import Counter, Gauge, Histogram, Info, start_http_server
 
 from . import tracing
-from .errors import abort_for
+from .errors import abort_for, refuse
 from .settings import ServiceSettings
 
 # buckets around the 30 ms budget, where the SLO is read
@@ -181,11 +183,12 @@ class Admission:
 class GuardInterceptor(grpc.aio.ServerInterceptor):
     """Metrics, load shedding and last-resort error mapping for unary RPCs."""
 
-    def __init__(self, metrics: RpcMetrics, admission: Admission, log, ready=lambda: True):
+    def __init__(self, metrics: RpcMetrics, admission: Admission, log, ready=lambda: True, out=lambda: None):
         self.m = metrics
         self.admission = admission
         self.log = log
         self.ready = ready  # False while the service starts: calls get UNAVAILABLE, which clients retry elsewhere
+        self.out = out  # the failure that took the service out of rotation (None: in): every call answers with it
         self._wrapped: dict[str, grpc.RpcMethodHandler | None] = {}  # full method name -> its guarded handler
 
     async def intercept_service(self, continuation, details):
@@ -211,6 +214,11 @@ class GuardInterceptor(grpc.aio.ServerInterceptor):
             code = grpc.StatusCode.OK
             structlog.contextvars.clear_contextvars()  # this call's own request id, never one left over
             tracing.bind_request_id(tracing.request_id_of(context))
+            if not exempt and (failure := self.out()) is not None:
+                m.requests.labels(m.service, method, "UNAVAILABLE").inc()
+                self.log.warning("request", outcome="failed", method=method, code="UNAVAILABLE",
+                                 reason=f"out of rotation: {failure}")
+                await refuse(context, failure)
             if not exempt and not self.ready():
                 m.requests.labels(m.service, method, "UNAVAILABLE").inc()
                 self.log.warning("request", outcome="failed", method=method, code="UNAVAILABLE",
@@ -263,6 +271,20 @@ class Service:
         self.settings = settings
         self.log = structlog.get_logger(self.name)
         self.admission = Admission(settings.max_concurrency)
+        #: the failure that took the service out of rotation for good (:meth:`take_out_of_rotation`); None: in
+        self.out_of_rotation: BaseException | None = None
+        self._on_out_of_rotation: Callable[[], None] = lambda: None  # the Runner's: health NOT_SERVING
+
+    def take_out_of_rotation(self, failure: BaseException) -> None:
+        """Leave rotation for good (call it on the event loop's thread; the first failure is the one kept): health
+        NOT_SERVING from now on, and every call, new or one whose work ``failure`` ended, answers with the status
+        the error table maps ``failure`` to (:mod:`.errors`; the verifier's failed device: UNAVAILABLE with the
+        reason DEVICE_FAILED), so that its callers go to another replica. Only a new process comes back."""
+        if self.out_of_rotation is not None:
+            return
+        self.out_of_rotation = failure
+        self.log.error("out of rotation", service=self.name, error=f"{type(failure).__name__}: {failure}")
+        self._on_out_of_rotation()
 
     def add_to_server(self, server: grpc.aio.Server) -> None:
         raise NotImplementedError
@@ -310,9 +332,12 @@ class Runner:
         self.metrics = RpcMetrics(service.name)
         self._stopping: asyncio.Event | None = None
         self.ready = False  # set once the service's start() has finished
+        self._health_tasks: set[asyncio.Task] = set()  # health changes on the service's word (out of rotation)
 
     async def _set_all(self, status) -> None:
         for name in ("", *self.service.grpc_services):
+            if self.service.out_of_rotation is not None:  # never SERVING again, whatever was under way
+                status = health_pb2.HealthCheckResponse.NOT_SERVING
             await self.health.set(name, status)
 
     async def start(self) -> int:
@@ -322,8 +347,10 @@ class Runner:
         self.server = grpc.aio.server(
             options=server_options(s),
             maximum_concurrent_rpcs=s.max_concurrent_rpcs or None,
-            interceptors=[GuardInterceptor(self.metrics, svc.admission, svc.log, ready=lambda: self.ready)],
+            interceptors=[GuardInterceptor(self.metrics, svc.admission, svc.log, ready=lambda: self.ready,
+                                           out=lambda: svc.out_of_rotation)],
         )
+        svc._on_out_of_rotation = self._out_of_rotation
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         await self._set_all(health_pb2.HealthCheckResponse.NOT_SERVING)
         svc.add_to_server(self.server)
@@ -353,9 +380,16 @@ class Runner:
         await svc.start()
         frozen = settle_heap()
         self.ready = True
-        await self._set_all(health_pb2.HealthCheckResponse.SERVING)
-        svc.log.info("serving", warmup_s=round(time.perf_counter() - t0, 2), gc_frozen=frozen)
+        if svc.out_of_rotation is None:  # (one that failed while starting stays NOT_SERVING)
+            await self._set_all(health_pb2.HealthCheckResponse.SERVING)
+            svc.log.info("serving", warmup_s=round(time.perf_counter() - t0, 2), gc_frozen=frozen)
         return self.port
+
+    def _out_of_rotation(self) -> None:
+        """The service took itself out of rotation: NOT_SERVING, for good."""
+        task = asyncio.get_running_loop().create_task(self._set_all(health_pb2.HealthCheckResponse.NOT_SERVING))
+        self._health_tasks.add(task)
+        task.add_done_callback(self._health_tasks.discard)
 
     async def stop(self, grace: float | None = None) -> None:
         if self.server is None:

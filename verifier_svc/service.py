@@ -8,7 +8,10 @@ protos to core jobs (:class:`~specrec.verifier.jobs.EncodeJob`,
 :class:`~.sessions.SessionStore`, and converts results back. A call that
 carries a history instead of a session is encoded in the same batch as its
 operation. The catalogue (for constrained decoding) follows the item set by
-version.
+version. A device that fails (a CUDA error, a lost GPU, a batch past the
+``hang_s`` watchdog: :mod:`specrec.verifier.device`) ends the batcher and
+takes the service out of rotation for good: health NOT_SERVING, every call
+UNAVAILABLE with the reason DEVICE_FAILED, so its callers use another replica.
 
 The whole searches' RPCs carry the registry's names (:data:`specrec.decoding.searches.SEARCHES`, each
 search's ``rpc``): ``Beam``, ``Head``, ``Draft``, ``DraftScored``, ``Strict`` (``resume`` runs inside it for the
@@ -24,18 +27,14 @@ import asyncio
 import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
-from typing import Literal
 
 import grpc
 import numpy as np
 import torch
 from prometheus_client import Gauge
-from pydantic import Field
-from pydantic_settings import SettingsConfigDict
 
 from specrec.bundle import Bundle, sid_space_fingerprint
-from specrec.verifier import LocalVerifier, SelectRule, Session, SessionStateError
+from specrec.verifier import DeviceFailure, LocalVerifier, SelectRule, Session, SessionStateError
 from specrec.verifier.jobs import BeamJob, DraftVerifyJob, EncodeJob, ExpandJob, HeadJob, ScoreJob, SearchSpec
 from specrec.verifier.local import run_jobs
 from specrec_rpc.catalogue import CatalogueWatcher, Snapshot
@@ -49,16 +48,21 @@ from specrec_rpc.errors import (
     require,
 )
 from specrec_rpc.server import Service, make_channel
-from specrec_rpc.settings import ServiceSettings
 from specrec_rpc.tensors import TensorError, from_msg, to_msg
 from specrec_rpc.v1 import verifier_pb2, verifier_pb2_grpc
 
 from .batcher import Batcher, Expired
+from .faults import Faults
 from .sessions import Entry, SessionNotFound, SessionStore
+from .settings import VerifierSettings, backend_options, on_gpu
+
+__all__ = ["VerifierService", "VerifierSettings"]
 
 register(Expired, grpc.StatusCode.DEADLINE_EXCEEDED)  # a job whose caller's deadline passed while it queued
 # the session is gone (restart, eviction, expiry): the gateway reads the reason and re-sends the history
 register(SessionNotFound, grpc.StatusCode.FAILED_PRECONDITION, reason=Reason.SESSION_LOST)
+# the device failed: this replica is out of rotation for good; the caller retries on another one
+register(DeviceFailure, grpc.StatusCode.UNAVAILABLE, reason=Reason.DEVICE_FAILED)
 
 NO_DISTILLED = "this verifier has no distilled drafter"
 
@@ -66,45 +70,15 @@ SESSIONS = Gauge("specrec_verifier_sessions", "Live encoder sessions")
 GRAPH_PRECISION = Gauge("specrec_verifier_graph_precision", "1 for the arithmetic each graph runs in: float32, or the "
                         "precision `specrec export-onnx` chose for this machine on validation users (rank: the "
                         "scoring pass; draft: nezha's)", ["graph", "precision"])
-
-
-class VerifierSettings(ServiceSettings):
-    model_config = SettingsConfigDict(env_prefix="SPECREC_VERIFIER_", extra="ignore")
-
-    port: int = Field(50053, ge=0, le=65535, description="gRPC port")
-    metrics_port: int = Field(9103, ge=0, le=65535, description="Prometheus port (0 = off)")
-    bundle: Path = Field(Path("bundles/beauty-loo"), description="trained bundle directory")
-    backend: Literal["onnx", "eager"] = Field("onnx", description="hot-path backend: ONNX Runtime (CUDA provider "
-                                              "when present, else CPU), or eager PyTorch (the reference)")
-    onnx_dir: Path | None = Field(None, description="exported ONNX graphs (default: the bundle's onnx/ when "
-                                  "`specrec export-onnx` built it for these weights, else exported once per weights "
-                                  "under $SPECREC_CACHE/onnx)")
-    itemset_addr: str = Field("127.0.0.1:50051", description="item-set service address")
-    threads: int = Field(1, ge=1, le=256, description="intra-op threads of the backend (measured best at batch 1 on "
-                         "2 cores: 1, leaving a core to gRPC and Python)")
-    compute_threads: int = Field(1, ge=1, le=64, description="batches computed at once (each on its own thread, "
-                                 "threads intra-op threads each); a job that arrives while every thread computes waits "
-                                 "and is batched with the others")
-    max_batch: int = Field(64, ge=1, le=4096, description="most jobs computed in one batch")
-    session_ttl_s: float = Field(
-        30.0, gt=0, le=3600, description="an idle session is forgotten after this many seconds"
-    )
-    max_sessions: int = Field(
-        20_000, ge=1, le=10_000_000, description="at most this many sessions (oldest evicted first)"
-    )
-    max_width: int = Field(1000, ge=1, le=10_000, description="largest beam width accepted")
-    max_candidates: int = Field(
-        4096, ge=1, le=100_000, description="largest number of candidates per session row in one Score"
-    )
-    require_gpu: bool = Field(
-        False,
-        description="fail at start unless ONNX Runtime runs on the CUDA execution provider "
-        "(a GPU verifier that silently fell back to the CPU would miss every budget)",
-    )
-    fault_delay_ms: float = Field(0.0, ge=0.0, le=60_000, description="fault injection (chaos runs and tests): every "
-                                  "call waits this long before its job is queued; 0 = off")
-    warmup_k: list[int] = Field([10, 50], description="list lengths K whose graphs (beam search of width K, the head's "
-                                "searches of every draft count) are ready before SERVING")
+GRAPHS = Gauge("specrec_verifier_graphs", "CUDA graphs the backend holds (backend cuda: captured per search, widths "
+               "and row bucket before SERVING; more afterwards, each by a slow call, in `after_start`)", ["when"])
+GRAPH_CAPTURE = Gauge("specrec_verifier_graph_capture_seconds", "Seconds the backend spent capturing its graphs")
+GRAPH_MEMORY = Gauge("specrec_verifier_graph_memory_bytes", "Device memory the captured graphs took (their static "
+                     "buffers and shared pool)")
+DEVICE_FAILED = Gauge("specrec_verifier_device_failed", "1 once the verifier's device failed (a CUDA error, a lost "
+                      "device, a batch past the hang_s watchdog): it is out of rotation until it restarts", ["kind"])
+for _kind in ("error", "hang"):
+    DEVICE_FAILED.labels(_kind)  # at 0 from the start: "no failure" is data, not "no data"
 
 
 def _deadline(context) -> float | None:
@@ -121,22 +95,22 @@ class VerifierService(Service):
         self.s = settings
         self.sessions = SessionStore(settings.session_ttl_s, settings.max_sessions)
         self.executor = ThreadPoolExecutor(max_workers=settings.compute_threads, thread_name_prefix="compute")
+        self.faults = Faults(settings)
 
     # -- lifecycle -----------------------------------------------------------------
     async def start(self) -> None:
         s = self.s
         torch.set_num_threads(s.threads)
         self.bundle = await asyncio.to_thread(Bundle.load, s.bundle)
-        kw = {"threads": s.threads, "onnx_dir": s.onnx_dir} if s.backend == "onnx" else {}
-        backend = await asyncio.to_thread(self.bundle.backend, s.backend, **kw)
+        backend = await asyncio.to_thread(self.bundle.backend, s.backend, **backend_options(s))
         self.log.info("backend", **backend.describe())
         # graph -> its arithmetic (none for eager, which has no graphs)
         self.precision: dict[str, str] = getattr(backend, "graph_precisions", dict)()
         for graph, precision in self.precision.items():
             GRAPH_PRECISION.labels(graph, precision).set(1)
-        if s.require_gpu and "CUDAExecutionProvider" not in getattr(backend, "providers", []):
-            raise RuntimeError(f"require_gpu is set but the backend runs on {backend.describe()} "
-                               f"(install onnxruntime-gpu, give the pod a GPU)")
+        if s.require_gpu and not on_gpu(backend):
+            raise RuntimeError(f"require_gpu is set but the backend runs on {backend.describe()} (backend cuda with "
+                               f"device cuda, or onnxruntime-gpu; and give the pod a GPU)")
         self.sid_space = sid_space_fingerprint(s.bundle)
         self.build_info(backend=backend.name, onnx_provider=",".join(getattr(backend, "providers", [])) or "none",
                         bundle=self.sid_space)
@@ -151,11 +125,32 @@ class VerifierService(Service):
                                           min_reload_s=s.catalogue_min_reload_s,
                                           prepare=lambda snap: snap.itemset.trie.search_tables(vmax))
         await self.catalogue.start()
-        self.batcher: Batcher = Batcher("verifier", lambda jobs: run_jobs(self.local, jobs), self.executor, s.max_batch,
-                                        concurrency=s.compute_threads)
+        self.batcher: Batcher = Batcher("verifier", self._compute, self.executor, s.max_batch,
+                                        concurrency=s.compute_threads, hang_s=s.hang_s,
+                                        on_failure=self._device_failed)
         self.batcher.start()
         self._gc = asyncio.create_task(self._expire_sessions())
         await self._warmup()
+        self.faults.armed = True  # (the warm-up's batches are not counted)
+        d = backend.describe()
+        if "graphs" in d:  # a backend of captured graphs (cuda): what capturing took, said before SERVING
+            self.log.info("graphs captured", **d)
+            GRAPHS.labels("warm_up").set(d["graphs"])
+            GRAPHS.labels("after_start").set_function(lambda: backend.describe()["captured_after_start"])
+            GRAPH_CAPTURE.set(d["capture_s"])
+            GRAPH_MEMORY.set(d["graph_memory_mb"] * 2**20)
+
+    def _compute(self, jobs: list) -> list:
+        """One batch, on a compute thread (what fault injection makes fail or hang, as a failed GPU would)."""
+        self.faults.before_batch()
+        return run_jobs(self.local, jobs)
+
+    def _device_failed(self, failure: DeviceFailure) -> None:
+        """The batcher found the device failed (on the event loop's thread): out of rotation for good."""
+        DEVICE_FAILED.labels(failure.kind).set(1)
+        self.log.error("device failed", kind=failure.kind, detail=failure.detail, device=self.s.device,
+                       backend=self.s.backend)
+        self.take_out_of_rotation(failure)
 
     async def _warmup(self) -> None:
         """Run every path (and every whole-search graph of the configured widths) before SERVING."""
@@ -188,10 +183,12 @@ class VerifierService(Service):
 
     async def stop(self) -> None:
         self._gc.cancel()
+        self.faults.release()
         await self.batcher.stop()
         await self.catalogue.stop()
         await self.channel.close()
-        self.executor.shutdown(wait=True)
+        # a hung device's compute thread never ends: not waited for
+        self.executor.shutdown(wait=self.batcher.failed is None or self.batcher.failed.kind != "hang")
 
     async def _expire_sessions(self) -> None:
         while True:

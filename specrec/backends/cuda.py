@@ -61,6 +61,17 @@ def candidate_bucket(m: int) -> int:
     return 1 << (m - 1).bit_length()
 
 
+def rank_buckets(scored: Sequence[int]) -> list[int]:
+    """The candidate buckets the warm-up captures ``rank`` for: every one up to the largest of ``scored`` (the
+    fused list's candidate counts; 8 at least), so a scoring call of fewer candidates finds its graph too."""
+    top = candidate_bucket(max(scored, default=8))
+    out, m = [], 8
+    while m <= top:
+        out.append(m)
+        m = candidate_bucket(m + 1)
+    return out
+
+
 def lossless_float32() -> None:
     """No TF32 in matrix products or convolutions: float32 searches stay exact (``beam`` == eager == ``strict``)."""
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -282,8 +293,9 @@ class CudaBackend(Backend):
     def warmup(self, trie, ks=(10,), drafts=DRAFT_FACTORS, scored: tuple[int, ...] = ()) -> None:
         """Capture, for every row bucket (the largest first: the smaller graphs reuse its memory in the pool), the
         encoder and every whole search serving list lengths ``ks`` uses (:meth:`.onnx.OrtBackend.warmup` lists
-        them), and ``rank`` for each candidate count in ``scored``. A key first met later is captured by the call
-        that needs it (a slow call; :attr:`~.graphs.GraphRunner.captured_after_start` counts them)."""
+        them), and ``rank`` for every candidate bucket up to the largest count in ``scored``. A key first met later
+        is captured by the call that needs it (a slow call; :attr:`~.graphs.GraphRunner.captured_after_start`
+        counts them)."""
         L = self.cfg.sid_len
         gen = torch.Generator().manual_seed(0)
         for rb in sorted(self.sizes, reverse=True):
@@ -302,7 +314,7 @@ class CudaBackend(Backend):
                         out = self._drafted("strict", enc, trie, k, draft_count(m, k))
                 if self.drafter is not None and L >= 3 and out is not None:  # what finishes a row strict missed
                     self.resume(enc, trie, k, out[len(out) - len(LEFT) :])
-            for m in scored:
+            for m in rank_buckets(scored):
                 sids = torch.stack([torch.randint(0, v, (rb, m), generator=gen) for v in self.cfg.level_sizes], -1)
                 self.rank(enc, sids)
         self.runner.started = True

@@ -1,5 +1,6 @@
 """Option groups shared by the ``specrec`` subcommands, and what is built from them: the model and training
-options (``specrec train``) and the hot-path backend an evaluation asked for (``--backend``, ``--device``,
+options (``specrec train``), where a training stage runs (``--device``, ``--batch-scale``: every training
+command and ``build-bundle``) and the hot-path backend an evaluation asked for (``--backend``, ``--device``,
 ``--ort-threads``, ``--float-drafter``).
 """
 
@@ -27,6 +28,27 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--codebook-size", type=int, default=256, help="codes per RQ level")
     g.add_argument("--levels", type=int, default=3, help="RQ levels (the collision digit comes on top)")
     g.add_argument("--collision-size", type=int, default=256, help="largest collision digit + 1")
+
+
+def add_device_args(g, scale: bool = True) -> None:
+    """``--device`` (and ``--batch-scale``) of a training stage (:mod:`specrec.train.device`)."""
+    g.add_argument("--device", default="cpu", help="where it trains: cpu (default) or cuda[:N]; the model, its data "
+                   "and validation run there, and the run records it")
+    if scale:
+        g.add_argument("--batch-scale", type=float, default=1.0, metavar="K",
+                       help="K times the batch size, the learning rate times sqrt(K) and warm-up steps / K (the "
+                       "square-root rule for AdamW, specrec/train/device.py), for a device that wants bigger "
+                       "batches; 1 (default) changes nothing. The values a GPU serves are chosen on validation")
+
+
+def training_device(a: argparse.Namespace) -> str:
+    """The ``--device`` asked for, or a clear exit where it is not there."""
+    from ..train.device import resolve_device
+
+    try:
+        return str(resolve_device(a.device))
+    except (ValueError, RuntimeError) as e:
+        raise SystemExit(f"--device: {e}") from e
 
 
 def add_train_args(p: argparse.ArgumentParser) -> None:
@@ -66,9 +88,19 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
                         "never used to choose a checkpoint")
     g.add_argument(
         "--bf16",
-        action="store_true",
-        help="bfloat16 autocast for training matmuls (only on CPUs with AMX/AVX-512 BF16; 10x slower without)",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="bfloat16 autocast for training matmuls (default: on with --device cuda, off on the CPU; on a CPU only "
+        "with AMX/AVX-512 BF16: 10x slower without)",
     )
+    add_device_args(g)
+    g.add_argument("--checkpoint-minutes", type=float, default=None,
+                   help="write a checkpoint whenever this many minutes have passed, mid-epoch too, and when the run "
+                   "stops (default: at the end of every epoch on the CPU, every 2 minutes on a GPU, whose epochs "
+                   "take seconds); a resumed run goes on after the last batch it saved")
+    g.add_argument("--checkpoint-part-mib", type=float, default=None,
+                   help="write checkpoints larger than this many MiB in parts of at most that size (files that can "
+                   "be committed, or carried off a machine that returns small files); default: one file")
     g.add_argument("--init-from", metavar="BUNDLE", help="start from this bundle's GR weights (same model config)")
     g.add_argument("--teacher", metavar="BUNDLE",
                    help="a bundle whose SASRec gives soft targets on each SID level (with --distill-weight)")

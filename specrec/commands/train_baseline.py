@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from .options import add_device_args, training_device
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     tb = sub.add_parser(
@@ -26,6 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     tb.add_argument("--lr", type=float, default=1e-3)
     tb.add_argument("--patience", type=int, default=5)
     tb.add_argument("--valid-limit", type=int, default=4000, help="validation users (a seeded random sample)")
+    add_device_args(tb)
     tb.set_defaults(func=run)
 
 
@@ -37,8 +40,11 @@ def run(a: argparse.Namespace) -> int:
     from ..data.splits import make_split, temporal
     from ..models.sasrec import SASRecConfig
     from ..train.baseline import train_sasrec
+    from ..train.device import scale_batch
     from ..train.drafters import DrafterTrainConfig
 
+    device = training_device(a)
+    batch_size, lr, _ = scale_batch(a.batch_size, a.lr, a.batch_scale)
     bundle = Bundle.load(a.bundle)
     ds = open_dataset(a.data or bundle.meta.get("data_path"))
     if ds.catalogue.ids != bundle.catalogue.ids:
@@ -49,12 +55,12 @@ def run(a: argparse.Namespace) -> int:
     t0 = time.time()
     cfg = SASRecConfig(n_items=len(bundle.catalogue), d_model=a.d_model, n_layers=a.layers, n_heads=a.heads,
                        d_ff=4 * a.d_model, dropout=a.dropout, max_history=h)
-    tcfg = DrafterTrainConfig(
-        epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, patience=a.patience, valid_limit=a.valid_limit
-    )
+    tcfg = DrafterTrainConfig(epochs=a.epochs, batch_size=batch_size, lr=lr, patience=a.patience,
+                              valid_limit=a.valid_limit, device=device)
     model, rep = train_sasrec(split, [s.items for s in ds.sequences], len(bundle.catalogue), cfg, tcfg)
     bundle.sasrec = round_to_half(model)
-    bundle.meta.setdefault("baselines", {})["sasrec"] = {**rep, "minutes": round((time.time() - t0) / 60, 1)}
+    bundle.meta.setdefault("baselines", {})["sasrec"] = {**rep, "minutes": round((time.time() - t0) / 60, 1),
+                                                         "batch_size": batch_size, "lr": lr}
     bundle.save(a.out or a.bundle)
     print(f"SASRec trained in {(time.time() - t0) / 60:.1f} min (best valid NDCG@10 {rep['best_valid_ndcg@10']:.4f}); "
           f"evaluate with: specrec eval --bundle {a.out or a.bundle} --ranker sasrec")

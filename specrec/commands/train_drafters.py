@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 
+from .options import add_device_args, training_device
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     d = sub.add_parser("train-drafters", help="train the retrieval drafter, self-draft head and NEZHA head of a bundle",
@@ -34,6 +36,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     d.add_argument("--distill-epochs", type=int, default=6)
     d.add_argument("--distill-width", type=int, default=32, help="target beam width whose frontier is distilled")
+    add_device_args(d)
     d.set_defaults(func=run)
 
 
@@ -50,5 +53,6 @@ def run(a: argparse.Namespace) -> int:
     from ..train.distill import DistillConfig
 
     distill = DistillConfig(examples=a.distill_examples, epochs=a.distill_epochs, width=a.distill_width)
-    train_drafters(bundle, a.out or a.bundle, which, a.data, epochs, align=align, distill=distill)
+    train_drafters(bundle, a.out or a.bundle, which, a.data, epochs, align=align, distill=distill,
+                   device=training_device(a), batch_scale=a.batch_scale)
     return 0

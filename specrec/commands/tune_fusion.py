@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 
+from .options import add_device_args, training_device
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     tf = sub.add_parser(
@@ -25,6 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                     "recall@10 is within this share of the best of all (the scoring pass costs in proportion to them)")
     tf.add_argument("--combiner-hidden", type=int, default=16, help="hidden units of the learned combiner trained "
                     "on half of the users and kept only where it beats the weighted mix on the other half; 0: none")
+    add_device_args(tf, scale=False)
     tf.set_defaults(func=run)
 
 
@@ -33,7 +36,7 @@ def run(a: argparse.Namespace) -> int:
 
     drafts = tuple(int(x) for x in a.drafts.split(",") if x.strip())
     fusion, entry = tune_fusion(a.bundle, a.users, a.seed, drafts, tolerance=a.tolerance,
-                                combiner_hidden=a.combiner_hidden)
+                                combiner_hidden=a.combiner_hidden, device=training_device(a))
     lists = ", ".join(f"{n} {v['recall@10']:.4f}" for n, v in entry["valid"].items())
     print(f"fusion: GR weight {fusion.weight:g}, {fusion.norm} scores, {fusion.drafts} SASRec candidates "
           f"({entry['chosen_on']}); validation R@10 of the lists: {lists}; written into {a.bundle}/bundle.json")

@@ -5,7 +5,8 @@ vectors for histories and one vector per catalogue row.
 
 - Exact search (``IndexFlatIP``) up to ``exact_limit`` items (200k by
   default); HNSW beyond it (its recall against exact search is measured in
-  ``bench/drafter_index.py``).
+  ``bench/drafter_index.py``). Where faiss is not installed (a GPU machine's
+  image, say), exact search in numpy (:class:`ExactIndex`) at any size.
 - Guided re-drafting: with ``prefixes``, only items whose SID starts with one
   of the request's prefixes are scored (exactly, by matrix product; prefixes
   map to contiguous ranges of the SID-sorted catalogue, found vectorised).
@@ -30,8 +31,37 @@ from .base import Draft, DraftRequest, topn_excluding
 USER_CACHE = 4096  # user vectors remembered (by history)
 
 
+class ExactIndex:
+    """Exact inner-product search in numpy, with faiss's ``add`` / ``search`` (scores and rows, best first; rows
+    -1 where fewer than asked exist): where faiss is missing."""
+
+    def __init__(self, d: int):
+        self.vectors = np.zeros((0, d), np.float32)
+
+    def add(self, vectors: np.ndarray) -> None:
+        self.vectors = np.concatenate([self.vectors, np.asarray(vectors, dtype=np.float32)])
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        scores = np.asarray(queries, dtype=np.float32) @ self.vectors.T  # [Q, N]
+        n = scores.shape[1]
+        if 0 < k < n:
+            top = np.argpartition(-scores, k - 1, axis=1)[:, :k]
+        else:
+            top = np.tile(np.arange(n), (len(scores), 1))
+        order = np.argsort(-np.take_along_axis(scores, top, 1), axis=1, kind="stable")
+        rows = np.take_along_axis(top, order, 1)
+        out_s, out_r = np.full((len(scores), k), -np.inf, np.float32), np.full((len(scores), k), -1, np.int64)
+        out_s[:, : rows.shape[1]], out_r[:, : rows.shape[1]] = np.take_along_axis(scores, rows, 1), rows
+        return out_s, out_r
+
+
 def build_index(vectors: np.ndarray, exact_limit: int = 200_000, hnsw_m: int = 32, ef_search: int = 512):
-    import faiss
+    try:
+        import faiss
+    except ImportError:  # exact search without it
+        exact = ExactIndex(vectors.shape[1])
+        exact.add(vectors)
+        return exact
 
     d = vectors.shape[1]
     index: faiss.Index

@@ -82,7 +82,7 @@ class NezhaHead(nn.Module):
     def hidden(self, gr: Tiger, enc: EncoderState) -> torch.Tensor:
         """One GR decoder pass with placeholders: [R, L, d]."""
         r = enc.n
-        bos = gr.tok(torch.full((r, 1, 1), BOS_TOKEN, dtype=torch.int64))
+        bos = gr.tok(torch.full((r, 1, 1), BOS_TOKEN, dtype=torch.int64, device=self.placeholders.device))
         ph = self.placeholders.view(1, 1, self.L - 1, -1).expand(r, 1, -1, -1)
         h, _ = gr.decode(enc, None, embeds=torch.cat([bos, ph], dim=2))
         return h[:, 0]

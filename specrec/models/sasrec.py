@@ -48,8 +48,8 @@ class SASRec(nn.Module):
         b, t = items.shape
         keep = items >= 0
         x = self.item(items + 1) * self.cfg.d_model ** 0.5
-        x = self.drop(x + self.pos(torch.arange(self.cfg.max_history - t, self.cfg.max_history)))
-        idx = torch.arange(t)
+        x = self.drop(x + self.pos(torch.arange(self.cfg.max_history - t, self.cfg.max_history, device=items.device)))
+        idx = torch.arange(t, device=items.device)
         allowed = (idx.view(1, t, 1) >= idx.view(1, 1, t)) & keep.view(b, 1, t)
         allowed = allowed | (idx.view(1, t, 1) == idx.view(1, 1, t))
         mask = (~allowed).repeat_interleave(self.cfg.n_heads, dim=0)  # True = masked

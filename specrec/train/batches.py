@@ -24,9 +24,9 @@ def bucketed_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Genera
 
 
 def history_batch(sids: torch.Tensor, hist: np.ndarray) -> torch.Tensor:
-    """[B, H] item indices (-1 pad, left) -> [B, h, L] codes trimmed to the longest history."""
+    """[B, H] item indices (-1 pad, left) -> [B, h, L] codes trimmed to the longest history, on ``sids``' device."""
     n = int((hist != PAD).sum(1).max())
-    rows = torch.from_numpy(hist[:, hist.shape[1] - n :])
+    rows = torch.from_numpy(hist[:, hist.shape[1] - n :]).to(sids.device)
     out = sids[rows.clamp(min=0)]
     return torch.where((rows < 0).unsqueeze(-1), torch.full_like(out, -1), out)
 

@@ -15,6 +15,10 @@ Model selection is by frontier coverage on a fixed random sample of
 validation histories (:func:`frontier_coverage`): per level, the share of the
 target's width-K frontier that the drafter's N beams contain, and the share of
 requests where every level is covered (no fallback).
+
+``DistillConfig.device`` runs all of it on a GPU (:mod:`specrec.train.device`): the
+target's frontier, the drafter's training and its selection, in float32; the
+cached frontier and the drafter come back on the CPU.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from ..models.hotpath import Cross, FusedHotPath
 from ..models.sid_mlp import SidMlpConfig, SidMlpDrafter
 from ..models.tiger import BOS_TOKEN, Tiger
 from .batches import history_batch
+from .device import on_device, resolve_device, to_device
 
 
 class DistillConfig(BaseModel):
@@ -61,6 +66,7 @@ class DistillConfig(BaseModel):
     select_k: int = Field(default=10, ge=1, description="frontier width K used for model selection")
     select_n: int = Field(default=20, ge=1, description="drafter beams N per level used for model selection")
     seed: int = 0
+    device: str = Field(default="cpu", description="where the frontier is computed and the drafter trains")
 
 
 @dataclass
@@ -128,9 +134,10 @@ def run_frontier(fused: FusedHotPath, tables: list[Level], hist_sids: torch.Tens
     cross = fused.cross(keep, ck, cv)  # once: every level's pass reads it
     r = keep.shape[0]
     sizes = fused.cfg.level_sizes
-    tokens = torch.full((r, 1), BOS_TOKEN, dtype=torch.int64)
+    dev = keep.device
+    tokens = torch.full((r, 1), BOS_TOKEN, dtype=torch.int64, device=dev)
     past: list = [None] * len(fused.dec_layers)
-    state = SearchState.root(r)
+    state = SearchState.root(r, dev)
     h0 = root = None
     levels = []
     for level in range(fused.L):
@@ -143,7 +150,7 @@ def run_frontier(fused: FusedHotPath, tables: list[Level], hist_sids: torch.Tens
             levels.append((state.codes, state.nodes >= 0, logp[..., : sizes[level]] if keep_logp else None))
         state, par = state.advance(logp, tables[level], width)
         if level + 1 < fused.L:
-            flat = (par + torch.arange(r).view(r, 1) * b).reshape(-1)
+            flat = (par + torch.arange(r, device=dev).view(r, 1) * b).reshape(-1)
             past = [(k.index_select(0, flat), v.index_select(0, flat)) for k, v in past]
         tokens = state.codes[:, :, -1].clamp(min=0) + fused.offsets[level]  # type: ignore[index]
     return h0, root, levels, state
@@ -154,27 +161,28 @@ def _key(gr: Tiger, ex: Examples, sids: np.ndarray, width: int) -> str:
     for t in (ex.history, np.asarray(sids)):
         h.update(np.ascontiguousarray(t).tobytes())
     for v in gr.state_dict().values():
-        h.update(v.detach().float().numpy().tobytes())
+        h.update(v.detach().float().cpu().numpy().tobytes())
     h.update(str(width).encode())
     return h.hexdigest()[:16]
 
 
 def teacher_frontier(gr: Tiger, ex: Examples, sids: np.ndarray, trie: SidTrie, width: int, cache: Path | None = None,
                      batch_size: int = 256, progress: bool = True) -> Frontier:
-    """:func:`run_frontier` over every example, in batches, cached on disk by content."""
+    """:func:`run_frontier` over every example, in batches, on ``gr``'s device, cached on disk by content."""
     path = None if cache is None else cache / f"frontier_w{width}_{_key(gr, ex, sids, width)}.npz"
     if path is not None and path.exists():
         return Frontier.load(path)
     fused = FusedHotPath(gr).eval()
-    tables = trie.search_tables(fused.vmax)
-    sids_t = torch.from_numpy(np.ascontiguousarray(sids, dtype=np.int64))
+    dev = fused.tok.device
+    tables = [lv.to(dev) for lv in trie.search_tables(fused.vmax)]
+    sids_t = torch.from_numpy(np.ascontiguousarray(sids, dtype=np.int64)).to(dev)
     parts: list = []
     for s in tqdm(range(0, len(ex), batch_size), desc=f"target frontier (width {width})", disable=not progress,
                   leave=False):
         h0, root, levels, _ = run_frontier(fused, tables, history_batch(sids_t, ex.history[s : s + batch_size]), width)
-        parts.append((h0.numpy().astype(np.float16), root.numpy().astype(np.float16),
-                      [(c.numpy().astype(np.uint8 if max(trie.level_sizes) <= 256 else np.int32), a.numpy(),
-                        p.numpy().astype(np.float16)) for c, a, p in levels]))
+        parts.append((h0.cpu().numpy().astype(np.float16), root.cpu().numpy().astype(np.float16),
+                      [(c.cpu().numpy().astype(np.uint8 if max(trie.level_sizes) <= 256 else np.int32),
+                        a.cpu().numpy(), p.cpu().numpy().astype(np.float16)) for c, a, p in levels]))
     n_lv = len(parts[0][2])
     out = Frontier(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
                    [_cat_padded([p[2][j][0] for p in parts]) for j in range(n_lv)],
@@ -218,7 +226,7 @@ def drafter_beams(drafter: SidMlpDrafter, h0: torch.Tensor, root: torch.Tensor, 
     levels; ``widths[j]`` beams kept after level j. Returns each level's kept prefixes [R, widths[j], j+1]
     (dead beams -1)."""
     r = h0.shape[0]
-    state = SearchState.root(r)
+    state = SearchState.root(r, h0.device)
     vmax = max(drafter.level_sizes)
     out = []
     for level, w in enumerate(widths):
@@ -269,12 +277,12 @@ def coverage_report(drafter: SidMlpDrafter, fused: FusedHotPath, tables, sids_t:
         h0, root, levels, _ = run_frontier(fused, tables, history_batch(sids_t, ex.history[s : s + batch_size]), k,
                                            keep_logp=False)
         for j, (c, a, _) in enumerate(levels):  # the target's kept prefixes after levels 0..L-2 (lengths 1..L-1)
-            target[j].append(c.numpy())
-            alive[j].append(a.numpy())
+            target[j].append(c.cpu().numpy())
+            alive[j].append(a.cpu().numpy())
         for n in ns:
             beams = drafter_beams(drafter, h0, root, tables, [k] + [n] * (L - 2))
             for j in range(L - 1):
-                drafted[n][j].append(beams[j].numpy())
+                drafted[n][j].append(beams[j].cpu().numpy())
     for n in ns:
         res[n] = frontier_coverage([_cat_padded(d, fill=-1) for d in drafted[n]], [_cat_padded(t) for t in target],
                                    [_cat_padded(a, fill=False) for a in alive], sizes)
@@ -289,20 +297,21 @@ def own_prefixes(drafter: SidMlpDrafter, fused: FusedHotPath, tables, sids_t: to
 
     sizes = fused.cfg.level_sizes
     L = len(sizes)
+    dev = sids_t.device
     codes_l: list = [[] for _ in range(L - 1)]
     alive_l: list = [[] for _ in range(L - 1)]
     logp_l: list = [[] for _ in range(L - 1)]
     for s in tqdm(range(0, len(ex), batch_size), desc="drafter's own prefixes", disable=not progress, leave=False):
         sl = slice(s, s + batch_size)
-        h0 = torch.from_numpy(fr.h0[sl]).float()
-        root = torch.from_numpy(fr.root[sl]).float()
-        beams = drafter_beams(drafter, h0, root, tables, [n] * (L - 1))
+        h0 = to_device(fr.h0[sl], dev).float()
+        root = to_device(fr.root[sl], dev).float()
+        beams = [b.cpu() for b in drafter_beams(drafter, h0, root, tables, [n] * (L - 1))]
         hist = history_batch(sids_t, ex.history[sl])
         with torch.inference_mode():
             keep, ck, cv = fused.encode(hist)
             full = beams[-1].numpy()
             tree = build_tree([(full, np.asarray((full >= 0).all(-1)))], sizes, len(h0))
-            out = fused.tree(tree.tokens, tree.positions, tree.mask, keep, ck, cv)
+            out = fused.tree(tree.tokens.to(dev), tree.positions.to(dev), tree.mask.to(dev), keep, ck, cv).cpu()
         for j in range(L - 1):
             c = beams[j].numpy()
             a = (c >= 0).all(-1)
@@ -318,20 +327,30 @@ def train_sid_mlp(gr: Tiger, split: Split, sids: np.ndarray, cfg: DistillConfig 
                   mcfg: SidMlpConfig | None = None, cache: Path | None = None, log: Callable[[str], None] = print,
                   progress: bool = True, minutes: float | None = None) -> tuple[SidMlpDrafter, dict]:
     """Distil a :class:`SidMlpDrafter` from the frozen target ``gr``; keep the epoch with the best whole-frontier
-    coverage on a fixed random sample of validation histories. ``minutes`` caps the training time."""
+    coverage on a fixed random sample of validation histories. ``minutes`` caps the training time. On
+    ``cfg.device``; ``gr`` stays where it was, the drafter comes back on the CPU."""
     cfg = cfg or DistillConfig()
+    with on_device(gr, resolve_device(cfg.device)):
+        drafter, rep = _distill(gr, split, sids, cfg, mcfg, cache, log, progress, minutes)
+    return drafter.cpu().eval(), rep
+
+
+def _distill(gr: Tiger, split: Split, sids: np.ndarray, cfg: DistillConfig, mcfg: SidMlpConfig | None,
+             cache: Path | None, log: Callable[[str], None], progress: bool,
+             minutes: float | None) -> tuple[SidMlpDrafter, dict]:
     torch.manual_seed(cfg.seed)
     gr.eval()
     t_start = time.time()
+    dev = next(gr.parameters()).device
     trie = SidTrie(sids, gr.cfg.level_sizes)
     fused = FusedHotPath(gr).eval()
-    tables = trie.search_tables(fused.vmax)
-    sids_t = torch.from_numpy(np.ascontiguousarray(sids, dtype=np.int64))
+    tables = [lv.to(dev) for lv in trie.search_tables(fused.vmax)]
+    sids_t = torch.from_numpy(np.ascontiguousarray(sids, dtype=np.int64)).to(dev)
     train_ex = sample_examples(split.train, cfg.examples, cfg.seed)
     valid_ex = sample_examples(split.valid, cfg.valid_examples, cfg.seed + 1)
     fr = teacher_frontier(gr, train_ex, sids, trie, cfg.width, cache, progress=progress)
     log(f"target frontier of {len(fr)} training histories (width {cfg.width}) in {time.time() - t_start:.0f} s")
-    drafter = SidMlpDrafter(gr.cfg.level_sizes, gr.cfg.d_model, mcfg)
+    drafter = SidMlpDrafter(gr.cfg.level_sizes, gr.cfg.d_model, mcfg).to(dev)
     opt = torch.optim.AdamW(drafter.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     steps_per_epoch = -(-len(fr) // cfg.batch_size)
     total = steps_per_epoch * cfg.epochs
@@ -344,6 +363,7 @@ def train_sid_mlp(gr: Tiger, split: Split, sids: np.ndarray, cfg: DistillConfig 
         return rep
 
     best, history = -1.0, []
+    acc = torch.zeros((), dtype=torch.float64, device=dev)  # the epoch's loss sum (float64: as Python floats')
     best_state = {k: v.clone() for k, v in drafter.state_dict().items()}
     own: Frontier | None = None
     own_rows = np.sort(
@@ -356,10 +376,10 @@ def train_sid_mlp(gr: Tiger, split: Split, sids: np.ndarray, cfg: DistillConfig 
         cols = np.concatenate(
             [np.arange(min(cfg.keep_top, w)), np.sort(rng.choice(rest, min(cfg.sample_rest, len(rest)), replace=False))]
         )
-        return distill_loss(drafter, torch.from_numpy(f.h0[idx]).float(),
-                            [torch.from_numpy(c[idx][:, cols]) for c in f.codes],
-                            [torch.from_numpy(a[idx][:, cols]) for a in f.alive],
-                            [torch.from_numpy(p[idx][:, cols]) for p in f.logp])
+        return distill_loss(drafter, to_device(f.h0[idx], dev).float(),  # pinned copies, not waited for
+                            [to_device(c[idx][:, cols], dev) for c in f.codes],
+                            [to_device(a[idx][:, cols], dev) for a in f.alive],
+                            [to_device(p[idx][:, cols], dev) for p in f.logp])
 
     for epoch in range(cfg.epochs):
         t0 = time.time()
@@ -371,7 +391,7 @@ def train_sid_mlp(gr: Tiger, split: Split, sids: np.ndarray, cfg: DistillConfig 
             log(f"verified the drafter's own prefixes on {len(own_rows)} histories in {time.time() - t0:.0f} s")
         rng = np.random.default_rng(cfg.seed * 7919 + epoch)
         order = rng.permutation(len(fr))
-        tot = 0.0
+        acc.zero_()
         for step, s in enumerate(tqdm(range(0, len(order), cfg.batch_size), desc=f"distil {epoch + 1}/{cfg.epochs}",
                                       disable=not progress, leave=False)):
             idx = np.sort(order[s : s + cfg.batch_size])
@@ -382,10 +402,10 @@ def train_sid_mlp(gr: Tiger, split: Split, sids: np.ndarray, cfg: DistillConfig 
             loss.backward()
             opt.step()
             sched.step()
-            tot += float(loss.detach()) * len(idx)
+            acc += loss.detach().double() * len(idx)
             if not progress and step % 50 == 49:
-                log(f"  epoch {epoch + 1} step {step + 1}/{steps_per_epoch}: loss {tot / (s + len(idx)):.4f}")
-        rep = select()
+                log(f"  epoch {epoch + 1} step {step + 1}/{steps_per_epoch}: loss {float(acc) / (s + len(idx)):.4f}")
+        rep, tot = select(), float(acc)
         history.append({"epoch": epoch + 1, "loss": tot / len(fr), "valid_coverage": rep,
                         "seconds": round(time.time() - t0, 1)})
         log(f"distil epoch {epoch + 1}: loss {tot / len(fr):.4f}  valid coverage per level "
@@ -396,6 +416,7 @@ def train_sid_mlp(gr: Tiger, split: Split, sids: np.ndarray, cfg: DistillConfig 
             log(f"stopping after {epoch + 1} epochs: the {minutes} minute cap")
             break
     drafter.load_state_dict(best_state)
-    return drafter.eval(), {"config": cfg.model_dump(), "model": drafter.cfg.model_dump(), "params": drafter.n_params(),
-                            "best_valid_whole_frontier": best, "select": {"k": cfg.select_k, "n": cfg.select_n},
-                            "epochs": history, "minutes": round((time.time() - t_start) / 60, 1)}
+    return drafter.eval(), {"config": cfg.model_dump(), "device": str(dev), "model": drafter.cfg.model_dump(),
+                            "params": drafter.n_params(), "best_valid_whole_frontier": best,
+                            "select": {"k": cfg.select_k, "n": cfg.select_n}, "epochs": history,
+                            "minutes": round((time.time() - t_start) / 60, 1)}

@@ -1,9 +1,18 @@
 """Training the drafters: the retrieval model, the self-draft head and the
 NEZHA head. Each keeps the best epoch by a validation metric and shows
-progress; the GR model stays frozen for the two heads."""
+progress; the GR model stays frozen for the two heads.
+
+``DrafterTrainConfig.device`` trains on a GPU (:mod:`specrec.train.device`): the
+model, the frozen GR and the data there, in float32 (the drafters are small,
+and what they learn from is the float32 target's). Validation that walks the
+item trie (the NEZHA head's beams) runs on CPU copies of the weights, and the
+aligned heads (``align``) train on the CPU whatever the device: their target
+passes go through the trie's decoding, which lives there. Trained models come
+back on the CPU, and the frozen GR where it was."""
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable
 
@@ -29,6 +38,7 @@ from .align import (
     target_logprobs,
 )
 from .batches import bucketed_batches, history_batch
+from .device import on_device, resolve_device, to_device
 
 
 class DrafterTrainConfig(BaseModel):
@@ -39,6 +49,7 @@ class DrafterTrainConfig(BaseModel):
     patience: int = 3
     valid_limit: int | None = 4000
     seed: int = 0
+    device: str = "cpu"  # where it trains (specrec.train.device)
 
 
 def _recall_at(scores: torch.Tensor, target: torch.Tensor, k: int) -> float:
@@ -53,14 +64,15 @@ def _loop(params, cfg: DrafterTrainConfig, n_train: int, lengths: np.ndarray, st
     for epoch in range(cfg.epochs):
         rng = np.random.default_rng(cfg.seed * 7919 + epoch)
         batches = bucketed_batches(lengths, cfg.batch_size, rng, 50)
-        t0, tot = time.time(), 0.0
+        # the loss sum stays on the device (float64: the same sum as Python floats'), read once an epoch
+        t0, acc = time.time(), torch.zeros((), dtype=torch.float64, device=params[0].device)
         for idx in tqdm(batches, desc=f"{desc} {epoch + 1}/{cfg.epochs}", disable=not progress, leave=False):
             loss = step_fn(idx)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            tot += float(loss.detach()) * len(idx)
-        val = valid_fn()
+            acc += loss.detach().double() * len(idx)
+        val, tot = valid_fn(), float(acc)
         history.append({"epoch": epoch + 1, "loss": tot / n_train, "valid": val, "seconds": round(time.time() - t0, 1)})
         log(f"{desc} epoch {epoch + 1}: loss {tot / n_train:.4f}  valid {val:.4f}")
         if val > best:
@@ -89,8 +101,9 @@ def train_retrieval(
     predicts the next item, softmax over the items seen in training."""
     cfg = cfg or RetrievalConfig()
     tcfg = tcfg or DrafterTrainConfig(epochs=30, batch_size=128, lr=1e-3)
+    dev = resolve_device(tcfg.device)
     torch.manual_seed(tcfg.seed)
-    model = RetrievalModel(cfg)
+    model = RetrievalModel(cfg).to(dev)
     H = cfg.max_history
     seqs = []
     for u, p in user_sequences(split):
@@ -103,19 +116,21 @@ def train_retrieval(
     for i, s in enumerate(seqs):
         inp[i, H - (len(s) - 1) :] = s[:-1]
         tgt[i, H - (len(s) - 1) :] = s[1:]
-    text = torch.from_numpy(np.ascontiguousarray(text_emb, dtype=np.float32))
-    seen_rows = torch.from_numpy(np.nonzero(split.seen)[0])
-    remap = torch.full((len(text_emb),), -1, dtype=torch.int64)
-    remap[seen_rows] = torch.arange(len(seen_rows))
+    text = to_device(np.ascontiguousarray(text_emb, dtype=np.float32), dev)
+    seen_rows = to_device(np.nonzero(split.seen)[0], dev)
+    remap = torch.full((len(text_emb),), -1, dtype=torch.int64, device=dev)
+    remap[seen_rows] = torch.arange(len(seen_rows), device=dev)
     lengths = (inp != PAD).sum(1)
+    inp_t, tgt_t = to_device(inp, dev), to_device(tgt, dev)  # once: a step sends only its rows' indices
     valid = split.valid.head(tcfg.valid_limit)
-    log(f"retrieval drafter: {n} training sequences, {len(seen_rows)} items in the softmax")
+    log(f"retrieval drafter: {n} training sequences, {len(seen_rows)} items in the softmax, on {dev}")
 
     def step(idx):
         model.train()
         t = int(lengths[idx].max())
-        x = torch.from_numpy(inp[idx][:, H - t :])
-        y = torch.from_numpy(tgt[idx][:, H - t :])
+        rows = to_device(idx, dev)
+        x = inp_t[rows][:, H - t :]
+        y = tgt_t[rows][:, H - t :]
         keep = x >= 0
         items = model.item_vectors(text[seen_rows])
         hv = model.item_vectors(text[x.clamp(min=0)])
@@ -128,15 +143,15 @@ def train_retrieval(
     def validate():
         model.eval()
         items = model.item_vectors(text)
-        hist = torch.from_numpy(valid.history)
+        hist = to_device(valid.history, dev)
         keep = hist >= 0
         u = model.user_vectors(text[hist.clamp(min=0)], keep)
-        return _recall_at(u @ items.T, torch.from_numpy(valid.target), 50)
+        return _recall_at(u @ items.T, to_device(valid.target, dev), 50)
 
     best, state, hist = _loop(list(model.parameters()), tcfg, n, lengths, step, validate, "retrieval", log, progress,
                               lambda: {k: v.clone() for k, v in model.state_dict().items()})
     model.load_state_dict(state)
-    return model.eval(), {"best_valid_recall@50": best, "epochs": hist}
+    return model.cpu().eval(), {"best_valid_recall@50": best, "epochs": hist, "device": str(dev)}
 
 
 # -- self-draft head ---------------------------------------------------------------
@@ -149,6 +164,13 @@ def _frozen_with_head(gr: Tiger, sids: np.ndarray, tcfg: DrafterTrainConfig, mak
     return make_head(gr), torch.from_numpy(np.ascontiguousarray(sids, dtype=np.int64))
 
 
+def _aligned_on_cpu(tcfg: DrafterTrainConfig, name: str, log: Callable[[str], None]) -> DrafterTrainConfig:
+    """An aligned head trains on the CPU (module docstring): ``tcfg`` there, said where another device was asked."""
+    if resolve_device(tcfg.device).type != "cpu":
+        log(f"{name}, aligned: trains on the CPU (its target passes walk the item trie there), not {tcfg.device}")
+    return tcfg.model_copy(update={"device": "cpu"})
+
+
 def train_self_draft(
     gr: Tiger, split: Split, sids: np.ndarray, tcfg: DrafterTrainConfig | None = None,
     log: Callable[[str], None] = print, progress: bool = True, align: AlignConfig | None = None, cache=None,
@@ -157,11 +179,22 @@ def train_self_draft(
     'none'), also on the target's own top-K items (see :mod:`.align`)."""
     tcfg = tcfg or DrafterTrainConfig(epochs=10, batch_size=256, lr=2e-3)
     if align is not None and align.mode != "none":
-        return _train_self_draft_aligned(gr, split, sids, tcfg, align, log, progress, cache)
-    head, sids_t = _frozen_with_head(gr, sids, tcfg, SelfDraftHead)
-    seen_rows = torch.from_numpy(np.nonzero(split.seen)[0])
-    remap = torch.full((len(sids),), -1, dtype=torch.int64)
-    remap[seen_rows] = torch.arange(len(seen_rows))
+        tcfg = _aligned_on_cpu(tcfg, "self-drafter", log)
+        head, rep = _train_self_draft_aligned(gr, split, sids, tcfg, align, log, progress, cache)
+        return head, {**rep, "device": "cpu"}
+    head, sids_cpu = _frozen_with_head(gr, sids, tcfg, SelfDraftHead)
+    dev = resolve_device(tcfg.device)
+    with on_device(gr, dev):
+        head, rep = _fit_self_draft(gr, head.to(dev), sids_cpu.to(dev), split, tcfg, log, progress)
+    return head.cpu().eval(), {**rep, "device": str(dev)}
+
+
+def _fit_self_draft(gr: Tiger, head: SelfDraftHead, sids_t: torch.Tensor, split: Split, tcfg: DrafterTrainConfig,
+                    log: Callable[[str], None], progress: bool) -> tuple[SelfDraftHead, dict]:
+    dev = sids_t.device
+    seen_rows = to_device(np.nonzero(split.seen)[0], dev)
+    remap = torch.full((len(sids_t),), -1, dtype=torch.int64, device=dev)
+    remap[seen_rows] = torch.arange(len(seen_rows), device=dev)
     tr: Examples = split.train
     lengths = (tr.history != PAD).sum(1)
     valid = split.valid.head(tcfg.valid_limit)
@@ -173,14 +206,14 @@ def train_self_draft(
         u = head.user_vectors(enc)
         items = head.item_vectors(gr, sids_t[seen_rows])
         logits = u @ items.T / head.cfg.temperature
-        return F.cross_entropy(logits, remap[torch.from_numpy(tr.target[idx])])
+        return F.cross_entropy(logits, remap[to_device(tr.target[idx], dev)])
 
     @torch.inference_mode()
     def validate():
         head.eval()
         items = head.item_vectors(gr, sids_t)
         u = head.user_vectors(gr.encode(history_batch(sids_t, valid.history)))
-        return _recall_at(u @ items.T, torch.from_numpy(valid.target), 50)
+        return _recall_at(u @ items.T, to_device(valid.target, dev), 50)
 
     best, state, hist = _loop(list(head.parameters()), tcfg, len(tr), lengths, step, validate, "self-draft", log,
                               progress, lambda: {k: v.clone() for k, v in head.state_dict().items()})
@@ -196,20 +229,33 @@ def train_nezha(
     """Cross-entropy on the true next SID plus KL to the GR's own per-level
     distributions along it; validation: recall@10 of the head's constrained
     beams. Aligned (``align.mode`` not 'none'): see :mod:`.align`."""
-    from ..ids.trie import SidTrie
-
     tcfg = tcfg or DrafterTrainConfig(epochs=6, batch_size=256, lr=2e-3, patience=2)
     if align is not None and align.mode != "none":
-        return _train_nezha_aligned(gr, split, sids, tcfg, align, log, progress, cache)
-    head, sids_t = _frozen_with_head(gr, sids, tcfg, NezhaHead)
-    trie = SidTrie(sids, gr.cfg.level_sizes)
+        tcfg = _aligned_on_cpu(tcfg, "nezha head", log)
+        head, rep = _train_nezha_aligned(gr, split, sids, tcfg, align, log, progress, cache)
+        return head, {**rep, "device": "cpu"}
+    head, sids_cpu = _frozen_with_head(gr, sids, tcfg, NezhaHead)
+    dev = resolve_device(tcfg.device)
+    gr_cpu = gr if dev.type == "cpu" else copy.deepcopy(gr)  # validation walks the trie on the CPU
+    with on_device(gr, dev):
+        head, rep = _fit_nezha(gr, gr_cpu, head.to(dev), sids_cpu, split, tcfg, log, progress)
+    return head.cpu().eval(), {**rep, "device": str(dev)}
+
+
+def _fit_nezha(gr: Tiger, gr_cpu: Tiger, head: NezhaHead, sids_cpu: torch.Tensor, split: Split,
+               tcfg: DrafterTrainConfig, log: Callable[[str], None], progress: bool) -> tuple[NezhaHead, dict]:
+    from ..ids.trie import SidTrie
+
+    dev = next(head.parameters()).device
+    sids_t = sids_cpu.to(dev)
+    trie = SidTrie(sids_cpu.numpy(), gr.cfg.level_sizes)
     tr: Examples = split.train
     lengths = (tr.history != PAD).sum(1)
     valid = split.valid.head(min(tcfg.valid_limit or 2000, 2000))
 
     def step(idx):
         head.train()
-        tgt = sids_t[torch.from_numpy(tr.target[idx])]
+        tgt = sids_t[to_device(tr.target[idx], dev)]
         with torch.no_grad():
             enc = gr.encode(history_batch(sids_t, tr.history[idx]))
             teacher, _ = gr.next_logprobs(enc, gr.decoder_input(tgt[:, None, :-1]))
@@ -219,10 +265,11 @@ def train_nezha(
     @torch.inference_mode()
     def validate():
         head.eval()
+        hd = head if dev.type == "cpu" else copy.deepcopy(head).cpu()
         hits = 0
         for s in range(0, len(valid), 500):
-            enc = gr.encode(history_batch(sids_t, valid.history[s : s + 500]))
-            beams = nezha_beam_search(head, gr, head.hidden(gr, enc), trie, 10)
+            enc = gr_cpu.encode(history_batch(sids_cpu, valid.history[s : s + 500]))
+            beams = nezha_beam_search(hd, gr_cpu, hd.hidden(gr_cpu, enc), trie, 10)
             items = beams.items(trie)
             hits += int((items == torch.from_numpy(valid.target[s : s + 500]).unsqueeze(1)).any(1).sum())
         return hits / len(valid)

@@ -65,11 +65,13 @@ def score_users(bundle: Bundle, ex, exclude: list[np.ndarray], n: int, backend=N
     return out
 
 
-def served_recall(bundle: Bundle, policy: str, ex, exclude: list[np.ndarray], progress: bool = True) -> float:
-    """Recall@K of the list ``policy`` serves (history excluded, no budget) on the users of ``ex``."""
+def served_recall(bundle: Bundle, policy: str, ex, exclude: list[np.ndarray], progress: bool = True,
+                  backend=None) -> float:
+    """Recall@K of the list ``policy`` serves (history excluded, no budget) on the users of ``ex``, the GR's
+    passes on ``backend`` (default: the bundle's default)."""
     from ..policies import RecRequest, make_policy
 
-    eng = bundle.engine(drafter=None)
+    eng = bundle.engine(drafter=None, backend=backend)
     pol = make_policy(policy, eng)
     hits = 0
     for i in tqdm(range(len(ex)), desc=f"{policy} on validation users", disable=not progress, leave=False):
@@ -93,12 +95,14 @@ def drafter_recall(users: list[Scored], reserved: int) -> tuple[float, float]:
 
 
 def tune_fusion(bundle_dir: str | Path, users: int | None = 3000, seed: int = 0, drafts: tuple[int, ...] = (50,),
-                progress: bool = True, tolerance: float = 0.0, combiner_hidden: int = 16) -> tuple[Fusion, dict]:
+                progress: bool = True, tolerance: float = 0.0, combiner_hidden: int = 16,
+                device: str = "cpu") -> tuple[Fusion, dict]:
     """Choose the fusion of the bundle at ``bundle_dir`` on ``users`` random validation users (None: all) (the
     fewest of ``drafts`` candidates within ``tolerance`` of the best recall, :func:`~specrec.fusion.choose`),
     with ``combiner_hidden`` > 0 a learned combiner where it beats the mix on half of them
     (:func:`specrec.train.combiner.compare`), measure the served lists' recall@10 on them, and write all into its
-    ``bundle.json``. -> (the choice, what was written)."""
+    ``bundle.json``. On a GPU (``device``) the GR's passes run there on the eager backend, in float32.
+    -> (the choice, what was written)."""
     from ..bundle import bundle_split
     from .combiner import compare
 
@@ -111,7 +115,9 @@ def tune_fusion(bundle_dir: str | Path, users: int | None = 3000, seed: int = 0,
     full = ex.full_histories(ds.sequences)
     share = float(bundle.meta.get("drafters", {}).get("unseen_share", 0.0))
     reserved = int(round(share * K))
-    scored = score_users(bundle, ex, full, max(drafts), progress=progress)
+    # the GR's passes: on the CPU the bundle's default (ONNX Runtime), on a GPU the eager backend there
+    gr_backend = None if device == "cpu" else bundle.backend("eager", device=device)
+    scored = score_users(bundle, ex, full, max(drafts), backend=gr_backend, progress=progress)
     fusion, grid = choose(scored, drafts, K, unseen_share=share, tolerance=tolerance)
     rec, ndcg = recall_ndcg(scored, fusion, K, share)
     learned: dict | None = None
@@ -127,13 +133,13 @@ def tune_fusion(bundle_dir: str | Path, users: int | None = 3000, seed: int = 0,
     for policy in ("beam", "nezha"):
         if policy == "nezha" and bundle.sid_mlp is None and bundle.nezha_head is None:
             continue
-        valid[policy] = {"recall@10": served_recall(bundle, policy, ex, full, progress)}
+        valid[policy] = {"recall@10": served_recall(bundle, policy, ex, full, progress, backend=gr_backend)}
     valid["gr_reranked"] = {"recall@10": gr[0], "ndcg@10": gr[1]}  # no policy serves it: for the record
     entry = {**fusion.as_dict(), "chosen_on": f"{len(scored)} validation users (seed {seed}), history excluded, "
              f"{reserved} of {K} places kept for unseen candidates, the fewest of {list(drafts)} candidates within "
              f"{tolerance:.1%} of the best recall@10" + (
                  "; the combiner's figures from the half it was not trained on" if fusion.combiner else ""),
-             "valid": valid, "grid": grid, **({"combiner_choice": learned} if learned else {}),
+             "valid": valid, "grid": grid, "device": device, **({"combiner_choice": learned} if learned else {}),
              "minutes": round((time.time() - t0) / 60, 1)}
     path = Path(bundle_dir) / "bundle.json"
     text = path.read_text()

@@ -36,7 +36,7 @@ class SasrecTeacher:
         """``inp`` [B, T] item indices (left-padded -1), ``valid`` [B, T] the positions taught, ``tgt_codes``
         [N, L] their targets' codes (row-major over ``valid``) -> per level a [N, V_l] distribution (rows whose
         true prefix the teacher gives no mass are all zero: no soft target there)."""
-        with torch.autocast("cpu", enabled=False):  # float32 whatever the student's training runs in
+        with torch.autocast(inp.device.type, enabled=False):  # float32 whatever the student's training runs in
             states = self.sasrec.sequence(inp)[valid]  # [N, d]
             p = torch.softmax(self.sasrec.scores(states).float() / self.temperature, dim=-1)  # [N, items]
         out = []
@@ -44,7 +44,7 @@ class SasrecTeacher:
         for lvl, size in enumerate(self.level_sizes):
             if lvl:
                 match &= self.sids[:, lvl - 1].unsqueeze(0) == tgt_codes[:, lvl - 1 : lvl]
-            q = torch.zeros(len(p), size, dtype=p.dtype)
+            q = torch.zeros(len(p), size, dtype=p.dtype, device=p.device)
             q.index_add_(1, self.sids[:, lvl], p * match)
             mass = q.sum(-1, keepdim=True)
             out.append(torch.where(mass > 1e-8, q / mass.clamp(min=1e-12), torch.zeros_like(q)))

@@ -13,6 +13,15 @@ Batches are bucketed by history length and trimmed to the longest history in
 the batch (histories are left-padded and positions are right-aligned, so the
 trim changes nothing but the cost): on Beauty the mean history is 6.7 of 20
 items.
+
+``device`` "cuda" trains on a GPU (:mod:`specrec.train.device`): the model, the
+training data and validation's beam search there, bfloat16 autocast with
+``bf16``, one process (``workers`` is the CPU's path). Checkpoints hold CPU
+tensors (:mod:`specrec.train.checkpoint`), so a run goes on on either device;
+``checkpoint_minutes`` writes one whenever that many minutes have passed, in
+the middle of an epoch too (a resumed run re-draws the epoch's batches and goes
+on after the last one done), and ``checkpoint_part_mib`` writes large ones in
+parts that can be committed.
 """
 
 from __future__ import annotations
@@ -20,8 +29,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -32,17 +39,21 @@ import torch
 from pydantic import BaseModel
 from tqdm.auto import tqdm
 
-from ..backends import Backend
 from ..data.splits import PAD, Examples, sample_examples
-from ..decoding.beam import beam_search
-from ..eval.metrics import ndcg_at_k, recall_at_k, target_ranks
 from ..ids.trie import SidTrie
 from ..models.tiger import Tiger, TigerConfig
-from .batches import bucketed_batches, causal_chunks, history_batch
+from . import checkpoint as ckpt
+from .batches import bucketed_batches, causal_chunks
+from .device import autocast, cpu_copy, resolve_device, rng_state, set_rng_state, to_device
+from .parallel import average_gradients, evaluate_beam, fit_parallel
 from .soft_targets import SasrecTeacher, soft_level_loss
+
+__all__ = ["STEP_SEQUENCE", "TRAINING_ONLY", "TrainConfig", "Trainer", "evaluate_beam"]
 
 #: model settings that only training reads: a run may start from weights trained with others
 TRAINING_ONLY = frozenset({"dropout", "label_smoothing"})
+#: training settings that fix the sequence of steps: a run resumes only with the ones its checkpoint has
+STEP_SEQUENCE = ("batch_size", "window_stride", "seed", "bucket_chunk")
 
 
 class TrainConfig(BaseModel):
@@ -73,42 +84,11 @@ class TrainConfig(BaseModel):
     teacher: str | None = None  # a bundle whose SASRec gives soft targets (:mod:`specrec.train.soft_targets`)
     distill_weight: float = 0.0  # the soft targets' share of the loss (the true next item keeps the rest)
     distill_temp: float = 1.0  # the teacher's softmax temperature
-
-
-@torch.inference_mode()
-def evaluate_beam(
-    model: Tiger,
-    sids: torch.Tensor,
-    trie: SidTrie,
-    ex: Examples,
-    width: int,
-    ks=(10,),
-    batch_size: int = 256,
-    shard: tuple[int, int] = (0, 1),
-) -> dict:
-    """Recall/NDCG@ks of beam search on ``ex``; with ``shard`` (rank, world)
-    under data-parallel training each worker ranks its share and the ranks
-    are gathered, so every worker gets the same figures."""
-    model.eval()
-    backend = Backend(model)  # built per call: it copies the (changing) output layers
-    rank, world = shard
-    idx = np.arange(rank, len(ex), world)
-    ranks = []
-    for s in range(0, len(idx), batch_size):
-        b = idx[s : s + batch_size]
-        enc = backend.encode(history_batch(sids, ex.history[b]))
-        items = beam_search(backend, enc, trie, width).items(trie)
-        ranks.append(target_ranks(items.numpy(), ex.target[b]))
-    r = np.concatenate(ranks) if ranks else np.zeros(0, dtype=np.int64)
-    if world > 1:
-        parts: list = [None] * world
-        torch.distributed.all_gather_object(parts, r)
-        r = np.concatenate(parts)
-    out = {}
-    for k in ks:
-        out[f"recall@{k}"] = recall_at_k(r, k)
-        out[f"ndcg@{k}"] = ndcg_at_k(r, k)
-    return out
+    device: str = "cpu"  # where the model, its batches and validation run: cpu or cuda (specrec.train.device)
+    batch_scale: float = 1.0  # for the record: batch_size, lr and warmup_steps above are a recipe's scaled by this
+    checkpoint_minutes: float | None = None  # a checkpoint whenever this many minutes passed (mid-epoch too) and
+    #                                          at the end; None: at the end of every epoch
+    checkpoint_part_mib: float | None = None  # checkpoints larger than this many MiB are written in parts
 
 
 class Trainer:
@@ -142,10 +122,16 @@ class Trainer:
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.log = log
+        self.device = resolve_device(cfg.device)
+        if cfg.workers > 1 and self.device.type != "cpu":
+            raise ValueError(f"workers {cfg.workers}: data-parallel processes are the CPU's path; on "
+                             f"{self.device} one process trains (a bigger batch: batch_scale)")
+        self.sids_dev = self.sids.to(self.device)  # what batches are coded with, beside their rows
         torch.manual_seed(cfg.seed)
         self.model = Tiger(model_cfg)
         if cfg.init_from:
             self._init_from(cfg.init_from)
+        self.model.to(self.device)
         self.teacher = self._teacher() if cfg.distill_weight > 0 else None
         self.ema = copy.deepcopy(self.model).eval() if cfg.ema else None
         decay = [p for n, p in self.model.named_parameters() if p.ndim >= 2]
@@ -166,6 +152,11 @@ class Trainer:
         self.history: list[dict] = []
         self.planned_epochs: int | None = None  # with a time budget: the epochs that fit, set after the first
         self.elapsed_s = 0.0  # training + validation seconds over all sessions of this run
+        # the epoch under way: batches done, their loss sum and targets, its training seconds so far
+        self.epoch_batches, self.epoch_loss, self.epoch_targets, self.epoch_train_s = 0, 0.0, 0, 0.0
+        self._best_state: dict | None = None  # the best weights, not yet written (written with each checkpoint)
+        self._saved_at = time.time()  # the last checkpoint (or the start)
+        self._dirty = False  # trained since the last checkpoint
 
     def _init_from(self, path: str) -> None:
         from ..bundle import Bundle
@@ -199,7 +190,7 @@ class Trainer:
             raise ValueError(f"distill_weight {self.cfg.distill_weight}: must be in (0, 1]")
         self.log(f"soft targets from {self.cfg.teacher}'s SASRec (weight {self.cfg.distill_weight}, "
                  f"temperature {self.cfg.distill_temp})")
-        return SasrecTeacher(src.sasrec, self.sids, self.mcfg.level_sizes, self.cfg.distill_temp)
+        return SasrecTeacher(src.sasrec.to(self.device), self.sids_dev, self.mcfg.level_sizes, self.cfg.distill_temp)
 
     def _sequence_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The causal chunk's loss: cross-entropy of the true next items, mixed with the teacher's soft targets."""
@@ -253,9 +244,20 @@ class Trainer:
     def best_path(self) -> Path:
         return self.out / "best_model.pt"
 
+    @property
+    def _part_bytes(self) -> int | None:
+        mib = self.cfg.checkpoint_part_mib
+        return None if mib is None else int(mib * ckpt.MIB)
+
     def save_checkpoint(self) -> None:
+        """Write the run's state (every tensor on the CPU), and first the best weights validation kept since the
+        last one, so the two files always belong together."""
+        self._saved_at, self._dirty = time.time(), False
         if self.rank:
             return
+        if self._best_state is not None:
+            ckpt.save(self._best_state, self.best_path, self._part_bytes)
+            self._best_state = None
         state = {
             "model": self.model.state_dict(), "opt": self.opt.state_dict(), "sched": self.sched.state_dict(),
             "ema": None if self.ema is None else self.ema.state_dict(),
@@ -264,19 +266,28 @@ class Trainer:
             "planned_epochs": self.planned_epochs, "elapsed_s": self.elapsed_s,
             "model_cfg": self.mcfg.model_dump(), "train_cfg": self.cfg.model_dump(),
             "torch_rng": torch.get_rng_state(),
+            "epoch_batches": self.epoch_batches, "epoch_loss": self.epoch_loss, "epoch_targets": self.epoch_targets,
+            "epoch_train_s": self.epoch_train_s, "device": str(self.device),
         }
-        tmp = self.ckpt_path.with_suffix(".tmp")
-        torch.save(state, tmp)
-        tmp.replace(self.ckpt_path)
+        rng = rng_state(self.device)
+        if "cuda" in rng:
+            state["cuda_rng"] = rng["cuda"]
+        ckpt.save(cpu_copy(state), self.ckpt_path, self._part_bytes)
 
     def resume(self) -> bool:
-        if not self.ckpt_path.exists():
+        if not ckpt.exists(self.ckpt_path):
             return False
-        st = torch.load(self.ckpt_path, weights_only=False)
+        st = ckpt.load(self.ckpt_path)
         if st["model_cfg"] != self.mcfg.model_dump():
             raise ValueError(f"{self.ckpt_path}: model config differs from the checkpoint's; use a new --out")
-        self.model.load_state_dict(st["model"])
-        self.opt.load_state_dict(st["opt"])
+        theirs = st.get("train_cfg", {})
+        differ = [k for k in STEP_SEQUENCE if k in theirs and theirs[k] != getattr(self.cfg, k)]
+        if differ:  # the steps done would not be the ones this run's schedule and batches count
+            raise ValueError(f"{self.ckpt_path}: the checkpoint's run had another "
+                             + ", ".join(f"{k} ({theirs[k]}, here {getattr(self.cfg, k)})" for k in differ)
+                             + "; resume with the same, or start afresh (--no-resume)")
+        self.model.load_state_dict(st["model"])  # copied into the weights where they are: either device
+        self.opt.load_state_dict(st["opt"])  # its moments move to their weights' device
         self.sched.load_state_dict(st["sched"])
         if self.ema is not None and st.get("ema") is not None:
             self.ema.load_state_dict(st["ema"])
@@ -285,73 +296,103 @@ class Trainer:
         self.history = st["history"]
         self.planned_epochs = st.get("planned_epochs")
         self.elapsed_s = st.get("elapsed_s", 0.0)
+        self.epoch_batches, self.epoch_loss = st.get("epoch_batches", 0), st.get("epoch_loss", 0.0)
+        self.epoch_targets, self.epoch_train_s = st.get("epoch_targets", 0), st.get("epoch_train_s", 0.0)
         if self.planned_epochs is not None:
             self.total_steps = self.steps_per_epoch * self.planned_epochs
-        torch.set_rng_state(st["torch_rng"])
-        self.log(f"resumed from {self.ckpt_path} at epoch {self.epoch}, step {self.step} "
-                 f"(best {self.cfg.metric}={self.best:.4f} @ {self.best_epoch})")
+        rng = {"cpu": st["torch_rng"], **({"cuda": st["cuda_rng"]} if "cuda_rng" in st else {})}
+        same_stream = set_rng_state(rng, self.device)
+        if not self.rank:  # the log holds the epochs the checkpoint holds: a later one is trained again
+            (self.out / "train_log.jsonl").write_text("".join(json.dumps(h) + "\n" for h in self.history))
+        was = st.get("device", "cpu")
+        self.log(f"resumed from {self.ckpt_path} at epoch {self.epoch}, step {self.step}"
+                 + (f" ({self.epoch_batches} batches into epoch {self.epoch + 1})" if self.epoch_batches else "")
+                 + f" (best {self.cfg.metric}={self.best:.4f} @ {self.best_epoch})"
+                 + ("" if same_stream else f"; saved on {was}, on {self.device} now: dropout draws a new stream"))
         return True
+
+    def _checkpoint_due(self) -> bool:
+        m = self.cfg.checkpoint_minutes
+        return m is not None and time.time() - self._saved_at >= m * 60.0
 
     # -- loop ----------------------------------------------------------------
     def fit(self, progress: bool = True) -> dict:
         if self.cfg.workers > 1 and self.world == 1:
-            return self._fit_parallel(progress)
+            return fit_parallel(self, progress)
         c = self.cfg
         if self.world == 1:
             torch.set_num_threads(c.threads or torch.get_num_threads())
+        dev = self.device
         if self.mcfg.causal_encoder:
             inp, tgt = causal_chunks(self.train_ex, c.window_stride)
             lengths = (inp != PAD).sum(1)
+            n_targets_of = (tgt >= 0).sum(1)
+            inp_t, tgt_t = to_device(inp, dev), to_device(tgt, dev)  # once: a step sends only its rows' indices
             self.log(f"causal encoder: {len(self.train_ex)} targets in {len(inp)} sequence chunks; "
                      f"{self.steps_per_epoch} steps per epoch of {c.batch_size}"
-                     + (f" over {self.world} workers" if self.world > 1 else ""))
+                     + (f" over {self.world} workers" if self.world > 1 else "") + f" on {dev}")
         else:
             lengths = (self.train_ex.history != PAD).sum(1)
+            hist_t, target_t = to_device(self.train_ex.history, dev), to_device(self.train_ex.target, dev)
+        ema_params: list[torch.Tensor] = [] if self.ema is None else list(self.ema.parameters())
+        model_params: list[torch.Tensor] = list(self.model.parameters())
         t_start = time.time()
+        self._saved_at = t_start
         bar = tqdm(total=self.total_steps, initial=self.step, disable=not progress, unit="step", smoothing=0.05,
                    desc="training")
         while self.epoch < self.max_epochs and self.bad_epochs < c.patience:
             rng = np.random.default_rng(c.seed * 100003 + self.epoch)
             batches = bucketed_batches(lengths, c.batch_size, rng, c.bucket_chunk)
             self.model.train()
-            t0, tot, n = time.time(), 0.0, 0
+            t0 = time.time()
+            # the loss sum stays on the device (float64: the same sum as Python floats'), read every 20 steps
+            tot = torch.tensor(self.epoch_loss, dtype=torch.float64, device=dev)
+            n = self.epoch_targets
             bar.set_description(f"epoch {self.epoch + 1}/{c.epochs}")
-            for idx in batches:
-                idx = idx[self.rank :: self.world]  # this worker's share of the global batch
+            for b in range(self.epoch_batches, len(batches)):  # a run cut mid-epoch goes on after its last batch
+                idx = batches[b][self.rank :: self.world]  # this worker's share of the global batch
+                rows = to_device(idx, dev)
                 if self.mcfg.causal_encoder:
                     w = int(lengths[idx].max())
-                    x, y = torch.from_numpy(inp[idx][:, -w:]), torch.from_numpy(tgt[idx][:, -w:])
-                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=c.bf16):
+                    x, y = inp_t[rows][:, -w:], tgt_t[rows][:, -w:]
+                    with autocast(dev, c.bf16):
                         loss = self._sequence_loss(x, y)
-                    n_targets = int((y >= 0).sum())
+                    n_targets = int(n_targets_of[idx].sum())
                 else:
-                    hist = history_batch(self.sids, self.train_ex.history[idx])
-                    tgt_ = self.sids[torch.from_numpy(self.train_ex.target[idx])]
-                    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=c.bf16):
-                        loss = self.model(hist, tgt_)
+                    h = int(lengths[idx].max())
+                    hist = self._codes(hist_t[rows][:, hist_t.shape[1] - h :])
+                    with autocast(dev, c.bf16):
+                        loss = self.model(hist, self.sids_dev[target_t[rows]])
                     n_targets = len(idx)
                 self.opt.zero_grad(set_to_none=True)
                 loss.backward()
                 if self.world > 1:
-                    self._average_gradients()
+                    average_gradients(self.model, self.world)
                 if c.grad_clip:
                     torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.grad_clip)
                 self.opt.step()
                 self.sched.step()
-                if self.ema is not None:
+                if ema_params:
                     with torch.no_grad():
-                        for pe, pm in zip(self.ema.parameters(), self.model.parameters()):
-                            pe.lerp_(pm, 1.0 - c.ema)
+                        torch._foreach_lerp_(ema_params, model_params, 1.0 - c.ema)
                 self.step += 1
-                tot += loss.item() * n_targets
+                tot += loss.detach().double() * n_targets
                 n += n_targets
+                self.epoch_batches, self._dirty = b + 1, True
                 bar.update(1)
                 if self.step % 20 == 0:
-                    bar.set_postfix(loss=f"{tot / max(n, 1):.4f}", lr=f"{self.sched.get_last_lr()[0]:.2e}")
-            train_s = time.time() - t0
+                    bar.set_postfix(loss=f"{float(tot) / max(n, 1):.4f}", lr=f"{self.sched.get_last_lr()[0]:.2e}")
+                if self._checkpoint_due() and b + 1 < len(batches):
+                    self.epoch_loss, self.epoch_targets = float(tot), n
+                    self.epoch_train_s += time.time() - t0
+                    t0 = time.time()
+                    self.save_checkpoint()
+            train_s = self.epoch_train_s + time.time() - t0
             self.epoch += 1
-            rec: dict[str, Any] = {"epoch": self.epoch, "step": self.step, "loss": tot / max(n, 1),
-                                   "lr": self.sched.get_last_lr()[0], "train_s": round(train_s, 1)}
+            self.epoch_batches, self.epoch_loss, self.epoch_targets, self.epoch_train_s = 0, 0.0, 0, 0.0
+            rec: dict[str, Any] = {"epoch": self.epoch, "step": self.step, "loss": float(tot) / max(n, 1),
+                                   "lr": self.sched.get_last_lr()[0], "train_s": round(train_s, 1),
+                                   "device": str(dev)}
             self.elapsed_s += train_s
             first_plan = c.budget_minutes is not None and self.planned_epochs is None
             if first_plan or self.epoch % c.valid_every == 0 or self.epoch >= self.max_epochs:
@@ -371,12 +412,16 @@ class Trainer:
             if not self.rank:
                 with open(self.out / "train_log.jsonl", "a") as fh:
                     fh.write(json.dumps(rec) + "\n")
+            self._dirty = True
+            if c.checkpoint_minutes is None or self._checkpoint_due():
+                self.save_checkpoint()
+        if self._dirty or self._best_state is not None:  # the run stops: what it did since the last one
             self.save_checkpoint()
         bar.close()
         stopped = "early_stop" if self.bad_epochs >= c.patience else ("budget" if c.budget_minutes else "max_epochs")
         if self.world > 1:
             torch.distributed.barrier()  # rank 0 has written best_model.pt
-        self.model.load_state_dict(torch.load(self.best_path, weights_only=True))
+        self.model.load_state_dict(ckpt.load(self.best_path, weights_only=True))
         self.model.eval()
         return {
             "epochs": self.epoch,
@@ -387,23 +432,18 @@ class Trainer:
             "session_seconds": round(time.time() - t_start, 1),
             "workers": c.workers,
             "planned_epochs": self.planned_epochs,
+            "device": str(dev),
+            "devices": sorted({h.get("device", "cpu") for h in self.history}),
+            "batch_size": c.batch_size,
         }
 
     def _codes(self, items: torch.Tensor) -> torch.Tensor:
         """[B, T] item indices (-1 = none) -> [B, T, L] codes (rows of -1)."""
-        out = self.sids[items.clamp(min=0)]
+        out = self.sids_dev[items.clamp(min=0)]
         return torch.where((items < 0).unsqueeze(-1), torch.full_like(out, -1), out)
 
-    def _average_gradients(self) -> None:
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        flat = torch._utils._flatten_dense_tensors(grads)
-        torch.distributed.all_reduce(flat)
-        flat /= self.world
-        for g, f in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
-            g.copy_(f)
-
     def _validate(self, rec: dict) -> None:
-        """Validate the weights (and their EMA); keep the best as best_model.pt."""
+        """Validate the weights (and their EMA); keep the best as best_model.pt (with the next checkpoint)."""
         c = self.cfg
         t1 = time.time()
         shard = (self.rank, self.world)
@@ -425,10 +465,8 @@ class Trainer:
         score = val[c.metric]
         if score > self.best:
             self.best, self.best_epoch, self.bad_epochs = score, self.epoch, 0
-            if not self.rank:
-                tmp = self.best_path.with_suffix(".tmp")
-                torch.save(best_state.state_dict(), tmp)
-                tmp.replace(self.best_path)
+            if not self.rank:  # written with the next checkpoint (a copy: training goes on in these weights)
+                self._best_state = {k: v.detach().to("cpu", copy=True) for k, v in best_state.state_dict().items()}
             rec["best"] = which
         else:
             self.bad_epochs += 1
@@ -437,39 +475,3 @@ class Trainer:
             f"ndcg@10 {val['ndcg@10']:.4f} ({which})  ({rec['train_s']:.0f}s train, {rec['valid_s']:.0f}s valid)"
             + ("  *best*" if rec.get("best") else "")
         )
-
-    # -- data-parallel workers -------------------------------------------------------
-    def _fit_parallel(self, progress: bool) -> dict:
-        import torch.multiprocessing as mp
-
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        args = (self.mcfg, self.cfg, self.sids_np, self.train_ex, self.valid_all, str(self.out))
-        mp.spawn(
-            _worker, args=(self.cfg.workers, port, args, progress, self.test_all), nprocs=self.cfg.workers, join=True
-        )
-        summary = json.loads((self.out / "fit_summary.json").read_text())
-        self.resume()  # epochs, history and the rest, as the workers left them
-        self.model.load_state_dict(torch.load(self.best_path, weights_only=True))
-        self.model.eval()
-        return summary
-
-
-WorkerArgs = tuple[TigerConfig, TrainConfig, np.ndarray, Examples, Examples, str]  # Trainer's positional arguments
-
-
-def _worker(rank: int, world: int, port: int, args: WorkerArgs, progress: bool, test: Examples | None = None) -> None:
-    import torch.distributed as dist
-
-    cfg: TrainConfig = args[1]
-    torch.set_num_threads(max(1, (cfg.threads or os.cpu_count() or 1) // world))
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    try:
-        tr = Trainer(*args, log=print if rank == 0 else (lambda m: None), rank=rank, world=world, test=test)
-        tr.resume()
-        summary = tr.fit(progress=progress and rank == 0)
-        if rank == 0:
-            (tr.out / "fit_summary.json").write_text(json.dumps(summary) + "\n")
-    finally:
-        dist.destroy_process_group()

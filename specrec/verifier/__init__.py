@@ -29,13 +29,15 @@ so policies run unchanged. Every implementation reports, per beam step, how
 many beams were read from verified passes (:attr:`Session.coverage`).
 
 The package: :mod:`.types` (the interface and its values), :mod:`.jobs` (the job types and which can share a
-computation), :mod:`.local` (:class:`LocalVerifier` and :func:`~specrec.verifier.local.run_jobs`).
+computation), :mod:`.local` (:class:`LocalVerifier` and :func:`~specrec.verifier.local.run_jobs`), :mod:`.device`
+(which errors mean the device failed: :class:`DeviceFailure`).
 """
 
 from __future__ import annotations
 
+from .device import DeviceFailure, device_failure
 from .local import LocalVerifier
 from .types import Drafted, Parts, SelectRule, Session, SessionStateError, StepCoverage, Verifier
 
-__all__ = ["Drafted", "LocalVerifier", "Parts", "SelectRule", "Session", "SessionStateError", "StepCoverage",
-           "Verifier"]
+__all__ = ["DeviceFailure", "Drafted", "LocalVerifier", "Parts", "SelectRule", "Session", "SessionStateError",
+           "StepCoverage", "Verifier", "device_failure"]

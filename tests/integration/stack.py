@@ -99,8 +99,9 @@ class Stack:
         )
         return GatewaySettings(**{**common, **gw, **self.gateway_overrides})
 
-    async def start_one(self, name: str, replica: str = "") -> None:
-        """Start a service; ``replica`` (e.g. "2") starts another replica of it, keyed ``name + replica``."""
+    async def start_one(self, name: str, replica: str = "", **overrides) -> None:
+        """Start a service; ``replica`` (e.g. "2") starts another replica of it, keyed ``name + replica``;
+        ``overrides``: settings of this one alone."""
         key = name + replica
         cls = {
             "itemset": ItemSetService,
@@ -109,8 +110,8 @@ class Stack:
             "gateway": GatewayService,
         }[name]
         settings = self._settings(name)
-        if replica:
-            settings = settings.model_copy(update={"port": self.ports.get(key, 0)})
+        if replica or overrides:
+            settings = type(settings)(**{**settings.model_dump(), "port": self.ports.get(key, 0), **overrides})
         runner = Runner(cls(settings))
         self.ports[key] = await runner.start()
         self.runners[key] = runner

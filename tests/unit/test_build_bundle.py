@@ -59,3 +59,78 @@ def test_a_recipe_naming_an_unknown_stage_or_options_that_are_not_strings_is_ref
     with pytest.raises(SystemExit, match="list of strings"):
         read_recipe(str(f))
     assert read_recipe(None)["graphs"] == []
+
+
+class Cut(Exception):
+    """The machine went away."""
+
+
+@pytest.mark.slow
+def test_a_build_cut_short_goes_on_where_it_stopped_and_records_each_stages_minutes_and_device(tmp_path, capsys,
+                                                                                               monkeypatch):
+    """A build cut in the middle of the GR's training, then in the middle of SASRec's: each run goes on from what
+    the build folder holds (the GR from its checkpoint, at the step it saved), never running a finished stage
+    again; every session's minutes and device are in bundle.json."""
+    import torch
+
+    from specrec.commands import train_baseline
+    from specrec.train import checkpoint as ckpt
+
+    out = tmp_path / "run"
+    f = tmp_path / "recipe.json"
+    f.write_text(json.dumps({"gr": TINY_GR, "sasrec": TINY_SASREC, "drafters": None, "fusion": None, "graphs": None}))
+    argv = ["build-bundle", "--data", "synthetic", "--protocol", "temporal", "--out", str(out), "--recipe", str(f),
+            "--device", "cpu", "--checkpoint-minutes", "0"]
+    real_step = torch.optim.AdamW.step
+    calls = [0]
+
+    def cut_at_fourth(self, *a, **k):
+        calls[0] += 1
+        if calls[0] == 4:
+            raise Cut
+        return real_step(self, *a, **k)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", cut_at_fourth)
+    with pytest.raises(Cut):
+        main(argv)
+    monkeypatch.setattr(torch.optim.AdamW, "step", real_step)
+    running = json.loads((out / "build-running.json").read_text())
+    assert running["stage"] == "gr" and [s["device"] for s in running["sessions"]] == ["cpu"]
+    assert ckpt.load(out / "checkpoint.pt")["step"] == 3
+    capsys.readouterr()
+
+    def machine_goes_away(args):
+        raise Cut
+
+    monkeypatch.setattr(train_baseline, "run", machine_goes_away)
+    with pytest.raises(Cut):
+        main(argv)
+    said = capsys.readouterr().out
+    assert "gr: specrec train" in said and "--no-resume" not in said and "resumed from" in said
+    assert "at epoch 0, step 3 (3 batches into epoch 1)" in said  # not from scratch
+    gr = json.loads((out / "bundle" / "bundle.json").read_text())["build"]["stages"]["gr"]
+    assert gr["device"] == "cpu" and len(gr["sessions"]) == 2
+    assert gr["minutes"] == round(sum(s["minutes"] for s in gr["sessions"]), 2)
+    assert "--device" in gr["argv"] and "--checkpoint-part-mib" in gr["argv"]
+    assert not ckpt.exists(out / "checkpoint.pt") and not ckpt.exists(out / "best_model.pt")  # in the bundle now
+    assert json.loads((out / "build-running.json").read_text())["stage"] == "sasrec"
+
+    monkeypatch.undo()
+    build, said = _build_again(argv, out, capsys)
+    assert "gr: current" in said and "on cpu" in said and "sasrec: specrec train-baseline" in said
+    assert "specrec train " not in said
+    assert build["stages"]["gr"] == gr and len(build["stages"]["sasrec"]["sessions"]) == 2  # the cut one counts
+    assert build["stages"]["sasrec"]["device"] == "cpu"
+    assert build["minutes"] == round(sum(s["minutes"] for s in build["stages"].values()), 1)
+    assert not (out / "build-running.json").exists()
+
+    # a bigger batch changes what the training stages make (their keys); the device would not
+    assert main([*argv, "--batch-scale", "2", "--dry-run"]) == 0
+    said = capsys.readouterr().out
+    assert "gr: specrec train" in said and "--batch-scale 2" in said
+
+
+def _build_again(argv: list[str], out, capsys) -> tuple[dict, str]:
+    assert main(argv) == 0
+    said = capsys.readouterr().out
+    return json.loads((out / "bundle" / "bundle.json").read_text())["build"], said

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specrec.backends import Backend, make_backend
-from specrec.backends.cuda import DEFAULT_BATCH_SIZES, CudaBackend, candidate_bucket
+from specrec.backends.cuda import DEFAULT_BATCH_SIZES, CudaBackend, candidate_bucket, rank_buckets
 from specrec.backends.graphs import Feed, GraphRunner, bucket, chunks
 from specrec.decoding.beam import beam_search
 from specrec.decoding.searches.head import nezha_beam_search
@@ -57,6 +57,8 @@ def test_buckets_and_chunks():
         bucket(5, SIZES)
     assert chunks(6, 4) == [(0, 4), (4, 6)] and chunks(4, 4) == [(0, 4)]
     assert [candidate_bucket(m) for m in (1, 8, 9, 40, 64, 65, 100)] == [8, 8, 16, 40, 64, 128, 128]
+    assert rank_buckets([40]) == [8, 16, 24, 32, 40] and rank_buckets([]) == [8]
+    assert rank_buckets([70])[-2:] == [64, 128]
     assert DEFAULT_BATCH_SIZES[0] == 1 and list(DEFAULT_BATCH_SIZES) == sorted(DEFAULT_BATCH_SIZES)
 
 

@@ -84,3 +84,22 @@ def test_the_model_fills_what_the_unseen_pool_cannot(drafter_parts):
         [DraftRequest(history, 8, prefixes=prefix[None])])
     under = [r for r in range(N) if itemset.sids[r, 0] == prefix[0]]
     assert len(got.items) == min(8, len(under)) and len(set(got.items.tolist())) == len(got.items)
+
+
+def test_exact_search_without_faiss_equals_faiss():
+    """Where faiss is not installed (a GPU machine's image), the drafters' index is exact search in numpy: the same
+    rows, best first, and -1 past the vectors there are."""
+    import faiss
+
+    from specrec.drafters.vector import ExactIndex
+
+    rng = np.random.default_rng(0)
+    v, q = rng.normal(size=(500, 16)).astype(np.float32), rng.normal(size=(3, 16)).astype(np.float32)
+    mine, theirs = ExactIndex(16), faiss.IndexFlatIP(16)
+    mine.add(v[:300])
+    mine.add(v[300:])
+    theirs.add(v)
+    for k in (1, 10, 500, 600):
+        (s1, r1), (s2, r2) = mine.search(q, k), theirs.search(q, k)
+        assert np.array_equal(r1, r2) and np.allclose(s1[r1 >= 0], s2[r2 >= 0], atol=1e-4)
+    assert (mine.search(q, 600)[1][:, 500:] == -1).all()

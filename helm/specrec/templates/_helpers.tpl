@@ -367,8 +367,15 @@ grpc:
   value: {{ .Values.bundle.path | quote }}
 - name: SPECREC_VERIFIER_ITEMSET_ADDR
   value: {{ include "specrec.addr" (list . "itemset") | quote }}
+{{- $backend := ternary $v.gpu.backend $v.backend $v.gpu.enabled }}
 - name: SPECREC_VERIFIER_BACKEND
-  value: {{ ternary "onnx" $v.backend $v.gpu.enabled | quote }}
+  value: {{ $backend | quote }}
+- name: SPECREC_VERIFIER_DEVICE
+  value: {{ ternary $v.gpu.device "cpu" $v.gpu.enabled | quote }}
+{{- if eq $backend "cuda" }}
+- name: SPECREC_VERIFIER_CUDA_GRAPH_BATCH_SIZES
+  value: {{ $v.gpu.cudaGraphBatchSizes | toJson | quote }}
+{{- end }}
 {{- if $v.onnxDir }}
 - name: SPECREC_VERIFIER_ONNX_DIR
   value: {{ $v.onnxDir | quote }}
@@ -387,6 +394,8 @@ grpc:
   value: {{ int $v.maxCandidates | quote }}
 - name: SPECREC_VERIFIER_WARMUP_K
   value: {{ $v.warmupK | toJson | quote }}
+- name: SPECREC_VERIFIER_HANG_S
+  value: {{ $v.hangS | toString | quote }}
 - name: SPECREC_VERIFIER_REQUIRE_GPU
   value: {{ and $v.gpu.enabled $v.gpu.required | toString | quote }}
 {{- end -}}
