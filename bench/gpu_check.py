@@ -418,7 +418,7 @@ def merge(src: Path) -> int:
     dest = RESULTS_DIR / "gpu"
     dest.mkdir(parents=True, exist_ok=True)
     for name in ("gpu_check.json", "gpu_check.md", "gpu_check.png", "gpu_keys.json"):
-        if (src / name).exists():
+        if (src / name).exists() and (src / name).resolve() != (dest / name).resolve():
             shutil.copyfile(src / name, dest / name)
     old = json.loads((RESULTS_DIR / "summary.json").read_text())
     update_summary(keys, RESULTS_DIR / "summary.json", retire=tuple(k for k in old if k.startswith("gpu.")

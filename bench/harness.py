@@ -96,7 +96,9 @@ def sample_users(bundle, n: int, seed: int, protocol: str = "loo") -> Users:
     from specrec.bundle import bundle_split
     from specrec.data.splits import sample_examples
 
-    data = bundle.meta.get("data_path")
+    data = bundle.data_path
+    if data is not None and Path(data).resolve().is_relative_to(ROOT):  # the repository's copy: data/beauty
+        data = os.path.relpath(Path(data).resolve(), ROOT)
     _, split = bundle_split(bundle, protocol=protocol)
     test = sample_examples(split.test, n, seed)
     ids = bundle.catalogue.ids

@@ -54,7 +54,7 @@ temporal() {  # the temporal split: unseen items, with and without the drafter's
   specrec export-onnx --bundle bundles/beauty-temporal --k 10,50
   python -m bench.serving --bundle bundles/beauty-temporal --protocol temporal --policies fused,auto,drafter,beam \
     --open-policies "" --overhead-requests 0 --k 50 --budget-ms 30 --requests 2000 --seed 0
-  python -m bench.unseen_text_reach --data ../shared/data/beauty --emb bundles/beauty-loo/text_emb.npy
+  python -m bench.unseen_text_reach --data data/beauty --emb bundles/beauty-loo/text_emb.npy
 }
 startup() { python -m bench.cold_start --bundle "$BUNDLE"; }
 index() { python -m bench.drafter_index --items 300000 --dim 64 --queries 500; }
@@ -78,7 +78,10 @@ soak() {
 chaos() { python -m bench.chaos --bundle "$BUNDLE" --rate 10 --budget-ms 100 --machine-budget-ms 30; }
 scaleout() { python -m bench.scaleout --bundle "$BUNDLE" --rates 10,20,30,40 --duration 10; }
 catalogue() { python -m bench.catalogue_scale --bundle "$BUNDLE" --sizes 12k,100k,1m,10m; }
-gpu() { bash bench/device_check.sh; }  # needs an NVIDIA GPU (exits 3 without one): only when named
+gpu() {  # needs an NVIDIA GPU (exits 3 without one): only when named; on the device tool, see device_check.sh
+  bash bench/device_check.sh  # its results into bench/results/gpu, then their keys into summary.json
+  python -m bench.gpu_check --merge bench/results/gpu
+}
 
 ALL=(quality policies temporal drafters backends profile startup index serving overload soak chaos scaleout catalogue keys)
 EXTRA=(gpu)

@@ -2,7 +2,7 @@
 random test users whose target is unseen, is it among the top N by cosine to the mean text embedding
 of the history's last items, ranked over all items or over the unseen items alone.
 
-    python -m bench.unseen_text_reach --data ../shared/data/beauty --emb bundles/beauty-loo/text_emb.npy
+    python -m bench.unseen_text_reach --data data/beauty --emb bundles/beauty-loo/text_emb.npy
 
 Prints, per window of last items (1 and 3), the share of those users whose target is among the top 50 of
 all items (``all50``) and among the top 10 / 20 / 50 of the unseen items (``unseenN``). Writes nothing.
@@ -15,13 +15,14 @@ import json
 
 import numpy as np
 
-from bench.harness import command_line
+from bench.harness import ROOT, command_line
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", default="../shared/data/beauty")
-    ap.add_argument("--emb", default="bundles/beauty-loo/text_emb.npy", help="the items' text embeddings (a bundle's)")
+    ap.add_argument("--data", default=str(ROOT / "data" / "beauty"), help="dataset directory (the repository's Beauty)")
+    ap.add_argument("--emb", default=str(ROOT / "bundles" / "beauty-loo" / "text_emb.npy"),
+                    help="the items' text embeddings (a bundle's)")
     ap.add_argument("--max-history", type=int, default=20)
     ap.add_argument("--users", type=int, default=3000, help="random test users sampled")
     ap.add_argument("--seed", type=int, default=1)

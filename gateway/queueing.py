@@ -59,6 +59,12 @@ class QueueModel:
         self._gaps = {r: costs.estimator() for r in Resource}  # busy time between completions: mean and tail
         self._lock = threading.Lock()
 
+    def reset(self) -> None:
+        """Forget the busy times learned so far (the requests admitted now still count)."""
+        with self._lock:
+            for got in self._gaps.values():
+                got.reset()
+
     def take(self, resource: Resource) -> None:
         """A request admitted to ``resource`` (on arrival, before it runs)."""
         with self._lock:

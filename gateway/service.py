@@ -143,25 +143,59 @@ class GatewayService(Service):
                                  replicas=known, waited_s=waited)
 
     async def _warmup(self) -> None:
-        """Every policy auto may pick, a few times: connections up, cost estimates seeded (not fatal)."""
+        """What ``auto`` knows of costs when the first request comes, measured here, before the health check says
+        SERVING: every policy it may pick runs on the real path (admission, a worker thread, the real verifier and
+        drafter over gRPC), on histories as long as the model's window and at each K of ``warmup_k``.
+
+        1. Once each, cold: channels connect, each callee's first call at these shapes, the code's first run. Those
+           times are no policy's cost (up to seconds), so every estimate they taught is then forgotten
+           (:meth:`CostModel.reset`, the queue's busy times too).
+        2. ``warmup_requests`` rounds of every policy, measured: the tails auto admits its first requests by.
+
+        Without (2), auto knew only the cold requests: the tail of two or three of them held the fused list above a
+        30 ms budget on a fresh stack, and the first answers were SASRec's own. Not fatal: a policy that fails is
+        left out of the rounds after, and auto learns its cost from live requests."""
         snap = self.catalogue.current
         assert snap is not None and snap.itemset.active is not None  # start() waited for the first version
         rows = np.nonzero(snap.itemset.active)[0]
         rng = np.random.default_rng(0)
+        policies = []
         for policy in WARMUP_POLICIES:
             lacking = self._lacking(policy, {})
-            if lacking is not None:
+            if lacking is None:
+                policies.append(policy)
+            else:
                 self.log.info("warm-up skipped: the policy cannot run here", policy=policy, needs=lacking)
-                continue
-            for _ in range(3):
-                hist = rng.choice(rows, size=min(len(rows), 5))
-                valid = ValidRequest(policy, {}, hist, 10, 1000.0, snap, Deadline(time.monotonic() + 1.0))
+        t0 = time.monotonic()
+        await self._warm_round(snap, policies, rows, rng)
+        self.costs.reset()
+        self.queue.reset()
+        t1 = time.monotonic()
+        for _ in range(self.s.warmup_requests):
+            await self._warm_round(snap, policies, rows, rng)
+        k = self.s.warmup_k[0]
+        tails = {p: round(1000.0 * t, 2) for p in policies if (t := self.costs.tail(p, k)) is not None}
+        self.log.info("warm-up measured", cold_s=round(t1 - t0, 2), measured_s=round(time.monotonic() - t1, 2),
+                      requests=self.s.warmup_requests, k=k, tail_ms=tails)
+
+    async def _warm_round(self, snap: Snapshot, policies: list[str], rows: np.ndarray,
+                          rng: np.random.Generator) -> None:
+        """One request of every policy in ``policies`` at every K of ``warmup_k``; a policy that fails is logged
+        and taken out of ``policies``."""
+        size = min(len(rows), self.s.max_history)
+        for policy in list(policies):
+            for k in self.s.warmup_k:
+                hist = rng.choice(rows, size=size, replace=False)
+                valid = ValidRequest(policy, {}, hist, k, 1000.0, snap, Deadline(time.monotonic() + 1.0))
                 try:
                     res = await self.serve(self.admit(valid))
-                except Exception as e:  # pragma: no cover - logged, not fatal
-                    self.log.warning("warm-up failed", policy=policy, error=str(e))
+                except Exception as e:  # noqa: BLE001 -- logged, not fatal: auto learns it from live requests
+                    self.log.warning("warm-up failed", policy=policy, k=k, error=str(e))
+                    policies.remove(policy)
                     break
-                self.log.info("warm-up", policy=policy, served_by=res.served_by, degraded=res.degraded)
+                if res.degraded or res.served_by != policy:
+                    self.log.warning("warm-up answer degraded", policy=policy, k=k, served_by=res.served_by,
+                                     degraded=res.degraded)
 
     def client_channel(self, address: str) -> grpc.Channel:
         return make_channel(address, self.s)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
@@ -59,6 +61,14 @@ class GatewaySettings(ServiceSettings):
     backends_wait_s: float = Field(120.0, ge=0.0, le=3600.0, description="at start, how long the gateway waits for "
                                    "every verifier and drafter replica to be SERVING before it plans and warms up "
                                    "with those that are (so it can start beside them)")
+    warmup_requests: int = Field(10, ge=0, le=1000, description="at start, after one cold request of every policy "
+                                 "auto may pick (connections, first calls; forgotten), this many measured requests "
+                                 "of each through the real verifier and drafter, before the health check says "
+                                 "SERVING: auto's cost estimates for the first requests are their tails. 0: none "
+                                 "measured, auto tries each tier on live requests first")
+    warmup_k: list[Annotated[int, Field(ge=1, le=100_000)]] = Field(
+        [10], min_length=1, description="list lengths K the warm-up measures every policy at (a K not measured reads "
+        "the policy's tail across every K until a request of it ran)")
     breaker_failures: int = Field(3, ge=1, le=1000, description="verifier failures in a row that open the breaker")
     breaker_open_s: float = Field(
         1.0, gt=0, le=600, description="how long an open breaker sends requests to the drafter"

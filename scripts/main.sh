@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job (README "Quick start"): install, prepare a model and catalogue
-# (the committed Amazon Beauty bundle when ../shared/data is here, otherwise a
-# small synthetic one, built once), start Redis (or use $REDIS_URL) and the
+# (the committed Amazon Beauty bundle, bundles/beauty-loo, whose data is in
+# data/beauty; without it a small synthetic one, built once), start Redis (or use $REDIS_URL) and the
 # four services, wait for their health checks and send real Recommend calls.
 # Stop everything with: .venv/bin/specrec stack down
 set -euo pipefail

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Create .venv and install SpecRec with its test extras (CPU only).
-# torch is installed first and pinned to 2.13.0: pip takes the CPU build, never
-# a multi-GB CUDA build.
+# Create .venv and install SpecRec with its test extras (CPU only), on Python
+# 3.11-3.13 ($PYTHON, default python3).
+# torch is installed first, 2.13.0, unless .venv already has one
+# (pyproject.toml admits 2.11-2.13 and keeps it): on our machines from the CPU
+# wheel on disk (Python 3.11), never PyPI's multi-GB CUDA build. Elsewhere
+# install a CPU torch into .venv first (e.g. from PyTorch's CPU index) and
+# this script keeps it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

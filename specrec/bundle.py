@@ -26,6 +26,7 @@ loaded model is the float32 upcast of those weights, and every figure in
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -94,6 +95,36 @@ def read_meta(path: str | Path) -> dict:
     return meta
 
 
+def data_path_of(data_path: str | None, bundle_dir: str | Path | None) -> str | None:
+    """Where a bundle's dataset is, from its ``data_path`` (``bundle.json``) and the bundle's directory.
+
+    A relative ``data_path`` is relative to the bundle's own directory (``bundles/beauty-loo``: ``../../data/beauty``,
+    the repository's copy), so a bundle finds its data whatever the working directory. Bundles written before that
+    rule held a path relative to the directory they were built from (``../shared/data/beauty``): where the path
+    does not resolve from the bundle's directory but does from the working directory, that one is taken. An
+    absolute path, ``synthetic`` and None (the synthetic catalogue) are as they are. Where neither resolves, the
+    path from the bundle's directory (what an error message should name)."""
+    if data_path is None or data_path == "synthetic" or bundle_dir is None or Path(data_path).is_absolute():
+        return data_path
+    here = Path(bundle_dir) / data_path
+    if not here.is_dir() and Path(data_path).is_dir():  # an older bundle's path, relative to the working directory
+        return data_path
+    return str(here)
+
+
+def data_path_for(data: str | Path | None, bundle_dir: str | Path) -> str | None:
+    """What a bundle saved to ``bundle_dir`` records as its ``data_path`` for the dataset at ``data`` (a path as
+    the user gave it, relative to the working directory): relative to ``bundle_dir`` (:func:`data_path_of` reads
+    it back from anywhere); an absolute path, ``synthetic`` and None as they are."""
+    if data is None or str(data) == "synthetic" or Path(data).is_absolute():
+        return None if data is None else str(data)
+    return _relative(data, bundle_dir)
+
+
+def _relative(data: str | Path, bundle_dir: str | Path) -> str:
+    return os.path.relpath(Path(data).resolve(), Path(bundle_dir).resolve())
+
+
 def sid_space_fingerprint(path: str | Path) -> str:
     """What ties a catalogue to a bundle: the SID space (level sizes and RQ codebooks), hashed.
     A catalogue made for one bundle is valid for another with the same fingerprint. A catalogue-only
@@ -134,6 +165,11 @@ class Bundle:
     @property
     def cfg(self) -> TigerConfig:
         return self.model.cfg
+
+    @property
+    def data_path(self) -> str | None:
+        """Where the dataset the bundle was trained on is (:func:`data_path_of`); None: the synthetic catalogue."""
+        return data_path_of(self.meta.get("data_path"), self.path)
 
     @property
     def fusion(self):
@@ -244,6 +280,10 @@ class Bundle:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         meta = dict(self.meta)
+        recorded, data = self.meta.get("data_path"), self.data_path
+        if (self.path is not None and recorded not in (None, "synthetic") and not Path(recorded).is_absolute()
+                and Path(str(data)).is_dir()):  # a loaded bundle's relative path: relative to where it is saved now
+            meta["data_path"] = _relative(str(data), path)
         meta.update(
             format_version=FORMAT_VERSION,
             name=self.name,
@@ -329,10 +369,13 @@ def bundle_split(bundle: Bundle, data: str | Path | None = None, protocol: str |
     from .data.open import open_dataset
     from .data.splits import make_split, temporal
 
-    data = data or bundle.meta.get("data_path")
+    where = ""
+    if not data:
+        data = bundle.data_path
+        where = f" (the bundle's data_path {bundle.meta.get('data_path')!r}, from its directory {bundle.path})"
     if data and str(data) != "synthetic" and not Path(data).is_dir():
-        raise SystemExit(f"dataset directory not found: {data} (the bundle was trained on it; point --data at a copy, "
-                         "e.g. ../shared/data/beauty)")
+        raise SystemExit(f"dataset directory not found: {data}{where}; the bundle was trained on it: point --data at "
+                         "a copy, e.g. data/beauty")
     ds = open_dataset(data)
     if ds.catalogue.ids != bundle.catalogue.ids:
         raise SystemExit(f"the dataset at {data} does not have the bundle's catalogue")

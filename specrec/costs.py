@@ -261,6 +261,18 @@ class CostModel:
         with self._lock:
             self._resources[resource].observe(seconds)
 
+    def reset(self) -> None:
+        """Forget everything learned: every stage, request and resource estimate, the probe timers. The gateway
+        calls it after its cold warm-up requests (channels connecting, first calls), whose times are no policy's
+        cost, before the ones it measures."""
+        with self._lock:
+            self._stages.clear()
+            self._requests.clear()
+            self._relearn.clear()
+            self._tried.clear()
+            for got in self._resources.values():
+                got.reset()
+
     def for_policy(self, policy: str, clock: Callable[[], float]) -> PolicyCosts:
         return PolicyCosts(self, policy, clock)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .bundle import Bundle, round_to_half
+from .bundle import Bundle, data_path_for, round_to_half
 from .data.dataset import Dataset
 from .data.open import open_dataset
 from .data.splits import Split, make_split
@@ -121,7 +121,7 @@ def build(
     summary["wall_minutes_this_session"] = round((time.time() - t_build) / 60.0, 1)
     summary["params"] = trainer.model.n_params()
     meta = {
-        "dataset": ds.name, "data_path": None if data is None else str(data), "protocol": protocol,
+        "dataset": ds.name, "data_path": data_path_for(data, out / "bundle"), "protocol": protocol,
         "cutoff": split.cutoff, "quantile": quantile if protocol == "temporal" else None, "seed": seed,
         "train": train_cfg.model_dump(), "training": summary, "split": split.describe(), "sid_report": sid_report,
     }
@@ -166,7 +166,7 @@ def train_drafters(
     def recorded(tc: DrafterTrainConfig, t0: float) -> dict:  # the batch it trained with, and its minutes
         return {"batch_size": tc.batch_size, "lr": tc.lr, "minutes": round((time.time() - t0) / 60, 1)}
 
-    ds = open_dataset(data or bundle.meta.get("data_path"))
+    ds = open_dataset(data or bundle.data_path)
     if ds.catalogue.ids != bundle.catalogue.ids:
         raise ValueError("the dataset does not have the bundle's catalogue")
     if bundle.meta.get("protocol") == "temporal":

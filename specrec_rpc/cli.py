@@ -125,13 +125,14 @@ def _demo(bundle: Path, n: int, budget_ms: float) -> None:
 def _sample_histories(meta: dict, ids: list[str], n: int, bundle: Path | None = None) -> list[list[str]]:
     import numpy as np
 
+    from specrec.bundle import data_path_of
     from specrec.pipeline import DEMO_HISTORIES
 
     demo = bundle / DEMO_HISTORIES if bundle is not None else None
     if demo is not None and demo.exists():  # held-out test histories shipped with the bundle
         return [u["history"] for u in json.loads(demo.read_text())["users"][:n]]
-    data = meta.get("data_path")
-    if data and Path(data).exists():
+    data = data_path_of(meta.get("data_path"), bundle)  # relative to the bundle's directory
+    if data and Path(data).is_dir():
         from specrec.data import load_dataset
 
         ds = load_dataset(data)

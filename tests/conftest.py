@@ -13,16 +13,13 @@ if os.environ.get("SPECREC_CI"):
     settings.load_profile("ci")
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(os.environ.get("SPECREC_SHARED_DATA", ROOT.parent / "shared" / "data"))
+DATA = ROOT / "data"  # the repository's datasets (data/README.md)
 
 torch.set_num_threads(int(os.environ.get("SPECREC_THREADS", max(1, min(2, os.cpu_count() or 1)))))
 
 
 def beauty_dir() -> Path:
-    return SHARED_DATA / "beauty"
-
-
-needs_beauty = pytest.mark.skipif(not (SHARED_DATA / "beauty").exists(), reason="needs ../shared/data/beauty")
+    return DATA / "beauty"
 
 
 @pytest.fixture(scope="session")

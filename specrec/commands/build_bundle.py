@@ -29,7 +29,7 @@ the minutes each stage took over all its sessions (a session cut short included:
 date while a stage runs), the device of each session and the stage's ``device``; ``build.minutes`` their sum
 (``specrec eval`` reports it as ``<dataset>.build.minutes``).
 
-    specrec build-bundle --data ../shared/data/beauty --out bundles/builds/beauty-loo --recipe recipes/beauty-loo.json
+    specrec build-bundle --data data/beauty --out bundles/builds/beauty-loo --recipe recipes/beauty-loo.json
 """
 
 from __future__ import annotations

@@ -46,7 +46,7 @@ def run(a: argparse.Namespace) -> int:
     device = training_device(a)
     batch_size, lr, _ = scale_batch(a.batch_size, a.lr, a.batch_scale)
     bundle = Bundle.load(a.bundle)
-    ds = open_dataset(a.data or bundle.meta.get("data_path"))
+    ds = open_dataset(a.data or bundle.data_path)
     if ds.catalogue.ids != bundle.catalogue.ids:
         raise SystemExit("the dataset does not have the bundle's catalogue")
     h = bundle.cfg.max_history

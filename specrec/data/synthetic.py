@@ -1,5 +1,5 @@
-"""A synthetic catalogue with the structure real data has, for tests and for
-machines without ``../shared/data``.
+"""A synthetic catalogue with the structure real data has, for tests (fast, no
+files) and for trying the pipeline without a dataset (``--data synthetic``).
 
 - Items belong to content clusters; an item's text is built from its
   cluster's words, so text embeddings (and hence semantic IDs) cluster.

@@ -20,9 +20,11 @@ its tail completion fits:
 The tail cost is the high quantile (p99 by default) of the policy's request
 times at the request's list length K over a recent window (across every K
 while that K has none; learned online from its own requests, in the engine's
-:class:`~specrec.costs.CostModel`; a request that ran late counts with the time
-it took, one whose dependency was down does not): admitted on a mean, a tier whose mean fits answers late whenever it
-runs slow, and the budget is a promise on every request. The queue wait is the
+:class:`~specrec.costs.CostModel`, and through the gateway measured before the
+first request, in its warm-up, on the real callees; a request that ran late
+counts with the time it took, one whose dependency was down does not):
+admitted on a mean, a tier whose mean fits answers late whenever it runs
+slow, and the budget is a promise on every request. The queue wait is the
 engine's live tail estimate for the service the policy uses
 (``Engine.load(policy)``; 0 in-process). The reserve (``Engine.reserve``) is
 the time the gateway keeps back from a verifier policy's calls for its

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import needs_beauty
+from ..conftest import beauty_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 BUNDLE = ROOT / "bundles" / "beauty-loo"
@@ -21,8 +21,8 @@ LISTS = Path(__file__).parent / "data" / "beauty_loo_lists.json"
 POLICIES = ("beam", "nezha", "strict", "fused")
 USERS, SEED, K = 50, 3, 10
 
-pytestmark = [pytest.mark.skipif(not (BUNDLE / "bundle.json").exists(), reason="needs the committed bundle"),
-              needs_beauty]
+pytestmark = pytest.mark.skipif(not (BUNDLE / "bundle.json").exists() or not beauty_dir().exists(),
+                                reason="needs the committed bundle and its dataset")
 
 
 def lists(rec) -> dict[str, list[list[str]]]:

@@ -153,6 +153,26 @@ def test_resource_costs_and_which_resource_a_policy_uses():
     assert costs.resource(Resource.DRAFTER) == pytest.approx(0.002)
 
 
+def test_a_reset_forgets_every_estimate_and_the_next_ones_are_learned_afresh():
+    """What the gateway does after its cold warm-up requests: their times (seconds, a first call's) are no policy's
+    cost, and must not hold a tier out of the first requests' budgets."""
+    costs = CostModel()
+    for s in (2.0, 0.020, 0.021):  # a cold first call, then two warm ones
+        costs.observe_request("fused", s, 10)
+        costs.observe_stage("fused", CostStage.VERIFY, s)
+        costs.observe_resource(Resource.VERIFIER, s)
+    costs.tried("fused", 1.0)
+    assert costs.tail("fused", 10) > 0.021 and costs.stage_mean("fused", CostStage.VERIFY) > 0.6
+    costs.reset()
+    assert costs.tail("fused", 10) is None and costs.tail("fused") is None
+    assert costs.stage("fused", CostStage.VERIFY) is None and costs.stage_mean("fused", CostStage.VERIFY) is None
+    assert costs.resource(Resource.VERIFIER) == 0.004 and costs.resource_mean(Resource.VERIFIER) == 0.004
+    assert costs.last_tried("fused", now=5.0) == 5.0  # the probe timer starts again
+    for s in (0.020, 0.022, 0.021):
+        costs.observe_request("fused", s, 10)
+    assert 0.021 <= costs.tail("fused", 10) < 0.03  # the warm ones alone
+
+
 def test_the_budget_hook_reads_a_stages_window_mean_and_its_tail_is_kept_beside_it():
     costs = CostModel()
     for ms in [10.0] * 149 + [30.0] * 3:

@@ -4,7 +4,7 @@ import pytest
 from specrec.data import PAD, leave_one_out, load_dataset, temporal
 from specrec.data.dataset import Catalogue, DataFormatError, Dataset, Sequence
 
-from ..conftest import beauty_dir, needs_beauty
+from ..conftest import beauty_dir
 
 
 def _check_loo(ds, split):
@@ -34,7 +34,6 @@ def test_leave_one_out_no_leak(synth):
     assert np.array_equal(split.train.history, again.train.history)
 
 
-@needs_beauty
 def test_leave_one_out_beauty():
     ds = load_dataset(beauty_dir())
     split = leave_one_out(ds)
