@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import torch
 
+from ...ids.tables import Level
 from ...models.hotpath import Cross, FusedHotPath
 from .common import SearchState
 from .registry import BEAMS, Search
 
 
-def run(fused: FusedHotPath, enc_mask, cross_k, cross_v, tables: list[torch.Tensor], width: int):
+def run(fused: FusedHotPath, enc_mask, cross_k, cross_v, tables: list[Level], width: int):
     """-> codes [R, W, L], scores [R, W], token_logp [R, W, L], nodes [R, W] (-1 = dead)."""
     r, dev = enc_mask.shape[0], enc_mask.device
     cross = fused.cross(enc_mask, cross_k, cross_v)
@@ -27,7 +28,7 @@ def run(fused: FusedHotPath, enc_mask, cross_k, cross_v, tables: list[torch.Tens
     return descend(fused, state, anc, kept, cross, tables, width).beams()
 
 
-def descend(fused: FusedHotPath, state: SearchState, anc, kept, cross: Cross, tables: list[torch.Tensor],
+def descend(fused: FusedHotPath, state: SearchState, anc, kept, cross: Cross, tables: list[Level],
             width: int) -> SearchState:
     """The beam search's remaining levels from ``state`` (prefixes of length l): one decoder pass per level
     over the kept beams, each beam attending to its ancestors ``anc`` [R, W, l] (columns into the earlier
