@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     from specrec.data.splits import sample_examples
     from specrec.decoding.scoring import tree_pass
     from specrec.decoding.searches.head import nezha_beam_search
-    from specrec.models.hotpath import FusedHotPath, child_tables
+    from specrec.models.hotpath import FusedHotPath
     from specrec.train.batches import history_batch
     from specrec.train.distill import cat_padded, drafter_beams, frontier_coverage, target_frontier
 
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     sizes = b.cfg.level_sizes
     L = len(sizes)
     fused = FusedHotPath(b.model, b.nezha_head, b.sid_mlp).eval()
-    tables = child_tables(b.trie, fused.vmax)
+    tables = b.trie.search_tables(fused.vmax)
     eager = b.backend("eager")
     grid = {10: [10, 15, 20, 30, 40], 50: [50, 75, 100, 150]}
     cov: dict = {}

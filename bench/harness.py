@@ -361,13 +361,16 @@ def fmt(v, spec: str = ".1f") -> str:
     return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
 
 
-def machine_line() -> str:
-    """This machine's CPUs and what shares them, as every result of the stack says where it was measured."""
+def machine_line(in_process: bool = False) -> str:
+    """This machine's CPUs and what shares them, as every result of the stack says where it was measured
+    (``in_process``: a benchmark that runs no stack says so, and the load average it started under)."""
     cpu = platform.processor() or platform.machine()
     try:
         cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
+    if in_process:
+        return f"{os.cpu_count()} CPUs ({cpu}); in process, load average {os.getloadavg()[0]:.1f} at the start"
     return (f"{os.cpu_count()} CPUs ({cpu}); everything co-located on this machine: Redis, the four services "
             f"and the load generator")
 

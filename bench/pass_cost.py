@@ -125,7 +125,8 @@ def main(argv=None) -> int:
 
     from specrec.backends.onnx import ENC, ENC_AXES, _export, export_search, search_name
     from specrec.bundle import Bundle
-    from specrec.models.hotpath import FusedHotPath, child_tables
+    from specrec.ids.tables import graph_inputs
+    from specrec.models.hotpath import FusedHotPath
 
     b = Bundle.load(a.bundle)
     fused = FusedHotPath(b.model).eval()
@@ -133,7 +134,7 @@ def main(argv=None) -> int:
     hists = [torch.from_numpy(b.history_sids([rng.choice(len(b.sids), 20, replace=False)]).numpy()) for _ in range(20)]
     with torch.no_grad():
         encs = [fused.encode(h) for h in hists]
-    tables = [t.numpy() for t in child_tables(b.trie, fused.vmax)]
+    tag, tables = graph_inputs(b.trie.search_tables(fused.vmax))
     so = ort.SessionOptions()
     so.intra_op_num_threads = a.threads
     so.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the backend runs them
@@ -146,11 +147,11 @@ def main(argv=None) -> int:
         graphs[f"T={t}"] = ort.InferenceSession(str(p), so, providers=["CPUExecutionProvider"])
     widths = [int(x) for x in a.widths.split(",") if x]
     for w in widths:
-        export_search(b.model, tmp, "beam", w)
-        graphs[f"beam W={w}"] = ort.InferenceSession(str(tmp / f"{search_name('beam', w)}.onnx"), so,
+        export_search(b.model, tmp, "beam", w, tables=tag)
+        graphs[f"beam W={w}"] = ort.InferenceSession(str(tmp / f"{search_name('beam', w, tables=tag)}.onnx"), so,
                                                      providers=["CPUExecutionProvider"])
     feeds = [{"enc_mask": e[0].numpy(), "cross_k": e[1].numpy(), "cross_v": e[2].numpy(),
-              **{f"table{j}": t for j, t in enumerate(tables)}} for e in encs]
+              **tables} for e in encs]
     floor_feeds = {}
     for w in widths:  # the rows of each pass: 1 at the root, then the beams kept after each level
         rows, kept = [1], 1
@@ -189,7 +190,7 @@ def main(argv=None) -> int:
             return sum(len(t.raw_data) for t in onnx.load(str(path)).graph.initializer) / 1e6
 
         paths = {**{f"T={t}": tmp / f"pass_{t}.onnx" for t in nodes},
-                 **{f"beam W={w}": tmp / f"{search_name('beam', w)}.onnx" for w in widths}}
+                 **{f"beam W={w}": tmp / f"{search_name('beam', w, tables=tag)}.onnx" for w in widths}}
         big = np.ones(64 * 2**20 // 8)
         res["cache"] = {}
         for n in ["T=0", f"T={max(nodes)}", *(f"beam W={w}" for w in widths)]:

@@ -158,22 +158,22 @@ def main(argv=None) -> int:
     encs = [be.encode(b.history_sids([np.asarray(h)])) for h in users.rows]
     enc0 = encs[0]
     wanted = [("encode", None, "encode", None)]
+    tag, tables = be.table_feed(b.trie)
     be.beam(enc0, b.trie, a.k)  # each call exports its graph on first use
-    wanted.append(("beam", "beam", search_name("beam", a.k), None))
+    wanted.append(("beam", "beam", search_name("beam", a.k, tables=tag), None))
     if be.nezha_head is not None and be.head(enc0, b.trie, a.k) is not None:
-        wanted.append(("head", "head", search_name("head", a.k), None))
+        wanted.append(("head", "head", search_name("head", a.k, tables=tag), None))
     if be.drafter is not None:
         bits = be.drafter_bits
         if be.draft(enc0, b.trie, a.k) is not None:
-            wanted.append(("draft", "draft", search_name("draft", a.k, None, bits), None))
+            wanted.append(("draft", "draft", search_name("draft", a.k, None, bits, tag), None))
         if be.draft_scored(enc0, b.trie, 2 * a.k) is not None:
-            wanted.append(("draft_scored", "draft_scored", search_name("draft_scored", 2 * a.k, None, bits), None))
+            wanted.append(("draft_scored", "draft_scored", search_name("draft_scored", 2 * a.k, None, bits, tag),
+                           None))
         if be.strict(enc0, b.trie, a.k, n) is not None:
-            wanted.append(("strict", "strict", search_name("strict", a.k, n, bits), n))
-    tables = be._tables_of(b.trie)
+            wanted.append(("strict", "strict", search_name("strict", a.k, n, bits, tag), n))
     feeds = [{"hist_sids": b.history_sids([np.asarray(h)]).numpy(), "enc_mask": e.keep.numpy(),
-              "cross_k": e.cross_k.numpy(), "cross_v": e.cross_v.numpy(),
-              **{f"table{j}": t for j, t in enumerate(tables)}} for h, e in zip(users.rows, encs)]
+              "cross_k": e.cross_k.numpy(), "cross_v": e.cross_v.numpy(), **tables} for h, e in zip(users.rows, encs)]
     traced_dir = Path(tempfile.mkdtemp(prefix="traced-"))
     export_onnx(be.model, traced_dir, be.nezha_head, be.drafter)  # the traced graphs, to count their nodes
     out: dict = {"command": command_line("bench.profile_graphs", argv), "k": a.k, "n": n, "users": users.source,
@@ -184,7 +184,7 @@ def main(argv=None) -> int:
         else:
             width = 2 * a.k if kind == "draft_scored" else a.k
             traced = export_search(be.model, traced_dir, kind, width, be.nezha_head, be.drafter, drafts,
-                                   be.drafter_bits if kind in ("draft", "draft_scored", "strict") else None)
+                                   be.drafter_bits if kind in ("draft", "draft_scored", "strict") else None, tag)
         r = out["graphs"][f"{label} ({name})"] = measure(be.graph_path(name), traced, feeds, a.runs)
         print(f"{name}: {r['nodes_traced']} -> {r['nodes_after']} nodes, {r['call_ms_p50']:.2f} ms; "
               + ", ".join(f"{k} {v:.0%}" for k, v in r["share_by_kind"].items()), flush=True)

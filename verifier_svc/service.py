@@ -34,7 +34,6 @@ import torch
 from prometheus_client import Gauge
 
 from specrec.bundle import Bundle, sid_space_fingerprint
-from specrec.models.hotpath import child_tables
 from specrec.verifier import DeviceFailure, LocalVerifier, SelectRule, Session, SessionStateError
 from specrec.verifier.jobs import BeamJob, DraftVerifyJob, EncodeJob, ExpandJob, HeadJob, ScoreJob, SearchSpec
 from specrec.verifier.local import run_jobs
@@ -124,7 +123,7 @@ class VerifierService(Service):
         # a new version's search tables are built with it, not by the first request that searches it
         self.catalogue = CatalogueWatcher(self.channel, expect_bundle=self.sid_space,
                                           min_reload_s=s.catalogue_min_reload_s,
-                                          prepare=lambda snap: child_tables(snap.itemset.trie, vmax))
+                                          prepare=lambda snap: snap.itemset.trie.search_tables(vmax))
         await self.catalogue.start()
         self.batcher: Batcher = Batcher("verifier", self._compute, self.executor, s.max_batch,
                                         concurrency=s.compute_threads, hang_s=s.hang_s,
@@ -442,7 +441,7 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
         job = HeadJob(target, self._trie(snap, request.ref, n), self._width(request.width), request.distilled,
                       request.target_scores)
         beams = await self.svc.run(job, context)
-        if beams is None:  # the backend's distilled search could not answer (no dense tables)
+        if beams is None:  # the backend's distilled search could not answer (no distilled drafter)
             raise FailedPrecondition(NO_DISTILLED)
         return beams_msg(beams, self._session_id(job, request.ref, snap))
 
@@ -457,7 +456,7 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
         require(1 <= request.n <= self.svc.s.max_width, "n", f"must be 1..{self.svc.s.max_width}")
         job = DraftVerifyJob(target, self._trie(snap, request.ref, n), self._width(request.width), int(request.n))
         d = await self.svc.run(job, context)
-        if d is None:  # the backend's draft-and-verify could not answer (no dense tables)
+        if d is None:  # the backend's draft-and-verify could not answer (no distilled drafter)
             raise FailedPrecondition(NO_DISTILLED)
         return verifier_pb2.DraftVerifyResponse(beams=beams_msg(d.beams), covered=to_msg(torch.from_numpy(d.covered)),
                                                 frontier=to_msg(torch.from_numpy(d.frontier.astype(np.int32))),

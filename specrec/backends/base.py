@@ -33,7 +33,8 @@ import torch.nn.functional as F
 from ..decoding.beam import Beams, StepCache
 from ..decoding.searches import SEARCHES
 from ..decoding.tree import PrefixTree
-from ..models.hotpath import FusedHotPath, child_tables
+from ..ids.tables import Level
+from ..models.hotpath import FusedHotPath
 from ..models.tiger import EncoderState, Tiger
 
 DRAFT_FACTORS = (1, 1.5, 2, 3, 4, 6)  # draft counts are m * K for m here (see policies.draft_sizer.DraftSizer)
@@ -137,7 +138,7 @@ class Backend:
         exactly its beam search's in every row, ``covered`` [R] (the drafts held the target's whole frontier) and
         ``frontier`` [R, L-1, 2] (kept, held) per level. A row that is not covered is finished by a second call
         for those rows alone (``resume``, :mod:`specrec.decoding.searches.resume`), from the levels the first one
-        verified. None without a distilled drafter or dense tables."""
+        verified. None without a distilled drafter."""
         out = self._drafted("strict", enc, trie, width, n)
         if out is None:
             return None
@@ -153,9 +154,7 @@ class Backend:
 
     def resume(self, enc: EncoderState, trie, width: int, state: list[torch.Tensor]) -> list[torch.Tensor]:
         """The registry's ``resume`` on these rows -> codes, scores, token_logp, nodes."""
-        dense = child_tables(trie, max(self.cfg.level_sizes))
-        assert dense is not None  # draft_verify ran on them
-        tables = [x.to(self.device) for x in dense]
+        tables = self._tables(trie)
         enc_mask, cross_k, cross_v = self._to(*self._fused_encoder(enc))
         with torch.inference_mode():
             out = SEARCHES["resume"].fn(self.fused, enc_mask, cross_k, cross_v, tables, width, *self._to(*state))
@@ -192,19 +191,22 @@ class Backend:
 
     def _drafted(self, kind: str, enc: EncoderState, trie, width: int, n: int | None):
         """Search ``kind`` of the registry that runs the distilled drafter (``draft``, ``draft_scored``,
-        ``strict``; ``n`` drafts per level for ``strict``) -> its outputs, or None without a distilled drafter or
-        dense tables. Eager: the registry's functions themselves, in torch (what the graph backends export)."""
+        ``strict``; ``n`` drafts per level for ``strict``) -> its outputs, or None without a distilled drafter.
+        Eager: the registry's functions themselves, in torch (what the graph backends export)."""
         if self.drafter is None:
             return None
-        tables = child_tables(trie, max(self.cfg.level_sizes))  # kept by the trie (a request's view: by the view)
-        if tables is None:
-            return None
-        tables = [x.to(self.device) for x in tables]
+        tables = self._tables(trie)
         enc_mask, cross_k, cross_v = self._to(*self._fused_encoder(enc))
         widths = (width,) if n is None else (width, n)
         with torch.inference_mode():
             out = SEARCHES[kind].fn(self.fused, enc_mask, cross_k, cross_v, tables, *widths)
         return [self._back(x) for x in out]
+
+    def _tables(self, trie) -> list[Level]:
+        """The trie's search tables (:meth:`~specrec.ids.trie.SidTrie.search_tables`, kept by the trie; a request's
+        view: its catalogue's, with its cut lists) on this backend's device."""
+        tables = trie.search_tables(max(self.cfg.level_sizes))
+        return tables if self.device.type == "cpu" else [lv.to(self.device) for lv in tables]
 
     def _fused_encoder(self, enc: EncoderState):
         """The encoder state in the fused functions' layout (mask [R, S], keys transposed)."""

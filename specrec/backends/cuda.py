@@ -9,12 +9,13 @@ So :class:`CudaBackend` runs on the device:
   (search, widths, row bucket) by a :class:`~.graphs.GraphRunner`: histories padded to the model's window, rows
   to the smallest bucket of ``batch_sizes`` (larger calls run in chunks of the largest), ``rank``'s candidates to
   a multiple of 8 (then a power of two) and its nodes to the most those candidates can have;
-- the item set's dense child tables in one static buffer per level (:class:`DeviceTables`), which every graph
-  reads: the catalogue is uploaded once per version, a request's view without some items
-  (:meth:`~specrec.ids.trie.SidTrie.excluding`) is the catalogue's tables with its cut cells set on the device;
+- the item set's search tables (:mod:`specrec.ids.tables`: per level a dense child table or CSR arrays, O(items)
+  at any size) in static buffers per level (:class:`DeviceTables`), which every graph reads: the catalogue is
+  uploaded once per version, a request's view without some items (:meth:`~specrec.ids.trie.SidTrie.excluding`)
+  writes only its short cut lists, and the graphs mask those pairs;
 - the hot path's single functions (``step``, ``tree``, ``head_hidden``: the stepwise searches of ``specgr``,
-  ``relaxed``, ``sample``) eagerly on the device, as does a search whose capture failed, or a catalogue too big
-  for dense tables (:meth:`CudaBackend.describe` says which).
+  ``relaxed``, ``sample``) eagerly on the device, as does a search whose capture failed
+  (:meth:`CudaBackend.describe` says which).
 
 Lossless searches stay float32: TF32 is off (``torch.backends.*.allow_tf32``), so a captured search equals eager
 torch on the same device, and the CPU's lists except where two scores tie within float32 rounding (the history
@@ -41,7 +42,7 @@ from ..decoding.beam import Beams
 from ..decoding.searches import SEARCHES
 from ..decoding.searches import rank as rank_search
 from ..decoding.searches.strict import LEFT
-from ..models.hotpath import child_tables
+from ..ids.tables import NO_CUT, Level
 from ..models.tiger import EncoderState
 from .base import DRAFT_FACTORS, Backend, draft_count
 from .graphs import Feed, GraphRunner, bucket, chunks
@@ -78,56 +79,87 @@ def lossless_float32() -> None:
 
 
 class DeviceTables:
-    """The item set's dense child tables where the graphs read them: per level one static buffer of ``capacity``
-    rows (the catalogue's rows with headroom; the rest -1, so the last row, which a dead beam reads, allows
-    nothing), filled with the tables of the catalogue a call searches. A catalogue's tables go to the device once
-    (kept for the last catalogue, not for per-request views); a view's are its catalogue's with the cells it cuts
-    set to -1, on the device. A catalogue that outgrows the buffers gets new ones (``generation`` + 1): the graphs
-    that read the old ones must be captured again."""
+    """The item set's search tables (:mod:`specrec.ids.tables`) where the graphs read them: per level static
+    buffers of ``capacity`` (the catalogue's sizes with headroom), filled with the tables of the catalogue a call
+    searches, and its view's cut list. Padding keeps every read of a padded buffer what it was: a dense level's
+    rows past the catalogue's are -1 (the last, which a dead beam reads, allows nothing), a CSR level's ``ptr``
+    repeats its last offset (a dead beam's node -1 reads an empty range) and its ``codes`` are 0 past the edges
+    (never read), its ``offs`` go on past the level's largest fan-out (edges past a node's range are masked), a cut
+    list's pairs past the view's are (-2, 0), which match no node.
 
-    def __init__(self, device: torch.device, vmax: int, headroom: float = 1.25, round_to: int = 1024):
-        self.device, self.vmax, self.headroom, self.round_to = device, vmax, headroom, round_to
-        self.slots: list[torch.Tensor] = []
+    A catalogue's tables go to the device once, when a call first searches it; a request's view without some
+    items (:meth:`~specrec.ids.trie.SidTrie.excluding`) writes only its cut lists (a few pairs), so the tables never
+    change per request. A catalogue that outgrows the buffers or has another form at a level, or a view that cuts
+    more pairs than the cut buffers hold, gets new buffers (``generation`` + 1): the graphs that read the old
+    ones must be captured again."""
+
+    def __init__(self, device: torch.device, vmax: int, headroom: float = 1.25, round_to: int = 1024,
+                 cuts: int = 32):
+        self.device, self.vmax, self.headroom, self.round_to, self.cuts = device, vmax, headroom, round_to, cuts
+        self.slots: list[Level] = []
         self.generation = 0
-        self._holds: Callable[[], object] = lambda: None  # the trie whose tables the slots hold (weak)
-        self._base: tuple[Callable[[], object], list[torch.Tensor]] = (lambda: None, [])  # the last catalogue's
+        self._holds: Callable[[], object] = lambda: None  # the trie whose tables and cuts the slots hold (weak)
+        self._catalogue: Callable[[], object] = lambda: None  # the catalogue whose tables the slots hold (weak)
 
-    def load(self, trie) -> list[torch.Tensor] | None:
-        """The slots, holding ``trie``'s tables; None where a level is too big for a dense table."""
+    def load(self, trie) -> list[Level]:
+        """The slots, holding ``trie``'s tables (a view's: its catalogue's, and its cut lists)."""
         if self._holds() is trie:
             return self.slots
-        view = getattr(trie, "base", None)  # an ExcludingTrie: its catalogue's tables, cut
-        catalogue = trie if view is None else view
-        tables = self._on_device(catalogue)
-        if tables is None:
-            return None
-        self._fit([t.shape[0] for t in tables])
-        for slot, t in zip(self.slots, tables):
-            slot[: t.shape[0]].copy_(t)
-            slot[t.shape[0] :].fill_(-1)
-        if view is not None:
-            for slot, parent, code in zip(self.slots, trie.cut_parent, trie.cut_code):
-                if len(parent):
-                    slot[parent.to(self.device), code.to(self.device)] = -1
+        catalogue = getattr(trie, "base", trie)  # an ExcludingTrie's catalogue
+        levels = trie.search_tables(self.vmax)
+        if self._fit(levels):
+            self._catalogue = lambda: None
+        if self._catalogue() is not catalogue:
+            for slot, lv in zip(self.slots, levels):
+                _fill(slot.table, lv.table, -1)
+                if lv.ptr is not None:
+                    assert slot.ptr is not None and lv.codes is not None
+                    _fill(slot.ptr, lv.ptr, int(lv.ptr[-1]))
+                    _fill(slot.codes, lv.codes, 0)
+            self._catalogue = weakref.ref(catalogue)
+        for slot, lv in zip(self.slots, levels):
+            slot.cut[0, lv.cut.shape[1] :].fill_(NO_CUT[0])
+            slot.cut[1, lv.cut.shape[1] :].fill_(NO_CUT[1])
+            slot.cut[:, : lv.cut.shape[1]].copy_(lv.cut)
         self._holds = weakref.ref(trie)
         return self.slots
 
-    def _on_device(self, catalogue) -> list[torch.Tensor] | None:
-        held, tables = self._base
-        if held() is not catalogue:
-            host = child_tables(catalogue, self.vmax)
-            if host is None:
-                return None
-            tables = [t.to(self.device) for t in host]
-            self._base = (weakref.ref(catalogue), tables)
-        return tables
+    def _fit(self, levels: list[Level]) -> bool:
+        """New buffers where ``levels`` do not fit the slots (-> True: the slots hold nothing yet)."""
+        fits = len(self.slots) == len(levels) and all(
+            s.dense == lv.dense and s.cut.shape[1] >= lv.cut.shape[1]
+            and all(b.shape[0] >= t.shape[0] for b, t in zip(s.tensors()[:-1], lv.tensors()[:-1]))
+            for s, lv in zip(self.slots, levels))
+        if fits:
+            return False
+        dev = self.device
 
-    def _fit(self, rows: list[int]) -> None:
-        if len(self.slots) == len(rows) and all(s.shape[0] >= n for s, n in zip(self.slots, rows)):
-            return
-        cap = [max(n, -(-int(n * self.headroom) // self.round_to) * self.round_to) for n in rows]
-        self.slots = [torch.full((c, self.vmax), -1, dtype=torch.int32, device=self.device) for c in cap]
+        def cap(n: int) -> int:
+            return max(n, -(-int(n * self.headroom) // self.round_to) * self.round_to)
+
+        def cut(c: int) -> torch.Tensor:
+            return torch.zeros(2, max(self.cuts, 1 << (c - 1).bit_length()), dtype=torch.int64, device=dev)
+
+        def slot(lv: Level) -> Level:
+            if lv.table is not None:
+                table = torch.full((cap(lv.table.shape[0]), self.vmax), -1, dtype=torch.int32, device=dev)
+                return Level(table, None, None, None, cut(lv.cut.shape[1]))
+            assert lv.ptr is not None and lv.codes is not None and lv.offs is not None
+            return Level(None, torch.zeros(cap(lv.ptr.shape[0] - 1) + 1, dtype=torch.int32, device=dev),
+                         torch.zeros(cap(lv.codes.shape[0]), dtype=torch.int32, device=dev),
+                         torch.arange(lv.offs.shape[0], dtype=torch.int32, device=dev), cut(lv.cut.shape[1]))
+
+        self.slots = [slot(lv) for lv in levels]
         self.generation += 1
+        return True
+
+
+def _fill(buf: torch.Tensor | None, x: torch.Tensor | None, rest) -> None:
+    """``x`` into the first rows of static buffer ``buf``, ``rest`` into the others."""
+    if buf is None or x is None:
+        return
+    buf[: x.shape[0]].copy_(x)
+    buf[x.shape[0] :].fill_(rest)
 
 
 def _search_fn(fn, fused, tables, widths, enc_mask, cross_k, cross_v, *inputs):
@@ -159,10 +191,9 @@ class CudaBackend(Backend):
         self.tables = DeviceTables(self.device, max(self.cfg.level_sizes))
         self.window = self.cfg.max_history
         self._generation = 0  # the tables' buffers the graphs read
-        self.no_tables: set[str] = set()  # searches that stepped eagerly: the catalogue was too big for dense tables
 
     def describe(self) -> dict:
-        eager = list(EAGER_FUNCTIONS) + sorted(self.no_tables) + sorted({str(k[0]) for k in self.runner.eager})
+        eager = list(EAGER_FUNCTIONS) + sorted({str(k[0]) for k in self.runner.eager})
         return {"backend": self.name, "device": str(self.device), **self.runner.describe(),
                 "batch_sizes": list(self.sizes), "eager": eager}
 
@@ -184,15 +215,12 @@ class CudaBackend(Backend):
                 shape: tuple = ()) -> list[torch.Tensor] | None:
         """Whole search ``kind`` of the registry as a graph: its outputs, on the host except what ``strict``
         leaves for ``resume`` (:data:`~specrec.decoding.searches.strict.LEFT`, kept on the device); None where it
-        cannot run here (no NEZHA head or distilled drafter, or no dense tables: the caller steps instead)."""
+        cannot run here (no NEZHA head or distilled drafter: the caller steps instead)."""
         s = SEARCHES[kind]
         if (s.uses_head and self.nezha_head is None) or (s.uses_sid_drafter and self.drafter is None):
             return None
         with self.runner.lock, torch.inference_mode():
-            tables: list[torch.Tensor] | None = [] if trie is None else self.tables.load(trie)
-            if tables is None:
-                self.no_tables.add(kind)
-                return None
+            tables = [] if trie is None else self.tables.load(trie)
             if trie is not None:
                 self._drop_stale()
                 shape = (*shape, self.tables.generation)

@@ -33,7 +33,8 @@ from torch import nn
 
 from ..decoding import searches
 from ..decoding.searches import SEARCHES, search_name
-from ..models.hotpath import FusedHotPath, child_tables
+from ..ids.tables import Level, input_names, level_of, levels_of
+from ..models.hotpath import FusedHotPath
 from ..models.tiger import Tiger
 
 OPSET = 18
@@ -102,16 +103,16 @@ class _Fn(nn.Module):
 
 
 class _Search(nn.Module):
-    """A whole search (``fn``: a registry search's function, bound to its hot path) with its tables as separate
-    inputs and the widths baked in."""
+    """A whole search (``fn``: a registry search's function, bound to its hot path) with its tables' tensors as
+    separate inputs (levels of forms ``tag``: :func:`~specrec.ids.tables.input_names`) and the widths baked in."""
 
-    def __init__(self, fn, n_tables: int, *widths: int, n_extra: int = 0):
+    def __init__(self, fn, tag: str, *widths: int, n_extra: int = 0):
         super().__init__()
-        self.fn, self.n, self.widths, self.n_extra = fn, n_tables, widths, n_extra
+        self.fn, self.tag, self.widths, self.n_extra = fn, tag, widths, n_extra
 
     def forward(self, enc_mask, cross_k, cross_v, *rest):
         tables, extra = rest[: len(rest) - self.n_extra], rest[len(rest) - self.n_extra :]
-        return self.fn(enc_mask, cross_k, cross_v, list(tables), *self.widths, *extra)
+        return self.fn(enc_mask, cross_k, cross_v, levels_of(self.tag, tables), *self.widths, *extra)
 
 
 # the export table is the registry of searches (kind -> its function, widths, inputs and outputs); the graphs
@@ -322,15 +323,16 @@ def export_onnx(model: Tiger, out_dir: str | Path, head=None, drafter=None) -> P
 def weights_fingerprint(*modules) -> str:
     """sha256 (first 16 hex digits) of the modules' weights and of the code the graphs are traced
     from and kept by (this module, the backend, the shared weights and the precisions, the hot path, the head's
-    functions, the constrained top-k and every module of the registry of searches): exported graphs belong to
-    exactly these."""
+    functions, the constrained top-k, the search tables' read and every module of the registry of searches):
+    exported graphs belong to exactly these."""
     import hashlib
     import inspect
 
     from ..decoding import topk
+    from ..ids import tables
     from ..models import hotpath, nezha_head
 
-    code = [Path(inspect.getfile(m)) for m in (hotpath, nezha_head, topk)]
+    code = [Path(inspect.getfile(m)) for m in (hotpath, nezha_head, topk, tables)]
     code += sorted(Path(inspect.getfile(searches)).parent.glob("*.py"))
     here = Path(__file__).parent  # the export, the backend, the shared weights and the precisions
     code += [here / f"{m}.py" for m in ("export", "onnx", "weights", "precision")]
@@ -344,39 +346,49 @@ def weights_fingerprint(*modules) -> str:
     return h.hexdigest()[:16]
 
 
+def example_tables(level_sizes: list[int], vmax: int, tag: str) -> list[Level]:
+    """Tables to trace a search with: a small random catalogue's levels in the forms ``tag`` (one letter per level,
+    :func:`~specrec.ids.tables.form_tag`), each with a cut list of three pairs that match no node (its length is
+    a dynamic axis: a request's view brings its own)."""
+    from ..ids.trie import SidTrie
+
+    sids = torch.stack([torch.randint(0, v, (16,)) for v in level_sizes], 1)
+    trie = SidTrie(sids.numpy(), level_sizes)
+    cut = torch.tensor([[-2, -2, -2], [0, 1, 2]])
+    return [level_of(p, c, vmax, f == "d").with_cut(cut) for p, c, f in zip(trie.ptr, trie.codes, tag)]
+
+
 def export_search(model: Tiger, out_dir: str | Path, kind: str, width: int | None, head=None, drafter=None,
-                  n: int | None = None, drafter_bits: int | None = None) -> Path:
+                  n: int | None = None, drafter_bits: int | None = None, tables: str | None = None) -> Path:
     """Write the whole-search graph ``kind`` (see :data:`SEARCHES`) of ``width`` (and ``n`` drafts per level,
-    for 'strict') as ``search_name(kind, width, n, drafter_bits).onnx``, the drafter's weights quantized to
-    ``drafter_bits`` where given (:func:`quantize_drafter`)."""
+    for 'strict') reading tables of the forms ``tables`` (:func:`~specrec.ids.tables.form_tag`; default: CSR at
+    every level; none for a search that reads none) as ``search_name(kind, width, n, drafter_bits, tables).onnx``,
+    the drafter's weights quantized to ``drafter_bits`` where given (:func:`quantize_drafter`)."""
     out = Path(out_dir)
     fused = FusedHotPath(model, head, drafter).eval()
     hist, enc = _example_encoder(fused, 2)
-    sids = torch.stack([torch.randint(0, v, (16,)) for v in model.cfg.level_sizes], 1)
-    from ..ids.trie import SidTrie
-
-    tables = child_tables(SidTrie(sids.numpy(), model.cfg.level_sizes), fused.vmax)
-    if tables is None:
-        raise ValueError(f"a level of {model.cfg.level_sizes} is too big for dense child tables")
-    names = [f"table{j}" for j in range(len(tables))]
     search = SEARCHES[kind]
+    tag = "" if not search.tables else tables or "c" * fused.L
+    levels = example_tables(model.cfg.level_sizes, fused.vmax, tag or "c" * fused.L)
+    names = input_names(tag)
     outputs = list(search.outputs)
     widths = () if not search.widths else (width,) if n is None else (width, n)
     if len(widths) != len(search.widths):
         raise ValueError(f"search {kind!r} takes {', '.join(search.widths) or 'no width'}")
-    path = out / f"{search_name(kind, width if search.widths else None, n, drafter_bits)}.onnx"
+    path = out / f"{search_name(kind, width if search.widths else None, n, drafter_bits, tag)}.onnx"
     declared = search.axes or {}
-    axes = {**ENC_AXES, **{nm: {0: f"nodes{j}"} for j, nm in enumerate(names)},
+    axes = {**ENC_AXES, **{nm: {1 if nm.startswith("cut") else 0: nm} for nm in names},
             **{o: declared.get(o, {1 if o.startswith("kept") else 0: "R"}) for o in outputs}}
     extra: tuple = ()
     if search.inputs:  # another graph's outputs (resume: strict's): an example of them
         assert search.example is not None  # a search with inputs declares how to make them
         with torch.no_grad():
-            extra = tuple(search.example(fused, enc, tables, width))
+            extra = tuple(search.example(fused, enc, levels, width))
         axes.update({nm: declared.get(nm, {1 if nm.startswith("kept") else 0: "R"}) for nm in search.inputs})
+    flat = [t for lv in levels for t in lv.tensors()] if tag else []
     # the hot path is not a submodule: its weights are traced as constants (:func:`share_constants`)
-    _export(_Search(functools.partial(search.fn, fused), len(tables), *widths, n_extra=len(extra)),
-            (*enc, *tables, *extra), [*ENC, *names, *(search.inputs if extra else [])], outputs, axes, path,
+    _export(_Search(functools.partial(search.fn, fused), tag, *widths, n_extra=len(extra)),
+            (*enc, *flat, *extra), [*ENC, *names, *(search.inputs if extra else [])], outputs, axes, path,
             post=(lambda p: quantize_drafter(p, drafter, drafter_bits)) if drafter_bits and drafter is not None
             else None)
     return path

@@ -6,9 +6,10 @@ nothing is padded and nothing recompiles, plus ``config.json``. Whole searches a
 the registry (:data:`specrec.decoding.searches.SEARCHES`: the export table) and width, exported on first use
 (:func:`export_search`) and kept beside the others under the registry's names (:func:`search_name`):
 ``beam_w{W}`` (the target's constrained beam search), ``head_w{W}`` (the NEZHA head's, its decoder pass
-included), ``draft_``, ``score_``, ``strict_w{W}_n{N}``, ``resume_w{W}`` and ``rank``. They read the item set as
-dense child tables, made once per catalogue version; a catalogue too big for dense tables falls back to
-step-by-step search.
+included), ``draft_``, ``draft_scored_``, ``strict_w{W}_n{N}``, ``resume_w{W}`` and ``rank``. They read the item
+set's search tables (:mod:`specrec.ids.tables`: per level a dense child table or CSR arrays, and a request's cut
+lists) as inputs, made once per catalogue version; a graph is exported per form of the tables (its name ends
+``_t`` and the forms: ``beam_w10_tddcc``), so every catalogue size runs whole-search graphs.
 
 :class:`OrtBackend` runs them with full graph optimisations (exported once per weights into
 ``$SPECREC_CACHE/onnx/<fingerprint>`` unless told where), on the CUDA execution provider when ``onnxruntime-gpu``
@@ -25,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,7 +36,7 @@ import torch
 from ..decoding import searches
 from ..decoding.beam import Beams
 from ..decoding.searches import SEARCHES, search_name
-from ..models.hotpath import child_tables
+from ..ids.tables import graph_inputs
 from . import precision as prec
 from .base import DRAFT_FACTORS, Backend, draft_count
 from .export import (  # noqa: F401 - the export's names, as they were imported from here
@@ -224,36 +226,44 @@ class OrtBackend(Backend):
         return self._run("head", ENC, [enc_mask, cross_k, cross_v])[0]
 
     # -- whole searches -------------------------------------------------------------------------
-    def _tables_of(self, trie) -> list[np.ndarray] | None:
-        """The trie's child tables as arrays (no copy); the trie keeps them, so a request's view of it
-        (:meth:`~specrec.ids.trie.SidTrie.excluding`) brings its own and nothing piles up here."""
-        t = child_tables(trie, max(self.cfg.level_sizes))
-        return None if t is None else [x.numpy() for x in t]
+    def table_feed(self, trie) -> tuple[str, dict[str, np.ndarray]]:
+        """The trie's search tables (:meth:`~specrec.ids.trie.SidTrie.search_tables`) as a graph's inputs: their
+        forms (:func:`~specrec.ids.tables.form_tag`: which graph reads them) and input name -> array (no copy: the
+        trie keeps them, so a request's view of it, which brings its own cut lists, piles nothing up here)."""
+        return graph_inputs(trie.search_tables(max(self.cfg.level_sizes)))
 
-    def _whole(self, kind: str, enc, trie, width: int, n: int | None = None):
-        """Run whole-search graph ``kind`` (exported on first use): its outputs, or None where it cannot run."""
-        tables = self._tables_of(trie)
-        if (
-            tables is None
-            or (SEARCHES[kind].uses_head and self.nezha_head is None)
-            or (SEARCHES[kind].uses_sid_drafter and self.drafter is None)
-        ):
+    def _whole(self, kind: str, enc, trie, width: int, n: int | None = None, state: Sequence[torch.Tensor] = ()):
+        """Run whole-search graph ``kind`` (exported on first use) over ``trie``'s tables (and ``state``: the
+        inputs after them): its outputs, or None where it cannot run (no NEZHA head or distilled drafter)."""
+        if (SEARCHES[kind].uses_head and self.nezha_head is None) or (SEARCHES[kind].uses_sid_drafter
+                                                                       and self.drafter is None):
             return None
-        name = self._exported(kind, width, n)
-        names = [f"table{j}" for j in range(len(tables))]
-        return self._run(name, [*ENC, *names], [enc.keep, enc.cross_k, enc.cross_v, *tables])
+        tag, tables = self.table_feed(trie)
+        name = self._exported(kind, width, n, tables=tag)
+        feed = {**dict(zip(ENC, (enc.keep, enc.cross_k, enc.cross_v))), **tables,
+                **dict(zip(SEARCHES[kind].inputs, state))}
+        return self._run_used(name, feed)
 
-    def _exported(self, kind: str, width: int | None, n: int | None = None, precision: str | None = None) -> str:
+    def _run_used(self, name: str, feed: dict) -> list[torch.Tensor]:
+        """Run graph ``name`` on the inputs of ``feed`` that it reads (``resume`` never reads the first levels'
+        tables, ``rank`` none)."""
+        used = [i.name for i in self._session(name).get_inputs()]
+        return self._run(name, used, [feed[k] for k in used])
+
+    def _exported(self, kind: str, width: int | None, n: int | None = None, precision: str | None = None,
+                  tables: str = "") -> str:
         """The name of whole-search graph ``kind`` (``width`` None: one without a static width) in ``precision``
-        (default: the one chosen for ``kind``, :attr:`precision`), exported first if it is not yet (another
-        precision: built from the float32 graph, :func:`~.precision.build_variant`)."""
+        (default: the one chosen for ``kind``, :attr:`precision`) reading tables of the forms ``tables``
+        (:meth:`table_feed`), exported first if it is not yet (another precision: built from the float32 graph,
+        :func:`~.precision.build_variant`)."""
         bits = self.drafter_bits if kind in DRAFTER_KINDS else None
-        base = search_name(kind, width, n, bits)
+        base = search_name(kind, width, n, bits, tables)
         name = prec.variant_name(base, precision or self.precision.get(kind, prec.FLOAT32))
         if name not in self.sessions and not self._have(name):
             with self._lock:
                 if not self._have(base):
-                    export_search(self.model, self.onnx_dir, kind, width, self.nezha_head, self.drafter, n, bits)
+                    export_search(self.model, self.onnx_dir, kind, width, self.nezha_head, self.drafter, n, bits,
+                                  tables)
                 if name != base and not self._have(name):
                     if not os.access(self.onnx_dir, os.W_OK):  # cannot build it here: float32
                         return base
@@ -263,9 +273,7 @@ class OrtBackend(Backend):
 
     def _ranked(self, enc, inputs: list[torch.Tensor]) -> torch.Tensor:
         name = self._exported("rank", None)
-        feed = dict(zip([*ENC, *RANK], [enc.keep, enc.cross_k, enc.cross_v, *inputs]))
-        used = [i.name for i in self._session(name).get_inputs()]  # it reads no tables
-        return self._run(name, used, [feed[k] for k in used])[0]
+        return self._run_used(name, dict(zip([*ENC, *RANK], [enc.keep, enc.cross_k, enc.cross_v, *inputs])))[0]
 
     def beam(self, enc, trie, width: int):
         out = self._whole("beam", enc, trie, width)
@@ -278,19 +286,10 @@ class OrtBackend(Backend):
     def _fused_encoder(self, enc):
         return enc.keep, enc.cross_k, enc.cross_v
 
-    def _table(self, trie, level: int) -> torch.Tensor:
-        tables = self._tables_of(trie)
-        assert tables is not None
-        return torch.from_numpy(tables[level])
-
     def resume(self, enc, trie, width: int, state: list[torch.Tensor]) -> list[torch.Tensor]:
-        name = self._exported("resume", width)
-        tables = self._tables_of(trie)
-        assert tables is not None  # strict's graph ran on them
-        feed = dict(zip([*ENC, *[f"table{j}" for j in range(len(tables))], *RESUME],
-                        [enc.keep, enc.cross_k, enc.cross_v, *tables, *state]))
-        used = [i.name for i in self._session(name).get_inputs()]  # it never reads the first levels' tables
-        return self._run(name, used, [feed[k] for k in used])
+        out = self._whole("resume", enc, trie, width, state=state)
+        assert out is not None  # strict's graph ran
+        return out
 
     def _drafted(self, kind: str, enc, trie, width: int, n: int | None):
         return self._whole(kind, enc, trie, width, n)
@@ -316,7 +315,7 @@ class OrtBackend(Backend):
                 if self.drafter is not None:
                     self.strict(enc, trie, k, draft_count(m, k))
             if self.drafter is not None and self.cfg.sid_len >= 3:  # what finishes a row strict's drafts missed
-                self._session(self._exported("resume", k))
+                self._session(self._exported("resume", k, tables=self.table_feed(trie)[0]))
 
 
 def graph_file(d: Path, name: str) -> Path | None:

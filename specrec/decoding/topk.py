@@ -6,10 +6,11 @@ item set does not allow after the beam are -inf, and the best ``width``
 candidates are kept. Every search runs this function: step-by-step beam
 search over a :class:`~specrec.ids.trie.SidTrie`
 (:func:`specrec.decoding.beam.select_topk`), the whole-search graphs over
-dense child tables (:class:`specrec.decoding.searches.SearchState`, traced into
-ONNX), the NEZHA head's search and distillation's frontier search. They
-differ only in how they find which codes are allowed and the trie node a
-kept candidate reaches, which they hand in.
+the item set's search tables (:class:`specrec.decoding.searches.SearchState`
+with :func:`specrec.ids.tables.children`, traced into ONNX), the NEZHA
+head's search and distillation's frontier search. They differ only in how
+they find which codes are allowed and the trie node a kept candidate
+reaches, which they hand in.
 
 Shapes: ``R`` requests, ``B`` beams in, ``W`` beams out (``min(width, B*V)``),
 ``V`` codes of the level, ``l`` levels decoded so far.

@@ -7,18 +7,23 @@ and advance whole batches of prefixes without Python loops:
   (depth 0 has one node, the root);
 - edges from depth d to d+1 are sorted by ``(parent, code)``, with keys
   ``parent * V_d + code`` for ``searchsorted``; an edge's index is the id of
-  the child node it leads to.
+  the child node it leads to; ``ptr[d]`` (int32, [parents + 1]) and
+  ``codes[d]`` (int32, [edges]) are each parent's range of edges and each
+  edge's code.
 
-Memory is O(number of edges), so it scales to large catalogues. Where a
-level's ``nodes x codes`` table is small (under :data:`DENSE_LIMIT` cells; all
-of Beauty's levels), its allowed-code mask is also kept dense, so masking a
-batch of beams is one gather instead of a CSR expansion.
+Memory is O(number of edges), so it scales to large catalogues. The whole
+searches read the same arrays (:meth:`SidTrie.search_tables`, the form
+:mod:`.tables` describes), with a dense child table for the levels small
+enough to keep one. Where a level's ``nodes x codes`` bool mask is small
+(under :data:`DENSE_LIMIT` cells; all of Beauty's levels), the step-by-step
+search's allowed-code mask is kept dense too, so masking a batch of beams is
+one gather instead of a CSR expansion.
 
 :meth:`SidTrie.excluding` gives one request its own view of the trie without
 some items (the request's history, say): the excluded leaves, and every
 prefix left without a valid item, are cut, so a constrained search still
-returns K valid items. The view shares the trie's arrays; only its
-:meth:`~SidTrie.child_tables` copies the levels it cuts.
+returns K valid items. The view shares the trie's arrays and search tables;
+it adds only the short lists of what it cuts.
 """
 
 from __future__ import annotations
@@ -26,7 +31,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-DENSE_LIMIT = 1 << 25  # cells of a dense allowed-code table per level (bool: 32 MiB)
+from .tables import Level, edge_parents, empty_cut, level_of
+
+DENSE_LIMIT = 1 << 25  # cells of a dense allowed-code mask per level for step-by-step search (bool: 32 MiB)
 
 
 class SidTrie:
@@ -42,8 +49,8 @@ class SidTrie:
         order = np.lexsort(sids.T[::-1])
         s = sids[order]
         self.keys: list[torch.Tensor] = []  # per depth d: sorted edge keys parent*V_d+code
-        self.ptr: list[torch.Tensor] = []  # per depth d: CSR pointer over parents
-        self.codes: list[torch.Tensor] = []  # per depth d: child code per edge
+        self.ptr: list[torch.Tensor] = []  # per depth d: CSR pointer over parents, int32
+        self.codes: list[torch.Tensor] = []  # per depth d: child code per edge, int32
         parent = np.zeros(len(s), dtype=np.int64)  # node id of each SID's prefix at depth d
         n_parents = 1
         for d in range(self.depth):
@@ -55,9 +62,11 @@ class SidTrie:
             child_of_row = np.cumsum(new) - 1
             edge_parent = parent[new]
             self.keys.append(torch.from_numpy(edge_keys.copy()))
-            self.codes.append(torch.from_numpy(s[new, d].copy()))
+            if len(edge_keys) >= 2**31:
+                raise ValueError(f"{len(edge_keys)} prefixes at level {d}: more than int32 node ids hold")
+            self.codes.append(torch.from_numpy(s[new, d].astype(np.int32)))
             counts = np.bincount(edge_parent, minlength=n_parents)
-            ptr = np.zeros(n_parents + 1, dtype=np.int64)
+            ptr = np.zeros(n_parents + 1, dtype=np.int32)
             np.cumsum(counts, out=ptr[1:])
             self.ptr.append(torch.from_numpy(ptr))
             parent = child_of_row
@@ -73,40 +82,27 @@ class SidTrie:
         if float(np.prod(np.asarray(self.level_sizes, dtype=np.float64))) < 2.0**62:
             self.full_keys = mixed_radix(s, self.level_sizes)[new] if len(s) else np.zeros(0, dtype=np.int64)
         self.dense: list[torch.Tensor | None] = [self._dense(d) for d in range(self.depth)]
-        self._child_tables: dict[int, list[torch.Tensor] | None] = {}
+        self._search_tables: dict[int, list[Level]] = {}
 
     def _dense(self, level: int) -> torch.Tensor | None:
         """[n_parents + 1, V] bool allowed-code table (its last row, read by node -1, allows nothing)."""
-        ptr = self.ptr[level]
-        n, v = len(ptr) - 1, self.level_sizes[level]
+        n, v = len(self.ptr[level]) - 1, self.level_sizes[level]
         if (n + 1) * v > DENSE_LIMIT:
             return None
         table = torch.zeros(n + 1, v, dtype=torch.bool)
-        parent = torch.repeat_interleave(torch.arange(n), ptr[1:] - ptr[:-1])
-        table[parent, self.codes[level]] = True
+        table[edge_parents(self.ptr[level]), self.codes[level].long()] = True
         return table
 
     def __len__(self) -> int:
         return self.n_sids
 
-    def child_tables(self, vmax: int) -> list[torch.Tensor] | None:
-        """Per level, a dense ``[nodes + 1, vmax]`` int32 table of child node ids (-1: no child; the last
-        row, read by node -1, is all -1), the form the fused search graphs gather from; None when a level
-        is too big for a dense table. Built once per trie."""
-        if vmax not in self._child_tables:
-            out: list[torch.Tensor] | None = []
-            for level in range(self.depth):
-                if self.dense[level] is None:
-                    out = None
-                    break
-                ptr = self.ptr[level]
-                n = len(ptr) - 1
-                table = torch.full((n + 1, vmax), -1, dtype=torch.int32)
-                parent = torch.repeat_interleave(torch.arange(n), ptr[1:] - ptr[:-1])
-                table[parent, self.codes[level]] = torch.arange(len(self.codes[level]), dtype=torch.int32)
-                out.append(table)  # type: ignore[union-attr]
-            self._child_tables[vmax] = out
-        return self._child_tables[vmax]
+    def search_tables(self, vmax: int) -> list[Level]:
+        """Per level, the children of its nodes as the whole searches read them (:mod:`.tables`): a dense
+        ``[nodes + 1, vmax]`` int32 table where :func:`~.tables.dense_level` keeps one, else the trie's own CSR
+        arrays; no cut. Built once per trie (a view's: its catalogue's, with its cut lists)."""
+        if vmax not in self._search_tables:
+            self._search_tables[vmax] = [level_of(p, c, vmax) for p, c in zip(self.ptr, self.codes)]
+        return self._search_tables[vmax]
 
     def excluding(self, sids) -> SidTrie:
         """This trie without the items whose SIDs are given (rows of ``sids``; ones not in the trie are
@@ -131,8 +127,8 @@ class SidTrie:
             return mask
         rows = torch.nonzero(alive).squeeze(1)
         ptr = self.ptr[level]
-        start = ptr[nodes[rows]]
-        count = ptr[nodes[rows] + 1] - start
+        start = ptr[nodes[rows]].long()
+        count = ptr[nodes[rows] + 1].long() - start
         total = int(count.sum())
         if total == 0:
             return mask
@@ -201,8 +197,9 @@ class ExcludingTrie(SidTrie):
     ``d + 1`` that are gone: the excluded leaves, then each prefix all of
     whose children are gone. :meth:`advance` (so ``walk``, ``contains``,
     ``lookup``) and :meth:`allowed_mask` never reach a cut node, and
-    :meth:`child_tables` copies only the levels that have cuts. Nothing is
-    cached on the base, so a view lives and dies with its request."""
+    :meth:`search_tables` are the base's with the cut (parent, code) pairs
+    of each level (:mod:`.tables`): nothing is copied. Nothing is cached on
+    the base, so a view lives and dies with its request."""
 
     def __init__(self, base: SidTrie, sids: np.ndarray):  # noqa: D107 - no SidTrie.__init__: the arrays are shared
         self.base = base
@@ -210,7 +207,7 @@ class ExcludingTrie(SidTrie):
         self.keys, self.ptr, self.codes = base.keys, base.ptr, base.codes
         self.leaf_item, self.n_duplicates, self.dense = base.leaf_item, base.n_duplicates, base.dense
         self.full_keys = base.full_keys
-        self._child_tables = {}
+        self._search_tables = {}
         # node ids along each excluded SID's path (depth 1..L)
         path = []
         node = torch.zeros(len(sids), dtype=torch.int64)
@@ -228,17 +225,17 @@ class ExcludingTrie(SidTrie):
             gone = cut[d]
             if not len(gone):
                 break
-            parents = torch.searchsorted(base.ptr[d], gone, right=True) - 1  # parent (depth d) of each cut edge
+            parents = _parent_of(base.ptr[d], gone)  # the parent (depth d) of each cut edge
             uniq, n_cut = torch.unique(parents, return_counts=True)
-            total = base.ptr[d][uniq + 1] - base.ptr[d][uniq]
+            total = base.ptr[d][uniq + 1].long() - base.ptr[d][uniq].long()
             cut[d - 1] = uniq[n_cut == total]
         self.cut = cut
         # (parent node, code) of each cut edge per level, for masks and tables
         self.cut_parent, self.cut_code = [], []
         for d in range(self.depth):
             gone = cut[d]
-            self.cut_parent.append(torch.searchsorted(base.ptr[d], gone, right=True) - 1)
-            self.cut_code.append(base.codes[d][gone])
+            self.cut_parent.append(_parent_of(base.ptr[d], gone))
+            self.cut_code.append(base.codes[d][gone].long())
 
     def allowed_mask(self, level: int, nodes: torch.Tensor) -> torch.Tensor:
         mask = SidTrie.allowed_mask(self, level, nodes)
@@ -262,17 +259,14 @@ class ExcludingTrie(SidTrie):
             out = torch.where(torch.isin(out, self.cut[level]), torch.full_like(out, -1), out)
         return out
 
-    def child_tables(self, vmax: int) -> list[torch.Tensor] | None:
-        if vmax not in self._child_tables:
-            base = self.base.child_tables(vmax)
-            if base is None:
-                self._child_tables[vmax] = None
-            else:
-                out = []
-                for d, table in enumerate(base):
-                    if len(self.cut[d]):
-                        table = table.clone()
-                        table[self.cut_parent[d], self.cut_code[d]] = -1
-                    out.append(table)
-                self._child_tables[vmax] = out
-        return self._child_tables[vmax]
+    def search_tables(self, vmax: int) -> list[Level]:
+        if vmax not in self._search_tables:
+            self._search_tables[vmax] = [
+                lv if not len(parent) else lv.with_cut(torch.cat([torch.stack([parent, code]), empty_cut()], 1))
+                for lv, parent, code in zip(self.base.search_tables(vmax), self.cut_parent, self.cut_code)]
+        return self._search_tables[vmax]
+
+
+def _parent_of(ptr: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
+    """The parent node of each of ``edges`` (int64) by the level's CSR pointer ``ptr`` -> int64."""
+    return torch.searchsorted(ptr, edges.to(ptr.dtype), right=True).long() - 1

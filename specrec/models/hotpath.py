@@ -48,9 +48,8 @@ This file is the model maths only: the whole searches (the constrained beam
 search, the NEZHA head's, the distilled drafter's, ``strict``'s draft and
 verification) are a registry above it, :mod:`specrec.decoding.searches`, each a
 function of this hot path; they import the model, never the other way round.
-They read the item set as dense child tables (:func:`child_tables`:
-``tables[j]`` [nodes_j + 1, Vmax] int32, the child node of each code, -1 where
-invalid; the last row, read by a dead beam, is all -1).
+They read the item set level by level (:mod:`specrec.ids.tables`: each
+level's children as a dense table or CSR arrays, read by one function).
 """
 
 from __future__ import annotations
@@ -429,9 +428,3 @@ def copy_ln(ln: nn.LayerNorm) -> nn.LayerNorm:
         new.weight.copy_(ln.weight)
         new.bias.copy_(ln.bias)
     return new.requires_grad_(False)
-
-
-def child_tables(trie, vmax: int) -> list[torch.Tensor] | None:
-    """Dense child tables of a :class:`~specrec.ids.trie.SidTrie` (None when a level is too big for one);
-    see :meth:`~specrec.ids.trie.SidTrie.child_tables`."""
-    return trie.child_tables(vmax)

@@ -38,8 +38,9 @@ from tqdm.auto import tqdm
 from ..data.splits import Examples, Split, sample_examples
 from ..decoding.searches import SearchState
 from ..decoding.searches import beam as beam_search
+from ..ids.tables import Level
 from ..ids.trie import SidTrie
-from ..models.hotpath import FusedHotPath, child_tables
+from ..models.hotpath import FusedHotPath
 from ..models.sid_mlp import SidMlpConfig, SidMlpDrafter
 from ..models.tiger import Tiger
 from .batches import history_batch
@@ -115,7 +116,7 @@ class Frontier:
 
 
 @torch.inference_mode()
-def target_frontier(fused: FusedHotPath, tables: list[torch.Tensor], hist_sids: torch.Tensor, width: int,
+def target_frontier(fused: FusedHotPath, tables: list[Level], hist_sids: torch.Tensor, width: int,
                     keep_logp: bool = True):
     """The target's constrained beam search on [R, H, L] histories, the serving search itself
     (:func:`specrec.decoding.searches.beam.search`), keeping what distillation reads: (h0 [R, d], root log-probs
@@ -155,10 +156,7 @@ def teacher_frontier(gr: Tiger, ex: Examples, sids: np.ndarray, trie: SidTrie, w
         return Frontier.load(path)
     fused = FusedHotPath(gr).eval()
     dev = fused.tok.device
-    tables = child_tables(trie, fused.vmax)
-    if tables is None:
-        raise ValueError("distillation needs dense child tables (a catalogue small enough per level)")
-    tables = [x.to(dev) for x in tables]
+    tables = [lv.to(dev) for lv in trie.search_tables(fused.vmax)]
     sids_t = torch.from_numpy(np.ascontiguousarray(sids, dtype=np.int64)).to(dev)
     batch_size = batch_size or frontier_batch(dev)
     parts: list = []
@@ -206,7 +204,7 @@ def distill_loss(drafter: SidMlpDrafter, h0: torch.Tensor, codes: list[torch.Ten
 
 
 @torch.no_grad()
-def drafter_beams(drafter: SidMlpDrafter, h0: torch.Tensor, root: torch.Tensor, tables: list[torch.Tensor],
+def drafter_beams(drafter: SidMlpDrafter, h0: torch.Tensor, root: torch.Tensor, tables: list[Level],
                   widths: list[int]) -> list[torch.Tensor]:
     """The drafter's constrained beams: level 0 exact (the target's ``root`` log-probs), then the drafter's
     levels; ``widths[j]`` beams kept after level j. Returns each level's kept prefixes [R, widths[j], j+1]
@@ -331,13 +329,10 @@ def _distill(gr: Tiger, split: Split, sids: np.ndarray, cfg: DistillConfig, mcfg
     dev = next(gr.parameters()).device
     trie = SidTrie(sids, gr.cfg.level_sizes)
     fused = FusedHotPath(gr).eval()
-    tables = child_tables(trie, fused.vmax)
-    tables = None if tables is None else [x.to(dev) for x in tables]
+    tables = [lv.to(dev) for lv in trie.search_tables(fused.vmax)]
     sids_t = torch.from_numpy(np.ascontiguousarray(sids, dtype=np.int64)).to(dev)
     train_ex = sample_examples(split.train, cfg.examples, cfg.seed)
     valid_ex = sample_examples(split.valid, cfg.valid_examples, cfg.seed + 1)
-    if tables is None:
-        raise ValueError("distillation needs dense child tables (a catalogue small enough per level)")
     fr = teacher_frontier(gr, train_ex, sids, trie, cfg.width, cache, progress=progress)
     log(f"target frontier of {len(fr)} training histories (width {cfg.width}) in {time.time() - t_start:.0f} s")
     drafter = SidMlpDrafter(gr.cfg.level_sizes, gr.cfg.d_model, mcfg).to(dev)

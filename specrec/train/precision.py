@@ -77,12 +77,13 @@ def _validation(bundle: Bundle, users: int, seed: int):
 
 def choose_kind(backend: OrtBackend, kind: str, cands: Sequence[str], feeds: Sequence[dict],
                 recall_of: Callable[[dict[str, str]], dict[str, float]], widths: Sequence[int | None] = (None,),
-                ) -> dict:
-    """The precision of graph ``kind`` of ``backend`` (float32 graphs), among ``cands``: each one's graphs of
-    ``widths`` built, timed side by side on ``feeds`` (batch 1; ms: the sum over the widths), and those faster than
-    float32 checked by ``recall_of`` ({precision: graph name of the first width} -> recall of each, float32's
-    included) -> the record's entry (the choice, each candidate's figures: :func:`decide`)."""
-    names = {(p, w): backend._exported(kind, w, precision=p) for p in cands for w in widths}
+                tables: str = "") -> dict:
+    """The precision of graph ``kind`` of ``backend`` (float32 graphs; reading tables of the forms ``tables``, where
+    it reads any), among ``cands``: each one's graphs of ``widths`` built, timed side by side on ``feeds`` (batch 1;
+    ms: the sum over the widths), and those faster than float32 checked by ``recall_of`` ({precision: graph name of
+    the first width} -> recall of each, float32's included) -> the record's entry (the choice, each candidate's
+    figures: :func:`decide`)."""
+    names = {(p, w): backend._exported(kind, w, precision=p, tables=tables) for p in cands for w in widths}
     run = {f"{p}@{w}": functools.partial(run_feed, backend._session(name)) for (p, w), name in names.items()}
     per = time_sessions(run, feeds)
     ms = {p: round(sum(per[f"{p}@{w}"] for w in widths), 3) for p in cands}
@@ -138,21 +139,19 @@ def _draft_record(bundle: Bundle, backend: OrtBackend, cands: list[str], ex, ful
     """nezha's graphs' precision (the distilled drafter's search, of width K and 2K: nezha's default width and its
     wider option; every width then runs the chosen precision): timed on the first ``timing_users`` users'
     histories, judged by nezha's recall@K on all of ``ex``."""
-    tables = backend._tables_of(bundle.trie)
-    assert tables is not None
+    tag, tables = backend.table_feed(bundle.trie)
     feeds = []
     with torch.inference_mode():
         for i in range(min(timing_users, len(ex))):
             enc = backend.encode(bundle.history_sids([np.asarray(full[i], np.int64)]))
-            feeds.append({**dict(zip(ENC, (enc.keep.numpy(), enc.cross_k.numpy(), enc.cross_v.numpy()))),
-                          **{f"table{j}": t for j, t in enumerate(tables)}})
+            feeds.append({**dict(zip(ENC, (enc.keep.numpy(), enc.cross_k.numpy(), enc.cross_v.numpy()))), **tables})
 
     def recall_of(graphs: dict[str, str]) -> dict[str, float]:
         return {p: _nezha_recall(bundle, backend if p == FLOAT32 else OrtBackend(
             backend.model, backend.nezha_head, onnx_dir=backend.onnx_dir, drafter=backend.drafter,
             threads=backend.threads, precision={"draft": p}), ex, full, k) for p in graphs}
 
-    entry = choose_kind(backend, "draft", cands, feeds, recall_of, widths=(k, 2 * k))
+    entry = choose_kind(backend, "draft", cands, feeds, recall_of, widths=(k, 2 * k), tables=tag)
     entry["graph"] = entry["graph"].replace(f"_w{k}", "_w{W}")
     return {**entry, "judged_by": f"nezha's recall@{k} on {sample}",
             "timed_on": f"{len(feeds)} of those users, the draft graphs of width {k} and {2 * k} (ms: their sum), "

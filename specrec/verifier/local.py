@@ -338,7 +338,7 @@ def _search_group(ver: LocalVerifier, name: str, jobs: list) -> list[Any]:
     """Whole searches ``name`` (:data:`~specrec.decoding.searches.SEARCHES`) of one catalogue and widths, in one
     call of the backend's method for it (the registry's ``backend``). Where the backend has none (it answers
     None): a beam search steps, the NEZHA head searches in eager torch, and the distilled drafter's searches
-    (no drafter, or no dense tables for this catalogue) answer None."""
+    (no drafter) answer None."""
     enc, first = _cat_encoders(jobs), jobs[0]
     _, trie, widths = whole_search(first)  # type: ignore[misc]  # a search group's jobs are searches
     out = getattr(ver.backend, name)(enc, trie, *widths)  # the backend's method named as the search

@@ -13,12 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from ..conftest import needs_beauty
-
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@needs_beauty
 def test_the_dry_run_runs_every_phase_and_publishes_nothing(tmp_path):
     env = {**os.environ, "PYTHON": sys.executable}
     r = subprocess.run(["bash", "bench/device_check.sh", "--cpu", "--out", str(tmp_path)], cwd=ROOT, env=env,

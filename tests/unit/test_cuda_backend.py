@@ -128,9 +128,10 @@ def test_a_graph_is_made_once_per_key_and_counted_after_the_warm_up(pair):
 
 @torch.inference_mode()
 def test_tables_follow_the_catalogue_its_views_and_its_growth(parts):
-    """A request's view without some items reads the catalogue's tables with its cuts; the next call on the
-    catalogue reads them whole again; a catalogue that outgrows the tables' buffers gets new ones and the graphs
-    that read the old are made again."""
+    """A request's view without some items reads the catalogue's tables with its cut lists (the tables' buffers
+    are not written for it); the next call on the catalogue reads them whole again; a catalogue that outgrows the
+    tables' buffers, or a view that cuts more than the cut buffers hold, gets new ones and the graphs that read the
+    old are made again."""
     m, head, drafter, sids = parts
     ref = Backend(m, head, drafter=drafter)
     be = CudaBackend(m, head, device="cpu", drafter=drafter, batch_sizes=SIZES)
@@ -142,28 +143,50 @@ def test_tables_follow_the_catalogue_its_views_and_its_growth(parts):
     for t in (trie, view, trie, view):
         _same_beams(beam_search(ref, ea, t, 6), be.beam(eb, t, 6))
         _same_beams(ref.draft(ea, t, 6), be.draft(eb, t, 6))
+    tables = [x.clone() for lv in be.tables.slots for x in lv.tensors()[:-1]]
+    be.beam(eb, trie.excluding(sids[10:14]), 6)
+    assert all(torch.equal(a, x) for a, x in zip(tables, [x for lv in be.tables.slots for x in lv.tensors()[:-1]]))
     gen = be.tables.generation
     bigger = SidTrie(np.concatenate([sids, random_sids(60, m.cfg.level_sizes, seed=5)]), m.cfg.level_sizes)
-    assert any(n > s.shape[0] for n, s in zip([t.shape[0] for t in bigger.child_tables(6)], be.tables.slots))
+    assert any(t.shape[0] > s.shape[0] for lv, slot in zip(bigger.search_tables(6), be.tables.slots)
+               for t, s in zip(lv.tensors()[:-1], slot.tensors()[:-1]))
     _same_beams(beam_search(ref, ea, bigger, 6), be.beam(eb, bigger, 6))
     assert be.tables.generation == gen + 1
     assert all(k[0] in ("encode", "rank") or k[-2] == gen + 1 for k in be.runner.graphs)
     _same_beams(beam_search(ref, ea, trie, 6), be.beam(eb, trie, 6))
+    wide = trie.excluding(sids[: be.tables.cuts + 5])  # more cut pairs at its last level than the buffers hold
+    _same_beams(beam_search(ref, ea, wide, 6), be.beam(eb, wide, 6))
+    assert be.tables.generation == gen + 2 and be.tables.slots[-1].cut.shape[1] >= be.tables.cuts + 5
 
 
+@pytest.mark.parametrize("dense_cells", [0, 50])
 @torch.inference_mode()
-def test_a_catalogue_too_big_for_dense_tables_steps_eagerly(parts, monkeypatch):
-    import specrec.ids.trie as trie_mod
+def test_csr_tables_run_the_graphs_too(parts, monkeypatch, dense_cells):
+    """Every level in CSR (as a catalogue of millions of items has them), or the small levels dense and the
+    others CSR: every search still runs as a graph (nothing steps eagerly), equal to the eager backend's, views
+    included."""
+    import specrec.ids.tables as tables_mod
 
     m, head, drafter, sids = parts
-    monkeypatch.setattr(trie_mod, "DENSE_LIMIT", 4)  # no level fits a dense table
+    monkeypatch.setattr(tables_mod, "DENSE_CELLS", dense_cells)
     trie = SidTrie(sids, m.cfg.level_sizes)
-    be = CudaBackend(m, head, device="cpu", drafter=drafter, batch_sizes=SIZES)
-    enc = be.encode(_hist(sids, [3]))
-    assert be.beam(enc, trie, 4) is None and be.draft(enc, trie, 4) is None  # the caller steps instead
-    assert {"beam", "draft"} <= set(be.describe()["eager"])
+    tag = tables_mod.form_tag(trie.search_tables(6))
+    assert tag == ("cccc" if dense_cells == 0 else "ddcc")
     ref = Backend(m, head, drafter=drafter)
-    _same_beams(beam_search(be, enc, trie, 4), beam_search(ref, ref.encode(_hist(sids, [3])), trie, 4))
+    be = CudaBackend(m, head, device="cpu", drafter=drafter, batch_sizes=SIZES)
+    h = _hist(sids, [3, 6, 1])
+    ea, eb = ref.encode(h), be.encode(h)
+    for t in (trie, trie.excluding(sids[:5]), trie.excluding(sids[20:40])):
+        for w in (1, 4):
+            _same_beams(beam_search(ref, ea, t, w), be.beam(eb, t, w))
+            _same_beams(ref.draft(ea, t, w), be.draft(eb, t, w))
+            _same_beams(ref.draft_scored(ea, t, w), be.draft_scored(eb, t, w))
+            want = nezha_beam_search(ref.nezha_head, ref.model, ref.head_hidden(ea), t, w)
+            got = be.head(eb, t, w)
+            assert torch.equal(got.codes[got.alive], want.codes[want.alive])
+            for n in (1, 2 * w):
+                _same_beams(be.strict(eb, t, w, n)[0], beam_search(ref, ea, t, w))
+    assert be.describe()["eager"] == ["step", "tree", "head_hidden"]
 
 
 def test_a_key_whose_capture_fails_runs_eagerly_and_says_why():
@@ -198,18 +221,25 @@ def test_graphs_need_a_cuda_device():
 
 
 @needs_cuda
+@pytest.mark.parametrize("dense_cells", [None, 0])
 @torch.inference_mode()
-def test_captured_graphs_equal_eager_cuda(parts):
+def test_captured_graphs_equal_eager_cuda(parts, monkeypatch, dense_cells):
+    """Captured, over the rule's tables (all dense here) and over CSR at every level, a request's view included."""
+    import specrec.ids.tables as tables_mod
+
     m, head, drafter, sids = parts
+    if dense_cells is not None:
+        monkeypatch.setattr(tables_mod, "DENSE_CELLS", dense_cells)
     ref = Backend(m, head, device="cuda", drafter=drafter)
     be = CudaBackend(m, head, device="cuda", drafter=drafter, batch_sizes=SIZES)
     assert be.runner.capture
     trie = SidTrie(sids, m.cfg.level_sizes)
-    for lengths in ([7], [7, 3, 1], [5, 5, 2, 1, 8, 3]):
-        h = _hist(sids, lengths)
-        ea, eb = ref.encode(h), be.encode(h)
-        for w in (1, 4, 9):
-            _same_beams(beam_search(ref, ea, trie, w), be.beam(eb, trie, w))
-            _same_beams(ref.draft(ea, trie, w), be.draft(eb, trie, w))
-            _same_beams(be.strict(eb, trie, w, 1)[0], be.beam(eb, trie, w))
+    for t in (trie, trie.excluding(sids[:7])):
+        for lengths in ([7], [7, 3, 1], [5, 5, 2, 1, 8, 3]):
+            h = _hist(sids, lengths)
+            ea, eb = ref.encode(h), be.encode(h)
+            for w in (1, 4, 9):
+                _same_beams(beam_search(ref, ea, t, w), be.beam(eb, t, w))
+                _same_beams(ref.draft(ea, t, w), be.draft(eb, t, w))
+                _same_beams(be.strict(eb, t, w, 1)[0], be.beam(eb, t, w))
     assert not be.runner.eager, be.runner.eager

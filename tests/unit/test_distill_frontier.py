@@ -19,7 +19,7 @@ import torch
 from specrec.backends import Backend
 from specrec.decoding.beam import BeamSearch
 from specrec.ids.trie import SidTrie
-from specrec.models.hotpath import FusedHotPath, child_tables
+from specrec.models.hotpath import FusedHotPath
 from specrec.models.tiger import BOS_TOKEN, Tiger
 from specrec.train.batches import history_batch
 from specrec.train.distill import target_frontier
@@ -68,22 +68,26 @@ def _assert_same(model: Tiger, frontier, ref, hist: torch.Tensor) -> None:
         assert torch.allclose(h0, model.decode(model.encode(hist), bos)[0][:, 0, 0], atol=1e-4)
     assert torch.allclose(root, ref_levels[0][2][:, 0], atol=1e-4)
     for (codes, alive, logp), (ref_codes, ref_alive, ref_logp) in zip(levels, ref_levels[1:]):
-        codes, alive, logp = _same_width(codes, alive, logp, ref_alive.shape[1])
+        (codes, alive, logp), (ref_codes, ref_alive, ref_logp) = _same_width((codes, alive, logp),
+                                                                              (ref_codes, ref_alive, ref_logp))
         assert torch.equal(alive, ref_alive) and logp.shape == ref_logp.shape
         assert torch.equal(codes[alive], ref_codes[ref_alive])
         fin = torch.isfinite(ref_logp)
         assert torch.equal(torch.isfinite(logp)[alive], fin[ref_alive])
         assert torch.allclose(logp[alive & fin.all(-1)], ref_logp[ref_alive & fin.all(-1)], atol=1e-4)
-    codes, alive, scores = _same_width(state.codes, state.nodes >= 0, state.scores, beams.alive.shape[1])
-    assert torch.equal(alive, beams.alive) and torch.equal(codes[alive], beams.codes[alive])
-    assert torch.allclose(scores[alive], beams.scores[alive], atol=1e-4)
+    (codes, alive, scores), (ref_codes, ref_alive, ref_scores) = _same_width(
+        (state.codes, state.nodes >= 0, state.scores), (beams.codes, beams.alive, beams.scores))
+    assert torch.equal(alive, ref_alive) and torch.equal(codes[alive], ref_codes[alive])
+    assert torch.allclose(scores[alive], ref_scores[alive], atol=1e-4)
 
 
-def _same_width(codes, alive, values, width: int):
-    """The search's beams cut to the reference's width: the graph keeps up to ``width`` of B x Vmax candidates
-    and the reference of B x V_level, so beyond the narrower of the two every beam must be dead."""
-    assert not alive[:, width:].any()
-    return codes[:, :width], alive[:, :width], values[:, :width]
+def _same_width(ours: tuple, ref: tuple) -> tuple[tuple, tuple]:
+    """Both (codes, alive, values) cut to the narrower width: the search keeps up to ``width`` of its candidates
+    per row (B x Vmax over dense tables, B x the level's widest fan-out over CSR ones) and the reference of
+    B x V_level, so beyond the narrower of the two every beam must be dead."""
+    w = min(ours[1].shape[1], ref[1].shape[1])
+    assert not ours[1][:, w:].any() and not ref[1][:, w:].any()
+    return tuple(x[:, :w] for x in ours), tuple(x[:, :w] for x in ref)
 
 
 @pytest.mark.parametrize("width", [1, 4, 9, 32])
@@ -92,7 +96,7 @@ def test_the_frontier_distillation_reads_is_the_reference_beam_search(width):
         trie = SidTrie(sids, model.cfg.level_sizes)
         fused = FusedHotPath(model).eval()
         hist = history_batch(torch.from_numpy(sids), _histories(len(sids), model.cfg.max_history, 40, width))
-        frontier = target_frontier(fused, child_tables(trie, fused.vmax), hist, width)
+        frontier = target_frontier(fused, trie.search_tables(fused.vmax), hist, width)
         _assert_same(model, frontier, _reference(model, trie, hist, width), hist)
 
 
@@ -105,6 +109,6 @@ def test_the_comparison_can_fail():
     with torch.no_grad():
         other.dec_layers[-1].ff.fc2.weight.mul_(1.5)
     fused = FusedHotPath(other).eval()
-    frontier = target_frontier(fused, child_tables(trie, fused.vmax), hist, 4)
+    frontier = target_frontier(fused, trie.search_tables(fused.vmax), hist, 4)
     with pytest.raises(AssertionError):
         _assert_same(model, frontier, _reference(model, trie, hist, 4), hist)

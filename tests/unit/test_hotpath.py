@@ -1,7 +1,7 @@
 """The serving path's functions (:mod:`specrec.models.hotpath`: what the eager backend runs and the ONNX
 graphs trace) compute what the model itself computes (:class:`~specrec.models.tiger.Tiger`'s teacher-forced
 decoder, the NEZHA head's own modules), and the one constrained top-k gives the same beams over a trie and
-over dense child tables."""
+over its search tables."""
 
 import pytest
 import torch
@@ -11,7 +11,7 @@ from specrec.decoding.searches import SEARCHES, SearchState
 from specrec.decoding.searches.head import nezha_beam_search
 from specrec.decoding.topk import constrained_topk
 from specrec.ids import SidTrie
-from specrec.models.hotpath import FusedHotPath, child_tables
+from specrec.models.hotpath import FusedHotPath
 from specrec.models.nezha_head import NezhaHead, gru_cell
 from specrec.models.tiger import BOS_TOKEN, Tiger
 
@@ -85,7 +85,7 @@ def test_nezha_head_on_the_fused_path_is_the_head(model):
     enc = fused.encode(hist)
     assert (fused.head_hidden(*enc) - want_h).abs().max() < TOL
     trie = SidTrie(sids.numpy(), m.cfg.level_sizes)
-    tables = child_tables(trie, fused.vmax)
+    tables = trie.search_tables(fused.vmax)
     for width in (1, 4, 9):
         want = nezha_beam_search(head, m, want_h, trie, width)
         codes, scores, _, nodes = SEARCHES["head"].fn(fused, *enc, tables, width)
@@ -107,7 +107,7 @@ def test_one_topk_over_a_trie_and_over_tables(model):
     """Beam steps through every level: the trie's step and the tables' step keep the same beams."""
     m, _, _, sids = model
     trie = SidTrie(sids.numpy(), m.cfg.level_sizes)
-    tables = child_tables(trie, max(m.cfg.level_sizes))
+    tables = trie.search_tables(max(m.cfg.level_sizes))
     g = torch.Generator().manual_seed(1)
     r, width = 3, 6
     beams, state = root_beams(r), SearchState.root(r)

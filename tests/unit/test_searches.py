@@ -14,7 +14,6 @@ from specrec.backends import onnx as onnx_backend
 from specrec.decoding.beam import Beams, beam_search
 from specrec.decoding.searches import DRAFTER_KINDS, SEARCHES, search_name
 from specrec.ids import SidTrie
-from specrec.models.hotpath import child_tables
 from specrec.models.tiger import Tiger
 
 from ..conftest import random_sids, sharpen, tiny_config
@@ -87,8 +86,7 @@ def test_the_registrys_beam_search_is_the_eager_reference(width):
         hist[i, 8 - k :] = torch.from_numpy(sids[i : i + k])
     enc = be.encode(hist)
     want = beam_search(be, enc, trie, width)
-    tables = child_tables(trie, be.fused.vmax)
-    assert tables is not None
+    tables = trie.search_tables(be.fused.vmax)
     codes, scores, tlp, nodes = SEARCHES["beam"].fn(be.fused, *be._fused_encoder(enc), tables, width)
     alive = nodes >= 0
     assert torch.equal(alive, want.alive)

@@ -4,6 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specrec.ids import SidTrie
+from specrec.ids.tables import children
 
 from ..conftest import random_sids
 
@@ -52,7 +53,7 @@ def test_excluding_view_matches_a_trie_built_without_the_items(n, n_out, seed):
     rng = np.random.default_rng(seed)
     out = sids[rng.choice(n, size=min(n_out, n - 1), replace=False)]
     base = SidTrie(sids, sizes)
-    before = [t.clone() for t in base.child_tables(4)]
+    before = [t.clone() for lv in base.search_tables(4) for t in lv.tensors()]
     unknown = np.array([r for r in random_sids(6, sizes, seed + 7).tolist() if r not in sids.tolist()]).reshape(-1, 4)
     view = base.excluding(np.concatenate([out, unknown]))  # unknown SIDs are ignored
     rest = np.array([r for r in sids.tolist() if r not in out.tolist()])
@@ -69,15 +70,17 @@ def test_excluding_view_matches_a_trie_built_without_the_items(n, n_out, seed):
         rn = ref.walk(prefixes) if level else torch.zeros(len(prefixes), dtype=torch.int64)
         assert torch.equal(vn >= 0, rn >= 0)
         assert torch.equal(view.allowed_mask(level, vn), ref.allowed_mask(level, rn))
-    # child tables: the same reachable structure (node ids are the base's)
-    vt = view.child_tables(4)
+    # the search tables (the base's, with the view's cut lists): the same reachable structure (node ids are the
+    # base's), read as the whole searches read them
+    vt, rt = view.search_tables(4), ref.search_tables(4)
     for q in queries.tolist():
         node, rnode = 0, 0
         for level, c in enumerate(q):
-            node = int(vt[level][node, c]) if node >= 0 else -1
-            rnode = int(ref.child_tables(4)[level][rnode, c]) if rnode >= 0 else -1
+            node = int(children(vt[level], torch.tensor([node]), 4)[0, c])
+            rnode = int(children(rt[level], torch.tensor([rnode]), 4)[0, c])
             assert (node >= 0) == (rnode >= 0)
-    assert all(torch.equal(a, b) for a, b in zip(before, base.child_tables(4)))
+    assert all(torch.equal(a, b) for a, b in zip(before, [t for lv in base.search_tables(4) for t in lv.tensors()]))
+    assert all(a.table is b.table and a.ptr is b.ptr for a, b in zip(vt, base.search_tables(4)))  # shared
     assert base.excluding(np.zeros((0, 4))) is base
 
 
@@ -92,4 +95,6 @@ def test_excluding_a_whole_subtree_cuts_its_prefixes():
     assert view.allowed_mask(1, view.walk(np.array([[0]]))).tolist() == [[False, True]]
     gone = trie.excluding(sids[:3])  # everything under code 0: the root loses it too
     assert gone.allowed_mask(0, torch.zeros(1, dtype=torch.int64)).tolist() == [[False, True]]
-    assert gone.child_tables(2)[0][0].tolist() == [-1, int(trie.child_tables(2)[0][0, 1])]
+    root = torch.zeros(1, dtype=torch.int64)
+    assert children(gone.search_tables(2)[0], root, 2)[0].tolist() == [
+        -1, int(children(trie.search_tables(2)[0], root, 2)[0, 1])]

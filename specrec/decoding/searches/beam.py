@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import torch
 
+from ...ids.tables import Level
 from ...models.hotpath import Cross, FusedHotPath
 from .common import SearchState
 from .registry import BEAMS, Search
@@ -25,12 +26,12 @@ from .registry import BEAMS, Search
 Watch = Callable[[int, SearchState, torch.Tensor, torch.Tensor], None]
 
 
-def run(fused: FusedHotPath, enc_mask, cross_k, cross_v, tables: list[torch.Tensor], width: int):
+def run(fused: FusedHotPath, enc_mask, cross_k, cross_v, tables: list[Level], width: int):
     """-> codes [R, W, L], scores [R, W], token_logp [R, W, L], nodes [R, W] (-1 = dead)."""
     return search(fused, fused.cross(enc_mask, cross_k, cross_v), tables, width).beams()
 
 
-def search(fused: FusedHotPath, cross: Cross, tables: list[torch.Tensor], width: int,
+def search(fused: FusedHotPath, cross: Cross, tables: list[Level], width: int,
            watch: Watch | None = None) -> SearchState:
     """The whole search on a request's encoder state (:meth:`FusedHotPath.cross`) -> its final beams; ``watch``
     (optional) sees every level's pass, the root's first."""
@@ -44,7 +45,7 @@ def search(fused: FusedHotPath, cross: Cross, tables: list[torch.Tensor], width:
     return descend(fused, state, anc, kept, cross, tables, width, watch)
 
 
-def descend(fused: FusedHotPath, state: SearchState, anc, kept, cross: Cross, tables: list[torch.Tensor],
+def descend(fused: FusedHotPath, state: SearchState, anc, kept, cross: Cross, tables: list[Level],
             width: int, watch: Watch | None = None) -> SearchState:
     """The beam search's remaining levels from ``state`` (prefixes of length l): one decoder pass per level
     over the kept beams, each beam attending to its ancestors ``anc`` [R, W, l] (columns into the earlier

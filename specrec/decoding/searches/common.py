@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ...ids.tables import Level, children
 from ...models.hotpath import Cross, FusedHotPath
 from ..topk import constrained_topk
 
@@ -25,13 +26,14 @@ class SearchState:
         return SearchState(torch.zeros(r, 1, 0, dtype=torch.int64, device=device), torch.zeros(r, 1, device=device),
                            torch.zeros(r, 1, 0, device=device), torch.zeros(r, 1, dtype=torch.int64, device=device))
 
-    def advance(self, logp, table, width: int):
+    def advance(self, logp, level: Level, width: int):
         """One constrained top-k (:func:`~specrec.decoding.topk.constrained_topk`) over logp [R, B, V], the
-        level's dense child ``table`` telling the valid codes -> (next state, parent beam [R, W])."""
+        item set's ``level`` (:func:`~specrec.ids.tables.children`) telling the valid codes -> (next state,
+        parent beam [R, W])."""
         _, b, v = logp.shape
-        child = table[self.nodes.reshape(-1)].view(-1, b, v).long()  # node -1 reads the last row: all -1
+        child = children(level, self.nodes, v).reshape(-1, b, v)  # a dead beam's node -1 has no children
         out = constrained_topk(self.codes, self.scores, self.token_logp, logp, child >= 0, width,
-                               lambda parent, code, idx: child.view(-1, b * v).gather(1, idx))
+                               lambda parent, code, idx: child.reshape(-1, b * v).gather(1, idx))
         return SearchState(out.codes, out.scores, out.token_logp, out.nodes), out.parent
 
     def beams(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -4,14 +4,13 @@ attends to it)."""
 
 from __future__ import annotations
 
-import torch
-
+from ...ids.tables import Level
 from ...models.hotpath import FusedHotPath
 from .common import draft
 from .registry import BEAMS, Search
 
 
-def run(fused: FusedHotPath, enc_mask, cross_k, cross_v, tables: list[torch.Tensor], width: int):
+def run(fused: FusedHotPath, enc_mask, cross_k, cross_v, tables: list[Level], width: int):
     """-> codes [R, W, L], scores [R, W] (level 0's target log-prob plus the drafter's), token_logp [R, W, L],
     nodes [R, W] (-1 = dead)."""
     _, _, states, _ = draft(fused, fused.cross(enc_mask, cross_k, cross_v), tables, [width] * fused.L, keys=False)

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import torch
 
+from ...ids.tables import Level
 from ...models.hotpath import FusedHotPath
 from .common import ancestor_tree, draft
 from .registry import BEAMS, Search
 
 
-def run(fused: FusedHotPath, enc_mask, cross_k, cross_v, tables: list[torch.Tensor], width: int):
+def run(fused: FusedHotPath, enc_mask, cross_k, cross_v, tables: list[Level], width: int):
     """-> codes [R, W, L], the drafter's scores [R, W], the target's token_logp [R, W, L], nodes [R, W]."""
     L = fused.L
     cross = fused.cross(enc_mask, cross_k, cross_v)

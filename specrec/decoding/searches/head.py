@@ -10,6 +10,7 @@ from typing import Protocol, TypeVar
 
 import torch
 
+from ...ids.tables import Level
 from ...ids.trie import SidTrie
 from ...models.hotpath import FusedHotPath
 from ...models.nezha_head import NezhaHead
@@ -58,7 +59,7 @@ def nezha_beam_search(head: NezhaHead, gr: Tiger, h: torch.Tensor, trie: SidTrie
                        root_beams(r))
 
 
-def run(fused: FusedHotPath, enc_mask, cross_k, cross_v, tables: list[torch.Tensor], width: int):
+def run(fused: FusedHotPath, enc_mask, cross_k, cross_v, tables: list[Level], width: int):
     """-> codes [R, W, L], the head's scores [R, W] and token_logp [R, W, L], nodes [R, W] (-1 = dead)."""
     hd = fused.head
     assert hd is not None  # a hot path made with a NEZHA head

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ...ids.tables import Level
 from ...models.hotpath import NEG_INF, FusedHotPath
 from .registry import Search
 
@@ -28,7 +29,7 @@ INPUTS = ("node_codes", "node_depth", "node_cols", "node_bias", "cand_nodes", "c
 AXES = {**{n: {0: "R", 1: "T"} for n in INPUTS[:4]}, **{n: {0: "R", 1: "M"} for n in (*INPUTS[4:], "token_logp")}}
 
 
-def run(fused: FusedHotPath, enc_mask, cross_k, cross_v, tables: list[torch.Tensor], node_codes, node_depth,
+def run(fused: FusedHotPath, enc_mask, cross_k, cross_v, tables: list[Level], node_codes, node_depth,
         node_cols, node_bias, cand_nodes, cand_codes):
     """-> token_logp [R, M, L]: log p(code_j | the candidate's first j codes, history) for every candidate."""
     L, vmax = fused.L, fused.vmax
@@ -107,7 +108,7 @@ def padded(inputs: tuple[np.ndarray, ...], m: int) -> tuple[np.ndarray, ...]:
             np.pad(cand_nodes, ((0, 0), (0, m_pad), (0, 0))), np.pad(cand_codes, ((0, 0), (0, m_pad), (0, 0))))
 
 
-def example(fused: FusedHotPath, enc, tables: list[torch.Tensor], width: int | None) -> tuple[torch.Tensor, ...]:
+def example(fused: FusedHotPath, enc, tables: list[Level], width: int | None) -> tuple[torch.Tensor, ...]:
     """Example inputs to trace with: a few random candidates per request."""
     r = enc[0].shape[0]
     gen = torch.Generator().manual_seed(0)
@@ -116,4 +117,5 @@ def example(fused: FusedHotPath, enc, tables: list[torch.Tensor], width: int | N
     return tuple(torch.from_numpy(x) for x in layout(sids.numpy()))
 
 
-SEARCH = Search("rank", run, ("token_logp",), rpc="Rank", widths=(), inputs=INPUTS, example=example, axes=AXES)
+SEARCH = Search("rank", run, ("token_logp",), rpc="Rank", widths=(), inputs=INPUTS, example=example, axes=AXES,
+                tables=False)

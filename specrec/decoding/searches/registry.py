@@ -24,7 +24,8 @@ class Search:
     ``fn(fused, enc_mask, cross_k, cross_v, tables, *widths, *inputs)`` is the search as tensor functions of a
     :class:`~specrec.models.hotpath.FusedHotPath` (the model maths) -> the tensors named ``outputs``; the eager
     backend calls it in torch, the graph backends trace it. ``enc_mask`` [R, S], ``cross_k``/``cross_v`` the
-    hot path's encoder state, ``tables[j]`` [nodes_j + 1, Vmax] int32 the item set's dense child tables.
+    hot path's encoder state, ``tables[j]`` the item set's level j (:class:`~specrec.ids.tables.Level`: a dense child
+    table or CSR arrays, and a view's cut; every search reads it through :func:`~specrec.ids.tables.children`).
     ``widths`` names its static integers, baked into its graph (``width``; ``n``, drafts per level; none: one
     graph for every size); ``inputs`` the tensors it reads after the tables (another graph's outputs, or the
     caller's), with ``example(fused, (enc_mask, cross_k, cross_v), tables, width)`` making an example of them to
@@ -45,10 +46,13 @@ class Search:
     example: Callable[..., tuple[torch.Tensor, ...]] | None = None
     uses_sid_drafter: bool = False
     uses_head: bool = False
+    tables: bool = True  # it reads the item set's tables (``rank`` reads none: it is handed its candidates)
 
 
-def search_name(kind: str, width: int | None, n: int | None = None, drafter_bits: int | None = None) -> str:
-    """The graph file name of search ``kind`` (``beam_w10``, ``strict_w10_n20_q8``; ``rank``, which has no
-    static width): exported graphs and caches are found by it, so it does not change."""
+def search_name(kind: str, width: int | None, n: int | None = None, drafter_bits: int | None = None,
+                tables: str = "") -> str:
+    """The graph file name of search ``kind`` (``beam_w10_tcccc``, ``strict_w10_n20_q8_tddcc``; ``rank``, which
+    has no static width and reads no tables): exported graphs and caches are found by it, so it does not change.
+    ``tables``: the forms of the tables it reads (:func:`~specrec.ids.tables.form_tag`), one graph per form."""
     return (kind + ("" if width is None else f"_w{width}") + (f"_n{n}" if n is not None else "")
-            + (f"_q{drafter_bits}" if drafter_bits else ""))
+            + (f"_q{drafter_bits}" if drafter_bits else "") + (f"_t{tables}" if tables else ""))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ...ids.tables import Level
 from ...models.hotpath import FusedHotPath
 from . import strict
 from .beam import descend
@@ -15,7 +16,7 @@ from .common import SearchState
 from .registry import BEAMS, Search
 
 
-def run(fused: FusedHotPath, enc_mask, cross_k, cross_v, tables: list[torch.Tensor], width: int, codes, scores,
+def run(fused: FusedHotPath, enc_mask, cross_k, cross_v, tables: list[Level], width: int, codes, scores,
         token_logp, nodes, parent, kept_kv):
     """``codes`` [R, W, 2], ``scores``, ``token_logp``, ``nodes``: the target's beams of length 2; ``parent``
     [R, W] each one's parent among the nodes of depth 1; ``kept_kv`` [n_layers, R, 1 + W, 2 * inner] the
@@ -28,7 +29,7 @@ def run(fused: FusedHotPath, enc_mask, cross_k, cross_v, tables: list[torch.Tens
     return state.beams()
 
 
-def example(fused: FusedHotPath, enc, tables: list[torch.Tensor], width: int) -> tuple[torch.Tensor, ...]:
+def example(fused: FusedHotPath, enc, tables: list[Level], width: int) -> tuple[torch.Tensor, ...]:
     """What ``strict``'s graph leaves, on example inputs (to trace this graph with)."""
     enc_mask, cross_k, cross_v = enc
     out = strict.run(fused, enc_mask, cross_k, cross_v, tables, width, 2 * width)

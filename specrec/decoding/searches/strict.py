@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from ...ids.tables import Level
 from ...models.hotpath import FusedHotPath
 from .common import ancestor_tree, draft, leaf_pass, prefix_keys
 from .registry import BEAMS, Search
@@ -23,7 +24,7 @@ from .registry import BEAMS, Search
 LEFT = ("codes1", "scores1", "token_logp1", "nodes1", "parent1", "kept_kv")
 
 
-def run(fused: FusedHotPath, enc_mask, cross_k, cross_v, tables: list[torch.Tensor], width: int, n: int):
+def run(fused: FusedHotPath, enc_mask, cross_k, cross_v, tables: list[Level], width: int, n: int):
     """-> the target's beams (codes, scores, token_logp, nodes: exactly ``beam``'s where ``covered``),
     ``covered`` [R] (every beam the target kept at levels 1..L-2 was drafted), ``frontier`` [R, L-1, 2]: per
     level, the target's kept prefixes and how many of them the tree held (at level 0 and the last level, all:

@@ -1,0 +1,274 @@
+"""What a request costs as the catalogue grows: the committed model on synthetic catalogues of 12k to 10M items.
+
+    nice -n 19 python -m bench.catalogue_scale --bundle bundles/beauty-loo --sizes 12k,100k,1m,10m
+
+Each catalogue is the bundle's real items first (so the sampled test histories stay valid, and the 12k one *is*
+the bundle's catalogue), then distinct random SIDs (seeded, none equal to a real item's) up to the size, as unseen
+items (no training interactions, no text). Per size, in this process:
+
+- **tables**: the item set's trie and the whole searches' tables (:meth:`~specrec.ids.trie.SidTrie.search_tables`:
+  per level a dense child table or CSR arrays, :mod:`specrec.ids.tables`) built, timed (``build_s``), and their
+  memory: ``tables_mb`` (what the searches read, and what a GPU holds), ``trie_mb`` (the trie's own arrays, which
+  the step-by-step searches and lookups read: a CSR level's arrays are the trie's, counted in both; below
+  :data:`~specrec.ids.trie.DENSE_LIMIT` cells a level also keeps a bool mask for the step-by-step searches), and
+  each level's form (``forms``: ``d`` dense, ``c`` CSR);
+- **policies**: ``beam``, ``nezha`` and ``fused`` on an engine over that catalogue (the bundle's default backend,
+  ONNX Runtime, one thread, and its SASRec drafter), each request K = 10 for the same ``--users`` seeded random
+  leave-one-out test histories, ``--rounds`` times, policies interleaved per request after a warm-up (graphs
+  exported and loaded): p50 and p99 ms (``exclude_history``: the default off, as the gateway's, or on with
+  ``--exclude-history``). The synthetic items have neither SASRec vectors nor text, so ``fused``'s candidates
+  are the real items SASRec knows; what grows for it is the item set.
+
+Keys (``catalogue.<size>.``): ``tables_mb``, ``trie_mb``, ``build_s``, ``<policy>.p50_ms``, ``<policy>.p99_ms``.
+Writes ``catalogue_scale.{json,md,png}`` (the plot: each policy's p50 and p99 against the catalogue's size, and the
+tables' memory and build time) through :func:`bench.harness.publish`.
+
+Not measured here yet (issue 53's later parts; their hooks, :func:`itemset_part` and :func:`stack_part`, say so
+when asked for): the item set at each size in Redis (bulk load, memory, each service's mirror, upsert p99) and the
+stack at a 30 ms budget. Run the big sizes on a machine of their own: 10M items take a few GB and minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.harness import RESULTS_DIR, command_line, machine_line, pct, publish, run_line, sample_users, sayer
+
+say = sayer("catalogue_scale", clock=True)
+POLICIES = ("beam", "nezha", "fused")
+PARTS = ("inprocess", "itemset", "stack")
+
+
+def parse_size(s: str) -> int:
+    """``12k``, ``100k``, ``1m``, ``10m``, ``250000`` -> items."""
+    s = s.strip().lower()
+    mult = {"k": 1_000, "m": 1_000_000}.get(s[-1:], 1)
+    return int(float(s[:-1] if mult > 1 else s) * mult)
+
+
+def synthetic_sids(real: np.ndarray, level_sizes: list[int], n: int, seed: int) -> np.ndarray:
+    """``real`` [R, L] then ``n - R`` distinct random SIDs none of which is a real item's -> [max(n, R), L]."""
+    from specrec.ids.trie import mixed_radix
+
+    need = n - len(real)
+    if need <= 0:
+        return real
+    space = float(np.prod(np.asarray(level_sizes, dtype=np.float64)))
+    if space < n or space >= 2.0**62:
+        raise SystemExit(f"a code space of {space:.3g} SIDs cannot hold {n} distinct items as one int64 key each")
+    rng = np.random.default_rng(seed)
+    taken = np.unique(mixed_radix(real, level_sizes))
+    keys = np.zeros(0, dtype=np.int64)
+    while len(keys) < need:  # draw with replacement, keep the new distinct ones
+        draw = rng.integers(0, int(space), int((need - len(keys)) * 1.05) + 16, dtype=np.int64)
+        keys = np.unique(np.concatenate([keys, draw[~np.isin(draw, taken)]]))
+    keys = rng.permutation(keys)[:need]
+    out = np.zeros((need, len(level_sizes)), dtype=np.int64)
+    for lvl in range(len(level_sizes) - 1, -1, -1):
+        out[:, lvl] = keys % level_sizes[lvl]
+        keys //= level_sizes[lvl]
+    return np.concatenate([real, out])
+
+
+def label_of(n: int, real: int) -> str:
+    """The key's name of a size: ``12k`` (the bundle's own catalogue), ``100k``, ``1m``, ``10m``."""
+    if n <= real:
+        return f"{round(real / 1000)}k"
+    return f"{n // 1_000_000}m" if n % 1_000_000 == 0 else f"{round(n / 1000)}k"
+
+
+def build_tables(sids: np.ndarray, seen: np.ndarray, level_sizes: list[int], vmax: int):
+    """The item set over ``sids`` with its trie and search tables built -> (item set, figures)."""
+    from specrec.ids.tables import form_tag
+    from specrec.itemset import LocalItemSet
+
+    t0 = time.perf_counter()
+    itemset = LocalItemSet(sids, seen, level_sizes, version="1")
+    trie = itemset.trie
+    levels = trie.search_tables(vmax)
+    build_s = time.perf_counter() - t0
+
+    def mb(ts) -> float:
+        return sum(t.numel() * t.element_size() for t in ts if t is not None) / 2**20
+
+    trie_arrays = [*trie.keys, *trie.ptr, *trie.codes, trie.leaf_item, *trie.dense]
+    full = 0.0 if trie.full_keys is None else trie.full_keys.nbytes / 2**20
+    return itemset, {"items": len(sids), "build_s": build_s, "tables_mb": sum(lv.nbytes for lv in levels) / 2**20,
+                     "trie_mb": mb(trie_arrays) + full, "forms": form_tag(levels),
+                     "nodes": [len(p) - 1 for p in trie.ptr], "edges": [len(c) for c in trie.codes]}
+
+
+def engine_over(bundle, backend, itemset):
+    """An in-process engine over ``itemset``: the local verifier on ``backend`` and the bundle's SASRec drafter
+    (with its fusion; no unseen share: the synthetic items have no text to draft them by)."""
+    from specrec.drafters.sasrec import SasrecDrafter
+    from specrec.policies.engine import Engine
+    from specrec.verifier import LocalVerifier
+
+    drafter = None
+    if bundle.sasrec is not None:
+        drafter = SasrecDrafter(bundle.sasrec, itemset, None, 0.0, bundle.fusion)
+    return Engine(LocalVerifier(backend, bundle.nezha_head, bundle.model), itemset, bundle.cfg.max_history, drafter)
+
+
+def time_policies(engine, rows: list[np.ndarray], policies, k: int, rounds: int, exclude: bool) -> dict:
+    """Each policy on every history ``rounds`` times (interleaved per request, after one warm round) -> policy ->
+    {p50_ms, p99_ms, n, lists of the first round}."""
+    from specrec.policies import RecRequest, make_policy
+
+    pols = {p: make_policy(p, engine) for p in policies}
+    ms: dict[str, list[float]] = {p: [] for p in policies}
+    lists: dict[str, list[list[int]]] = {p: [] for p in policies}
+    for rnd in range(rounds + 1):
+        for h in rows:
+            for p, pol in pols.items():
+                req = RecRequest(np.asarray(h, dtype=np.int64), k, exclude_history=exclude)
+                t0 = time.perf_counter()
+                res = pol.run([req])[0]
+                dt = (time.perf_counter() - t0) * 1e3
+                if rnd == 0:
+                    lists[p].append([int(x) for x in res.items[:k]])
+                else:
+                    ms[p].append(dt)
+    return {p: {"p50_ms": pct(ms[p], 50), "p99_ms": pct(ms[p], 99), "n": len(ms[p]), "lists": lists[p]}
+            for p in policies}
+
+
+def itemset_part(label: str, sids: np.ndarray, a) -> dict:
+    """Hook for issue 53's item 2 (not built): the item set of this catalogue in Redis -- bulk load time and memory,
+    each service's catalogue mirror (memory, start, a version change's delta), an upsert's p99."""
+    raise SystemExit("the item-set part (Redis at each size) is not built yet: issue 53, item 2")
+
+
+def stack_part(label: str, sids: np.ndarray, a) -> dict:
+    """Hook for issue 53's item 3, stack part (not built): the four services on this catalogue, closed loop at a
+    30 ms budget (``served_by``: the GR-ranked share)."""
+    raise SystemExit("the stack part (the services at each size) is not built yet: issue 53, item 3")
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = res["sizes"]
+    xs = [s["items"] for s in sizes]
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for p, color in zip(res["policies"], ("tab:blue", "tab:orange", "tab:green")):
+        ax.plot(xs, [s["policies"][p]["p50_ms"] for s in sizes], "o-", color=color, label=f"{p} p50")
+        ax.plot(xs, [s["policies"][p]["p99_ms"] for s in sizes], "x--", color=color, alpha=0.6, label=f"{p} p99")
+    ax.set_xscale("log")
+    ax.set_xlabel("items in the catalogue")
+    ax.set_ylabel("ms per request (in process, K = 10)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    bx.plot(xs, [s["tables_mb"] for s in sizes], "o-", color="tab:purple", label="search tables (MB)")
+    bx.plot(xs, [s["trie_mb"] for s in sizes], "s--", color="tab:gray", label="trie (MB)")
+    bx.set_xscale("log")
+    bx.set_yscale("log")
+    bx.set_xlabel("items in the catalogue")
+    bx.set_ylabel("MB")
+    cx = bx.twinx()
+    cx.plot(xs, [s["build_s"] for s in sizes], "^:", color="tab:red", label="build (s)")
+    cx.set_ylabel("build s")
+    bx.legend(loc="upper left", fontsize=8)
+    cx.legend(loc="lower right", fontsize=8)
+    fig.suptitle(textwrap.fill(res["title"], 160), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def markdown(res: dict) -> str:
+    cols = ["items", "forms", "build s", "tables MB", "trie MB"]
+    cols += [f"{p} p50 / p99 ms" for p in res["policies"]]
+    lines = ["# Cost against catalogue size", "", f"Command: `{res['command']}`", "", res["machine"], "",
+             res["users"], "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for s in res["sizes"]:
+        cells = [f"{s['items']:,}", s["forms"], f"{s['build_s']:.2f}", f"{s['tables_mb']:.1f}", f"{s['trie_mb']:.1f}"]
+        cells += [f"{s['policies'][p]['p50_ms']:.2f} / {s['policies'][p]['p99_ms']:.2f}" for p in res["policies"]]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "![cost against catalogue size](catalogue_scale.png)", ""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bundle", default="bundles/beauty-loo")
+    ap.add_argument("--sizes", default="12k,100k,1m,10m", help="catalogue sizes (12k: the bundle's own)")
+    ap.add_argument("--users", type=int, default=32, help="seeded random test histories (the same at every size)")
+    ap.add_argument("--rounds", type=int, default=5, help="timed rounds over the histories (one more to warm up)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--k", type=int, default=10)
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--exclude-history", action="store_true", help="requests exclude their history (a view)")
+    ap.add_argument("--parts", default="inprocess", help=f"what to measure, of {', '.join(PARTS)}")
+    ap.add_argument("--out", default=str(RESULTS_DIR))
+    a = ap.parse_args(argv)
+    import torch
+
+    from specrec.bundle import Bundle
+
+    torch.set_num_threads(1)
+    parts = [p.strip() for p in a.parts.split(",") if p.strip()]
+    if unknown := set(parts) - set(PARTS):
+        raise SystemExit(f"--parts: unknown {sorted(unknown)} (known: {', '.join(PARTS)})")
+    b = Bundle.load(a.bundle)
+    policies = [p.strip() for p in a.policies.split(",") if p.strip()]
+    if "fused" in policies and (b.sasrec is None or b.fusion is None):
+        raise SystemExit(f"{a.bundle}: no SASRec with a fusion for the fused policy")
+    users = sample_users(b, a.users, a.seed)
+    backend = b.backend()
+    vmax = max(b.cfg.level_sizes)
+    res: dict = {"command": command_line("bench.catalogue_scale", argv), "machine": machine_line(in_process=True),
+                 "run": run_line(),
+                 "users": users.source + f", K = {a.k}, {a.rounds} timed rounds, history "
+                 f"{'excluded' if a.exclude_history else 'not excluded'}", "backend": backend.describe(),
+                 "policies": policies, "sizes": []}
+    keys: dict = {}
+    real = len(b.sids)
+    for n in sorted(parse_size(s) for s in a.sizes.split(",")):
+        label = label_of(n, real)
+        say(f"{label}: drawing {max(0, n - real):,} synthetic SIDs")
+        sids = synthetic_sids(b.sids, b.cfg.level_sizes, n, a.seed)
+        seen = np.concatenate([b.seen, np.zeros(len(sids) - real, dtype=bool)])
+        gc.collect()
+        itemset, fig = build_tables(sids, seen, b.cfg.level_sizes, vmax)
+        say(f"{label}: {fig['items']:,} items, tables {fig['forms']} {fig['tables_mb']:.1f} MB, trie "
+            f"{fig['trie_mb']:.1f} MB, built in {fig['build_s']:.2f} s")
+        entry = {"label": label, **fig}
+        if "inprocess" in parts:
+            entry["policies"] = time_policies(engine_over(b, backend, itemset), users.rows, policies, a.k, a.rounds,
+                                              a.exclude_history)
+            say(f"{label}: " + ", ".join(f"{p} {v['p50_ms']:.2f}/{v['p99_ms']:.2f} ms"
+                                         for p, v in entry["policies"].items()))
+            for p, v in entry["policies"].items():
+                keys[f"catalogue.{label}.{p}.p50_ms"], keys[f"catalogue.{label}.{p}.p99_ms"] = v["p50_ms"], v["p99_ms"]
+        if "itemset" in parts:
+            entry["itemset"] = itemset_part(label, sids, a)
+        if "stack" in parts:
+            entry["stack"] = stack_part(label, sids, a)
+        keys[f"catalogue.{label}.tables_mb"], keys[f"catalogue.{label}.build_s"] = fig["tables_mb"], fig["build_s"]
+        keys[f"catalogue.{label}.trie_mb"] = fig["trie_mb"]
+        res["sizes"].append(entry)
+        del itemset
+    res["title"] = f"{b.name}: {res['users']}; {res['machine']}"
+    out = Path(a.out)
+    if "inprocess" in parts:
+        out.mkdir(parents=True, exist_ok=True)
+        plot(res, out / "catalogue_scale.png")
+    publish(out, "catalogue_scale", res, markdown(res) if "inprocess" in parts else "", keys)
+    print(json.dumps(keys, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,53 @@
+"""``bench.catalogue_scale``: the synthetic catalogues it measures (the real items first, distinct random SIDs
+after them, seeded), the sizes' names, the tables' figures, and the hooks of the parts not built yet."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bench import catalogue_scale as cs
+from specrec.ids import tables
+from specrec.ids.trie import mixed_radix
+
+from ..conftest import random_sids
+
+SIZES = [6, 5, 4, 3]
+
+
+def test_sizes_and_their_names():
+    assert [cs.parse_size(s) for s in ("12k", "100K", "1m", "10m", "2.5k", "250000")] == [
+        12_000, 100_000, 1_000_000, 10_000_000, 2_500, 250_000]
+    assert [cs.label_of(n, 12_101) for n in (12_000, 12_101, 100_000, 1_000_000, 10_000_000, 250_000)] == [
+        "12k", "12k", "100k", "1m", "10m", "250k"]
+
+
+def test_a_synthetic_catalogue_is_the_real_one_then_distinct_new_sids():
+    real = random_sids(40, SIZES, 1)
+    out = cs.synthetic_sids(real, SIZES, 300, seed=4)
+    assert out.shape == (300, 4) and (out[:40] == real).all()
+    keys = mixed_radix(out, SIZES)
+    assert len(np.unique(keys)) == 300  # no duplicate, none of the new ones a real item's
+    assert ((out >= 0) & (out < np.asarray(SIZES))).all()
+    assert (cs.synthetic_sids(real, SIZES, 300, seed=4) == out).all()
+    assert not (cs.synthetic_sids(real, SIZES, 300, seed=5) == out).all()
+    assert cs.synthetic_sids(real, SIZES, 30, seed=4) is real  # the real catalogue is never cut
+    with pytest.raises(SystemExit, match="cannot hold"):
+        cs.synthetic_sids(real, SIZES, 361, seed=4)  # the code space holds 360
+
+
+def test_the_tables_figures(monkeypatch):
+    monkeypatch.setattr(tables, "DENSE_CELLS", 50)
+    sids = cs.synthetic_sids(random_sids(40, SIZES, 1), SIZES, 200, seed=0)
+    itemset, fig = cs.build_tables(sids, np.zeros(len(sids), bool), SIZES, max(SIZES))
+    assert len(itemset) == 200 and fig["items"] == 200 and fig["forms"] == "ddcc"
+    assert fig["nodes"][0] == 1 and fig["edges"][-1] == 200 and fig["build_s"] > 0
+    assert 0 < fig["tables_mb"] < fig["trie_mb"]
+
+
+def test_the_parts_not_built_say_so():
+    for hook in (cs.itemset_part, cs.stack_part):
+        with pytest.raises(SystemExit, match="not built yet"):
+            hook("10m", np.zeros((1, 4), np.int64), None)
+    with pytest.raises(SystemExit, match="--parts"):
+        cs.main(["--parts", "inprocess,gpu"])
