@@ -12,7 +12,7 @@
 # graphs, pass cost and floor), startup (cold and warm start), index (HNSW), serving, overload (the load
 # generator on a CPU of its own), soak (and what a write costs), chaos (faults of the services, of Redis and of the machine), scaleout,
 # catalogue (cost against catalogue size, 12k to 10M items: a few GB of memory and minutes at 10M), keys (which
-# summary keys no step writes: bench.summary_keys). Not in the default list, run only when named: gpu
+# summary keys no step writes: bench.summary_keys), quick (a bundle rebuilt with recipes/beauty-quick.json, timed). Not in the default list, run only when named: gpu
 # (bench/device_check.sh, on a machine with an NVIDIA GPU). Every script of bench/ runs from a step, as a module
 # (python -m bench.<name>, from the repository root). Each step's output goes to $LOG/<step>.log; a line per
 # step with its wall time is appended to $LOG/steps.tsv. The commands are the ones bench/results/README.md
@@ -78,12 +78,15 @@ soak() {
 chaos() { python -m bench.chaos --bundle "$BUNDLE" --rate 10 --budget-ms 100 --machine-budget-ms 30; }
 scaleout() { python -m bench.scaleout --bundle "$BUNDLE" --rates 10,20,30,40 --duration 10; }
 catalogue() { python -m bench.catalogue_scale --bundle "$BUNDLE" --sizes 12k,100k,1m,10m; }
+quick() {  # a newcomer's rebuild from the shipped data, timed, and its lists on all test users (issue 54)
+  python -m bench.quick_recipe --recipe recipes/beauty-quick.json --data data/beauty
+}
 gpu() {  # needs an NVIDIA GPU (exits 3 without one): only when named; on the device tool, see device_check.sh
   bash bench/device_check.sh  # its results into bench/results/gpu, then their keys into summary.json
   python -m bench.gpu_check --merge bench/results/gpu
 }
 
-ALL=(quality policies temporal drafters backends profile startup index serving overload soak chaos scaleout catalogue keys)
+ALL=(quality policies temporal drafters backends profile startup index serving overload soak chaos scaleout catalogue quick keys)
 EXTRA=(gpu)
 STEPS=("$@")
 [ ${#STEPS[@]} -eq 0 ] && STEPS=("${ALL[@]}")

@@ -69,6 +69,8 @@ WRITERS: dict[str, list[str]] = {
               r"|gr_ranked_share|fill_share|shed_share)"],
     "scaleout": [r"scaleout\.(errors_on_replica_kill|max_rps_p99_one_replica|max_rps_p99_two_replicas"
                  r"|replica_share_min|(fill_share|server_p99_ms|gr_ranked_share)_on_replica_kill)"],
+    "quick": [r"\w+\.quick\.build(\.\w+)?\.minutes",
+              r"\w+\.quick\.loo\.(fused|sasrec|beam)\.excl\.((recall|ndcg)@10|recall_ratio_vs_sasrec)"],
     "catalogue": [r"catalogue\.\w+\.(tables_mb|trie_mb|build_s)", r"catalogue\.\w+\.(beam|nezha|fused)\.(p50|p99)_ms"],
     "keys": [r"bench\.keys_without_writer"],
 }
