@@ -164,8 +164,8 @@ def inprocess(bundle, users, a, keys: dict, rows: list) -> dict:
         f"{d['eager']}")
     keys.update({"gpu.cuda.graphs": d["graphs"], "gpu.cuda.capture_s": d["capture_s"],
                  "gpu.cuda.graph_memory_mb": d["graph_memory_mb"]})
+    out: dict = {"backend": d, "k": {}, "replay_ms": replay_times(cuda, keys, 10 if a.cpu else 100)}
     few = first(users, a.eager_users)
-    out: dict = {"backend": d, "k": {}}
     for k in ks:
         pols = {n: make_policy(n, engine) for n in POLICIES}
         warm_until = time.perf_counter() + (0.5 if a.cpu else 3.0)  # the GPU's clocks up, every path run
@@ -203,6 +203,38 @@ def inprocess(bundle, users, a, keys: dict, rows: list) -> dict:
     for what in ("beam.equal_to_eager", "strict.equal_to_beam", "beam.equal_to_cpu"):  # the worst K
         keys[f"gpu.cuda.{what}"] = min(keys[f"gpu.cuda.{what.split('.')[0]}.k{k}.{what.split('.')[1]}"] for k in ks)
     keys["gpu.cuda.beam.speedup_vs_eager_cuda"] = keys[f"gpu.cuda.beam.k{ks[0]}.speedup_vs_eager_cuda"]
+    return out
+
+
+def replay_times(cuda, keys: dict, n: int) -> dict:
+    """Each captured graph's own time at batch 1 (its replay alone, no copies in or out: the floor a request's
+    search sits on), timed with CUDA events; the stand-in times its function over the same buffers."""
+    import torch
+
+    out = {}
+    for key, g in sorted(cuda.runner.graphs.items(), key=lambda kv: str(kv[0])):
+        if key[-1] != 1:
+            continue
+        parts = key[:-1] if key[0] in ("encode", "rank") else key[:-2]  # (kind, widths[, candidates]); no generation
+        name = "_".join(str(x) for x in parts)
+        ms = []
+        for _ in range(n):
+            if g.graph is not None:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                g.graph.replay()
+                end.record()
+                end.synchronize()
+                ms.append(start.elapsed_time(end))
+            else:
+                t0 = time.perf_counter()
+                g.fn(*g.inputs)
+                ms.append((time.perf_counter() - t0) * 1000.0)
+        out[name] = pct(ms, 50)
+    for name in ("encode", "beam_10", "beam_50", "draft_10", "rank_40", "head_10"):
+        if name in out:
+            keys[f"gpu.cuda.replay.{name}.p50_ms"] = out[name]
+    say("graph replay p50 ms at batch 1: " + ", ".join(f"{k} {v:.3f}" for k, v in out.items()))
     return out
 
 
