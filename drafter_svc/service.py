@@ -45,7 +45,7 @@ class DrafterSettings(ServiceSettings):
     threads: int = Field(1, description="torch intra-op threads")
     processes: Processes = Field(0, ge=0, le=1024, description="drafter processes sharing the port (each loads the "
                                  "bundle and follows the catalogue; the kernel spreads connections over them); 0 or "
-                                 "'auto': one per 8 usable cores (affinity, capped by the cgroup's CPU quota), at "
+                                 "'auto': one per 6 usable cores (affinity, capped by the cgroup's CPU quota), at "
                                  "least one (specrec_rpc/processes.py)")
     max_n: int = Field(1000, description="most candidates one query may ask for")
     max_queries: int = Field(256, description="most queries per call")

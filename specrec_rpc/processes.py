@@ -11,13 +11,14 @@ reaches one process, and many clients (or a client with several channels) reach 
 
     usable cores = the CPUs this process may run on (its affinity), capped by the cgroup's CPU quota (a container's
                    limit: /sys/fs/cgroup/cpu.max, or cpu.cfs_quota_us / cpu.cfs_period_us under cgroup v1)
-    auto         = max(1, floor(usable cores / CORES_PER_PROCESS[service]))   gateway: 4, drafter: 8
+    auto         = max(1, floor(usable cores / CORES_PER_PROCESS[service]))   gateway: 4, drafter: 6
 
-The shares are those of a stack that shares one machine (``specrec stack up``, compose): per fused request the
-verifier's compute takes the most CPU, the gateway about a quarter of the stack's, the drafter less
-(``python -m bench.cpu_per_request``), so a 2- or 4-core machine runs one process of each (a second would only
-contend with the verifier's threads) and a 16-core one runs 4 gateway and 2 drafter processes. A pod that has
-its cores to itself (the chart) sets ``processes`` to its CPU limit instead.
+The shares are those of a stack that shares one machine (``specrec stack up``, compose): of the CPU a fused
+request costs the whole stack, the verifier's compute takes more than half, the gateway about a quarter and the
+drafter about a sixth (``python -m bench.cpu_per_request``; figures in docs/operations.md, "Processes"), so a 2- or
+4-core machine runs one process of each (a second would only contend with the verifier's threads), 8 cores two
+gateway processes, 16 cores four gateway and two drafter processes. A pod that has its cores to itself (the
+chart) sets ``processes`` to its CPU limit instead.
 
 The group's lifecycle (``python -m gateway`` with ``processes`` > 1 is the group's parent, which serves nothing
 itself):
@@ -29,12 +30,13 @@ itself):
 3. once every process is warm the parent says go, and each binds the shared port (and ``health_port``) and
    answers SERVING: the port answers only once the whole group is warm;
 4. SIGTERM or SIGINT to the parent reaches every process, each stops gracefully (``grace_s``), and the parent
-   exits after them; a process that exits on its own stops the group, and the parent exits 1 (the container or
-   the local stack restarts it), and a process whose parent is gone (its pipe closes) stops itself.
+   exits after them; a process that exits on its own stops the group, and the parent exits 1 (a container or a
+   pod is restarted; the local stack reports it), and a process whose parent is gone (its pipe closes) stops
+   itself.
 
 Metrics: the parent serves ``metrics_port``, every process's metrics in one scrape, each series labelled
 ``process="<index>"`` (plus ``specrec_process_up{process}``, 1 while that process's metrics answer): one target per
-pod, as with one process; a query that sums (``sum by (...)``) reads the group as one service. The processes'
+pod, as with one process; a query that aggregates (``sum by (...)``) reads the group as one service. The processes'
 own metrics ports are private (127.0.0.1, a free port each).
 """
 
@@ -59,7 +61,7 @@ from typing import Annotated
 from pydantic import BeforeValidator
 
 #: usable cores per process of a service when ``processes`` is auto
-CORES_PER_PROCESS = {"gateway": 4, "drafter": 8}
+CORES_PER_PROCESS = {"gateway": 4, "drafter": 6}
 #: what a process of a group is told (JSON: index, count, port, health_port, report_fd, go_fd)
 ENV = "SPECREC_PROCESS"
 

@@ -18,7 +18,7 @@ from specrec_rpc.processes import CORES_PER_PROCESS, Group, Member, cgroup_cpu_l
 
 @pytest.mark.parametrize("cores, gateway, drafter", [
     (1, 1, 1), (2, 1, 1),  # our development machines: one of each, a second would only contend
-    (4, 1, 1), (7.5, 1, 1), (8, 2, 1), (16, 4, 2), (64, 16, 8),
+    (4, 1, 1), (6, 1, 1), (7.5, 1, 1), (8, 2, 1), (12, 3, 2), (16, 4, 2), (64, 16, 10),
 ])
 def test_auto_is_one_process_per_share_of_the_cores(cores, gateway, drafter):
     assert process_count(0, "gateway", cores) == gateway
