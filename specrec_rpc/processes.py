@@ -339,8 +339,7 @@ class Group:
             def log_message(self, *args):  # scrapes are not logged
                 pass
 
-        server = ThreadingHTTPServer(("0.0.0.0", self.metrics_port), Handler)
-        server.daemon_threads = True
+        server = ThreadingHTTPServer(("0.0.0.0", self.metrics_port), Handler)  # (daemon threads, one per scrape)
         threading.Thread(target=server.serve_forever, name="group metrics", daemon=True).start()
         return server
 
