@@ -21,6 +21,9 @@ _.forward
 _.model_config
 # grpc.aio.ServerInterceptor's hook, called by the server for every call
 _.intercept_service
+# http.server's request handler hooks (the metrics port of a group of processes, specrec_rpc/processes.py)
+_.do_GET
+_.log_message
 # PEP 562: Python calls a module's __getattr__ for a name it lacks (specrec/__init__.py's lazy exports)
 _.__getattr__
 # the public Python API the README documents (``rec.recommend_batch``); tests call it, nothing inside does

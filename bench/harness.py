@@ -147,7 +147,10 @@ class Stack:
     SERVING; :meth:`stop` stops them and deletes the namespace. ``threads``: the verifier's intra-op threads
     (``SPECREC_VERIFIER_THREADS``; None: the service's default); ``metrics``: the services whose Prometheus
     ``/metrics`` is served (on a free port each, :meth:`metrics_url`; the others' is off); the rest goes to
-    ``ServiceProcs``."""
+    ``ServiceProcs``. The gateway and the drafter run as many processes as their settings say
+    (``SPECREC_GATEWAY_PROCESSES``, ``SPECREC_DRAFTER_PROCESSES`` in this environment or ``env``; auto: from the
+    cores, :mod:`specrec_rpc.processes`); ``procs.procs[name]`` is then the group's parent, and
+    :func:`specrec_rpc.processes.group_pids` gives its processes."""
 
     def __init__(self, bundle_dir: Path, redis: str | Redis, logs: Path, prefix: str, *, threads: int | None = 1,
                  max_history: int | None = None, env: dict[str, str] | None = None, metrics: tuple[str, ...] = (),

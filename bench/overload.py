@@ -68,6 +68,7 @@ from bench.harness import (
 )
 from bench.loadgen import CAPACITY_BUDGET_MS, add_load_args, in_process, measured_capacity, model_answer, py_spy
 from specrec.eval.results import markdown_table, paragraph
+from specrec_rpc.processes import group_pids
 
 #: this benchmark's section of the results README
 README_OWNER = "bench.overload"
@@ -180,7 +181,7 @@ def place(stack, generator: set[int], services: set[int]) -> dict:
     own_redis = stack.redis is not None and stack.redis.proc is not None
     if own_redis:
         pids["redis"] = stack.redis.proc.pid
-    confine(pids.values(), services)
+    confine([pid for p in pids.values() for pid in group_pids(p)], services)  # a group's processes too
     confine([os.getpid()], generator)
     return {"generator_cpus": sorted(generator), "service_cpus": sorted(services),
             "processes": {n: sorted(set().union(*map(set, affinity(pid).values()))) for n, pid in

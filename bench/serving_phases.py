@@ -240,7 +240,9 @@ def place_generator(stack, cpu: int, services: str) -> tuple[str, dict] | None:
         gen, rest = split(usable(), None if cpu == -1 else cpu)
     except ValueError:
         return None
-    pids = [pr.pid for pr in stack.procs.procs.values()]
+    from specrec_rpc.processes import group_pids
+
+    pids = [pid for pr in stack.procs.procs.values() for pid in group_pids(pr.pid)]  # a group's processes too
     before = confine([os.getpid()], gen)
     if services == "rest":
         before.update(confine(pids, rest))

@@ -53,6 +53,7 @@ WRITERS: dict[str, list[str]] = {
     "startup": [r"verifier\.cold_start_s", r"stack\.(warm_start_s|cold_start_one_by_one_s)",
                 r"onnx\.(build_s|graphs_mb)", r"stack\.warm_start\.\w+_s"],
     "index": [r"drafter\.hnsw\.(recall@50|speedup)"],
+    "cpu": [r"(gateway|drafter|verifier)\.fused\.cpu_ms_per_request"],
     "serving": [r"gateway\.(auto|beam|strict|nezha|specgr|fused|drafter)\.(overhead_p50_ms|p50_ms|p99_ms_at_\d+ms"
                 r"|server_p99_ms_at_\d+ms|budget_exit_share_at_\d+ms|gr_ranked_share_at_\d+ms)",
                 r"gateway\.fused\.fused_share_at_\d+ms",

@@ -23,6 +23,7 @@ from specrec.drafters.base import DraftRequest as CoreDraftRequest
 from specrec.ids.embed import TextEmbedder
 from specrec_rpc.catalogue import CatalogueWatcher, Snapshot
 from specrec_rpc.errors import InvalidArgument, handle_errors, require
+from specrec_rpc.processes import Processes
 from specrec_rpc.server import Service, make_channel
 from specrec_rpc.settings import ServiceSettings
 from specrec_rpc.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
@@ -42,6 +43,10 @@ class DrafterSettings(ServiceSettings):
                               "where it has a SASRec with a fusion chosen by `specrec tune-fusion`, else retrieval, "
                               "else self)")
     threads: int = Field(1, description="torch intra-op threads")
+    processes: Processes = Field(0, ge=0, le=1024, description="drafter processes sharing the port (each loads the "
+                                 "bundle and follows the catalogue; the kernel spreads connections over them); 0 or "
+                                 "'auto': one per 6 usable cores (affinity, capped by the cgroup's CPU quota), at "
+                                 "least one (specrec_rpc/processes.py)")
     max_n: int = Field(1000, description="most candidates one query may ask for")
     max_queries: int = Field(256, description="most queries per call")
     max_history: int = Field(1000, description="most history items per query")

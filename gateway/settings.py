@@ -7,6 +7,7 @@ from typing import Annotated
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from specrec_rpc.processes import Processes
 from specrec_rpc.settings import ServiceSettings
 
 
@@ -33,6 +34,10 @@ class GatewaySettings(ServiceSettings):
     drafter_mode: str = Field("", description="item drafter mode for fused, specgr and drafter ('' = the drafter's "
                               "default: sasrec where the bundle has a fusion)")
     workers: int = Field(16, ge=1, le=1024, description="threads running policy loops")
+    processes: Processes = Field(0, ge=0, le=1024, description="gateway processes sharing the port (each with its "
+                                 "own event loop and threads; the kernel spreads connections over them); 0 or "
+                                 "'auto': one per 4 usable cores (affinity, capped by the cgroup's CPU quota), at "
+                                 "least one (specrec_rpc/processes.py)")
     cut_early: bool = Field(True, description="fire the deadline's cut early by how late the event loop runs its "
                             "timers (the tail of a 10 ms sleep's overshoot, plus a cut's own time), and plan auto's "
                             "tiers to end before it: on a busy machine answers still leave by the deadline")

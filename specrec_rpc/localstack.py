@@ -216,7 +216,10 @@ def service_env(bundle: Path, redis_url: str, namespace: str, token: str, ports:
 @dataclass
 class ServiceProcs:
     """The four services as subprocesses (each in its own session, so a
-    terminal's Ctrl-C reaches only the caller, which stops them)."""
+    terminal's Ctrl-C reaches only the caller, which stops them). A gateway or
+    drafter whose settings give it several processes (``SPECREC_GATEWAY_PROCESSES``,
+    auto from the cores: :mod:`.processes`) runs as a group on its one port:
+    ``procs[name]`` is the group's parent, and stopping it stops them all."""
 
     bundle: Path
     redis_url: str

@@ -30,7 +30,7 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 import grpc
 import structlog
@@ -38,7 +38,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import Counter, Gauge, Histogram, Info, start_http_server
 
-from . import tracing
+from . import processes, tracing
 from .errors import abort_for, refuse
 from .settings import ServiceSettings
 
@@ -47,10 +47,11 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 
                    0.5, 1.0, 2.5, 10.0)
 
 
-def configure_logging(level: str = "INFO", json_logs: bool = True, service: str = "") -> None:
+def configure_logging(level: str = "INFO", json_logs: bool = True, service: str = "",
+                      process: int | None = None) -> None:
     """One log stream per service (stderr): structlog's lines and the standard library's (grpc,
-    redis, ...) alike, JSON by default, each with the service's name and, inside an RPC, its
-    request id."""
+    redis, ...) alike, JSON by default, each with the service's name (and, in a group of processes on one
+    port, the process's index) and, inside an RPC, its request id."""
     lvl = getattr(logging, level.upper(), logging.INFO)
     shared: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
@@ -59,6 +60,8 @@ def configure_logging(level: str = "INFO", json_logs: bool = True, service: str 
     ]
     if service:
         shared.insert(1, lambda _l, _m, ev: {"service": service, **ev})
+    if process is not None:
+        shared.insert(1, lambda _l, _m, ev: {"process": process, **ev})
     renderer = structlog.processors.JSONRenderer() if json_logs else structlog.dev.ConsoleRenderer(
         colors=False, exception_formatter=structlog.dev.plain_traceback)  # rich's, with locals, takes ~1 s
     handler = logging.StreamHandler(sys.stderr)
@@ -321,8 +324,11 @@ def settle_heap() -> int:
 class Runner:
     """Runs a :class:`Service`: start, health, shutdown. Usable from tests."""
 
-    def __init__(self, service: Service):
+    def __init__(self, service: Service, join: Callable[[], Awaitable[None]] | None = None):
         self.service = service
+        #: a process of a group (:mod:`.processes`): warm up first, then await ``join`` (every process of the group
+        #: warm), then bind the port the group shares; None: bind first, NOT_SERVING while warming up
+        self.join = join
         self.s = service.settings
         self.health = health.aio.HealthServicer()
         self.server: grpc.aio.Server | None = None
@@ -345,7 +351,7 @@ class Runner:
         tracing.setup(svc.name, s.otlp_endpoint)  # before any server or channel exists
         self._stopping = asyncio.Event()
         self.server = grpc.aio.server(
-            options=server_options(s),
+            options=self._options(),
             maximum_concurrent_rpcs=s.max_concurrent_rpcs or None,
             interceptors=[GuardInterceptor(self.metrics, svc.admission, svc.log, ready=lambda: self.ready,
                                            out=lambda: svc.out_of_rotation)],
@@ -363,12 +369,34 @@ class Runner:
                 ),
                 self.server,
             )
+        if self.join is None:
+            port = await self._listen()
+        t0 = time.perf_counter()
+        await svc.start()
+        frozen = settle_heap()
+        if self.join is not None:  # a process of a group takes connections once the whole group is warm
+            await self.join()
+            port = await self._listen()
+        self.ready = True
+        if svc.out_of_rotation is None:  # (one that failed while starting stays NOT_SERVING)
+            await self._set_all(health_pb2.HealthCheckResponse.SERVING)
+            svc.log.info("serving", warmup_s=round(time.perf_counter() - t0, 2), gc_frozen=frozen)
+        return port
+
+    def _options(self) -> list[tuple[str, int]]:
+        # a group's processes share their port (the kernel spreads connections over them): gRPC's SO_REUSEPORT
+        return server_options(self.s) + ([("grpc.so_reuseport", 1)] if self.join is not None else [])
+
+    async def _listen(self) -> int:
+        """Bind the port (and ``health_port``) and start taking calls; the port."""
+        s, svc = self.s, self.service
+        assert self.server is not None
         creds = server_credentials(s)
         address = f"{s.host}:{s.port}"
         self.port = self.server.add_secure_port(address, creds) if creds else self.server.add_insecure_port(address)
         await self.server.start()
         if s.health_port is not None:  # probes must not wait behind, or be shed by, the door of the main port
-            self.health_server = grpc.aio.server(options=server_options(s))
+            self.health_server = grpc.aio.server(options=self._options())
             health_pb2_grpc.add_HealthServicer_to_server(self.health, self.health_server)
             where = f"{s.host}:{s.health_port}"
             self.health_port = (self.health_server.add_secure_port(where, creds) if creds
@@ -376,13 +404,6 @@ class Runner:
             await self.health_server.start()
         svc.log.info("listening", port=self.port, health_port=self.health_port, service=svc.name,
                      max_concurrent_rpcs=s.max_concurrent_rpcs or None)
-        t0 = time.perf_counter()
-        await svc.start()
-        frozen = settle_heap()
-        self.ready = True
-        if svc.out_of_rotation is None:  # (one that failed while starting stays NOT_SERVING)
-            await self._set_all(health_pb2.HealthCheckResponse.SERVING)
-            svc.log.info("serving", warmup_s=round(time.perf_counter() - t0, 2), gc_frozen=frozen)
         return self.port
 
     def _out_of_rotation(self) -> None:
@@ -453,11 +474,24 @@ def tune_allocator(environ: dict | None = None) -> dict[str, int]:
 
 
 def main(service_cls, settings_cls, argv: Iterable[str] | None = None) -> None:
-    """Entry point of a service process: allocator, settings from env + flags, metrics, run."""
+    """Entry point of a service process: allocator, settings from env + flags, metrics, run. With ``processes``
+    above one (the gateway's and the drafter's setting), the parent of a group of such processes on one port
+    (:mod:`.processes`)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    settings = settings_cls.from_args(args)
+    member = processes.Member.of_env()
+    count = processes.process_count(getattr(settings, "processes", 1), service_cls.name) if member is None else 1
+    configure_logging(settings.log_level, settings.log_json, service_cls.name,
+                      process=None if member is None else member.index)
+    log = structlog.get_logger(service_cls.name)
+    if count > 1:
+        raise SystemExit(processes.supervise(service_cls, settings, count, args, log))
     tuned = tune_allocator()
-    settings = settings_cls.from_args(list(sys.argv[1:] if argv is None else argv))
-    configure_logging(settings.log_level, settings.log_json, service_cls.name)
-    structlog.get_logger(service_cls.name).info("allocator", **{k.lower().strip("_"): v for k, v in tuned.items()})
-    if settings.metrics_port:
+    log.info("allocator", **{k.lower().strip("_"): v for k, v in tuned.items()})
+    if member is not None:  # its metrics on a private port, which the group's parent serves with the others'
+        if settings.metrics_port:
+            member.metrics_port = start_http_server(0, addr="127.0.0.1")[0].server_port
+        settings = member.settings(settings)
+    elif settings.metrics_port:
         start_http_server(settings.metrics_port)
-    asyncio.run(Runner(service_cls(settings)).run_forever())
+    asyncio.run(Runner(service_cls(settings), join=None if member is None else member.join).run_forever())

@@ -856,6 +856,11 @@ def test_cpu_limits_equal_requests_and_threads_follow(helm, values):
                 assert env[f"SPECREC_{comp.upper()}_THREADS"] == str(threads)
             cpu = _cpu(c["resources"]["requests"]["cpu"])
             assert threads <= max(1.0, cpu), f"{comp}: {threads} threads on {cpu} CPUs"
+            if comp in ("gateway", "drafter"):  # processes on one port, each using `threads` cores (a gateway: one)
+                processes = (vals.get(key) or {}).get("processes", defaults[key]["processes"])
+                assert env[f"SPECREC_{comp.upper()}_PROCESSES"] == str(processes)
+                per = threads if comp == "drafter" else 1
+                assert processes * per <= max(1.0, cpu), f"{comp}: {processes} processes on {cpu} CPUs"
 
 
 def test_defaults_cpu_limits_are_the_requests(helm):

@@ -353,6 +353,8 @@ grpc:
   value: {{ $v.defaultMode | quote }}
 - name: SPECREC_DRAFTER_THREADS
   value: {{ int $v.threads | quote }}
+- name: SPECREC_DRAFTER_PROCESSES
+  value: {{ int $v.processes | quote }}
 - name: SPECREC_DRAFTER_MAX_N
   value: {{ int $v.maxN | quote }}
 - name: SPECREC_DRAFTER_MAX_QUERIES
@@ -426,6 +428,8 @@ grpc:
   value: {{ $v.drafterMode | quote }}
 - name: SPECREC_GATEWAY_WORKERS
   value: {{ int $v.workers | quote }}
+- name: SPECREC_GATEWAY_PROCESSES
+  value: {{ int $v.processes | quote }}
 - name: SPECREC_GATEWAY_MAX_CONCURRENT_RPCS
   value: {{ int $v.maxConcurrentRpcs | quote }}
 {{- if $v.healthPort }}
