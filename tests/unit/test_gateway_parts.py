@@ -247,7 +247,8 @@ def test_a_request_abandoned_while_it_queues_never_runs_and_stops_counting_as_lo
 
     queue = QueueModel(CostModel(), 0.006, Cooldown(1.0))
     gate, ran = threading.Event(), []
-    fake = types.SimpleNamespace(pool=ThreadPoolExecutor(1), queue=queue, cut_margin=lambda left: 0.0)
+    fake = types.SimpleNamespace(pool=ThreadPoolExecutor(1), queue=queue,
+                                 budget=types.SimpleNamespace(cut_margin=lambda left: 0.0))
     fake.run_policy = lambda run: ran.append(run) if run.begin() else None  # run_policy's first step
     valid = validate(req(budget_ms=1000), settings(), snap, time.monotonic())  # no deadline passes here
 
