@@ -142,7 +142,7 @@ class AutoPolicy(Policy):
         )
 
     def _up(self, tiers: list[list[str]]) -> list[list[str]]:
-        """The tiers without the policies whose dependency is down (``Engine.down``: the verifier's breaker
+        """The tiers without the policies whose dependency is down (``Engine.serving.down``: the verifier's breaker
         refuses, the drafter failed a moment ago): a tier that would only fall back is skipped, and the next one
         is the choice, not a degraded answer. All of them when every tier needs something down (their fallbacks
         answer as they can)."""

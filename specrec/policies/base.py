@@ -67,6 +67,9 @@ class Policy(ABC):
     # drafter's, ``fused``), with no further call: no time is kept back from its verifier calls for a fallback
     holds_fallback: ClassVar[bool] = False
     uses_drafter: ClassVar[bool] = False  # True: its requests call the item drafter (``Engine.drafter``)
+    # False: the object carries state from one run to the next (``sample``'s random stream), so a caller that
+    # serves each request as if it were the first (the gateway: every request from the seed) builds one per request
+    reusable: ClassVar[bool] = True
 
     def __init__(self, engine: Engine, config: PolicyConfig | None = None, online: Online | None = None, **params):
         self.engine = engine

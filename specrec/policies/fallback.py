@@ -34,7 +34,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..costs import CostModel, Resource
-from .base import Policy, make_policy
+from .base import POLICIES, Policy, make_policy
 from .batch import fill_to_k
 from .breaker import Breaker, Cooldown
 from .engine import Engine
@@ -67,7 +67,10 @@ class Ladder:
 
     def policy(self, eng: Engine, name: str, params: dict | None = None) -> Policy:
         """The policy object for ``name`` with ``params`` on ``eng``, built once and kept (a policy holds no
-        request's state: that is its :class:`~.batch.LiveBatch`'s)."""
+        request's state: that is its :class:`~.batch.LiveBatch`'s), except one that is not
+        :attr:`~.base.Policy.reusable`."""
+        if name not in POLICIES or not POLICIES[name].reusable:
+            return make_policy(name, eng, **(params or {}))
         key = (id(eng), name, repr(sorted((params or {}).items())))
         with self._lock:
             held = self._policies.get(key)

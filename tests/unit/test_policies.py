@@ -407,7 +407,7 @@ def test_auto_admits_a_verifier_tier_only_if_it_ends_before_the_reserve_for_the_
 
 
 def test_auto_skips_a_tier_whose_dependency_is_down_instead_of_refusing_or_falling_back():
-    """beam fits a 100 ms budget; with the verifier down (``Engine.down``) auto chooses the drafter's list as its
+    """beam fits a 100 ms budget; with the verifier down (``Serving.down``) auto chooses the drafter's list as its
     own choice, with the drafter down it keeps beam, and with both down it plans as before (the fallbacks
     answer); a 3 ms budget with the verifier down is the drafter's, not a refusal."""
     eng, t, auto, h = taught({"beam": 0.02, "strict": 0.03, "nezha": 0.005, "drafter": 0.001})
