@@ -11,11 +11,13 @@ from concurrent import futures
 import grpc
 import pytest
 
-from gateway.calls import Hops, call, request_calls
+from gateway.calls import call, request_calls
 from specrec.costs import CostModel, CostStage
 from specrec.deadline import Deadline, Watch
 from specrec.policies.errors import BudgetExceeded
 from specrec_rpc.v1 import verifier_pb2
+
+SERVICE = "specrec.v1.Verifier"
 
 
 def test_a_deadline_is_immutable_and_what_is_kept_back_is_a_new_one_with_the_same_watch():
@@ -71,7 +73,7 @@ def slow_server():
         describe, request_deserializer=verifier_pb2.DescribeRequest.FromString,
         response_serializer=verifier_pb2.DescribeResponse.SerializeToString)
     server = grpc.server(futures.ThreadPoolExecutor(2))
-    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("specrec.v1.Verifier", {"Describe": handler})])
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, {"Describe": handler})])
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
@@ -99,13 +101,31 @@ def test_a_call_in_flight_is_cancelled_with_its_request_and_none_starts_after(sl
     assert not started.wait(0.2)  # never sent
 
 
-def test_a_call_carries_the_requests_metadata_and_records_its_hop(slow_server):
-    stub, started, _ = slow_server
-    watch = Watch()
-    deadline = Deadline(time.monotonic() + 10.0, watch=watch)
-    threading.Thread(target=lambda: started.wait(5.0) and watch.cancel(), daemon=True).start()
-    with request_calls((("x-request-id", "r1"),)) as hops:
-        assert isinstance(hops, Hops)
-        with pytest.raises(BudgetExceeded):
-            call("verifier", stub, verifier_pb2.DescribeRequest(), deadline, "Describe")
-    assert hops.caller_ms == {}  # a cancelled call is no hop
+def test_a_call_carries_the_requests_metadata_and_records_its_hop():
+    """Within request_calls, a call forwards the request's metadata and its hop is recorded (a call answered)."""
+    seen = []
+
+    def describe(request, context):
+        seen.append(dict(context.invocation_metadata()).get("x-request-id"))
+        return verifier_pb2.DescribeResponse()
+
+    handler = grpc.unary_unary_rpc_method_handler(
+        describe, request_deserializer=verifier_pb2.DescribeRequest.FromString,
+        response_serializer=verifier_pb2.DescribeResponse.SerializeToString)
+    server = grpc.server(futures.ThreadPoolExecutor(1))
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, {"Describe": handler})])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = channel.unary_unary("/specrec.v1.Verifier/Describe",
+                                       request_serializer=verifier_pb2.DescribeRequest.SerializeToString,
+                                       response_deserializer=verifier_pb2.DescribeResponse.FromString)
+            deadline = Deadline(time.monotonic() + 10.0, watch=Watch())
+            with request_calls((("x-request-id", "r1"),)) as hops:
+                call("verifier", stub, verifier_pb2.DescribeRequest(), deadline, "Describe")
+            assert seen == ["r1"] and set(hops.caller_ms) == {"Describe"}
+            call("verifier", stub, verifier_pb2.DescribeRequest(), deadline, "Describe")  # outside: no metadata
+            assert seen == ["r1", None]
+    finally:
+        server.stop(0)
