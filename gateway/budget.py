@@ -20,8 +20,9 @@ policies see of the gateway, :class:`specrec.policies.engine.Serving`):
   with what it has (the held list, else the catalogue's fill). With ``cut_early``
   the cut fires early by how late the event loop runs (:class:`.looplag.LoopLag`),
   at most :data:`CUT_SHARE` of the time left, and ``auto`` plans to end before it
-  (:meth:`Budget.cut_margin`: the one place to remove it, should a quiet
-  machine's measurements show it is no longer needed);
+  (:meth:`Budget.cut_margin`; the estimate is learned here too, :meth:`Budget.start`:
+  this module is the one place to remove both, should a quiet machine's
+  measurements show that with requests cancelled at the cut they are no longer needed);
 - every downstream call's gRPC timeout is the time left until its end plus
   :data:`GRACE_S`, so a call started just in time can still answer.
 
@@ -35,7 +36,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from specrec.costs import Resource, resource_of
+from specrec.costs import CostModel, Resource, resource_of
 from specrec.deadline import Deadline, Watch
 from specrec.policies import POLICIES
 
@@ -77,8 +78,21 @@ class Budget:
     policies see of the gateway (:class:`specrec.policies.engine.Serving`: the queue's wait, what is kept back,
     which dependency is down)."""
 
-    def __init__(self, s: GatewaySettings, queue: QueueModel, loop_lag: LoopLag, down: Callable[[str], bool]):
-        self.s, self.queue, self.loop_lag, self._down = s, queue, loop_lag, down
+    def __init__(self, s: GatewaySettings, queue: QueueModel, costs: CostModel, down: Callable[[str], bool]):
+        self.s, self.queue, self._down = s, queue, down
+        self.loop_lag = LoopLag(costs)  # how late the event loop runs: what the early cut keeps back
+
+    # -- the early cut's estimate, learned on the gateway's event loop ---------------------------------
+    def start(self) -> None:
+        """On the event loop: start learning how late it runs (:class:`.looplag.LoopLag`)."""
+        self.loop_lag.start()
+
+    async def stop(self) -> None:
+        await self.loop_lag.stop()
+
+    def observe_cut(self, seconds: float) -> None:
+        """A cut's time from its timer firing to its answer built (part of what the early cut keeps back)."""
+        self.loop_lag.observe_cut(seconds)
 
     # -- Serving -------------------------------------------------------------------------
     def wait(self, policy: str) -> float:

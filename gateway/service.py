@@ -56,7 +56,6 @@ from specrec_rpc.v1 import drafter_pb2_grpc, recommender_pb2_grpc, verifier_pb2_
 from .budget import GRACE_S, Budget
 from .calls import request_calls
 from .drafter_client import DrafterInfo
-from .looplag import LoopLag
 from .metrics import BUDGET_CUTS, DEFAULT_BUDGET, DEPENDENCY_UP, HOP_OVERHEAD, STAGE, SpecCollector
 from .parts import VerifierParts
 from .queueing import QueueModel
@@ -92,8 +91,7 @@ class GatewayService(Service):
         self.queue = QueueModel(self.costs, settings.reserve_ms / 1000.0, self.drafter)
         self.ladder = Ladder(self.breaker, self.drafter, self.costs, GRACE_S, on_down=self._log_down)
         self.requests_log = RequestLog(self.log, settings.log_sample_rate)
-        self.loop_lag = LoopLag(self.costs)  # the deadline's cut keeps back how late the event loop runs
-        self.budget = Budget(settings, self.queue, self.loop_lag, self._down)  # what is kept back, when it is cut
+        self.budget = Budget(settings, self.queue, self.costs, self._down)  # what is kept back, when it is cut
         self._engines: dict[str, Engine] = {}  # catalogue version -> its engine (the last few versions)
         self._engines_lock = threading.Lock()
 
@@ -125,7 +123,7 @@ class GatewayService(Service):
         DEPENDENCY_UP.labels("drafter").set_function(lambda: 0.0 if self.drafter.is_down() else 1.0)
         DEPENDENCY_UP.labels("itemset").set_function(
             lambda: 1.0 if time.monotonic() - self.catalogue.last_ok < 5.0 else 0.0)
-        self.loop_lag.start()
+        self.budget.start()  # the early cut's estimate of the event loop's lateness
         await self._warmup()
 
     def _wait_for_backends(self) -> None:
@@ -200,7 +198,7 @@ class GatewayService(Service):
         return make_channel(address, self.s)
 
     async def stop(self) -> None:
-        await self.loop_lag.stop()
+        await self.budget.stop()
         await self.catalogue.stop()
         await self.itemset_channel.close()
         self.pool.shutdown(wait=True)
@@ -277,7 +275,7 @@ class GatewayService(Service):
         except TimeoutError:
             t_cut = time.monotonic()
             res = self._cut(run, fut)
-            self.loop_lag.observe_cut(time.monotonic() - t_cut)
+            self.budget.observe_cut(time.monotonic() - t_cut)
             return res
         except asyncio.CancelledError:
             if run.abandon():

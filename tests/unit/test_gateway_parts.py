@@ -281,7 +281,6 @@ def test_a_request_cut_at_its_deadline_is_cancelled_so_nothing_runs_on_for_it(en
     import types
     from concurrent.futures import ThreadPoolExecutor
 
-    from gateway.looplag import LoopLag
     from gateway.service import GatewayService
 
     queue = QueueModel(CostModel(), 0.006, Cooldown(1.0))
@@ -295,8 +294,8 @@ def test_a_request_cut_at_its_deadline_is_cancelled_so_nothing_runs_on_for_it(en
         queue.done(run.resource)
 
     fake = types.SimpleNamespace(pool=ThreadPoolExecutor(1), queue=queue, log=None, run_policy=run_policy,
-                                 budget=types.SimpleNamespace(cut_margin=lambda left: 0.0),
-                                 loop_lag=LoopLag(CostModel()), engine=lambda snap: eng)
+                                 budget=types.SimpleNamespace(cut_margin=lambda left: 0.0, observe_cut=lambda s: None),
+                                 engine=lambda snap: eng)
     fake._cut = lambda run, fut: GatewayService._cut(fake, run, fut)
     valid = validate(req(budget_ms=60), settings(respond_ms=0.0), snap, time.monotonic())
 
