@@ -1,5 +1,14 @@
 """One downstream call: its timeout from the request's deadline, its failure as a core error, and its hop.
 
+The request's one :class:`~specrec.deadline.Deadline` comes with the call (the
+verifier's calls end at its ``verifier_at``, the drafter's at its ``at``; each
+gRPC timeout is the time left until then plus :data:`GRACE_S`). A call is not
+started once the request's watch is cancelled (the gateway answered at the
+deadline), and a call in flight then is cancelled: nothing runs on for a request
+that was answered. What the gateway's long-lived adapters need of the request
+besides (the request id forwarded as metadata, the hops recorded) is the
+worker's :func:`request_calls` context.
+
 The status code and the status details decide (``google.rpc.ErrorInfo``
 reasons, :mod:`specrec_rpc.errors`), never the message text. Every answered
 call's time at the caller and the callee's own time (the ``x-server-ms``
@@ -9,18 +18,21 @@ go to the request's :class:`Hops`: the request path's overhead per hop.
 
 from __future__ import annotations
 
+import contextvars
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import NoReturn
 
 import grpc
 
+from specrec.deadline import Deadline
 from specrec.policies.errors import BudgetExceeded, DependencyDown
 from specrec_rpc.errors import Reason, reason_of_rpc
 from specrec_rpc.server import SERVER_TIME
 
-#: extra time granted to one downstream call beyond the request's budget, so a
-#: call that starts just in time can still answer (keeps answers within budget + a few ms)
-GRACE_S = 0.002
+from .budget import GRACE_S
 
 
 class SessionLost(RuntimeError):
@@ -62,15 +74,69 @@ class Hops:
                 self.server_ms[method] = self.server_ms.get(method, 0.0) + float(value)
 
 
-def call(which: str, fn, request, deadline: float | None, metadata=(), hops: Hops | None = None, method: str = ""):
-    """``fn(request)`` with the time left until ``deadline`` as its gRPC timeout; failures as core errors; the hop
-    recorded in ``hops`` (when given) under ``method`` (the RPC's name; default ``which``)."""
+@dataclass
+class RequestCalls:
+    """What the adapters' calls for one request carry besides its deadline: the metadata forwarded (the request
+    id) and where each hop is recorded."""
+
+    metadata: tuple = ()
+    hops: Hops = field(default_factory=Hops)
+
+
+_CURRENT: contextvars.ContextVar[RequestCalls | None] = contextvars.ContextVar("specrec_request_calls", default=None)
+
+
+@contextmanager
+def request_calls(metadata=()) -> Iterator[Hops]:
+    """Within: this thread's calls are one request's (``metadata`` forwarded with each; their hops recorded in
+    what it yields)."""
+    calls = RequestCalls(tuple(metadata))
+    token = _CURRENT.set(calls)
+    try:
+        yield calls.hops
+    finally:
+        _CURRENT.reset(token)
+
+
+def current_metadata() -> tuple:
+    """The metadata the current request's calls forward (none outside :func:`request_calls`)."""
+    calls = _CURRENT.get()
+    return () if calls is None else calls.metadata
+
+
+def _cancelled(which: str) -> BudgetExceeded:
+    return BudgetExceeded(which, "cancelled: the request was answered at its deadline")
+
+
+def call(which: str, fn, request, deadline: Deadline | None, method: str = ""):
+    """``fn(request)`` with the time left until ``deadline`` (its ``verifier_at`` for the verifier's calls, else
+    its ``at``) as its gRPC timeout, cancelled with the request's watch; failures as core errors; the hop recorded
+    for the current request (:func:`request_calls`) under ``method`` (the RPC's name; default ``which``)."""
+    calls = _CURRENT.get()
+    metadata, hops = ((), None) if calls is None else (calls.metadata, calls.hops)
+    watch = None if deadline is None else deadline.watch
+    if watch is not None and watch.cancelled:
+        raise _cancelled(which)
+    until = None if deadline is None else deadline.verifier_at if which == "verifier" else deadline.at
     t0 = time.perf_counter()
     try:
-        if hops is None:
-            return fn(request, timeout=timeout_for(deadline), metadata=metadata)
-        resp, rpc = fn.with_call(request, timeout=timeout_for(deadline), metadata=metadata)
+        if watch is not None:  # in flight as a future, so that the request's cancel reaches it
+            fut = fn.future(request, timeout=timeout_for(until), metadata=metadata)
+            forget = watch.on_cancel(fut.cancel)
+            try:
+                resp, rpc = fut.result(), fut
+            finally:
+                forget()
+        elif hops is None:
+            return fn(request, timeout=timeout_for(until), metadata=metadata)
+        else:
+            resp, rpc = fn.with_call(request, timeout=timeout_for(until), metadata=metadata)
+    except grpc.FutureCancelledError:
+        raise _cancelled(which) from None
     except grpc.RpcError as e:
+        if watch is not None and watch.cancelled:
+            raise _cancelled(which) from None
         raise_for(which, e)
-    hops.add(method or which, time.perf_counter() - t0, rpc.trailing_metadata())
+    if hops is not None:
+        hops.add(method or which, time.perf_counter() - t0, rpc.trailing_metadata())
     return resp

@@ -19,7 +19,7 @@ from specrec.policies.errors import DependencyDown
 from specrec_rpc.catalogue import Snapshot
 from specrec_rpc.v1 import common_pb2, drafter_pb2
 
-from .calls import Hops, call
+from .calls import call
 
 
 class DrafterInfo:
@@ -70,6 +70,12 @@ class DrafterInfo:
         threading.Thread(target=self.describe, name="describe drafter", daemon=True).start()
 
 
+def _earliest(requests: Sequence[DraftRequest]) -> Deadline | None:
+    """The draft call's deadline: its requests' earliest (None when none has one)."""
+    deadlines = [q.deadline for q in requests if q.deadline is not None]
+    return min(deadlines, key=lambda d: d.at) if deadlines else None
+
+
 def _combiner(f) -> Combiner | None:
     """The learned combiner a drafter described (None: it described none, or one reading features this gateway
     does not compute, which it then ranks by the weight, and says so)."""
@@ -91,11 +97,8 @@ class RemoteDrafter:
 
     name = "remote"
 
-    def __init__(self, replicas, snap: Snapshot, deadline: Deadline | None, mode: str = "", metadata=(),
-                 info: DrafterInfo | None = None, hops: Hops | None = None):
-        self.replicas, self.snap, self.deadline, self.mode = replicas, snap, deadline, mode
-        self.hops = hops  # the request's calls, at the caller and at the callee
-        self.metadata = tuple(metadata)
+    def __init__(self, replicas, snap: Snapshot, mode: str = "", info: DrafterInfo | None = None):
+        self.replicas, self.snap, self.mode = replicas, snap, mode
         self.info = info if info is not None else DrafterInfo(replicas, mode)
 
     @property
@@ -115,6 +118,7 @@ class RemoteDrafter:
             prefixes=[common_pb2.Sid(codes=p.tolist()) for p in q.prefixes] if q.prefixes is not None else None,
             exclude=[ids[r] for r in q.exclude]) for q in requests]
         req = drafter_pb2.DraftRequest(queries=queries, version=self.snap.version, mode=self.mode)
+        deadline = _earliest(requests)
         tried: set[str] = set()
         for attempt in (0, 1):
             try:
@@ -125,8 +129,7 @@ class RemoteDrafter:
                 replica = self.replicas.next()  # the only one: once more
             try:
                 with replica:
-                    r = call("drafter", replica.stub.Draft, req, None if self.deadline is None else self.deadline.at,
-                             self.metadata, self.hops, "Draft")
+                    r = call("drafter", replica.stub.Draft, req, deadline, "Draft")
                 break
             except DependencyDown as e:
                 if e.unreachable:

@@ -16,9 +16,12 @@ depend on the session's beam state; otherwise the request degrades. A lost
 session is known by the status's ``google.rpc.ErrorInfo`` reason
 (``SESSION_LOST``), never by the message text.
 
-Both adapters hold the request's one :class:`~specrec.deadline.Deadline`: the
-drafter's calls end at its ``at``, the verifier's at its ``verifier_at`` (the
-reserve kept back for the drafter's answer before it).
+Both adapters live as long as the catalogue version they serve (the gateway
+builds them once per version) and serve every request of it. A request's one
+:class:`~specrec.deadline.Deadline` comes with its session (``encode``) and its
+draft requests: the drafter's calls end at its ``at``, the verifier's at its
+``verifier_at`` (the reserve kept back for the drafter's answer before it), and
+its cancellation cancels the calls in flight (:func:`.calls.call`).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from specrec_rpc.catalogue import Snapshot
 from specrec_rpc.tensors import to_msg, to_torch
 from specrec_rpc.v1 import verifier_pb2
 
-from .calls import GRACE_S, Hops, SessionLost
+from .calls import GRACE_S, SessionLost, current_metadata
 from .calls import call as _call
 from .calls import raise_for as _raise_for
 from .calls import timeout_for as _timeout
@@ -53,6 +56,7 @@ __all__ = ["GRACE_S", "BudgetExceeded", "DependencyDown", "RemoteDrafter", "Remo
 @dataclass
 class RemoteState:
     history: torch.Tensor  # [R, H, L]: sent with the first call, and again if the session is lost
+    deadline: Deadline | None = None  # the request's: every call of the session ends at its verifier_at
     replica: Any = None  # the verifier replica every call of the request goes to (its sessions live there)
     session: str = ""  # the verifier's id, once it has the session
     encoding: Any = None  # an Encode started early by prepare() (a grpc future)
@@ -104,21 +108,14 @@ class RemoteVerifier:
     another one takes over from the history. ``select`` supports the whole
     batch only (the gateway runs one request per policy call)."""
 
-    def __init__(self, replicas, offers: VerifierParts, snap: Snapshot, deadline: Deadline | None,
-                 level_sizes: list[int], metadata=(), hops: Hops | None = None):
-        self.replicas, self.snap, self.deadline = replicas, snap, deadline  # the request's (shared, never copied)
-        self.hops = hops  # the request's calls, at the caller and at the callee
+    def __init__(self, replicas, offers: VerifierParts, snap: Snapshot, level_sizes: list[int]):
+        self.replicas, self.snap = replicas, snap
         self.offers = offers  # what the replicas' bundles have (the gateway's one record, shared by every request)
         self.level_sizes = list(level_sizes)
-        self.metadata = tuple(metadata)  # forwarded with every call (the request id)
-
-    def _until(self) -> float | None:
-        """When the verifier's calls end: the request's deadline less the reserve kept for a fallback."""
-        return None if self.deadline is None else self.deadline.verifier_at
 
     # -- sessions --------------------------------------------------------------------
-    def encode(self, hist_sids: torch.Tensor) -> Session:
-        sess = Session(n=hist_sids.shape[0], state=RemoteState(hist_sids))
+    def encode(self, hist_sids: torch.Tensor, deadline: Deadline | None = None) -> Session:
+        sess = Session(n=hist_sids.shape[0], state=RemoteState(hist_sids, deadline))
         self._use(sess.state, self._pick(set()))
         return sess
 
@@ -141,7 +138,10 @@ class RemoteVerifier:
         st: RemoteState = sess.state
         if not st.session and st.encoding is None:
             req = verifier_pb2.EncodeRequest(history_sids=to_msg(st.history), version=self.snap.version)
-            st.encoding = st.replica.stub.Encode.future(req, timeout=_timeout(self._until()), metadata=self.metadata)
+            until = None if st.deadline is None else st.deadline.verifier_at
+            st.encoding = st.replica.stub.Encode.future(req, timeout=_timeout(until), metadata=current_metadata())
+            if st.deadline is not None and st.deadline.watch is not None:
+                st.deadline.watch.on_cancel(st.encoding.cancel)
 
     def select(self, sess: Session, idx: torch.Tensor) -> Session:
         if len(idx) != sess.n:
@@ -167,6 +167,9 @@ class RemoteVerifier:
         if st.encoding is not None and not fresh:
             try:
                 st.session = st.encoding.result().session
+            except grpc.FutureCancelledError:  # the request was cancelled at its deadline
+                st.encoding = None
+                raise BudgetExceeded("verifier", "cancelled: the request was answered at its deadline") from None
             except grpc.RpcError as e:
                 st.encoding = None
                 _raise_for("verifier", e)
@@ -216,16 +219,14 @@ class RemoteVerifier:
         if method in OLDER_RPC and self.offers.answers_older_names(address):
             method = OLDER_RPC[method]
         try:
-            return _call("verifier", getattr(st.replica.stub, method), request, self._until(), self.metadata,
-                         self.hops, method)
+            return _call("verifier", getattr(st.replica.stub, method), request, st.deadline, method)
         except DependencyDown as e:
             unknown = e.code == grpc.StatusCode.UNIMPLEMENTED.name and "Method not found" in str(e)
             if method not in OLDER_RPC or not unknown:  # a part the bundle lacks is UNIMPLEMENTED too, by the service
                 raise
         self.offers.older_names(address)
         older = OLDER_RPC[method]
-        return _call("verifier", getattr(st.replica.stub, older), request, self._until(), self.metadata, self.hops,
-                     older)
+        return _call("verifier", getattr(st.replica.stub, older), request, st.deadline, older)
 
     # -- verification ---------------------------------------------------------------------
     def score(self, sess: Session, sids: torch.Tensor, full: bool = False, with_frontier: bool = False,

@@ -2,16 +2,14 @@
 
 :func:`validate` checks every field (INVALID_ARGUMENT naming the field), pins
 one catalogue version, resolves the history to item rows and fixes the
-request's one :class:`~specrec.deadline.Deadline`: the budget less the time to
-respond (``respond_ms``), or the caller's own gRPC deadline when that comes first. :class:`Admitted` is what admission
-(:meth:`gateway.service.GatewayService.admit`) hands the worker thread.
+request's one :class:`~specrec.deadline.Deadline` (:func:`.budget.request_deadline`). :class:`Admitted` is what
+admission (:meth:`gateway.service.GatewayService.admit`) hands the worker thread.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,10 +18,11 @@ from pydantic import ValidationError
 
 from specrec.costs import Resource, resource_of
 from specrec.deadline import Deadline
-from specrec.policies import POLICIES, RecRequest, RecResult
+from specrec.policies import POLICIES, RecRequest
 from specrec_rpc.catalogue import Snapshot
 from specrec_rpc.errors import InvalidArgument, require
 
+from .budget import request_deadline
 from .settings import GatewaySettings
 
 
@@ -35,14 +34,16 @@ class ValidRequest:
     k: int  # list length, at most the catalogue's size
     budget_ms: float
     snap: Snapshot  # the one catalogue version the request is answered from
-    deadline: Deadline  # the budget, or the caller's deadline when that comes first
+    deadline: Deadline  # the budget, or the caller's deadline when that comes first; its watch cancels the request
     ignored: list[str] = field(default_factory=list)  # history ids not in ``snap`` (reported, not used)
     rid: str = ""  # request id (logs, traces, downstream metadata)
     exclude_history: bool = False  # never answer an item of the history (inside the trie constraint)
 
-    def rec_request(self) -> RecRequest:
-        """The core library's request (the same Deadline object: one deadline for every holder)."""
-        return RecRequest(self.rows, self.k, self.deadline, exclude_history=self.exclude_history)
+    def rec_request(self, deadline: Deadline | None = None) -> RecRequest:
+        """The core library's request, with the request's deadline (or ``deadline``, one made from it: the same
+        watch)."""
+        return RecRequest(self.rows, self.k, deadline if deadline is not None else self.deadline,
+                          exclude_history=self.exclude_history)
 
 
 @dataclass
@@ -53,7 +54,6 @@ class Admitted:
     policy: str  # what runs (``auto`` has already chosen)
     params: dict[str, Any]  # the request's parameters when it runs the policy asked, else none
     state: str = "queued"  # -> "running" (a worker took it) or "abandoned" (its caller left while it queued)
-    held: Callable[[], RecResult] | None = None  # the answer its policy holds while it waits (``Engine.hold``)
     cut_margin: float = 0.0  # seconds before the deadline the gateway's cut fires (how late its event loop runs)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
@@ -74,10 +74,6 @@ class Admitted:
             self.state = "abandoned"
             return True
 
-    def hold(self, answer: Callable[[], RecResult]) -> None:
-        """Its policy has an answer in hand (called from the worker thread): the deadline's cut serves it."""
-        self.held = answer
-
     @property
     def resource(self) -> Resource:
         return resource_of(self.policy)
@@ -95,11 +91,9 @@ def validate(r, s: GatewaySettings, snap: Snapshot, t0: float, caller_deadline: 
     params = _params(r, s, policy, f)
     rows, ignored = _rows(r, snap, f)
     budget = r.budget_ms or s.default_budget_ms
-    at = t0 + max(0.0, budget - s.respond_ms) / 1000.0  # the answer built and sent by the budget's end
-    if caller_deadline is not None:  # the time the request waited before this handler ran is spent already
-        at = min(at, caller_deadline)
     left = len(snap.itemset) - (len(np.unique(rows)) if r.exclude_history else 0)  # items that can come back
-    return ValidRequest(policy, params, rows, min(r.k, left), budget, snap, Deadline(at), ignored, rid,
+    return ValidRequest(policy, params, rows, min(r.k, left), budget, snap,
+                        request_deadline(s, budget, t0, caller_deadline), ignored, rid,
                         exclude_history=r.exclude_history)
 
 

@@ -11,12 +11,14 @@ request that nothing fits, not even the drafter's list, is refused at once
 with RESOURCE_EXHAUSTED. Every cost is a high quantile (``cost_quantile``)
 over a window of recent observations (``cost_window``), not a mean.
 
-The chosen policy (the core library's loop) runs in a worker thread against
-gRPC-backed verifier and drafter adapters (:mod:`.remote`), with the remaining
-budget as every downstream call's deadline. The verifier's calls end
-``reserve_ms`` before the deadline (or the drafter's tail request time when
-more, plus the wait behind the drafter's queue), leaving the drafter time to
-answer. When a dependency fails, the core's
+The chosen policy (the core library's loop) runs in a worker thread on the
+gateway's long-lived engine (one per catalogue version, built once: gRPC-backed
+verifier and drafter adapters, :mod:`.remote`; the policy objects are kept
+too), with the request's one deadline as every downstream call's deadline.
+What is kept back from it and when it is cut is :mod:`.budget`'s (the
+verifier's calls end early enough for the drafter to answer; at the deadline
+the gateway answers with what it has and cancels the request, so nothing runs
+on for it). When a dependency fails, the core's
 fallback ladder (:mod:`specrec.policies.fallback`) answers instead and says so
 in ``stats.degraded`` / ``degraded_reason``; after ``breaker_failures``
 verifier failures in a row the breaker (:mod:`specrec.policies.breaker`) stops
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -37,8 +40,8 @@ import numpy as np
 from prometheus_client.core import REGISTRY
 
 from specrec.costs import CostModel
-from specrec.deadline import Deadline
-from specrec.policies import POLICIES, Engine, RecResult, SpecMetrics, make_policy
+from specrec.deadline import Deadline, Watch
+from specrec.policies import Engine, RecResult, SpecMetrics, make_policy
 from specrec.policies.auto import AutoPolicy
 from specrec.policies.breaker import Breaker, Cooldown
 from specrec.policies.errors import DependencyDown, Unsupported
@@ -50,13 +53,13 @@ from specrec_rpc.replicas import Replicas, wait_serving
 from specrec_rpc.server import Service, make_channel
 from specrec_rpc.v1 import drafter_pb2_grpc, recommender_pb2_grpc, verifier_pb2_grpc
 
-from .calls import Hops
+from .budget import GRACE_S, Budget
+from .calls import request_calls
 from .drafter_client import DrafterInfo
-from .looplag import LoopLag
 from .metrics import BUDGET_CUTS, DEFAULT_BUDGET, DEPENDENCY_UP, HOP_OVERHEAD, STAGE, SpecCollector
 from .parts import VerifierParts
 from .queueing import QueueModel
-from .remote import GRACE_S, RemoteDrafter, RemoteVerifier
+from .remote import RemoteDrafter, RemoteVerifier
 from .request import Admitted, ValidRequest
 from .requestlog import RequestLog
 from .servicer import Servicer
@@ -66,14 +69,6 @@ __all__ = ["GatewayService", "GatewaySettings"]
 
 # a policy the verifiers' bundles cannot serve (no SID drafter for nezha, say), asked for by name
 register(Unsupported, grpc.StatusCode.FAILED_PRECONDITION)
-
-#: the most of the time left that the deadline's early cut keeps back (a loop that runs very late, e.g. services
-#: sharing one interpreter, would otherwise leave no tier time to run: every request refused)
-CUT_SHARE = 0.2
-
-#: what a policy whose fallback is in hand (``fused``: its drafts) keeps back from its verifier call: the time to
-#: answer with that fallback once the call has ended at the latest
-HELD_RESERVE_S = 0.001
 
 WARMUP_POLICIES = ("fused", "beam", "strict", "nezha", "drafter", "specgr")  # every policy auto may pick
 
@@ -96,7 +91,9 @@ class GatewayService(Service):
         self.queue = QueueModel(self.costs, settings.reserve_ms / 1000.0, self.drafter)
         self.ladder = Ladder(self.breaker, self.drafter, self.costs, GRACE_S, on_down=self._log_down)
         self.requests_log = RequestLog(self.log, settings.log_sample_rate)
-        self.loop_lag = LoopLag(self.costs)  # the deadline's cut keeps back how late the event loop runs
+        self.budget = Budget(settings, self.queue, self.costs, self._down)  # what is kept back, when it is cut
+        self._engines: dict[str, Engine] = {}  # catalogue version -> its engine (the last few versions)
+        self._engines_lock = threading.Lock()
 
         self._missing: dict[tuple, str | None] = {}  # (policy, params, parts, fusion) -> what it lacks
         DEFAULT_BUDGET.set(settings.default_budget_ms / 1000.0)
@@ -117,7 +114,7 @@ class GatewayService(Service):
         await asyncio.to_thread(self.drafter_info.describe)
         # admission's planner, built once: auto chooses with the costs, queues and parts every request shares
         assert self.catalogue.current is not None  # start() waited for the first version
-        self.auto = AutoPolicy(self.engine(self.catalogue.current, None))
+        self.auto = AutoPolicy(self.engine(self.catalogue.current))
         try:
             REGISTRY.register(self._collector)
         except ValueError:
@@ -126,7 +123,7 @@ class GatewayService(Service):
         DEPENDENCY_UP.labels("drafter").set_function(lambda: 0.0 if self.drafter.is_down() else 1.0)
         DEPENDENCY_UP.labels("itemset").set_function(
             lambda: 1.0 if time.monotonic() - self.catalogue.last_ok < 5.0 else 0.0)
-        self.loop_lag.start()
+        self.budget.start()  # the early cut's estimate of the event loop's lateness
         await self._warmup()
 
     def _wait_for_backends(self) -> None:
@@ -186,7 +183,7 @@ class GatewayService(Service):
         for policy in list(policies):
             for k in self.s.warmup_k:
                 hist = rng.choice(rows, size=size, replace=False)
-                valid = ValidRequest(policy, {}, hist, k, 1000.0, snap, Deadline(time.monotonic() + 1.0))
+                valid = ValidRequest(policy, {}, hist, k, 1000.0, snap, Deadline(time.monotonic() + 1.0, watch=Watch()))
                 try:
                     res = await self.serve(self.admit(valid))
                 except Exception as e:  # noqa: BLE001 -- logged, not fatal: auto learns it from live requests
@@ -201,7 +198,7 @@ class GatewayService(Service):
         return make_channel(address, self.s)
 
     async def stop(self) -> None:
-        await self.loop_lag.stop()
+        await self.budget.stop()
         await self.catalogue.stop()
         await self.itemset_channel.close()
         self.pool.shutdown(wait=True)
@@ -216,20 +213,24 @@ class GatewayService(Service):
         recommender_pb2_grpc.add_RecommenderServicer_to_server(Servicer(self), server)
 
     # -- admission and the policy loop ------------------------------------------------------
-    def engine(self, snap: Snapshot, deadline: Deadline | None, rid: str = "", hops: Hops | None = None) -> Engine:
-        """The core library's engine for one request, over the gRPC adapters, both holding its one deadline (and,
-        with ``hops``, recording each call's time at the caller and the callee)."""
-        md = tracing.metadata(rid)
-        return Engine(
-            verifier=RemoteVerifier(self.verifiers, self.verifier_parts, snap, deadline, snap.level_sizes, md, hops),
+    def engine(self, snap: Snapshot) -> Engine:
+        """The core library's engine for catalogue version ``snap`` (built once per version, the last few kept),
+        over the gRPC adapters; a request's own deadline comes with the request, and what auto plans with (the
+        queue, what is kept back, what is down) is the gateway's :class:`.budget.Budget`."""
+        with self._engines_lock:
+            eng = self._engines.get(snap.version)
+            if eng is not None and eng.itemset is snap.itemset:
+                return eng
+        eng = Engine(
+            verifier=RemoteVerifier(self.verifiers, self.verifier_parts, snap, snap.level_sizes),
             itemset=snap.itemset, max_history=self.s.max_history,
-            drafter=RemoteDrafter(self.drafters, snap, deadline, self.s.drafter_mode, md, self.drafter_info, hops),
-            clock=time.monotonic, metrics=self.metrics, online=self.online, load=self.queue.wait, costs=self.costs,
-            reserve=self.queue.reserve,  # auto admits a verifier tier only if it ends before the drafter's reserve
-            reserve_held=HELD_RESERVE_S,  # ... or, when its fallback is in hand (fused), in time to answer with it
-            down=self._down,  # auto skips the tiers that need a dependency that is down
-            cut_margin=self.cut_margin,  # ... and plans to end before the cut, which fires that much early
-        )
+            drafter=RemoteDrafter(self.drafters, snap, self.s.drafter_mode, self.drafter_info),
+            clock=time.monotonic, metrics=self.metrics, online=self.online, costs=self.costs, serving=self.budget)
+        with self._engines_lock:
+            if len(self._engines) >= 4:  # older versions' engines go (a request holding one keeps it alive)
+                self._engines.pop(next(iter(self._engines)))
+            self._engines[snap.version] = eng  # two threads building one at once: either is right
+        return eng
 
     def admit(self, valid: ValidRequest) -> Admitted:
         """On arrival (event loop): the policy to run (``auto`` picks one now, seeing every request
@@ -259,45 +260,51 @@ class GatewayService(Service):
     async def serve(self, run: Admitted, ctx: contextvars.Context | None = None) -> RecResult:
         """Run an admitted request on a worker thread (in ``ctx``, so the trace span and log bindings follow),
         and answer by its deadline whatever it asked: a policy (or its fallback) still running then is cut
-        (:meth:`_cut`), the cut set earlier by how late the event loop runs its timers (:class:`.looplag.LoopLag`),
-        so that it fires by the deadline on a busy machine. A request whose caller leaves while it still queues for
-        a worker never runs, and its count at its resource is returned at once: a queue of abandoned requests must
-        not read as load forever."""
-        run.cut_margin = self.cut_margin(run.request.deadline.left(time.monotonic()))  # on the loop that learns it
+        (:meth:`_cut`) and cancelled, the cut set earlier by how late the event loop runs its timers
+        (:meth:`.budget.Budget.cut_margin`), so that it fires by the deadline on a busy machine. A request whose
+        caller leaves while it still queues for a worker never runs, and its count at its resource is returned at
+        once: a queue of abandoned requests must not read as load forever; one whose caller leaves while it runs
+        is cancelled."""
+        deadline = run.request.deadline
+        run.cut_margin = self.budget.cut_margin(deadline.left(time.monotonic()))  # on the loop that learns it
         fn = self.run_policy if ctx is None else (lambda r: ctx.run(self.run_policy, r))
         fut = asyncio.get_running_loop().run_in_executor(self.pool, fn, run)
         try:
-            left = run.request.deadline.left(time.monotonic()) - run.cut_margin
+            left = deadline.left(time.monotonic()) - run.cut_margin
             return await asyncio.wait_for(asyncio.shield(fut), max(0.0, left))
         except TimeoutError:
             t_cut = time.monotonic()
             res = self._cut(run, fut)
-            self.loop_lag.observe_cut(time.monotonic() - t_cut)
+            self.budget.observe_cut(time.monotonic() - t_cut)
             return res
         except asyncio.CancelledError:
             if run.abandon():
                 self.queue.done(run.resource, served=False)
+            _cancel(deadline)
             raise
 
     def _cut(self, run: Admitted, fut: asyncio.Future) -> RecResult:
         """The deadline came and nothing answered (the verifier or the drafter late, the worker pool busy): the
-        catalogue's fill now, ``exit_reason = budget``, flagged degraded; the run, if it started, finishes on
-        its own thread (its downstream calls end at the deadline too) and its answer is dropped."""
+        answer its policy holds (``fused``: the item drafter's list), else the catalogue's fill, now,
+        ``exit_reason = budget``, flagged degraded; the run, if it started, is cancelled (its policy stops at its
+        next step, its calls in flight are cancelled) and its answer dropped."""
         if run.abandon():  # still queued for a worker: it never runs
             self.queue.done(run.resource, served=False)
             why = "no worker took it before the deadline"
         else:
             why = f"{run.policy} still running at the deadline"
-        fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # its outcome is not waited for
         valid = run.request
+        _cancel(valid.deadline)
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # its outcome is not waited for
         res = None
-        if run.held is not None:  # the policy holds a fallback (fused: the item drafter's list): that, not fill
+        held = None if valid.deadline.watch is None else valid.deadline.watch.held
+        if held is not None:  # the policy holds a fallback (fused: the item drafter's list): that, not fill
             try:
-                res = run.held()
+                res = held()
             except Exception as e:  # noqa: BLE001 -- built beside the running thread: fill is still an answer
                 self.log.warning("held answer failed", error=str(e))
         if res is None:
-            res = catalogue_only(self.engine(valid.snap, None), valid.rec_request(), f"budget: {why}")
+            res = catalogue_only(self.engine(valid.snap), valid.rec_request(), f"budget: {why}")
         res.stats.exit_reason = "budget"
         BUDGET_CUTS.labels(valid.policy, run.policy).inc()
         return res
@@ -309,16 +316,11 @@ class GatewayService(Service):
         t0 = time.monotonic()
         valid = run.request
         try:
-            # the verifier's calls end (their grace included) when the reserve for the drafter's answer starts; a
-            # policy whose fallback is in hand keeps back only the time to answer with it
-            held = POLICIES[run.policy].holds_fallback
-            # (and before the gateway's cut, which fires ``cut_margin`` early on a busy machine)
-            valid.deadline.reserve = ((HELD_RESERVE_S if held else self.queue.reserve(valid.deadline.left(t0)))
-                                      + GRACE_S + run.cut_margin)
-            hops = Hops()
-            eng = self.engine(valid.snap, valid.deadline, valid.rid, hops)
-            eng.hold = run.hold
-            res = self.ladder.answer(run.policy, run.params, eng, valid.rec_request())
+            # the verifier's calls end (their grace included) where the reserve for the fallback's answer starts,
+            # before the gateway's cut (which fires ``cut_margin`` early on a busy machine)
+            deadline = self.budget.for_run(valid.deadline, run.policy, run.cut_margin, t0)
+            with request_calls(tracing.metadata(valid.rid)) as hops:
+                res = self.ladder.answer(run.policy, run.params, self.engine(valid.snap), valid.rec_request(deadline))
         finally:
             self.queue.done(run.resource)
         total = time.monotonic() - t0
@@ -332,13 +334,6 @@ class GatewayService(Service):
             STAGE.labels(valid.policy, stage).observe(ms / 1000.0)
         return res
 
-    def cut_margin(self, left: float) -> float:
-        """How early the deadline's cut fires, out of ``left`` seconds: the event loop's lateness and a cut's own
-        time (:class:`.looplag.LoopLag`), at most ``CUT_SHARE`` of ``left``; none without ``cut_early``."""
-        if not self.s.cut_early:
-            return 0.0
-        return min(self.loop_lag.margin(), CUT_SHARE * max(0.0, left))
-
     def _down(self, dependency: str) -> bool:
         """Whether ``dependency`` is down for a new request: the verifier's breaker refuses (open, its probe not
         due), or the drafter failed a moment ago (its cooldown)."""
@@ -346,3 +341,9 @@ class GatewayService(Service):
 
     def _log_down(self, e: DependencyDown) -> None:
         self.log.warning("dependency down", which=e.which, error=str(e))
+
+
+def _cancel(deadline: Deadline) -> None:
+    """The request was answered (or its caller left): whatever still runs for it stops."""
+    if deadline.watch is not None:
+        deadline.watch.cancel()

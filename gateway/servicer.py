@@ -29,6 +29,7 @@ from specrec_rpc.errors import InvalidArgument, ResourceExhausted, handle_errors
 from specrec_rpc.server import Admission
 from specrec_rpc.v1 import common_pb2, recommender_pb2, recommender_pb2_grpc
 
+from .budget import caller_deadline
 from .metrics import BUDGET_MISSES, RECS
 from .request import Admitted, ValidRequest, validate
 from .requestlog import RequestLog
@@ -78,8 +79,7 @@ class Servicer(recommender_pb2_grpc.RecommenderServicer):
 
     def caller_deadline(self, context: grpc.aio.ServicerContext) -> float | None:
         """The caller's gRPC deadline (time.monotonic()), less the reply margin; None when it set none."""
-        left = context.time_remaining()
-        return None if left is None else time.monotonic() + left - self.svc.s.reply_margin_ms / 1000.0
+        return caller_deadline(self.svc.s, context.time_remaining())
 
     async def _recommend(self, r, prefix: str = "", rid: str = "",
                          caller_deadline: float | None = None) -> recommender_pb2.RecommendResponse:

@@ -293,6 +293,8 @@ class PolicyCosts:
         queue wait, are tails (:meth:`CostModel.tail`); the hard deadline cuts what still runs late."""
         if deadline is None:
             return True
+        if deadline.cancelled:  # the caller answered already: no further stage runs for it
+            return False
         return self.clock() + self.estimate(stage) <= deadline.at
 
     def estimate(self, stage: CostStage) -> float:

@@ -15,6 +15,8 @@ from typing import Protocol
 
 import numpy as np
 
+from ..deadline import Deadline
+
 
 @dataclass
 class DraftRequest:
@@ -22,6 +24,7 @@ class DraftRequest:
     n: int
     prefixes: np.ndarray | None = None  # [P, l] SID prefixes (all the same length l), or None
     exclude: frozenset[int] = field(default_factory=frozenset)
+    deadline: Deadline | None = None  # the request's (a remote drafter's call ends at its ``at``); None: no budget
 
 
 @dataclass

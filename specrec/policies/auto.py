@@ -15,7 +15,7 @@ the engine are candidates (:meth:`~.base.Policy.missing`: a verifier whose
 bundle has no SID drafter offers no ``nezha``). A candidate is admitted when
 its tail completion fits:
 
-    now + tail cost + the queue wait's tail <= deadline - reserve
+    now + tail cost + the queue wait's tail <= deadline - kept back
 
 The tail cost is the high quantile (p99 by default) of the policy's request
 times at the request's list length K over a recent window (across every K
@@ -26,12 +26,15 @@ counts with the time it took, one whose dependency was down does not):
 admitted on a mean, a tier whose mean fits answers late whenever it runs
 slow, and the budget is a promise on every request. The queue wait is the
 engine's live tail estimate for the service the policy uses
-(``Engine.load(policy)``; 0 in-process). The reserve (``Engine.reserve``) is
+(``Engine.serving.wait(policy)``; 0 in-process). What is kept back
+(``Engine.serving.kept_back``, the gateway's :class:`gateway.budget.Budget`) is
 the time the gateway keeps back from a verifier policy's calls for its
-fallback, the drafter's own tail answer: the verifier's calls end there, so a
-tier that does not end before it would not end at all. The ``drafter`` tier
-keeps nothing back (its fallback, the catalogue's fill, takes no time); nor
-does any tier in-process, or while the drafter is down. A request that nothing
+fallback, the drafter's own tail answer (only the time to build it for a
+policy whose fallback is in hand, ``fused``), plus how early the gateway's cut
+fires on a busy machine: the verifier's calls end there, so a tier that does
+not end before it would not end at all. The ``drafter`` tier keeps nothing back
+for a fallback (its fallback, the catalogue's fill, takes no time); nor does
+any tier in-process, or while the drafter is down. A request that nothing
 fits, not even the drafter, is refused (:class:`Overloaded`): the gateway
 answers RESOURCE_EXHAUSTED at once, while there is still time to say so,
 instead of computing an answer that would arrive late.
@@ -47,10 +50,7 @@ taught it a cost above the budget would refuse every request from then on
 ``probe_s``, and while the fault lasts one request in ``probe_s`` pays for the
 probe (it falls back to the drafter like any verifier call that misses).
 
-Every tier's time also ends ``Engine.cut_margin`` before the deadline: the
-gateway answers that much early on a busy machine (its event loop runs late).
-
-A tier whose dependency is down (``Engine.down``: at the gateway, the
+A tier whose dependency is down (``Engine.serving.down``: at the gateway, the
 verifier's breaker refusing calls, or the drafter failed a moment ago) is
 skipped, not admitted to fall back: with the verifier down ``auto`` serves the
 drafter's list as its own choice, and with the drafter down, beam's. The
@@ -61,7 +61,6 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from ..costs import Resource, resource_of
 from .base import POLICIES, Policy, PolicyConfig, make_policy, register
 from .batch import LiveBatch
 from .errors import Overloaded, Unsupported
@@ -111,14 +110,6 @@ class AutoPolicy(Policy):
     def _cost(self, name: str, k: int) -> float | None:
         return self.engine.costs.tail(name, k)
 
-    def _kept_back(self, name: str, left: float) -> float:
-        """What ``name``'s calls leave, out of ``left``, for its fallback's tail answer: the engine's reserve for
-        a verifier policy (the drafter answers when it misses), none for ``drafter`` (its fallback is the fill),
-        and only the time to build it for a policy whose fallback is in hand (``fused``: its drafts)."""
-        if resource_of(name) is Resource.DRAFTER:
-            return 0.0
-        return self.engine.reserve_held if POLICIES[name].holds_fallback else self.engine.reserve(left)
-
     def choose(self, req: RecRequest) -> str:
         eng, cfg, costs = self.engine, self.config, self.engine.costs
         tiers = self.runnable()
@@ -129,12 +120,12 @@ class AutoPolicy(Policy):
             return self._cheapest(tiers[0], req.k)
         now = eng.clock()
         budget = req.deadline.left(now)
-        early = eng.cut_margin(budget)  # the caller's cut fires this much before the deadline
+        serving = eng.serving
         tiers = self._up(tiers)
         for n, tier in enumerate(tiers):
             name = self._cheapest(tier, req.k)
             cost = self._cost(name, req.k)
-            left = budget - eng.load(name) - self._kept_back(name, budget) - early
+            left = budget - serving.wait(name) - serving.kept_back(name, budget)
             last = costs.last_tried(name, now)
             if cost is None or cost <= left:
                 costs.tried(name, now)
@@ -143,19 +134,20 @@ class AutoPolicy(Policy):
                 costs.tried(name, now)
                 costs.relearn(name)  # its estimates are replaced by this request's time
                 return name
+        ahead, kept = serving.wait, serving.kept_back('beam', budget)
         raise Overloaded(
             f"no policy fits the {max(0.0, budget) * 1000:.1f} ms left "
-            f"(queue ahead: verifier {eng.load('beam') * 1000:.1f} ms, drafter {eng.load('drafter') * 1000:.1f} ms; "
-            f"kept back for the drafter's answer: {self._kept_back('beam', budget) * 1000:.1f} ms)"
+            f"(queue ahead: verifier {ahead('beam') * 1000:.1f} ms, drafter {ahead('drafter') * 1000:.1f} ms; "
+            f"kept back for the drafter's answer: {kept * 1000:.1f} ms)"
         )
 
     def _up(self, tiers: list[list[str]]) -> list[list[str]]:
-        """The tiers without the policies whose dependency is down (``Engine.down``: the verifier's breaker
+        """The tiers without the policies whose dependency is down (``Engine.serving.down``: the verifier's breaker
         refuses, the drafter failed a moment ago): a tier that would only fall back is skipped, and the next one
         is the choice, not a degraded answer. All of them when every tier needs something down (their fallbacks
         answer as they can)."""
         eng = self.engine
-        down = {d for d in ("verifier", "drafter") if eng.down(d)}
+        down = {d for d in ("verifier", "drafter") if eng.serving.down(d)}
         if not down:
             return tiers
         up = [[n for n in tier if not ((POLICIES[n].uses_verifier and "verifier" in down)

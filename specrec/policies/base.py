@@ -21,6 +21,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from ..costs import CostStage, PolicyCosts
+from ..deadline import Deadline
 from ..decoding.beam import Beams
 from .batch import LiveBatch, Stage, charge, fill_to_k
 from .engine import Engine, Online
@@ -33,14 +34,29 @@ class PolicyConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+def _earliest(requests: Sequence[RecRequest]) -> Deadline | None:
+    """The batch's session's deadline: its requests' earliest (None when none has one)."""
+    deadlines = [r.deadline for r in requests if r.deadline is not None]
+    return min(deadlines, key=lambda d: d.verifier_at) if deadlines else None
+
+
 def _handed_on(results: Sequence[RecResult | None], name: str) -> bool:
     """Whether every request was answered at once by another's list because this policy's work did not fit its
-    budget (``fused``'s pass: the item drafter's drafts, ``exit_reason`` budget): its time is not what the
-    policy costs, and counted as such it read as cheap, so ``auto`` chose the policy again and again for it to
-    hand its requests on (measured through the gateway at 30 ms on a slower machine: 99% of ``auto``'s answers
-    budget exits)."""
+    budget (``fused``'s pass: the item drafter's drafts, ``exit_reason`` budget) or its dependency failed (the
+    result's ``fault``): its time is not what the policy costs, and counted as such it read as cheap, so ``auto``
+    chose the policy again and again for it to hand its requests on (measured through the gateway at 30 ms on a
+    slower machine: 99% of ``auto``'s answers budget exits)."""
     return bool(results) and all(
-        r is not None and r.stats.exit_reason == "budget" and r.served_by not in ("", name) for r in results)
+        r is not None and r.served_by not in ("", name) and _not_its_cost(r) for r in results)
+
+
+def _not_its_cost(r: RecResult) -> bool:
+    """Whether another's list answered for the policy without its work having run (exit ``budget``, no fault), or
+    because its dependency failed (a DependencyDown fault: the fault's time, not the policy's); a list that
+    answered around a verifier call that ran late (a BudgetExceeded fault) counts: the policy ran late."""
+    if r.fault is not None:
+        return isinstance(r.fault, DependencyDown)
+    return r.stats.exit_reason == "budget"
 
 
 class Policy(ABC):
@@ -51,6 +67,9 @@ class Policy(ABC):
     # drafter's, ``fused``), with no further call: no time is kept back from its verifier calls for a fallback
     holds_fallback: ClassVar[bool] = False
     uses_drafter: ClassVar[bool] = False  # True: its requests call the item drafter (``Engine.drafter``)
+    # False: the object carries state from one run to the next (``sample``'s random stream), so a caller that
+    # serves each request as if it were the first (the gateway: every request from the seed) builds one per request
+    reusable: ClassVar[bool] = True
 
     def __init__(self, engine: Engine, config: PolicyConfig | None = None, online: Online | None = None, **params):
         self.engine = engine
@@ -85,7 +104,8 @@ class Policy(ABC):
         try:
             if self.uses_verifier:
                 with Stage(eng.clock, stats, "encode"):
-                    batch.session = eng.verifier.encode(eng.history_sids([r.history for r in requests]))
+                    batch.session = eng.verifier.encode(eng.history_sids([r.history for r in requests]),
+                                                        _earliest(requests))
                 charge(stats, encoder=True)
                 try:
                     self._run(batch)

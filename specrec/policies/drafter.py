@@ -30,7 +30,8 @@ class DrafterPolicy(Policy):
         eng = self.engine
         assert eng.drafter is not None  # missing() said so before run() called this
         with Stage(eng.clock, batch.stats, "draft"):
-            drafts = eng.drafter.draft([DraftRequest(r.history, r.k, exclude=r.excluded()) for r in batch.requests])
+            drafts = eng.drafter.draft([DraftRequest(r.history, r.k, exclude=r.excluded(),
+                                                     deadline=r.deadline) for r in batch.requests])
         for j, _, req, st in batch.rows():
             d = drafts[j]
             st.rounds = 1

@@ -1,11 +1,16 @@
-"""What a policy may call (:class:`Engine`: verifier, item set, drafter, clock, costs, what the caller keeps
-back) and what each policy learns across requests (:class:`Online`)."""
+"""What a policy may call (:class:`Engine`: verifier, item set, drafter, clock, costs, what its caller tells of
+its conditions, :class:`Serving`) and what each policy learns across requests (:class:`Online`).
+
+An engine is long-lived: the gateway builds one per catalogue version and every request of that version runs on
+it; what is a request's own (its deadline, its cancellation) comes with the request
+(:class:`~specrec.deadline.Deadline`)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -17,7 +22,37 @@ from ..itemset import LocalItemSet
 from ..verifier import Verifier
 from .draft_sizer import DraftSizer
 from .metrics import SpecMetrics
-from .requests import RecResult
+
+
+class Serving(Protocol):
+    """What the caller that serves the policies tells them of its conditions (the gateway's
+    :class:`gateway.budget.Budget`); in-process, :class:`InProcess`: no queue, nothing kept back, nothing down."""
+
+    def wait(self, policy: str) -> float:
+        """The tail (s) of the queue wait at the service ``policy`` uses."""
+        ...
+
+    def kept_back(self, policy: str, left: float) -> float:
+        """Seconds, out of ``left``, that ``policy``'s work must end before the deadline: the time the caller keeps
+        for its fallback's answer, and how early its own cut fires. What ``auto`` plans must end before it."""
+        ...
+
+    def down(self, dependency: str) -> bool:
+        """Whether ``dependency`` ("verifier", "drafter") is down now: ``auto`` skips the tiers that need it."""
+        ...
+
+
+class InProcess:
+    """:class:`Serving` in-process: no queue, nothing kept back, nothing down."""
+
+    def wait(self, policy: str) -> float:
+        return 0.0
+
+    def kept_back(self, policy: str, left: float) -> float:
+        return 0.0
+
+    def down(self, dependency: str) -> bool:
+        return False
 
 
 @dataclass
@@ -31,23 +66,8 @@ class Engine:
     clock: Callable[[], float] = time.perf_counter
     metrics: SpecMetrics = field(default_factory=SpecMetrics)
     online: dict = field(default_factory=dict)  # policy name -> Online: what each policy learned, across requests
-    load: Callable[[str], float] = lambda policy: 0.0  # the queue wait's tail (s) at the service a policy uses
-    # seconds a verifier policy's calls keep back, out of ``left`` seconds, for its fallback's (the drafter's) own
-    # tail answer: the gateway's reserve; 0 in-process, where nothing is kept back
-    reserve: Callable[[float], float] = lambda left: 0.0
-    # what a policy whose fallback is in hand (``Policy.holds_fallback``) keeps back instead: time to build that
-    # answer after its verifier call ended (the gateway: a millisecond); 0 in-process
-    reserve_held: float = 0.0
-    # a policy whose fallback is in hand gives here how to build that answer, so that a caller whose deadline comes
-    # while the policy still waits on its verifier call answers with it (the gateway's cut), not with fill
-    hold: Callable[[Callable[[], RecResult]], None] = lambda answer: None
     costs: CostModel = field(default_factory=CostModel)  # what stages and requests cost, per policy and resource
-    # whether a dependency ("verifier", "drafter") is down now (the gateway: its breaker refuses, or the drafter
-    # failed a moment ago): ``auto`` skips the tiers that need it; never in-process
-    down: Callable[[str], bool] = lambda dependency: False
-    # how early before the deadline the caller's own cut fires, out of ``left`` seconds (the gateway: how late its
-    # event loop runs); what ``auto`` plans must end before it. 0 in-process
-    cut_margin: Callable[[float], float] = lambda left: 0.0
+    serving: Serving = field(default_factory=InProcess)  # the caller's queues, what it keeps back, what is down
 
     def learned(self, policy: str) -> Online:
         """The policy's :class:`Online` state, shared by every policy object of this engine."""

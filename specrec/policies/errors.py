@@ -7,32 +7,25 @@ as a string (``code``)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 
 class DependencyDown(RuntimeError):
     """A dependency gave no usable answer. ``unreachable``: it is down (no replica, or UNAVAILABLE),
     as opposed to one that answered but refused the call (e.g. a drafter one catalogue version behind).
-    ``code``: the status the adapter got, by name (e.g. ``"UNIMPLEMENTED"``), when it got one. ``partial``: as
-    :class:`BudgetExceeded`'s, the list the policy had in hand when the dependency failed."""
+    ``code``: the status the adapter got, by name (e.g. ``"UNIMPLEMENTED"``), when it got one."""
 
     def __init__(self, which: str, detail: str, unreachable: bool = True, code: str = ""):
         super().__init__(f"{which} unavailable: {detail}")
         self.which = which
         self.unreachable = unreachable
         self.code = code
-        self.partial: Any = None  # a RecResult (typed loosely: errors know no policies)
 
 
 class BudgetExceeded(RuntimeError):
-    """A dependency did not answer before the request's deadline. ``partial``: the best list the policy had
-    when it did not (for one request: ``fused``'s drafts, which the verifier had no time to rank), which the
-    fallback ladder answers with instead of asking anyone again; None when it had none."""
+    """A dependency did not answer before the request's deadline (or the request was cancelled at it)."""
 
     def __init__(self, which: str, detail: str):
         super().__init__(f"{which}: {detail}")
         self.which = which
-        self.partial: Any = None  # a RecResult (typed loosely: errors know no policies)
 
 
 class Unsupported(ValueError):

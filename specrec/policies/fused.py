@@ -16,9 +16,10 @@ another policy is its reference.
 
 The budget: a request whose draft does not fit is the catalogue's fill (flagged); one whose GR pass does not
 fit after the draft, or whose pass runs out of time or fails, is answered with the item drafter's own list of the
-candidates in hand (``served_by`` drafter, flagged), which is what the ``drafter`` policy would answer; such a
-request does not teach what ``fused`` costs. So nothing is kept back from its verifier call for a fallback's call
-(:attr:`~.base.Policy.holds_fallback`): its fallback is in hand.
+candidates in hand (``served_by`` drafter, flagged, the failure in its ``fault``, returned like any list), which
+is what the ``drafter`` policy would answer; such a request teaches what ``fused`` costs only when it ran late.
+So nothing is kept back from its verifier call for a fallback's call (:attr:`~.base.Policy.holds_fallback`): its
+fallback is in hand.
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ class FusedPolicy(Policy):
             st.rounds = 1
         if self.config.encode_early and len(late) < len(batch.active):
             eng.verifier.prepare(batch.open_session)  # a remote verifier encodes while the item drafter drafts
-        reqs = [DraftRequest(req.history, self.config.candidates or fusion.candidates(req.k), None, req.excluded())
+        reqs = [DraftRequest(req.history, self.config.candidates or fusion.candidates(req.k), None, req.excluded(),
+                             req.deadline)
                 for _, _, req, _ in batch.rows()]
         with Stage(eng.clock, batch.active_stats, "draft") as t:
             drafts = eng.drafter.draft(reqs)
@@ -105,20 +107,24 @@ class FusedPolicy(Policy):
             drafts = [d for j, d in enumerate(drafts) if j not in late]
             if not batch.active:
                 return
-        if len(drafts) == 1:  # the item drafter's list is in hand: a caller cut at its deadline answers with it
-            _, _, req0, st0 = next(batch.rows())
+        _, _, req0, st0 = next(batch.rows())
+        if len(drafts) == 1 and req0.deadline is not None:  # the item drafter's list is in hand: a caller cut
+            # at its deadline answers with it
             d0, st_then, excl = drafts[0], copy.deepcopy(st0), batch.exclude
-            eng.hold(lambda: self._drafter_list(req0, d0, copy.deepcopy(st_then), excl,
-                                                "the GR's pass still running at the deadline", "budget"))
+            req0.deadline.hold(lambda: self._drafter_list(req0, d0, copy.deepcopy(st_then), excl,
+                                                          "the GR's pass still running at the deadline", "budget"))
         try:
             token_logp = self._score(batch, drafts)
         except (BudgetExceeded, DependencyDown) as e:  # the drafts in hand are the item drafter's list: the answer
-            if len(drafts) == 1 and not (isinstance(e, DependencyDown) and e.which != "verifier"):
-                _, _, req, st = next(batch.rows())
-                ran_late = isinstance(e, BudgetExceeded)
-                e.partial = self._drafter_list(req, drafts[0], st, batch.exclude, f"the GR's pass failed ({e})",
-                                               "budget" if ran_late else "degraded")
-            raise
+            if len(drafts) != 1 or (isinstance(e, DependencyDown) and e.which != "verifier"):
+                raise
+            ran_late = isinstance(e, BudgetExceeded)
+            res = self._drafter_list(req0, drafts[0], st0, batch.exclude, f"the GR's pass failed ({e})",
+                                     "budget" if ran_late else "degraded")
+            res.fault = e  # the fallback ladder's verdict on the verifier reads it
+            batch.finish(0, res)
+            batch.drop([0])
+            return
         for j, _, req, st in list(batch.rows()):
             d = drafts[j]
             items, scores = fusion.rank(d.items, token_logp[j], d.scores, eng.itemset.is_unseen(d.items), req.k,

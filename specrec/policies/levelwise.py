@@ -83,7 +83,8 @@ class LevelwisePolicy(Policy):
             return b.codes, b.alive
         assert eng.drafter is not None  # draft_source() is "drafter"
         with Stage(eng.clock, batch.stats, "draft"):
-            drafts = eng.drafter.draft([DraftRequest(r.history, n, exclude=r.excluded()) for r in batch.requests])
+            drafts = eng.drafter.draft([DraftRequest(r.history, n, exclude=r.excluded(), deadline=r.deadline)
+                                        for r in batch.requests])
         L = len(eng.itemset.level_sizes)
         m = max(1, max(len(d.items) for d in drafts))
         codes = torch.zeros(len(drafts), m, L, dtype=torch.int64)

@@ -35,3 +35,6 @@ class RecResult:
     stats: RequestStats = field(default_factory=RequestStats)
     degraded: str = ""  # why the answer is not the asked policy's own (a dependency down, catalogue fill), when so
     served_by: str = ""  # the policy that made the list (``auto`` picks one)
+    # the dependency's failure this list answered around (``fused``: its verifier pass failed or ran late, so the
+    # item drafter's list in hand is the answer); the fallback ladder's verdict on the dependency reads it
+    fault: Exception | None = None

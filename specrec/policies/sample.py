@@ -35,6 +35,7 @@ class SamplePolicy(Policy):
     name = "sample"
     Config = SampleConfig
     config: SampleConfig
+    reusable = False  # its generator: each request through the gateway draws from the seed's start
 
     def __init__(self, engine, config=None, **params):
         super().__init__(engine, config, **params)

@@ -233,7 +233,8 @@ class SpecGRPolicy(Policy):
             prefixes = None
             if batch.beams is not None:
                 prefixes = batch.beams.codes[j][batch.beams.alive[j]].numpy()
-            dreqs.append(DraftRequest(req.history, delta, prefixes, frozenset(pools[i].verified) | req.excluded()))
+            dreqs.append(DraftRequest(req.history, delta, prefixes, frozenset(pools[i].verified) | req.excluded(),
+                                      req.deadline))
         if eng.drafter is None:
             raise RuntimeError("specgr drafts with the engine's drafter, and this engine has none")
         with Stage(eng.clock, batch.active_stats, "draft") as t:

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..deadline import Deadline
 from ..decoding.beam import Beams, BeamSearch, select_topk
 from ..decoding.scoring import Scores, VerifiedPrefixes, prefix_logprobs, tree_pass
 from ..decoding.searches.head import nezha_beam_search
@@ -79,7 +80,8 @@ class LocalVerifier:
         return out
 
     # -- sessions -------------------------------------------------------------------
-    def encode(self, hist_sids: torch.Tensor) -> Session:
+    def encode(self, hist_sids: torch.Tensor, deadline: Deadline | None = None) -> Session:
+        del deadline  # in-process, the policy's own budget checks are the only ones
         return self.session(self.backend.encode(hist_sids))
 
     def prepare(self, sess: Session) -> None:

@@ -9,6 +9,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 import torch
 
+from ..deadline import Deadline
 from ..decoding.beam import Beams, BeamSearch
 from ..decoding.scoring import Scores, VerifiedPrefixes
 from ..ids.trie import SidTrie
@@ -62,7 +63,9 @@ class Session:
 class Verifier(Protocol):
     level_sizes: list[int]
 
-    def encode(self, hist_sids: torch.Tensor) -> Session: ...
+    def encode(self, hist_sids: torch.Tensor, deadline: Deadline | None = None) -> Session:
+        """The session of histories ``hist_sids`` [R, H, L]; ``deadline``: the requests' (a remote verifier's
+        calls for the session end at its ``verifier_at``, and stop when it is cancelled)."""
 
     def prepare(self, sess: Session) -> None:
         """Make the session's encoder state ready now (a remote verifier starts

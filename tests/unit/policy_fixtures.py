@@ -80,3 +80,40 @@ def slow_calls(eng, t, seconds: dict[str, float]) -> None:
             return _fn(*a, **kw)
 
         setattr(owner, name, slow)
+
+
+class RulesServing:
+    """:class:`specrec.policies.engine.Serving` with the gateway's rules (:class:`gateway.budget.Budget`) and
+    settable parts: ``load`` (the queue's wait per policy), ``reserve`` (out of the time left, for a verifier
+    policy's fallback), ``reserve_held`` (a policy whose fallback is in hand), ``cut_margin`` (how early the cut
+    fires) and ``is_down``."""
+
+    def __init__(self) -> None:
+        self.load = lambda policy: 0.0
+        self.reserve = lambda left: 0.0
+        self.reserve_held = 0.0
+        self.cut_margin = lambda left: 0.0
+        self.is_down = lambda dependency: False
+
+    def wait(self, policy: str) -> float:
+        return self.load(policy)
+
+    def kept_back(self, policy: str, left: float) -> float:
+        from specrec.costs import Resource, resource_of
+        from specrec.policies import POLICIES
+
+        if resource_of(policy) is Resource.DRAFTER:
+            kept = 0.0
+        else:
+            kept = self.reserve_held if POLICIES[policy].holds_fallback else self.reserve(left)
+        return kept + self.cut_margin(left)
+
+    def down(self, dependency: str) -> bool:
+        return self.is_down(dependency)
+
+
+def rules(eng: Engine) -> RulesServing:
+    """The engine's :class:`RulesServing` (installed the first time)."""
+    if not isinstance(eng.serving, RulesServing):
+        eng.serving = RulesServing()
+    return eng.serving

@@ -12,7 +12,7 @@ from specrec.policies.breaker import Breaker, Cooldown
 from specrec.policies.errors import BudgetExceeded, DependencyDown
 from specrec.policies.fallback import Ladder
 
-from .policy_fixtures import histories, make_engine, slow_calls
+from .policy_fixtures import histories, make_engine, rules, slow_calls
 
 
 def setup(seed=30, failures=2):
@@ -60,9 +60,13 @@ def test_the_drafter_down_gets_beam_with_the_reserve_given_to_the_verifier():
     eng, t, ladder, downs, hists = setup()
     fail(eng.drafter, "draft", exc=DependencyDown("drafter", "UNAVAILABLE: gone"))
     deadline = Deadline(1.0, reserve=0.3)
+    encode, sessions = eng.verifier.encode, []
+    eng.verifier.encode = lambda sids, dl=None: sessions.append(dl) or encode(sids, dl)
     res = ladder.answer("specgr", {"delta": 5, "first_drafter": "engine"}, eng, RecRequest(hists[0], 5, deadline))
     assert res.served_by == "beam" and res.degraded.startswith("drafter unavailable: beam answered")
-    assert deadline.reserve == 0.0 and ladder.drafter.is_down() and not ladder.breaker.is_open()
+    assert ladder.drafter.is_down() and not ladder.breaker.is_open()
+    # beam's session had the whole deadline (the asked policy's kept 0.3 s back), and the request's is unchanged
+    assert [d.reserve for d in sessions] == [0.3, 0.0] and deadline.reserve == 0.3
     # the drafter known down: a verifier failure now has nothing left but the catalogue
     fail(eng.verifier, "beam_search", "beam_step", exc=DependencyDown("verifier", "UNAVAILABLE: gone"))
     res = ladder.answer("beam", {}, eng, RecRequest(hists[1], 5, Deadline(1.0)))
@@ -154,8 +158,8 @@ def test_auto_keeps_back_for_fused_only_the_time_to_answer_with_its_drafts():
     eng, t, _, _, hists = setup()
     logp = np.log(np.random.default_rng(1).dirichlet(np.ones(len(eng.itemset.sids))))
     eng.drafter = FixedDrafter(logp, Fusion(0.4, "raw", 20, {"fused": 0.2, "drafter": 0.1, "beam": 0.05}))
-    eng.reserve = lambda left: 0.010  # 10 ms kept back for the drafter's answer by a verifier policy
-    eng.reserve_held = 0.001
+    rules(eng).reserve = lambda left: 0.010  # 10 ms kept back for the drafter's answer by a verifier policy
+    rules(eng).reserve_held = 0.001
     for name, cost in (("fused", 0.025), ("drafter", 0.002), ("beam", 0.025), ("strict", 0.025), ("nezha", 0.02)):
         for _ in range(5):
             eng.costs.for_policy(name, eng.clock).observe_request(cost, 5)

@@ -247,7 +247,8 @@ def test_a_request_abandoned_while_it_queues_never_runs_and_stops_counting_as_lo
 
     queue = QueueModel(CostModel(), 0.006, Cooldown(1.0))
     gate, ran = threading.Event(), []
-    fake = types.SimpleNamespace(pool=ThreadPoolExecutor(1), queue=queue, cut_margin=lambda left: 0.0)
+    fake = types.SimpleNamespace(pool=ThreadPoolExecutor(1), queue=queue,
+                                 budget=types.SimpleNamespace(cut_margin=lambda left: 0.0))
     fake.run_policy = lambda run: ran.append(run) if run.begin() else None  # run_policy's first step
     valid = validate(req(budget_ms=1000), settings(), snap, time.monotonic())  # no deadline passes here
 
@@ -270,3 +271,42 @@ def test_a_request_abandoned_while_it_queues_never_runs_and_stops_counting_as_lo
 
     asyncio.run(main())
     fake.pool.shutdown()
+
+
+def test_a_request_cut_at_its_deadline_is_cancelled_so_nothing_runs_on_for_it(eng, snap):
+    """The deadline comes while the policy still waits on a call: the gateway answers (the fill, exit budget) and
+    cancels the request, and the worker sees it at once instead of running on until its call's own timeout."""
+    import asyncio
+    import threading
+    import types
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gateway.service import GatewayService
+
+    queue = QueueModel(CostModel(), 0.006, Cooldown(1.0))
+    stopped = threading.Event()
+
+    def run_policy(run):
+        run.begin()
+        watch = run.request.deadline.watch
+        watch.on_cancel(stopped.set)  # as a call in flight is (gateway.calls.call)
+        stopped.wait(5.0)
+        queue.done(run.resource)
+
+    fake = types.SimpleNamespace(pool=ThreadPoolExecutor(1), queue=queue, log=None, run_policy=run_policy,
+                                 budget=types.SimpleNamespace(cut_margin=lambda left: 0.0, observe_cut=lambda s: None),
+                                 engine=lambda snap: eng)
+    fake._cut = lambda run, fut: GatewayService._cut(fake, run, fut)
+    valid = validate(req(budget_ms=60), settings(respond_ms=0.0), snap, time.monotonic())
+
+    async def main():
+        run = Admitted(valid, "beam", {})
+        queue.take(run.resource)
+        t0 = time.monotonic()
+        res = await GatewayService.serve(fake, run)
+        assert res.served_by == "fill" and res.stats.exit_reason == "budget" and time.monotonic() - t0 < 1.0
+        assert valid.deadline.cancelled and stopped.wait(1.0)
+
+    asyncio.run(main())
+    fake.pool.shutdown(wait=True)
+    assert queue.pending[Resource.VERIFIER] == 0

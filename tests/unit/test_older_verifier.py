@@ -53,7 +53,7 @@ def older_verifier():
 
 def _remote(replica) -> tuple[RemoteVerifier, RemoteState]:
     offers = VerifierParts(SimpleNamespace(replicas={replica.address: replica}))
-    ver = RemoteVerifier(SimpleNamespace(), offers, None, None, [4, 4])
+    ver = RemoteVerifier(SimpleNamespace(), offers, None, [4, 4])
     return ver, RemoteState(history=None, replica=replica)
 
 

@@ -8,7 +8,7 @@ from pydantic import ValidationError
 from specrec.costs import CostStage
 from specrec.policies import POLICIES, RecRequest, make_policy
 
-from .policy_fixtures import histories, make_engine, slow_calls
+from .policy_fixtures import histories, make_engine, rules, slow_calls
 
 ALL = ["beam", "fused", "specgr", "nezha", "strict", "relaxed", "sample", "drafter", "auto"]
 
@@ -365,9 +365,9 @@ def test_auto_picks_the_most_accurate_policy_that_fits():
         assert auto.choose(RecRequest(h, 5, deadline=budget)) == want
     with pytest.raises(Overloaded):
         auto.choose(RecRequest(h, 5, deadline=0.0005))
-    eng.load = lambda p: 0.0 if p == "drafter" else 0.096  # the verifier's queue: only the drafter fits 100 ms
+    rules(eng).load = lambda p: 0.0 if p == "drafter" else 0.096  # the verifier's queue: only the drafter fits
     assert auto.choose(RecRequest(h, 5, deadline=0.1)) == "drafter"
-    eng.load = lambda p: 0.0
+    rules(eng).load = lambda p: 0.0
     before = eng.metrics.snapshot()["beam"]["requests"]  # the teaching requests
     res = auto.run([RecRequest(h, 5, deadline=0.1)])[0]
     assert res.served_by == "beam" and len(res.items) == 5
@@ -394,25 +394,25 @@ def test_auto_admits_a_verifier_tier_only_if_it_ends_before_the_reserve_for_the_
 
     eng, t, auto, h = taught({"beam": 0.02, "strict": 0.03, "nezha": 0.005, "drafter": 0.005})
     asked = []
-    eng.reserve = lambda left: asked.append(left) or 0.012
+    rules(eng).reserve = lambda left: asked.append(left) or 0.012
     assert auto.choose(RecRequest(h, 5, deadline=0.030)) == "nezha"
     assert asked and all(left == pytest.approx(0.030) for left in asked)  # out of the time left on arrival
-    eng.reserve = lambda left: 0.0
+    rules(eng).reserve = lambda left: 0.0
     assert auto.choose(RecRequest(h, 5, deadline=0.030)) == "beam"
-    eng.reserve = lambda left: 0.008
+    rules(eng).reserve = lambda left: 0.008
     assert auto.choose(RecRequest(h, 5, deadline=0.010)) == "drafter"  # nezha's 5 ms miss the 2 ms before it
-    eng.load = lambda p: 0.006 if p == "drafter" else 0.0  # and the queue's tail counts for the drafter too
+    rules(eng).load = lambda p: 0.006 if p == "drafter" else 0.0  # the queue's tail counts for the drafter too
     with pytest.raises(Overloaded, match="kept back for the drafter's answer: 8.0 ms"):
         auto.choose(RecRequest(h, 5, deadline=0.010))
 
 
 def test_auto_skips_a_tier_whose_dependency_is_down_instead_of_refusing_or_falling_back():
-    """beam fits a 100 ms budget; with the verifier down (``Engine.down``) auto chooses the drafter's list as its
+    """beam fits a 100 ms budget; with the verifier down (``Serving.down``) auto chooses the drafter's list as its
     own choice, with the drafter down it keeps beam, and with both down it plans as before (the fallbacks
     answer); a 3 ms budget with the verifier down is the drafter's, not a refusal."""
     eng, t, auto, h = taught({"beam": 0.02, "strict": 0.03, "nezha": 0.005, "drafter": 0.001})
     down: set[str] = set()
-    eng.down = lambda which: which in down
+    rules(eng).is_down = lambda which: which in down
     assert auto.choose(RecRequest(h, 5, deadline=0.1)) == "beam"
     down.add("verifier")
     assert auto.choose(RecRequest(h, 5, deadline=0.1)) == "drafter"
@@ -431,7 +431,7 @@ def test_auto_plans_every_tier_to_end_before_the_callers_early_cut():
     running late): nezha (5 ms) is chosen then."""
     eng, t, auto, h = taught({"beam": 0.02, "strict": 0.03, "nezha": 0.005, "drafter": 0.001})
     assert auto.choose(RecRequest(h, 5, deadline=0.030)) == "beam"
-    eng.cut_margin = lambda left: 0.012
+    rules(eng).cut_margin = lambda left: 0.012
     assert auto.choose(RecRequest(h, 5, deadline=0.030)) == "nezha"
 
 
