@@ -18,12 +18,13 @@ inside a write.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from specrec_rpc.fingerprint import fingerprint_arrays, sid_strings
 
 from .keys import EMPTY_FINGERPRINT, STAGING_TTL_S, Layout, Record
 from .metrics import CATALOGUE_ITEMS, ITEMS_WRITTEN, WRITES
@@ -66,15 +67,6 @@ class CatalogueArrays:
                    [r.title for r in records], [r.text for r in records])
 
 
-def sid_strings(codes: np.ndarray) -> list[str]:
-    """Rows of codes -> "12.7.200.0" each (one table lookup per code, no per-code str())."""
-    if codes.shape[1] == 0:
-        return [""] * len(codes)
-    tab = [str(i) for i in range(int(codes.max(initial=0)) + 1)]
-    cols = [[tab[c] for c in col] for col in codes.T.tolist()]
-    return [".".join(t) for t in zip(*cols)]
-
-
 def item_json(row: int, sid: str, unseen: bool, title: str, text: str) -> str:
     """What :meth:`Record.dumps` writes, for one item."""
     if title or text:
@@ -85,15 +77,6 @@ def item_json(row: int, sid: str, unseen: bool, title: str, text: str) -> str:
             o["text"] = text
         return json.dumps(o, ensure_ascii=False, separators=(",", ":"))
     return f'{{"row":{row},"sid":"{sid}","unseen":{"true" if unseen else "false"}}}'
-
-
-def arrays_fingerprint(ids: Sequence[str], sids: list[str], unseen: np.ndarray, base: str = EMPTY_FINGERPRINT) -> str:
-    """:func:`specrec_rpc.fingerprint.fingerprint` of the items, their digests XOR-ed as uint64 pairs."""
-    digests = b"".join(hashlib.sha256(f"{i}\x00{s}\x00{int(u)}".encode()).digest()[:16]
-                       for i, s, u in zip(ids, sids, unseen.tolist()))
-    words = np.frombuffer(digests, dtype=">u8").reshape(-1, 2)
-    hi, lo = (int(x) for x in np.bitwise_xor.reduce(words, axis=0)) if len(words) else (0, 0)
-    return f"{int(base, 16) ^ ((hi << 64) | lo):032x}"
 
 
 def prefix_masks(sids: np.ndarray, level_sizes: Sequence[int]) -> Iterator[tuple[list[str], list[str]]]:
@@ -210,7 +193,7 @@ class CatalogueBulkLoad(VersionPublisher):
             texts = cat.texts[lo:hi] if cat.texts is not None else [""] * (hi - lo)
             recs = [item_json(r, s, u, ti, te)
                     for r, s, u, ti, te in zip(rows[lo:hi], sids, unseen.tolist(), titles, texts)]
-            fp = arrays_fingerprint(ids, sids, unseen, fp)
+            fp = fingerprint_arrays(ids, sids, unseen.tolist(), fp)
             p = self.pipe(transaction=False)
             for a in range(0, hi - lo, chunk):
                 b = min(a + chunk, hi - lo)

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import grpc
+import numpy as np
 from redis.exceptions import ReadOnlyError
 
 from specrec.ids.semantic import CollisionOverflow
@@ -40,6 +41,7 @@ from specrec_rpc.errors import (
     register,
     require,
 )
+from specrec_rpc.packed import Columns, pack
 from specrec_rpc.v1 import common_pb2, itemset_pb2, itemset_pb2_grpc
 
 from .metrics import DELTAS, MIRROR_READS, WRITE_RETRIES
@@ -101,6 +103,20 @@ def _chunks(version: str, level_sizes: list[int], items: list, fingerprint: str,
     return out
 
 
+def _packed_chunks(version: str, level_sizes: list[int], records: list[Record], fingerprint: str) -> list:
+    """A full snapshot as packed chunks (:mod:`specrec_rpc.packed`: a few arrays per message, not a message
+    per item); the first carries the level sizes, the count and the fingerprint."""
+    n, L = len(records), len(level_sizes)
+    cols = Columns(np.fromiter((r.row for r in records), np.int64, n),
+                   np.asarray([r.sid for r in records], dtype=np.int64).reshape(n, L),
+                   np.fromiter((r.unseen for r in records), bool, n), [r.item_id for r in records],
+                   [r.title for r in records], [r.text for r in records])
+    out = [itemset_pb2.SnapshotChunk(version=version, packed=m) for m in pack(cols)]
+    out[0].level_sizes.extend(level_sizes)
+    out[0].n_items, out[0].fingerprint = n, fingerprint
+    return out
+
+
 def to_pb(r: Record) -> common_pb2.Item:
     return common_pb2.Item(item_id=r.item_id, sid=common_pb2.Sid(codes=list(r.sid)), title=r.title, text=r.text,
                            unseen=r.unseen, row=r.row)
@@ -157,6 +173,18 @@ class ItemSetServicer(itemset_pb2_grpc.ItemSetServicer):
             if len(self._pb) > 2 * len(records) + 1024:  # records of old versions: drop them all, rebuild
                 self._pb.clear()
             self._chunks[key] = _chunks(v, ls, [self._item_pb(r) for r in records], fp, size)
+            while len(self._chunks) > 2:
+                self._chunks.popitem(last=False)
+        return self._chunks[key]
+
+    def _mirror_packed(self, version: str) -> list | None:
+        """:meth:`_mirror_chunks`, packed (kept for the last versions served, like the others)."""
+        m = self.svc.mirror
+        if m is None or not m.exact or not version or m.version != version:
+            return None
+        key = (version, -1)
+        if key not in self._chunks:
+            self._chunks[key] = _packed_chunks(*m.snapshot())
             while len(self._chunks) > 2:
                 self._chunks.popitem(last=False)
         return self._chunks[key]
@@ -298,11 +326,14 @@ class ItemSetServicer(itemset_pb2_grpc.ItemSetServicer):
         require(request.chunk_size <= MAX_CHUNK, "chunk_size", f"{request.chunk_size}, at most {MAX_CHUNK:,}")
         size = request.chunk_size or DEFAULT_CHUNK
         since = check_version("since", request.since)
-        chunks = self._mirror_delta(version, since, size) or self._mirror_chunks(version, size)
+        chunks = self._mirror_delta(version, since, size)
+        if chunks is None:
+            chunks = self._mirror_packed(version) if request.packed else self._mirror_chunks(version, size)
         if chunks is None:
             v, ls, records, fp = await self.read("Snapshot", version, lambda st: st.snapshot(version),
                                                  lambda m: m.snapshot())
-            chunks = _chunks(v, ls, [to_pb(r) for r in records], fp, size)
+            chunks = (_packed_chunks(v, ls, records, fp) if request.packed
+                      else _chunks(v, ls, [to_pb(r) for r in records], fp, size))
         for chunk in chunks:
             yield chunk
 
