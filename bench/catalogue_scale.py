@@ -44,6 +44,8 @@ from bench.harness import RESULTS_DIR, command_line, machine_line, pct, publish,
 say = sayer("catalogue_scale", clock=True)
 POLICIES = ("beam", "nezha", "fused")
 PARTS = ("inprocess", "itemset", "stack")
+ITEMSET_KEYS = ("load_s", "redis_mb", "bytes_per_item", "upsert_p50_ms", "upsert_p99_ms", "mirror_load_s", "mirror_mb",
+                "pack_s", "follower_load_s", "follower_mb", "delta_apply_ms")
 
 
 def parse_size(s: str) -> int:
@@ -141,10 +143,131 @@ def time_policies(engine, rows: list[np.ndarray], policies, k: int, rounds: int,
             for p in policies}
 
 
-def itemset_part(label: str, sids: np.ndarray, a) -> dict:
-    """Hook for issue 53's item 2 (not built): the item set of this catalogue in Redis -- bulk load time and memory,
-    each service's catalogue mirror (memory, start, a version change's delta), an upsert's p99."""
-    raise SystemExit("the item-set part (Redis at each size) is not built yet: issue 53, item 2")
+def itemset_part(label: str, sids: np.ndarray, seen: np.ndarray, ids: list[str], level_sizes: list[int], a) -> dict:
+    """The item set of this catalogue in a private ``redis-server`` (never the machine's own): the bulk load
+    (``load_s``), Redis's memory (``redis_mb``, ``bytes_per_item``, each data key's ``MEMORY USAGE``), ``--upserts``
+    one-item upserts with explicit SIDs, half new items and half replacements, each a published version
+    (``upsert_p50_ms``, ``upsert_p99_ms``), and the mirrors: the item set's own read from Redis
+    (``mirror_load_s``, ``mirror_mb``), a follower's from a packed snapshot (``pack_s`` on the item set's side,
+    ``follower_load_s`` and ``follower_mb`` on the follower's, its trie included) and a version change's delta
+    applied by the follower (``delta_apply_ms``). Memory of the mirrors is this process's resident growth:
+    rough."""
+    import asyncio
+    import os
+    import tempfile
+
+    from bench.harness import Redis, rss_mb
+
+    tmp = Path(tempfile.mkdtemp(prefix="specrec-catalogue-itemset-"))
+    redis = Redis(None, tmp, private=True)
+    try:
+        return asyncio.run(_itemset_figures(label, redis.url, sids, seen, ids, level_sizes, a,
+                                            lambda: rss_mb(os.getpid()) or float("nan")))
+    finally:
+        redis.stop()
+
+
+async def _itemset_figures(label: str, url: str, sids: np.ndarray, seen: np.ndarray, ids: list[str],
+                           level_sizes: list[int], a, rss) -> dict:
+    import redis.asyncio as aioredis
+
+    from itemset_svc.bulk import CatalogueArrays
+    from itemset_svc.mirror import Mirror
+    from itemset_svc.servicer import _packed_chunks, to_pb
+    from itemset_svc.store import RedisCatalogue, UpsertSpec
+    from specrec.ids.trie import mixed_radix
+    from specrec_rpc.catalogue import apply_delta, build_snapshot_columns
+    from specrec_rpc.packed import unpack
+
+    out: dict = {"items": len(sids)}
+    r = aioredis.from_url(url, decode_responses=True)
+    store = RedisCatalogue.from_url(url, "bench", timeout_s=120.0)
+    try:
+        used0 = int((await r.info("memory"))["used_memory"])
+        cat = CatalogueArrays(ids, sids, ~seen)
+        t0 = time.perf_counter()
+        version = await store.bulk_load(cat, level_sizes)
+        out["load_s"] = time.perf_counter() - t0
+        used = int((await r.info("memory"))["used_memory"]) - used0
+        out["redis_mb"], out["bytes_per_item"] = used / 2**20, used / len(sids)
+        lay = await store.layout(version)
+        out["key_mb"] = {name: (await r.memory_usage(store.keys.dkey(lay.data, name)) or 0) / 2**20
+                         for name in ("sid2item", "items", "pfx")}
+        say(f"{label}: bulk load {out['load_s']:.1f} s, Redis {out['redis_mb']:.0f} MB "
+            f"({out['bytes_per_item']:.0f} B/item: " + ", ".join(f"{k} {v:.0f} MB" for k, v in out["key_mb"].items())
+            + ")")
+
+        # one-item upserts, each a version: half new items, half replacements of synthetic ones, fresh SIDs
+        rng = np.random.default_rng(a.seed + 1)
+        taken = set(mixed_radix(sids, level_sizes).tolist())
+        ms = []
+        for j in range(a.upserts):
+            item = f"bench-new-{j}" if j % 2 == 0 else ids[-1 - j]
+            sid = _free_sid(taken, level_sizes, rng)
+            t0 = time.perf_counter()
+            await store.upsert([UpsertSpec(item, sid=sid)])
+            ms.append((time.perf_counter() - t0) * 1e3)
+        out["upsert_p50_ms"], out["upsert_p99_ms"] = pct(ms, 50), pct(ms, 99)
+        out["redis_after_upserts_mb"] = (int((await r.info("memory"))["used_memory"]) - used0) / 2**20
+        say(f"{label}: {a.upserts} upserts p50 {out['upsert_p50_ms']:.2f} ms, p99 {out['upsert_p99_ms']:.2f} ms; "
+            f"Redis {out['redis_after_upserts_mb']:.0f} MB after them")
+
+        # the item set's own mirror, read from Redis (what its start does)
+        gc.collect()
+        m0 = rss()
+        t0 = time.perf_counter()
+        info = await store.info()
+        v, ls, records, fp = await store.snapshot(info.version, batch=10_000)
+        mirror = Mirror(v, fp, ls, {rec.item_id: rec for rec in records}, info.bundle)
+        out["mirror_load_s"] = time.perf_counter() - t0
+        out["mirror_mb"] = rss() - m0
+        # a follower's copy: the item set packs the snapshot, the follower unpacks and indexes it
+        t0 = time.perf_counter()
+        chunks = _packed_chunks(*mirror.snapshot())
+        out["pack_s"] = time.perf_counter() - t0
+        out["packed_mb"] = sum(c.ByteSize() for c in chunks) / 2**20
+        del records
+        gc.collect()
+        f0 = rss()
+        t0 = time.perf_counter()
+        cols = unpack([c.packed for c in chunks], len(ls))
+        snap = build_snapshot_columns(v, ls, cols, fp)
+        out["follower_load_s"] = time.perf_counter() - t0
+        del cols, chunks
+        gc.collect()
+        out["follower_mb"] = rss() - f0
+        say(f"{label}: item set's mirror from Redis {out['mirror_load_s']:.1f} s (+{out['mirror_mb']:.0f} MB); "
+            f"packed snapshot {out['packed_mb']:.0f} MB in {out['pack_s']:.1f} s; a follower's copy "
+            f"{out['follower_load_s']:.1f} s (+{out['follower_mb']:.0f} MB)")
+
+        # a version change as the follower sees it: one more upsert, its delta applied to the follower's copy
+        res = await store.upsert([UpsertSpec(ids[-1], sid=_free_sid(taken, level_sizes, rng))])
+        mirror.apply(res)
+        d = mirror.delta(v)
+        assert d is not None
+        t0 = time.perf_counter()
+        apply_delta(snap, res.version, [to_pb(rec) for rec in d[0]], d[1], mirror.fingerprint)
+        out["delta_apply_ms"] = (time.perf_counter() - t0) * 1e3
+        say(f"{label}: a version change's delta ({len(d[0])} item) applied by a follower in "
+            f"{out['delta_apply_ms']:.0f} ms")
+    finally:
+        await store.close()
+        await r.aclose()
+    return out
+
+
+def _free_sid(taken: set, level_sizes: list[int], rng) -> tuple[int, ...]:
+    space = int(np.prod(level_sizes))
+    """A random SID no item has (nor one drawn before), as codes."""
+    key = int(rng.integers(0, space))
+    while key in taken:
+        key = int(rng.integers(0, space))
+    taken.add(key)
+    codes = []
+    for n in reversed(level_sizes):
+        codes.append(key % n)
+        key //= n
+    return tuple(reversed(codes))
 
 
 def stack_part(label: str, sids: np.ndarray, a) -> dict:
@@ -188,15 +311,29 @@ def plot(res: dict, path: Path) -> None:
 
 
 def markdown(res: dict) -> str:
-    cols = ["items", "forms", "build s", "tables MB", "trie MB"]
-    cols += [f"{p} p50 / p99 ms" for p in res["policies"]]
-    lines = ["# Cost against catalogue size", "", f"Command: `{res['command']}`", "", res["machine"], "",
-             res["users"], "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for s in res["sizes"]:
-        cells = [f"{s['items']:,}", s["forms"], f"{s['build_s']:.2f}", f"{s['tables_mb']:.1f}", f"{s['trie_mb']:.1f}"]
-        cells += [f"{s['policies'][p]['p50_ms']:.2f} / {s['policies'][p]['p99_ms']:.2f}" for p in res["policies"]]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "![cost against catalogue size](catalogue_scale.png)", ""]
+    lines = ["# Cost against catalogue size", "", f"Command: `{res['command']}`", "", res["machine"], ""]
+    if all("policies" in s for s in res["sizes"]):
+        cols = ["items", "forms", "build s", "tables MB", "trie MB"]
+        cols += [f"{p} p50 / p99 ms" for p in res["policies"]]
+        lines += [res["users"], "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        for s in res["sizes"]:
+            cells = [f"{s['items']:,}", s["forms"], f"{s['build_s']:.2f}", f"{s['tables_mb']:.1f}",
+                     f"{s['trie_mb']:.1f}"]
+            cells += [f"{s['policies'][p]['p50_ms']:.2f} / {s['policies'][p]['p99_ms']:.2f}" for p in res["policies"]]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines += ["", "![cost against catalogue size](catalogue_scale.png)", ""]
+    if all("itemset" in s for s in res["sizes"]):
+        cols = ["items", "load s", "Redis MB", "B/item", "upsert p50 / p99 ms", "item set's mirror s / MB",
+                "packed MB / s", "follower s / MB", "delta ms"]
+        lines += ["## The item set", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        for s in res["sizes"]:
+            i = s["itemset"]
+            lines.append("| " + " | ".join([
+                f"{s['items']:,}", f"{i['load_s']:.1f}", f"{i['redis_mb']:.0f}", f"{i['bytes_per_item']:.0f}",
+                f"{i['upsert_p50_ms']:.2f} / {i['upsert_p99_ms']:.2f}", f"{i['mirror_load_s']:.1f} / {i['mirror_mb']:.0f}",
+                f"{i['packed_mb']:.0f} / {i['pack_s']:.1f}", f"{i['follower_load_s']:.1f} / {i['follower_mb']:.0f}",
+                f"{i['delta_apply_ms']:.0f}"]) + " |")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -211,6 +348,7 @@ def main(argv=None) -> int:
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--exclude-history", action="store_true", help="requests exclude their history (a view)")
     ap.add_argument("--parts", default="inprocess", help=f"what to measure, of {', '.join(PARTS)}")
+    ap.add_argument("--upserts", type=int, default=200, help="timed one-item upserts per size (--parts itemset)")
     ap.add_argument("--out", default=str(RESULTS_DIR))
     a = ap.parse_args(argv)
     import torch
@@ -253,7 +391,10 @@ def main(argv=None) -> int:
             for p, v in entry["policies"].items():
                 keys[f"catalogue.{label}.{p}.p50_ms"], keys[f"catalogue.{label}.{p}.p99_ms"] = v["p50_ms"], v["p99_ms"]
         if "itemset" in parts:
-            entry["itemset"] = itemset_part(label, sids, a)
+            ids = list(b.catalogue.ids) + [f"synthetic-{i}" for i in range(len(sids) - real)]
+            entry["itemset"] = itemset_part(label, sids, seen, ids, list(b.cfg.level_sizes), a)
+            for name in ITEMSET_KEYS:
+                keys[f"catalogue.{label}.itemset.{name}"] = entry["itemset"][name]
         if "stack" in parts:
             entry["stack"] = stack_part(label, sids, a)
         keys[f"catalogue.{label}.tables_mb"], keys[f"catalogue.{label}.build_s"] = fig["tables_mb"], fig["build_s"]
@@ -265,7 +406,7 @@ def main(argv=None) -> int:
     if "inprocess" in parts:
         out.mkdir(parents=True, exist_ok=True)
         plot(res, out / "catalogue_scale.png")
-    publish(out, "catalogue_scale", res, markdown(res) if "inprocess" in parts else "", keys)
+    publish(out, "catalogue_scale", res, markdown(res), keys)
     print(json.dumps(keys, indent=2))
     return 0
 

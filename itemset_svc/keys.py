@@ -184,9 +184,9 @@ def bump(masks: dict[str, dict[int, int]], touched: set[str], sid: Sequence[int]
         touched.add(pfx)
 
 
-@dataclass
+@dataclass(slots=True)
 class Record:
-    """One item as stored in a version."""
+    """One item as stored in a version (slots: the item set's mirror holds one per item, millions of them)."""
 
     item_id: str
     row: int
