@@ -1,0 +1,189 @@
+"""The item set's layout for big catalogues, against a real Redis, at small sizes (functional, not timed):
+the bulk load from arrays, versions as overlays over one data copy (a write stages only what it changes,
+pruning folds), rollback across a bulk load, and the packed snapshot a follower starts from."""
+
+from __future__ import annotations
+
+import grpc
+import numpy as np
+import pytest
+import redis.asyncio as aioredis
+
+from itemset_svc.bulk import CatalogueArrays
+from itemset_svc.keys import build_masks, format_mask, records_fingerprint
+from itemset_svc.servicer import _packed_chunks, to_pb
+from itemset_svc.store import Record, RedisCatalogue, UpsertSpec
+from specrec_rpc.catalogue import build_snapshot, build_snapshot_columns
+from specrec_rpc.packed import Columns, pack, unpack
+from specrec_rpc.v1 import itemset_pb2
+
+from .test_itemset import start_itemset, settings
+
+LEVELS = [4, 4, 8]
+
+
+def catalogue(n: int, seed: int = 0) -> list[Record]:
+    rng = np.random.default_rng(seed)
+    keys = rng.choice(int(np.prod(LEVELS)), n, replace=False)
+    recs = []
+    for row, k in enumerate(keys.tolist()):
+        sid = (k // 32, (k // 8) % 4, k % 8)
+        recs.append(Record(f"it-{row}", row, sid, "title é" if row % 7 == 0 else "", "", bool(row % 3 == 0)))
+    return recs
+
+
+@pytest.fixture
+async def store(redis_url, namespace):
+    s = RedisCatalogue.from_url(redis_url, namespace, keep_versions=3)
+    yield s
+    await s.close()
+
+
+async def content(store: RedisCatalogue, version: str = "") -> dict:
+    v, ls, records, fp = await store.snapshot(version)
+    return {r.item_id: (r.row, r.sid, r.unseen, r.title) for r in records}
+
+
+async def test_bulk_load_from_arrays_equals_the_records(store, redis_url, namespace):
+    recs = catalogue(100)
+    cat = CatalogueArrays([r.item_id for r in recs], np.array([r.sid for r in recs]),
+                          np.array([r.unseen for r in recs]), titles=[r.title for r in recs])
+    v = await store.bulk_load(cat, LEVELS)
+    info = await store.info()
+    assert (info.version, info.n_items, info.fingerprint) == (v, 100, records_fingerprint(recs))
+    _, _, got, fp = await store.snapshot()
+    assert got == recs and fp == records_fingerprint(recs)
+    masks = build_masks(r.sid for r in recs)
+    _, allowed = await store.allowed(list(masks))
+    assert allowed == [sorted(masks[p]) for p in masks]
+    r = aioredis.from_url(redis_url, decode_responses=True)
+    try:  # the masks' counts are exact (a delete drops a code when its last item goes)
+        raw = await r.hgetall(store.keys.dkey(v, "pfx"))
+        assert raw == {p: format_mask(m) for p, m in masks.items()}
+    finally:
+        await r.aclose()
+    _, owners = await store.lookup(["9.9.9", ".".join(map(str, recs[5].sid))])
+    assert owners == [None, "it-5"]
+
+
+async def test_bulk_load_refuses_what_does_not_fit(store):
+    recs = catalogue(10)
+    dup = [*recs[:9], Record("x", 9, recs[0].sid)]
+    with pytest.raises(ValueError, match="share SID"):
+        await store.bulk_load(dup, LEVELS)
+    with pytest.raises(ValueError, match="does not fit level sizes"):
+        await store.bulk_load([*recs[:9], Record("x", 9, (4, 0, 0))], LEVELS)
+    with pytest.raises(ValueError, match="duplicate item ids"):
+        await store.bulk_load([*recs[:9], Record("it-0", 9, (3, 3, 7))], LEVELS)
+
+
+async def test_a_write_stages_only_what_it_changes_and_pruning_folds(store, redis_url):
+    recs = catalogue(60)
+    v0 = await store.bulk_load(recs, LEVELS)
+    free = sorted({(a, b, c) for a in range(4) for b in range(4) for c in range(8)} - {r.sid for r in recs})
+    expect = {v0: await content(store)}
+    versions = [v0]
+    r = aioredis.from_url(redis_url, decode_responses=True)
+    try:
+        for j in range(6):
+            if j % 3 == 2:
+                res = await store.delete([f"it-{j}"])
+            else:
+                res = await store.upsert([UpsertSpec(f"new-{j}", sid=free[j]),
+                                          UpsertSpec(f"it-{10 + j}", sid=free[20 + j])])
+            versions.append(res.version)
+            expect[res.version] = await content(store)
+            # the version's overlay holds what the write changed, nothing more
+            assert await r.hlen(store.keys.vkey(res.version, "items")) <= 2
+            assert await r.hlen(store.keys.vkey(res.version, "sid2item")) <= 4
+            stored = await store.stored_versions()
+            assert stored == versions[-3:]
+            for v in stored:  # every stored version reads exactly what it was, folds or not
+                assert await content(store, v) == expect[v]
+            # the data is the oldest stored version's content
+            lay = await store.layout(stored[0])
+            assert lay.layers == ()
+            assert await r.hlen(store.keys.dkey(lay.data, "items")) == len(expect[stored[0]])
+        # a reader that kept an old layout (its overlays since folded) still reads right
+        stale = store._layouts.copy()
+        other = RedisCatalogue.from_url(redis_url, store.ns)
+        other._layouts.update(stale)
+        await store.upsert([UpsertSpec("late", sid=free[40])])
+        for v in (await store.stored_versions())[:-1]:
+            assert await content(other, v) == expect[v]
+            _, recs_v = await other.resolve(list(expect[v]), v)
+            assert [x.item_id for x in recs_v if x] == list(expect[v])
+        await other.close()
+        # nothing of the pruned versions is left
+        keys = [k async for k in r.scan_iter(match="{" + store.ns + "}:*", count=1000)]
+        datas = {k.split(":d:")[1].split(":")[0] for k in keys if ":d:" in k}
+        assert datas == {v0}
+        assert {k.split(":v:")[1].rsplit(":", 1)[0] for k in keys if ":v:" in k} == set(await store.stored_versions())
+    finally:
+        await r.aclose()
+
+
+async def test_rollback_within_the_data_and_across_a_bulk_load(store):
+    recs = catalogue(40)
+    v0 = await store.bulk_load(recs, LEVELS)
+    free = sorted({(a, b, c) for a in range(4) for b in range(4) for c in range(8)} - {r.sid for r in recs})
+    va = (await store.upsert([UpsertSpec("a", sid=free[0])])).version
+    want_a = await content(store)
+    await store.delete(["it-1", "it-2"])
+    vb = (await store.rollback(va)).version
+    assert await content(store) == want_a and (await store.info()).n_items == len(want_a)
+    assert (await store.info()).fingerprint == await store.fingerprint(va)
+    # a bulk load of other items, then back to a version on the old data: a copy of it, data of its own
+    v1 = await store.bulk_load(catalogue(30, seed=1)[:25], LEVELS, force=True)
+    assert v1 and v0
+    vc = (await store.rollback(vb)).version
+    assert await content(store) == want_a
+    lay = await store.layout(vc)
+    assert lay.data == vc and lay.layers == ()
+    # and writes go on over it
+    await store.delete(["a"])
+    assert "a" not in await content(store) and (await store.info()).n_items == len(want_a) - 1
+
+
+def test_pack_and_unpack_keep_every_column():
+    n = 1000
+    rng = np.random.default_rng(0)
+    cols = Columns(rng.permutation(n), rng.integers(0, 300, (n, 4)), rng.random(n) < 0.3,
+                   [f"id-{i}" for i in range(n)], ["" if i % 5 else f"tïtle {i}" for i in range(n)], ["" if i % 9 else "a\ntext" for i in range(n)])
+    msgs = pack(cols, max_bytes=4096)
+    assert len(msgs) > 10 and all(m.ByteSize() < 8192 for m in msgs)
+    got = unpack(msgs, 4)
+    assert np.array_equal(got.rows, cols.rows) and np.array_equal(got.codes, cols.codes)
+    assert np.array_equal(got.unseen, cols.unseen)
+    assert (got.ids, got.titles, got.texts) == (cols.ids, cols.titles, cols.texts)
+    assert len(unpack(pack(Columns(np.zeros(0, int), np.zeros((0, 4), int), np.zeros(0, bool), [], [], [])), 4)) == 0
+
+
+def test_a_follower_builds_the_same_snapshot_from_packed_chunks_as_from_items():
+    recs = [r for r in catalogue(80) if r.row % 4]  # some rows empty
+    fp = records_fingerprint(recs)
+    items = [to_pb(r) for r in recs]
+    a = build_snapshot("e.1", LEVELS, items, fp)
+    chunks = _packed_chunks("e.1", LEVELS, recs, fp)
+    b = build_snapshot_columns("e.1", LEVELS, unpack([c.packed for c in chunks], 3), chunks[0].fingerprint)
+    assert chunks[0].n_items == len(recs) and list(chunks[0].level_sizes) == LEVELS
+    assert (a.ids, a.titles, a.texts, a.index, a.fingerprint) == (b.ids, b.titles, b.texts, b.index, b.fingerprint)
+    assert np.array_equal(a.itemset.sids, b.itemset.sids) and np.array_equal(a.itemset.active, b.itemset.active)
+    assert np.array_equal(a.itemset.seen, b.itemset.seen)
+
+
+async def test_the_service_answers_a_packed_snapshot(redis_url, namespace, tiny_bundle_dir):
+    h = await start_itemset(settings(redis_url, namespace, tiny_bundle_dir))
+    try:
+        for _ in range(2):  # from Redis, then from the mirror (its chunks kept)
+            chunks = [c async for c in h.stub.Snapshot(itemset_pb2.SnapshotRequest(packed=True))]
+            items = [it async for c in h.stub.Snapshot(itemset_pb2.SnapshotRequest()) for it in c.items]
+            assert all(not c.items for c in chunks) and chunks[0].n_items == len(items)
+            cols = unpack([c.packed for c in chunks], len(chunks[0].level_sizes))
+            assert cols.ids == [it.item_id for it in items] and cols.rows.tolist() == [it.row for it in items]
+            assert cols.codes.tolist() == [list(it.sid.codes) for it in items]
+            assert cols.titles == [it.title for it in items] and cols.unseen.tolist() == [it.unseen for it in items]
+        with pytest.raises(grpc.aio.AioRpcError):
+            [c async for c in h.stub.Snapshot(itemset_pb2.SnapshotRequest(packed=True, version="zz.1"))]
+    finally:
+        await h.close()
