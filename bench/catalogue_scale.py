@@ -148,7 +148,7 @@ def itemset_part(label: str, sids: np.ndarray, seen: np.ndarray, ids: list[str],
     (``load_s``), Redis's memory (``redis_mb``, ``bytes_per_item``, each data key's ``MEMORY USAGE``), ``--upserts``
     one-item upserts with explicit SIDs, half new items and half replacements, each a published version
     (``upsert_p50_ms``, ``upsert_p99_ms``), and the mirrors: the item set's own read from Redis
-    (``mirror_load_s``, ``mirror_mb``), a follower's from a packed snapshot (``pack_s`` on the item set's side,
+    (``mirror_load_s``, ``mirror_mb``: from the data's packed copy, the items changed since on top), a follower's from a packed snapshot (``pack_s`` on the item set's side,
     ``follower_load_s`` and ``follower_mb`` on the follower's, its trie included) and a version change's delta
     applied by the follower (``delta_apply_ms``). Memory of the mirrors is this process's resident growth:
     rough."""
@@ -172,7 +172,7 @@ async def _itemset_figures(label: str, url: str, sids: np.ndarray, seen: np.ndar
     import redis.asyncio as aioredis
 
     from itemset_svc.bulk import CatalogueArrays
-    from itemset_svc.mirror import Mirror
+    from itemset_svc.mirror import read_mirror
     from itemset_svc.servicer import _packed_chunks, to_pb
     from itemset_svc.store import RedisCatalogue, UpsertSpec
     from specrec.ids.trie import mixed_radix
@@ -217,16 +217,15 @@ async def _itemset_figures(label: str, url: str, sids: np.ndarray, seen: np.ndar
         m0 = rss()
         t0 = time.perf_counter()
         info = await store.info()
-        v, ls, records, fp = await store.snapshot(info.version, batch=10_000)
-        mirror = Mirror(v, fp, ls, {rec.item_id: rec for rec in records}, info.bundle)
+        mirror = await read_mirror(store, info.version, info.bundle)
+        v, ls, fp = mirror.version, mirror.level_sizes, mirror.fingerprint
         out["mirror_load_s"] = time.perf_counter() - t0
         out["mirror_mb"] = rss() - m0
         # a follower's copy: the item set packs the snapshot, the follower unpacks and indexes it
         t0 = time.perf_counter()
-        chunks = _packed_chunks(*mirror.snapshot())
+        chunks = _packed_chunks(*mirror.columns())
         out["pack_s"] = time.perf_counter() - t0
         out["packed_mb"] = sum(c.ByteSize() for c in chunks) / 2**20
-        del records
         gc.collect()
         f0 = rss()
         t0 = time.perf_counter()

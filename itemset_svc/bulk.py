@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from specrec_rpc.fingerprint import fingerprint_arrays, sid_strings
+from specrec_rpc.packed import Columns, pack
 
 from .keys import EMPTY_FINGERPRINT, STAGING_TTL_S, Layout, Record
 from .metrics import CATALOGUE_ITEMS, ITEMS_WRITTEN, WRITES
@@ -195,12 +196,15 @@ class CatalogueBulkLoad(VersionPublisher):
                     for r, s, u, ti, te in zip(rows[lo:hi], sids, unseen.tolist(), titles, texts)]
             fp = fingerprint_arrays(ids, sids, unseen.tolist(), fp)
             p = self.pipe(transaction=False)
+            packed = pack(Columns(cat.rows[lo:hi], cat.sids[lo:hi], unseen, ids, list(titles), list(texts)),
+                          max_bytes=1 << 40)[0]
+            p.hset(k.dkey(new, "packed"), str(lo // step), packed.SerializeToString())
             for a in range(0, hi - lo, chunk):
                 b = min(a + chunk, hi - lo)
                 p.hset(k.dkey(new, "sid2item"), mapping=dict(zip(sids[a:b], ids[a:b])))
                 p.hset(k.dkey(new, "items"), mapping=dict(zip(ids[a:b], recs[a:b])))
-            p.expire(k.dkey(new, "items"), STAGING_TTL_S)
-            p.expire(k.dkey(new, "sid2item"), STAGING_TTL_S)
+            for name in ("items", "sid2item", "packed"):
+                p.expire(k.dkey(new, name), STAGING_TTL_S)
             await self._t("load_chunk", p.execute())
             if bar is not None:
                 bar.update(hi - lo)

@@ -32,6 +32,11 @@ only by pruning, below)::
                                  (prefix "" = first level, "12" = after code 12, ...; the
                                  counts let a deletion drop a code exactly when its last
                                  item goes)
+    {ns}:d:<d>:packed    HASH    "0", "1", ... -> the items as the bulk load wrote them, packed
+                                 (itemset.v1.PackedItems, a few arrays per field): how a mirror
+                                 reads millions of items in seconds (absent: read the items hash)
+    {ns}:d:<d>:dirty     SET     item ids changed in the data since (folds add them): a mirror
+                                 reads these, and the layers' items, on top of the packed copy
 
 Per version ``v`` (written once, then only read, until pruned)::
 
@@ -63,7 +68,8 @@ from dataclasses import dataclass
 
 from specrec_rpc.fingerprint import EMPTY_FINGERPRINT, fingerprint  # noqa: F401 (re-exported)
 
-DATA_KEYS = ("sid2item", "items", "pfx")
+DATA_KEYS = ("sid2item", "items", "pfx")  # the hashes a field is read from (data and overlays alike)
+DATA_EXTRA = ("packed", "dirty")  # the data's own
 VERSION_KEYS = ("meta", *DATA_KEYS)
 STAGING_TTL_S = 6 * 3600
 ROOT = ""  # the prefix field of the first level
@@ -91,7 +97,8 @@ class Keys:
         return f"{self.tag}:d:{data}:{name}"
 
     def data_keys(self, data: str) -> list[str]:
-        return [self.dkey(data, k) for k in DATA_KEYS]
+        """The data's hashes (:data:`DATA_KEYS`), then its packed copy and its dirty set."""
+        return [self.dkey(data, k) for k in (*DATA_KEYS, *DATA_EXTRA)]
 
 
 @dataclass(frozen=True)

@@ -16,19 +16,124 @@ and dropped whenever the mirror changes.
 The mirror also remembers what its last writes changed (:attr:`Mirror.changes`),
 so a follower that holds an earlier version gets only the difference
 (:meth:`Mirror.delta`) instead of the whole catalogue.
+
+At millions of items the records are a :class:`RecordTable`: the data's packed
+copy by column (read from Redis in seconds, :meth:`~.reads.CatalogueReads.snapshot_columns`)
+and a dict of the items changed since, so the mirror holds arrays, not an object
+per item, and hands followers a packed snapshot (:meth:`Mirror.columns`) without
+building one.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, MutableMapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from specrec_rpc.fingerprint import fingerprint
+from specrec_rpc.packed import Columns
 
 from .keys import Record, build_masks, sid_str
 from .publish import WriteResult
 from .reads import CatalogueInfo
+
+
+class RecordTable(MutableMapping):
+    """item id -> :class:`Record`, as packed columns (``base``) and the items changed since (``over``: a Record,
+    or None for an item of ``base`` that is gone). A Record is made only for an item asked for."""
+
+    def __init__(self, base: Columns, over: dict[str, Record | None] | None = None):
+        self.base = base
+        self.pos = {i: j for j, i in enumerate(base.ids)}
+        self.over: dict[str, Record | None] = {}
+        self._gone = 0  # items of base that are overridden (changed or gone)
+        for i, r in (over or {}).items():
+            if r is None:
+                self.pop(i, None)
+            else:
+                self[i] = r
+
+    def _base(self, j: int) -> Record:
+        b = self.base
+        return Record(b.ids[j], int(b.rows[j]), tuple(int(c) for c in b.codes[j]), b.titles[j], b.texts[j],
+                      bool(b.unseen[j]))
+
+    def __getitem__(self, item_id: str) -> Record:
+        if item_id in self.over:
+            r = self.over[item_id]
+            if r is None:
+                raise KeyError(item_id)
+            return r
+        return self._base(self.pos[item_id])
+
+    def __setitem__(self, item_id: str, r: Record) -> None:
+        if item_id in self.pos and item_id not in self.over:
+            self._gone += 1
+        self.over[item_id] = r
+
+    def __delitem__(self, item_id: str) -> None:
+        if item_id not in self:
+            raise KeyError(item_id)
+        if item_id in self.pos:
+            if item_id not in self.over:
+                self._gone += 1
+            self.over[item_id] = None
+        else:
+            del self.over[item_id]
+
+    def __contains__(self, item_id) -> bool:
+        return self.over[item_id] is not None if item_id in self.over else item_id in self.pos
+
+    def __len__(self) -> int:
+        return len(self.base) - self._gone + sum(1 for r in self.over.values() if r is not None)
+
+    def __iter__(self) -> Iterator[str]:
+        for i in self.base.ids:
+            if i not in self.over:
+                yield i
+        for i, r in self.over.items():
+            if r is not None:
+                yield i
+
+    def columns(self) -> Columns:
+        """Every item by column, sorted by row (numpy over the base, the changed items appended)."""
+        b = self.base
+        keep = np.fromiter((i not in self.over for i in b.ids), bool, len(b)) if self.over else np.ones(len(b), bool)
+        new = [r for r in self.over.values() if r is not None]
+        L = b.codes.shape[1]
+        rows = np.concatenate([b.rows[keep], np.asarray([r.row for r in new], np.int64)])
+        codes = np.concatenate([b.codes[keep], np.asarray([r.sid for r in new], np.int64).reshape(len(new), L)])
+        unseen = np.concatenate([b.unseen[keep], np.asarray([r.unseen for r in new], bool)])
+        idx = np.flatnonzero(keep).tolist()
+        ids = [b.ids[j] for j in idx] + [r.item_id for r in new]
+        titles = [b.titles[j] for j in idx] + [r.title for r in new]
+        texts = [b.texts[j] for j in idx] + [r.text for r in new]
+        order = np.argsort(rows, kind="stable")
+        ol = order.tolist()
+        return Columns(rows[order], codes[order], unseen[order], [ids[j] for j in ol], [titles[j] for j in ol],
+                       [texts[j] for j in ol])
+
+
+def records_columns(records: Sequence[Record], levels: int) -> Columns:
+    """Records (sorted as wanted) by column."""
+    n = len(records)
+    return Columns(np.fromiter((r.row for r in records), np.int64, n),
+                   np.asarray([r.sid for r in records], dtype=np.int64).reshape(n, levels),
+                   np.fromiter((r.unseen for r in records), bool, n), [r.item_id for r in records],
+                   [r.title for r in records], [r.text for r in records])
+
+
+async def read_mirror(store, version: str, bundle: str = "") -> Mirror:
+    """The mirror of ``version`` read from Redis: from the data's packed copy where it has one (a
+    :class:`RecordTable`), else every item of the items hash."""
+    got = await store.snapshot_columns(version)
+    if got is not None:
+        v, ls, cols, changed, fp = got
+        return Mirror(v, fp, ls, RecordTable(cols, changed), bundle)
+    v, ls, records, fp = await store.snapshot(version, batch=10_000)
+    return Mirror(v, fp, ls, {r.item_id: r for r in records}, bundle)
 
 
 @dataclass
@@ -38,7 +143,7 @@ class Mirror:
     version: str
     fingerprint: str
     level_sizes: list[int]
-    records: dict[str, Record]
+    records: MutableMapping[str, Record]  # a dict, or a RecordTable (millions of items)
     bundle: str = ""
     # to version -> (from version, records written, records taken out), oldest first, the last max_changes
     changes: OrderedDict[str, tuple[str, list[Record], list[Record]]] = field(default_factory=OrderedDict,
@@ -137,6 +242,14 @@ class Mirror:
         if self._masks is None:
             self._masks = build_masks(r.sid for r in self.records.values())
         return [sorted(c for c, n in self._masks.get(p, {}).items() if n > 0) for p in prefixes]
+
+    def columns(self) -> tuple[str, list[int], Columns, str]:
+        """:meth:`snapshot` by column (a packed snapshot, a restore's bulk load)."""
+        if isinstance(self.records, RecordTable):
+            cols = self.records.columns()
+        else:
+            cols = records_columns(sorted(self.records.values(), key=lambda r: r.row), len(self.level_sizes))
+        return self.version, list(self.level_sizes), cols, self.fingerprint
 
     def snapshot(self) -> tuple[str, list[int], list[Record], str]:
         return (

@@ -118,9 +118,10 @@ return {1, ARGV[2]}
 """
 
 # KEYS: versions, then the pruned version's meta and overlays (4), the next version's meta and overlays (4), the
-# pruned version's data (3); ARGV: the pruned version, the next one ("" = none), the pruned version's data id.
+# pruned version's data (3 hashes, its packed copy, its dirty set); ARGV: the pruned version, the next one ("" = none), the pruned version's data id.
 # The data is the oldest version's content: when the next version lies over the same data its overlay is folded
-# in (and emptied: readers holding its old layout read the same), else no version is left on the data: deleted.
+# in (and emptied: readers holding its old layout read the same; the items it changed join the dirty set, which
+# readers of the packed copy read again), else no version is left on the data: deleted.
 _FOLD = """
 if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
 if ARGV[2] ~= '' and redis.call('HGET', KEYS[6], 'data') == ARGV[3] then
@@ -128,12 +129,13 @@ if ARGV[2] ~= '' and redis.call('HGET', KEYS[6], 'data') == ARGV[3] then
     local kv = redis.call('HGETALL', KEYS[7 + j])
     for i = 1, #kv, 2 do
       if kv[i + 1] == '' then redis.call('HDEL', KEYS[10 + j], kv[i]) else redis.call('HSET', KEYS[10 + j], kv[i], kv[i + 1]) end
+      if j == 1 then redis.call('SADD', KEYS[14], kv[i]) end
     end
     redis.call('UNLINK', KEYS[7 + j])
   end
   redis.call('HSET', KEYS[6], 'layers', '')
 else
-  redis.call('UNLINK', KEYS[10], KEYS[11], KEYS[12])
+  redis.call('UNLINK', KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14])
 end
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('UNLINK', KEYS[2], KEYS[3], KEYS[4], KEYS[5])

@@ -10,12 +10,17 @@ stored), and each field is read from every layer in the same MULTI and merged.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from redis.client import NEVER_DECODE
+
 from specrec_rpc.errors import FailedPrecondition, Unavailable
+from specrec_rpc.packed import Columns, unpack
+from specrec_rpc.v1 import itemset_pb2
 
 from .keys import EMPTY_FINGERPRINT, Keys, Layout, Record, merge_layers, parse_mask
 from .metrics import REDIS_SECONDS
@@ -167,6 +172,43 @@ class CatalogueReads:
                                   lambda p, v, lay: self.hmget_layers(p, lay, "pfx", prefixes) if prefixes else None)
         raws = merge_layers(res) if prefixes else []
         return v, [sorted(parse_mask(raw)) for raw in raws]
+
+    async def snapshot_columns(self, version: str = "") -> tuple[str, list[int], Columns, dict, str] | None:
+        """A version from its data's packed copy (:mod:`.keys`), without reading the items hash: (version,
+        level sizes, the packed items by column, {item id: its Record, or None when gone} for the items changed
+        since the copy was written, fingerprint); None when the data has no packed copy (read
+        :meth:`snapshot`)."""
+        k = self.keys
+
+        def fill(p, v, lay):
+            p.get(k.key("level_sizes"))
+            p.hget(k.vkey(v, "meta"), "fingerprint")
+            p.hlen(k.dkey(lay.data, "packed"))
+            p.smembers(k.dkey(lay.data, "dirty"))  # with the layers' fields, in one MULTI: folds move ids
+            for name in lay.layers:  # from the layers to the dirty set, never lose one
+                p.hkeys(k.vkey(name, "items"))
+
+        v, res = await self._read("snapshot", version, fill)
+        n_packed = int(res[2])
+        if not n_packed:
+            return None
+        lay = await self.layout(v)
+        ls = [int(x) for x in res[0].split(",")] if res[0] else (self.default_level_sizes or [])
+        changed = sorted(set(res[3]).union(*res[4:]))
+        t0 = time.perf_counter()
+        msgs = []
+        for i in range(n_packed):
+            raw = await self.r.execute_command("HGET", k.dkey(lay.data, "packed"), str(i), **{NEVER_DECODE: True})
+            if raw is None:
+                raise await self._not_found(v)  # the data went with its last version meanwhile
+            msgs.append(itemset_pb2.PackedItems.FromString(raw))
+        REDIS_SECONDS.labels("snapshot_packed").observe(time.perf_counter() - t0)
+        raws = await self.hmget("snapshot", v, "items", changed) if changed else []
+        if await self._t("snapshot", self.r.zscore(k.key("versions"), v)) is None:
+            raise await self._not_found(v)  # pruned while we read it
+        cols = await asyncio.to_thread(unpack, msgs, len(ls))
+        return v, ls, cols, {i: (Record.loads(i, raw) if raw else None) for i, raw in zip(changed, raws)}, \
+            res[1] or EMPTY_FINGERPRINT
 
     async def snapshot(self, version: str = "", batch: int = 2000) -> tuple[str, list[int], list[Record], str]:
         """Every item of a version, sorted by row, and the version's fingerprint."""

@@ -27,7 +27,6 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import grpc
-import numpy as np
 from redis.exceptions import ReadOnlyError
 
 from specrec.ids.semantic import CollisionOverflow
@@ -45,7 +44,7 @@ from specrec_rpc.packed import Columns, pack
 from specrec_rpc.v1 import common_pb2, itemset_pb2, itemset_pb2_grpc
 
 from .metrics import DELTAS, MIRROR_READS, WRITE_RETRIES
-from .mirror import Mirror
+from .mirror import Mirror, records_columns
 from .publish import WriteResult
 from .settings import ItemSetSettings
 from .store import (
@@ -103,17 +102,13 @@ def _chunks(version: str, level_sizes: list[int], items: list, fingerprint: str,
     return out
 
 
-def _packed_chunks(version: str, level_sizes: list[int], records: list[Record], fingerprint: str) -> list:
-    """A full snapshot as packed chunks (:mod:`specrec_rpc.packed`: a few arrays per message, not a message
-    per item); the first carries the level sizes, the count and the fingerprint."""
-    n, L = len(records), len(level_sizes)
-    cols = Columns(np.fromiter((r.row for r in records), np.int64, n),
-                   np.asarray([r.sid for r in records], dtype=np.int64).reshape(n, L),
-                   np.fromiter((r.unseen for r in records), bool, n), [r.item_id for r in records],
-                   [r.title for r in records], [r.text for r in records])
+def _packed_chunks(version: str, level_sizes: list[int], cols: Columns, fingerprint: str) -> list:
+    """A full snapshot (items by column, sorted by row) as packed chunks (:mod:`specrec_rpc.packed`: a few
+    arrays per message, not a message per item); the first carries the level sizes, the count and the
+    fingerprint."""
     out = [itemset_pb2.SnapshotChunk(version=version, packed=m) for m in pack(cols)]
     out[0].level_sizes.extend(level_sizes)
-    out[0].n_items, out[0].fingerprint = n, fingerprint
+    out[0].n_items, out[0].fingerprint = len(cols), fingerprint
     return out
 
 
@@ -184,7 +179,7 @@ class ItemSetServicer(itemset_pb2_grpc.ItemSetServicer):
             return None
         key = (version, -1)
         if key not in self._chunks:
-            self._chunks[key] = _packed_chunks(*m.snapshot())
+            self._chunks[key] = _packed_chunks(*m.columns())
             while len(self._chunks) > 2:
                 self._chunks.popitem(last=False)
         return self._chunks[key]
@@ -332,7 +327,7 @@ class ItemSetServicer(itemset_pb2_grpc.ItemSetServicer):
         if chunks is None:
             v, ls, records, fp = await self.read("Snapshot", version, lambda st: st.snapshot(version),
                                                  lambda m: m.snapshot())
-            chunks = (_packed_chunks(v, ls, records, fp) if request.packed
+            chunks = (_packed_chunks(v, ls, records_columns(records, len(ls)), fp) if request.packed
                       else _chunks(v, ls, [to_pb(r) for r in records], fp, size))
         for chunk in chunks:
             yield chunk

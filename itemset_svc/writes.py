@@ -25,6 +25,7 @@ import numpy as np
 from specrec_rpc.errors import FailedPrecondition, InvalidArgument
 
 from .keys import (
+    DATA_EXTRA,
     DATA_KEYS,
     EMPTY_FINGERPRINT,
     STAGING_TTL_S,
@@ -251,7 +252,7 @@ class CatalogueWrites(VersionPublisher):
         lay = Layout(st.version)
         p = self.pipe()
         p.zscore(k.key("versions"), version)
-        for name in DATA_KEYS:
+        for name in (*DATA_KEYS, *DATA_EXTRA):
             p.copy(k.dkey(target.data, name), k.dkey(st.version, name), replace=True)
             p.expire(k.dkey(st.version, name), STAGING_TTL_S)
         for v in reversed(target.layers):  # oldest first
@@ -260,7 +261,7 @@ class CatalogueWrites(VersionPublisher):
         res = await self._t("rollback_copy", p.execute())
         if res[0] is None:
             raise await self._not_found(version)
-        overlays = res[1 + 2 * len(DATA_KEYS):]
+        overlays = res[1 + 2 * (len(DATA_KEYS) + len(DATA_EXTRA)):]
         w = self.pipe()
         w.hset(k.vkey(st.version, "meta"), mapping={"data": lay.data, "layers": ""})
         for j, ov in enumerate(overlays):
@@ -269,6 +270,8 @@ class CatalogueWrites(VersionPublisher):
                 w.hset(k.dkey(st.version, name), mapping=put)
             if gone := [f for f, v in ov.items() if not v]:
                 w.hdel(k.dkey(st.version, name), *gone)
+            if name == "items" and ov:  # changed since the packed copy
+                w.sadd(k.dkey(st.version, "dirty"), *ov)
         await self._t("rollback_copy", w.execute())
         self._layouts[st.version] = lay
 

@@ -11,6 +11,7 @@ import redis.asyncio as aioredis
 
 from itemset_svc.bulk import CatalogueArrays
 from itemset_svc.keys import build_masks, format_mask, records_fingerprint
+from itemset_svc.mirror import RecordTable, read_mirror, records_columns
 from itemset_svc.servicer import _packed_chunks, to_pb
 from itemset_svc.store import Record, RedisCatalogue, UpsertSpec
 from specrec_rpc.catalogue import build_snapshot, build_snapshot_columns
@@ -164,7 +165,7 @@ def test_a_follower_builds_the_same_snapshot_from_packed_chunks_as_from_items():
     fp = records_fingerprint(recs)
     items = [to_pb(r) for r in recs]
     a = build_snapshot("e.1", LEVELS, items, fp)
-    chunks = _packed_chunks("e.1", LEVELS, recs, fp)
+    chunks = _packed_chunks("e.1", LEVELS, records_columns(recs, 3), fp)
     b = build_snapshot_columns("e.1", LEVELS, unpack([c.packed for c in chunks], 3), chunks[0].fingerprint)
     assert chunks[0].n_items == len(recs) and list(chunks[0].level_sizes) == LEVELS
     assert (a.ids, a.titles, a.texts, a.index, a.fingerprint) == (b.ids, b.titles, b.texts, b.index, b.fingerprint)
@@ -187,3 +188,48 @@ async def test_the_service_answers_a_packed_snapshot(redis_url, namespace, tiny_
             [c async for c in h.stub.Snapshot(itemset_pb2.SnapshotRequest(packed=True, version="zz.1"))]
     finally:
         await h.close()
+
+
+async def mirror_content(store: RedisCatalogue, version: str) -> dict:
+    m = await read_mirror(store, version)
+    assert isinstance(m.records, RecordTable)  # read from the data's packed copy
+    _, _, cols, fp = m.columns()
+    assert cols.rows.tolist() == sorted(cols.rows.tolist()) and len(cols) == len(m.records)
+    assert fp == await store.fingerprint(version)
+    got = {r.item_id: (r.row, r.sid, r.unseen, r.title) for r in m.records.values()}
+    assert got == {i: (int(r), tuple(c), bool(u), t)
+                   for i, r, c, u, t in zip(cols.ids, cols.rows, cols.codes.tolist(), cols.unseen, cols.titles)}
+    return got
+
+
+async def test_a_mirror_read_from_the_packed_copy_is_every_stored_version(store):
+    recs = catalogue(50)
+    await store.bulk_load(recs, LEVELS)
+    free = sorted({(a, b, c) for a in range(4) for b in range(4) for c in range(8)} - {r.sid for r in recs})
+    for j in range(5):  # writes, and folds of them into the data (the dirty set)
+        if j == 3:
+            await store.delete(["it-3", "new-0"])
+        else:
+            await store.upsert([UpsertSpec(f"new-{j}", sid=free[j]), UpsertSpec(f"it-{j}", sid=free[10 + j])])
+        for v in await store.stored_versions():
+            assert await mirror_content(store, v) == await content(store, v)
+    va = (await store.stored_versions())[-1]  # still stored after the next bulk load
+    await store.bulk_load(catalogue(20, seed=2), LEVELS, force=True)
+    vr = (await store.rollback(va)).version  # data of its own, copied with its packed copy and dirty set
+    assert await mirror_content(store, vr) == await content(store, va)
+
+
+def test_a_record_table_is_a_mapping_of_its_columns_and_changes():
+    recs = catalogue(10)
+    t = RecordTable(records_columns(recs, 3))
+    assert len(t) == 10 and t["it-4"] == recs[4] and "zz" not in t and list(t) == [r.item_id for r in recs]
+    t["it-4"] = Record("it-4", 4, (3, 3, 7))
+    t["new"] = Record("new", 10, (3, 3, 6))
+    del t["it-0"]
+    assert t.pop("it-1") == recs[1] and t.pop("it-1", None) is None
+    assert len(t) == 9 and "it-0" not in t and t["it-4"].sid == (3, 3, 7)
+    cols = t.columns()
+    assert cols.ids == [f"it-{i}" for i in range(2, 10)] + ["new"] and cols.rows.tolist() == list(range(2, 11))
+    assert cols.codes[2].tolist() == [3, 3, 7]
+    t["it-0"] = recs[0]
+    assert len(t) == 10 and t["it-0"] == recs[0]
