@@ -148,7 +148,8 @@ def itemset_part(label: str, sids: np.ndarray, seen: np.ndarray, ids: list[str],
     (``load_s``), Redis's memory (``redis_mb``, ``bytes_per_item``, each data key's ``MEMORY USAGE``), ``--upserts``
     one-item upserts with explicit SIDs, half new items and half replacements, each a published version
     (``upsert_p50_ms``, ``upsert_p99_ms``), and the mirrors: the item set's own read from Redis
-    (``mirror_load_s``, ``mirror_mb``: from the data's packed copy, the items changed since on top), a follower's from a packed snapshot (``pack_s`` on the item set's side,
+    (``mirror_load_s``, ``mirror_mb``: from the data's packed copy, the items changed since on top), a follower's
+    from a packed snapshot (``pack_s`` on the item set's side,
     ``follower_load_s`` and ``follower_mb`` on the follower's, its trie included) and a version change's delta
     applied by the follower (``delta_apply_ms``). Memory of the mirrors is this process's resident growth:
     rough."""
@@ -329,7 +330,8 @@ def markdown(res: dict) -> str:
             i = s["itemset"]
             lines.append("| " + " | ".join([
                 f"{s['items']:,}", f"{i['load_s']:.1f}", f"{i['redis_mb']:.0f}", f"{i['bytes_per_item']:.0f}",
-                f"{i['upsert_p50_ms']:.2f} / {i['upsert_p99_ms']:.2f}", f"{i['mirror_load_s']:.1f} / {i['mirror_mb']:.0f}",
+                f"{i['upsert_p50_ms']:.2f} / {i['upsert_p99_ms']:.2f}",
+                f"{i['mirror_load_s']:.1f} / {i['mirror_mb']:.0f}",
                 f"{i['packed_mb']:.0f} / {i['pack_s']:.1f}", f"{i['follower_load_s']:.1f} / {i['follower_mb']:.0f}",
                 f"{i['delta_apply_ms']:.0f}"]) + " |")
         lines.append("")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -42,15 +42,16 @@ class CatalogueArrays:
     item_ids: Sequence[str]
     sids: np.ndarray
     unseen: np.ndarray
-    rows: np.ndarray | None = None
+    rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # empty: 0..N-1
     titles: Sequence[str] | None = None
     texts: Sequence[str] | None = None
 
     def __post_init__(self) -> None:
         self.sids = np.asarray(self.sids, dtype=np.int64).reshape(len(self.item_ids), -1)
         self.unseen = np.asarray(self.unseen, dtype=bool).reshape(-1)
-        self.rows = (np.arange(len(self.item_ids), dtype=np.int64) if self.rows is None
-                     else np.asarray(self.rows, dtype=np.int64).reshape(-1))
+        self.rows = np.asarray(self.rows, dtype=np.int64).reshape(-1)
+        if len(self.rows) == 0:
+            self.rows = np.arange(len(self.item_ids), dtype=np.int64)
         if not len(self.unseen) == len(self.rows) == len(self.item_ids):
             raise ValueError("catalogue arrays of different lengths")
 
@@ -183,7 +184,7 @@ class CatalogueBulkLoad(VersionPublisher):
     async def _load_items(self, new: str, cat: CatalogueArrays, level_sizes: list[int], chunk: int, bar) -> None:
         k = self.keys
         fp = EMPTY_FINGERPRINT
-        rows = cat.rows.tolist() if cat.rows is not None else []
+        rows = cat.rows.tolist()
         step = max(chunk, ROUND_TRIP_ITEMS)
         for lo in range(0, len(cat), step):
             hi = min(lo + step, len(cat))

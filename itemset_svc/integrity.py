@@ -33,9 +33,9 @@ from typing import Any
 
 from specrec_rpc.errors import Unavailable
 
+from .bulk import CatalogueArrays
 from .keys import version_counter
 from .metrics import RESTORES
-from .bulk import CatalogueArrays
 from .mirror import Mirror, read_mirror
 from .settings import ItemSetSettings
 from .store import REDIS_DOWN, RedisCatalogue, WriteResult

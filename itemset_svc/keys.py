@@ -216,8 +216,3 @@ class Record:
         return cls(
             item_id, int(o["row"]), parse_sid(o["sid"]), o.get("title", ""), o.get("text", ""), bool(o.get("unseen"))
         )
-
-
-# -- fingerprints (see specrec_rpc.fingerprint) --------------------------------------------
-def records_fingerprint(records: Iterable[Record]) -> str:
-    return fingerprint((r.item_id, r.sid, r.unseen) for r in records)

@@ -118,7 +118,8 @@ return {1, ARGV[2]}
 """
 
 # KEYS: versions, then the pruned version's meta and overlays (4), the next version's meta and overlays (4), the
-# pruned version's data (3 hashes, its packed copy, its dirty set); ARGV: the pruned version, the next one ("" = none), the pruned version's data id.
+# pruned version's data (3 hashes, its packed copy, its dirty set); ARGV: the pruned version, the next one
+# ("" = none), the pruned version's data id.
 # The data is the oldest version's content: when the next version lies over the same data its overlay is folded
 # in (and emptied: readers holding its old layout read the same; the items it changed join the dirty set, which
 # readers of the packed copy read again), else no version is left on the data: deleted.
@@ -128,7 +129,8 @@ if ARGV[2] ~= '' and redis.call('HGET', KEYS[6], 'data') == ARGV[3] then
   for j = 0, 2 do
     local kv = redis.call('HGETALL', KEYS[7 + j])
     for i = 1, #kv, 2 do
-      if kv[i + 1] == '' then redis.call('HDEL', KEYS[10 + j], kv[i]) else redis.call('HSET', KEYS[10 + j], kv[i], kv[i + 1]) end
+      if kv[i + 1] == '' then redis.call('HDEL', KEYS[10 + j], kv[i])
+      else redis.call('HSET', KEYS[10 + j], kv[i], kv[i + 1]) end
       if j == 1 then redis.call('SADD', KEYS[14], kv[i]) end
     end
     redis.call('UNLINK', KEYS[7 + j])
@@ -172,6 +174,7 @@ class VersionPublisher:
     _commit: Any  # registered Lua scripts
     _drop_staged: Any
     _fold: Any
+    _layouts: dict[str, Layout]  # version -> its layout, as read once
     layout: Callable[[str], Awaitable[Layout]]
     pipe: Callable[..., Any]
     _t: Callable[[str, Awaitable[Any]], Awaitable[Any]]

@@ -114,7 +114,8 @@ class CatalogueReads:
             p.hget(k.vkey(cur, "meta"), "items")
             p.hget(k.vkey(cur, "meta"), "fingerprint")
         res = await self._t("info", p.execute())
-        return CatalogueInfo(cur or "", int(res[2] or 0) if cur else 0, ls or self.default_level_sizes or [], list(res[0]),
+        return CatalogueInfo(cur or "", int(res[2] or 0) if cur else 0, ls or self.default_level_sizes or [],
+                             list(res[0]),
                              (res[3] if cur else None) or EMPTY_FINGERPRINT, res[1] or "")
 
     async def _not_found(self, version: str) -> VersionNotFound:

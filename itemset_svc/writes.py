@@ -31,9 +31,9 @@ from .keys import (
     STAGING_TTL_S,
     Layout,
     Record,
-    merge_layers,
     bump,
     format_mask,
+    merge_layers,
     parse_mask,
     prefix_steps,
     sid_str,
@@ -70,6 +70,7 @@ class CatalogueWrites(VersionPublisher):
     _not_found: Callable[[str], Awaitable[VersionNotFound]]  # the read half's
     hmget: Callable[[str, str, str, list[str]], Awaitable[list[str | None]]]
     hmget_layers: Callable[..., int]
+    _layouts: dict[str, Layout]
 
     async def _masks(self, new: str, prefixes) -> dict[str, dict[int, int]]:
         fields = sorted(set(prefixes))

@@ -10,17 +10,22 @@ import pytest
 import redis.asyncio as aioredis
 
 from itemset_svc.bulk import CatalogueArrays
-from itemset_svc.keys import build_masks, format_mask, records_fingerprint
+from itemset_svc.keys import build_masks, format_mask
 from itemset_svc.mirror import RecordTable, read_mirror, records_columns
 from itemset_svc.servicer import _packed_chunks, to_pb
 from itemset_svc.store import Record, RedisCatalogue, UpsertSpec
 from specrec_rpc.catalogue import build_snapshot, build_snapshot_columns
+from specrec_rpc.fingerprint import fingerprint
 from specrec_rpc.packed import Columns, pack, unpack
 from specrec_rpc.v1 import itemset_pb2
 
-from .test_itemset import start_itemset, settings
+from .test_itemset import settings, start_itemset
 
 LEVELS = [4, 4, 8]
+
+
+def records_fingerprint(records) -> str:
+    return fingerprint((r.item_id, r.sid, r.unseen) for r in records)
 
 
 def catalogue(n: int, seed: int = 0) -> list[Record]:
@@ -150,7 +155,8 @@ def test_pack_and_unpack_keep_every_column():
     n = 1000
     rng = np.random.default_rng(0)
     cols = Columns(rng.permutation(n), rng.integers(0, 300, (n, 4)), rng.random(n) < 0.3,
-                   [f"id-{i}" for i in range(n)], ["" if i % 5 else f"tïtle {i}" for i in range(n)], ["" if i % 9 else "a\ntext" for i in range(n)])
+                   [f"id-{i}" for i in range(n)], ["" if i % 5 else f"tïtle {i}" for i in range(n)],
+                   ["" if i % 9 else "a\ntext" for i in range(n)])
     msgs = pack(cols, max_bytes=4096)
     assert len(msgs) > 10 and all(m.ByteSize() < 8192 for m in msgs)
     got = unpack(msgs, 4)
