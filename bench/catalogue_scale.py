@@ -23,9 +23,12 @@ Keys (``catalogue.<size>.``): ``tables_mb``, ``trie_mb``, ``build_s``, ``<policy
 Writes ``catalogue_scale.{json,md,png}`` (the plot: each policy's p50 and p99 against the catalogue's size, and the
 tables' memory and build time) through :func:`bench.harness.publish`.
 
-Not measured here yet (issue 53's later parts; their hooks, :func:`itemset_part` and :func:`stack_part`, say so
-when asked for): the item set at each size in Redis (bulk load, memory, each service's mirror, upsert p99) and the
-stack at a 30 ms budget. Run the big sizes on a machine of their own: 10M items take a few GB and minutes.
+With ``--parts itemset`` (:func:`itemset_part`), per size, the item set in a private ``redis-server``: bulk load,
+Redis memory per item, upsert p50/p99, the item set's mirror, a follower's packed snapshot and a version change's
+delta (keys ``catalogue.<size>.itemset.*``). With ``--parts stack`` (:func:`stack_part`), the four services on the
+catalogue: each one's start (``catalogue.<size>.start_s.<service>``) and ``auto`` at 30 ms in a closed loop
+(``catalogue.<size>.gateway.auto.gr_ranked_share_at_30ms``). Run the big sizes on a machine of their own: 10M items
+take a few GB and minutes.
 """
 
 from __future__ import annotations
@@ -270,10 +273,65 @@ def _free_sid(taken: set, level_sizes: list[int], rng) -> tuple[int, ...]:
     return tuple(reversed(codes))
 
 
-def stack_part(label: str, sids: np.ndarray, a) -> dict:
-    """Hook for issue 53's item 3, stack part (not built): the four services on this catalogue, closed loop at a
-    30 ms budget (``served_by``: the GR-ranked share)."""
-    raise SystemExit("the stack part (the services at each size) is not built yet: issue 53, item 3")
+def stack_part(label: str, sids: np.ndarray, seen: np.ndarray, ids: list[str], bundle_dir: str, a) -> dict:
+    """The four services on this catalogue (:class:`bench.harness.Stack`, a private ``redis-server``): the
+    catalogue bulk-loaded into the stack's namespace first (the bundle's items with their texts, then the
+    synthetic ones, recorded as the bundle's), each service's start until SERVING (``start_s``), then ``auto``
+    through the gateway in a closed loop at a 30 ms budget on ``--stack-users`` seeded random test users:
+    who served each answer (``served_by``) and the share of lists the GR model made or ranked
+    (``gr_ranked_share``)."""
+    import asyncio
+    import re
+    import tempfile
+
+    from bench.harness import Redis, Stack, sample_users
+    from bench.serving_phases import closed_loop, summarise
+    from itemset_svc.bulk import CatalogueArrays
+    from itemset_svc.load import bundle_records
+    from itemset_svc.store import RedisCatalogue
+    from specrec.bundle import Bundle, sid_space_fingerprint
+
+    b = Bundle.load(bundle_dir)
+    tmp = Path(tempfile.mkdtemp(prefix="specrec-catalogue-stack-"))
+    redis = Redis(None, tmp, private=True)
+    stack = Stack(Path(bundle_dir).resolve(), redis, tmp / "logs", f"catalogue-{label}", threads=1,
+                  max_history=b.cfg.max_history)
+    out: dict = {"items": len(sids), "users": a.stack_users}
+    try:
+        records, level_sizes = bundle_records(bundle_dir)
+        synth = len(sids) - len(records)
+        cat = CatalogueArrays(ids, sids, ~seen, titles=[r.title for r in records] + [""] * synth,
+                              texts=[r.text for r in records] + [""] * synth)
+
+        async def load() -> float:
+            store = RedisCatalogue.from_url(stack.redis_url, stack.namespace, timeout_s=120.0)
+            try:
+                t0 = time.perf_counter()
+                await store.bulk_load(cat, level_sizes, bundle=sid_space_fingerprint(bundle_dir))
+                return time.perf_counter() - t0
+            finally:
+                await store.close()
+
+        out["load_s"] = asyncio.run(load())
+        starts: dict[str, float] = {}
+
+        def heard(msg: str) -> None:
+            say(msg)
+            if m := re.match(r"(\w+) SERVING after ([\d.]+) s", msg):
+                starts[m.group(1)] = float(m.group(2))
+
+        stack.start(timeout=a.stack_timeout, say=heard)
+        out["start_s"] = starts
+        users = sample_users(b, a.stack_users, a.seed)
+        answers = asyncio.run(closed_loop(stack.addr("gateway"), users, "auto", a.k, 30.0, len(users.ids)))
+        closed = summarise(answers, np.zeros(len(users.ids)), len(users.ids), a.k)
+        out["closed"] = {k: closed[k] for k in ("answered", "errors", "gr_ranked_share", "served_by", "p99_ms")
+                         if k in closed}
+        say(f"{label}: started in " + ", ".join(f"{n} {t:.1f} s" for n, t in starts.items())
+            + f"; auto at 30 ms: GR-ranked {closed['gr_ranked_share']:.3f}, served by {closed['served_by']}")
+    finally:
+        stack.stop(say=say)
+    return out
 
 
 def plot(res: dict, path: Path) -> None:
@@ -350,6 +408,8 @@ def main(argv=None) -> int:
     ap.add_argument("--exclude-history", action="store_true", help="requests exclude their history (a view)")
     ap.add_argument("--parts", default="inprocess", help=f"what to measure, of {', '.join(PARTS)}")
     ap.add_argument("--upserts", type=int, default=200, help="timed one-item upserts per size (--parts itemset)")
+    ap.add_argument("--stack-users", type=int, default=300, help="seeded random test users (--parts stack)")
+    ap.add_argument("--stack-timeout", type=float, default=900.0, help="seconds a service may take to start")
     ap.add_argument("--out", default=str(RESULTS_DIR))
     a = ap.parse_args(argv)
     import torch
@@ -397,7 +457,12 @@ def main(argv=None) -> int:
             for name in ITEMSET_KEYS:
                 keys[f"catalogue.{label}.itemset.{name}"] = entry["itemset"][name]
         if "stack" in parts:
-            entry["stack"] = stack_part(label, sids, a)
+            ids = list(b.catalogue.ids) + [f"synthetic-{i}" for i in range(len(sids) - real)]
+            entry["stack"] = stack_part(label, sids, seen, ids, a.bundle, a)
+            share = entry["stack"]["closed"]["gr_ranked_share"]
+            keys[f"catalogue.{label}.gateway.auto.gr_ranked_share_at_30ms"] = share
+            for name, t in entry["stack"]["start_s"].items():
+                keys[f"catalogue.{label}.start_s.{name}"] = t
         keys[f"catalogue.{label}.tables_mb"], keys[f"catalogue.{label}.build_s"] = fig["tables_mb"], fig["build_s"]
         keys[f"catalogue.{label}.trie_mb"] = fig["trie_mb"]
         res["sizes"].append(entry)
