@@ -287,7 +287,7 @@ def stack_part(label: str, sids: np.ndarray, seen: np.ndarray, ids: list[str], b
     from bench.harness import Redis, Stack, sample_users
     from bench.serving_phases import closed_loop, summarise
     from itemset_svc.bulk import CatalogueArrays
-    from itemset_svc.load import bundle_records
+    from itemset_svc.load import bundle_arrays
     from itemset_svc.store import RedisCatalogue
     from specrec.bundle import Bundle, sid_space_fingerprint
 
@@ -298,10 +298,10 @@ def stack_part(label: str, sids: np.ndarray, seen: np.ndarray, ids: list[str], b
                   max_history=b.cfg.max_history)
     out: dict = {"items": len(sids), "users": a.stack_users}
     try:
-        records, level_sizes = bundle_records(bundle_dir)
-        synth = len(sids) - len(records)
-        cat = CatalogueArrays(ids, sids, ~seen, titles=[r.title for r in records] + [""] * synth,
-                              texts=[r.text for r in records] + [""] * synth)
+        real, level_sizes = bundle_arrays(bundle_dir)
+        synth = len(sids) - len(real)
+        cat = CatalogueArrays(ids, sids, ~seen, titles=[*(real.titles or []), *[""] * synth],
+                              texts=[*(real.texts or []), *[""] * synth])
 
         async def load() -> float:
             store = RedisCatalogue.from_url(stack.redis_url, stack.namespace, timeout_s=120.0)

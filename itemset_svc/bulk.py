@@ -19,7 +19,7 @@ inside a write.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -108,6 +108,8 @@ def prefix_masks(sids: np.ndarray, level_sizes: Sequence[int]) -> Iterator[tuple
 
 class CatalogueBulkLoad(VersionPublisher):
     """The bulk-load half of :class:`~.store.RedisCatalogue`."""
+
+    snapshot_columns: Callable[[str], Awaitable[tuple[str, list[int], Columns, dict, str] | None]]  # the read half's
 
     async def bulk_load(self, records: Sequence[Record] | CatalogueArrays, level_sizes: Sequence[int],
                         force: bool = False, chunk: int = 5000, progress: bool = False, bundle: str = "") -> str:
@@ -227,16 +229,27 @@ class CatalogueBulkLoad(VersionPublisher):
             raise ValueError(f"namespace {self.ns!r} holds SIDs with level sizes {ls}, the bundle has {level_sizes} "
                              f"(force to replace)")
         by_row = dict(zip(cat.rows.tolist(), cat.item_ids))
+
+        def check(item_id: str, row: int) -> None:
+            if row in by_row and by_row[row] != item_id:
+                raise ValueError(f"row {row} is item {item_id!r} in version {cur} but {by_row[row]!r} in the "
+                                 f"bundle: rows must stay stable (force to replace)")
+
+        packed = await self.snapshot_columns(cur)  # the data's packed copy, and what changed since
+        if packed is not None:
+            _, _, cols, changed, _ = packed
+            for item_id, row in zip(cols.ids, cols.rows.tolist()):
+                if item_id not in changed:
+                    check(item_id, row)
+            for item_id, rec in changed.items():
+                if rec is not None:
+                    check(item_id, rec.row)
+            return
         lay = await self.layout(cur)
         seen: set[str] = set()
         for key in lay.keys(self.keys, "items"):  # overlays newest first, then the data
             async for item_id, raw in self.r.hscan_iter(key, count=2000):
-                if item_id in seen:
-                    continue
-                seen.add(item_id)
-                if not raw:
-                    continue
-                row = json.loads(raw)["row"]
-                if row in by_row and by_row[row] != item_id:
-                    raise ValueError(f"row {row} is item {item_id!r} in version {cur} but {by_row[row]!r} in the "
-                                     f"bundle: rows must stay stable (force to replace)")
+                if item_id not in seen:
+                    seen.add(item_id)
+                    if raw:
+                        check(item_id, json.loads(raw)["row"])
