@@ -1,7 +1,9 @@
 """Local snapshots of the catalogue, kept in step with the item-set service.
 
 Drafter, verifier and gateway each hold a :class:`CatalogueWatcher`: it
-downloads the current version (``ItemSet.Snapshot``), builds a
+downloads the current version (``ItemSet.Snapshot``, packed: a few arrays per
+message, :mod:`.packed`, so millions of items arrive and are indexed with numpy,
+:func:`build_snapshot_columns`), builds a
 :class:`~specrec.itemset.LocalItemSet` (trie, prefix ranges) and polls
 ``GetVersion`` every ``poll_s`` seconds; a new version is fetched, built off
 the event loop, and swapped in atomically, then listeners are told. A new
