@@ -268,7 +268,14 @@ class VersionPublisher:
             victims = stored[: max(0, len(stored) - self.keep)]
             for i, v in enumerate(victims):
                 nxt = stored[i + 1] if i + 1 < len(stored) else ""
-                data = (await self.layout(v)).data
+                try:
+                    data = (await self.layout(v)).data
+                except FailedPrecondition:  # written by an item set before layers: its keys were all its own
+                    p = self.pipe()
+                    p.zrem(k.key("versions"), v)
+                    p.execute_command("UNLINK", *k.version_keys(v), k.vkey(v, "sids"))
+                    await self._t("prune", p.execute())
+                    continue
                 keys = [k.key("versions"), *k.version_keys(v), *k.version_keys(nxt or v), *k.data_keys(data)]
                 await self._t("prune", self._fold(keys=keys, args=[v, nxt, data]))
                 self._layouts.pop(v, None)

@@ -15,6 +15,7 @@ from itemset_svc.mirror import RecordTable, read_mirror, records_columns
 from itemset_svc.servicer import _packed_chunks, to_pb
 from itemset_svc.store import Record, RedisCatalogue, UpsertSpec
 from specrec_rpc.catalogue import build_snapshot, build_snapshot_columns
+from specrec_rpc.errors import FailedPrecondition
 from specrec_rpc.fingerprint import fingerprint
 from specrec_rpc.packed import Columns, pack, unpack
 from specrec_rpc.v1 import itemset_pb2
@@ -239,3 +240,31 @@ def test_a_record_table_is_a_mapping_of_its_columns_and_changes():
     assert cols.codes[2].tolist() == [3, 3, 7]
     t["it-0"] = recs[0]
     assert len(t) == 10 and t["it-0"] == recs[0]
+
+
+async def test_a_forced_bulk_load_replaces_a_catalogue_written_before_layers(redis_url, namespace):
+    """An item set older than the layered layout kept whole copies per version (with a SID set): reads of such a
+    version are refused, saying to load again; a forced load does, and pruning deletes the old keys."""
+    s = RedisCatalogue.from_url(redis_url, namespace, keep_versions=1)
+    k = s.keys
+    r = aioredis.from_url(redis_url, decode_responses=True)
+    try:
+        old = "abcdef.3"
+        await r.hset(k.vkey(old, "meta"), mapping={"op": "load", "fingerprint": "0" * 32})
+        await r.sadd(k.vkey(old, "sids"), "1.2.3")
+        await r.hset(k.vkey(old, "sid2item"), "1.2.3", "x")
+        await r.hset(k.vkey(old, "items"), "x", '{"row":0,"sid":"1.2.3","unseen":false}')
+        await r.hset(k.vkey(old, "pfx"), "", "1:1")
+        await r.set(k.key("current"), old)
+        await r.zadd(k.key("versions"), {old: 3})
+        await r.set(k.key("level_sizes"), "4,4,8")
+        await r.set(k.key("epoch"), "abcdef")
+        await r.set(k.key("seq"), 3)
+        with pytest.raises(FailedPrecondition, match="load the catalogue again"):
+            await s.resolve(["x"])
+        v = await s.bulk_load(catalogue(10), LEVELS, force=True)
+        assert await s.stored_versions() == [v] and len(await content(s)) == 10
+        assert not [key async for key in r.scan_iter(match=k.vkey(old, "*"))]
+    finally:
+        await r.aclose()
+        await s.close()
