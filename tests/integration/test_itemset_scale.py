@@ -4,6 +4,9 @@ pruning folds), rollback across a bulk load, and the packed snapshot a follower 
 
 from __future__ import annotations
 
+import argparse
+import shutil
+
 import grpc
 import numpy as np
 import pytest
@@ -268,3 +271,18 @@ async def test_a_forced_bulk_load_replaces_a_catalogue_written_before_layers(red
     finally:
         await r.aclose()
         await s.close()
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server (the part starts its own)")
+def test_the_benchmarks_item_set_part_runs_end_to_end(monkeypatch):
+    """bench.catalogue_scale's item-set part on 300 items in its own redis-server: every figure there (not timed)."""
+    from bench import catalogue_scale as cs
+
+    sids = cs.synthetic_sids(np.array([r.sid for r in catalogue(20)]), LEVELS, 120, seed=0)
+    seen = np.zeros(len(sids), bool)
+    seen[:20] = True
+    out = cs.itemset_part("tiny", sids, seen, [f"i{j}" for j in range(len(sids))], LEVELS,
+                          argparse.Namespace(seed=0, upserts=6))
+    assert set(cs.ITEMSET_KEYS) <= set(out) and out["items"] == 120
+    assert out["load_s"] > 0 and out["bytes_per_item"] > 0 and out["upsert_p99_ms"] >= out["upsert_p50_ms"] > 0
+    assert out["delta_apply_ms"] > 0 and out["follower_load_s"] > 0
