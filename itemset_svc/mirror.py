@@ -48,7 +48,7 @@ class RecordTable(MutableMapping):
         self.base = base
         self.pos = {i: j for j, i in enumerate(base.ids)}
         self.over: dict[str, Record | None] = {}
-        self._gone = 0  # items of base that are overridden (changed or gone)
+        self._n = len(base)  # items held
         for i, r in (over or {}).items():
             if r is None:
                 self.pop(i, None)
@@ -69,16 +69,14 @@ class RecordTable(MutableMapping):
         return self._base(self.pos[item_id])
 
     def __setitem__(self, item_id: str, r: Record) -> None:
-        if item_id in self.pos and item_id not in self.over:
-            self._gone += 1
+        self._n += item_id not in self
         self.over[item_id] = r
 
     def __delitem__(self, item_id: str) -> None:
         if item_id not in self:
             raise KeyError(item_id)
+        self._n -= 1
         if item_id in self.pos:
-            if item_id not in self.over:
-                self._gone += 1
             self.over[item_id] = None
         else:
             del self.over[item_id]
@@ -87,7 +85,7 @@ class RecordTable(MutableMapping):
         return self.over[item_id] is not None if item_id in self.over else item_id in self.pos
 
     def __len__(self) -> int:
-        return len(self.base) - self._gone + sum(1 for r in self.over.values() if r is not None)
+        return self._n
 
     def __iter__(self) -> Iterator[str]:
         for i in self.base.ids:
