@@ -32,10 +32,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specrec_rpc.fingerprint import fingerprint
+from specrec.ids.trie import mixed_radix
+from specrec_rpc.fingerprint import fingerprint, sid_strings
 from specrec_rpc.packed import Columns
 
-from .keys import Record, build_masks, sid_str
+from .keys import Record, parse_sid
 from .publish import WriteResult
 from .reads import CatalogueInfo
 
@@ -152,7 +153,7 @@ class Mirror:
     exact: bool = True
     _logged: int = field(default=0, repr=False)  # records held by the log
     _by_sid: dict[str, str] | None = field(default=None, repr=False)
-    _masks: dict[str, dict[int, int]] | None = field(default=None, repr=False)
+    _sorted: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)  # items' keys, codes by key
 
     def apply(self, res: WriteResult) -> bool:
         """A write this process published: its changes only. False when the write was made from another
@@ -197,7 +198,7 @@ class Mirror:
         if not self.changes:
             self._logged = 0
         self.version, self.fingerprint = version, fp
-        self._by_sid = self._masks = None
+        self._by_sid = self._sorted = None
 
     def delta(self, since: str) -> tuple[list[Record], list[int]] | None:
         """What changed from version ``since`` to the mirror's: the records added or changed (their
@@ -232,14 +233,38 @@ class Mirror:
         return [self.records.get(i) for i in item_ids]
 
     def lookup(self, sids: Sequence[str]) -> list[str | None]:
-        if self._by_sid is None:
-            self._by_sid = {sid_str(r.sid): r.item_id for r in self.records.values()}
+        if self._by_sid is None:  # built by column: millions of items in seconds, not an object per item
+            cols = self.columns()[2]
+            self._by_sid = dict(zip(sid_strings(cols.codes), cols.ids))
         return [self._by_sid.get(s) for s in sids]
 
     def allowed(self, prefixes: Sequence[str]) -> list[list[int]]:
-        if self._masks is None:
-            self._masks = build_masks(r.sid for r in self.records.values())
-        return [sorted(c for c, n in self._masks.get(p, {}).items() if n > 0) for p in prefixes]
+        """Per prefix, the next codes with an item: the items' mixed-radix keys sorted once, then per prefix a
+        binary search for its range and the codes in it (no table of every prefix)."""
+        L = len(self.level_sizes)
+        if self._sorted is None:
+            codes = self.columns()[2].codes
+            keys = mixed_radix(codes, self.level_sizes)
+            order = np.argsort(keys, kind="stable")
+            self._sorted = keys[order], codes[order]
+        keys, codes = self._sorted
+        out: list[list[int]] = []
+        for p in prefixes:
+            try:
+                pre = parse_sid(p)
+            except ValueError:
+                out.append([])
+                continue
+            if len(pre) >= L or any(not 0 <= c < n for c, n in zip(pre, self.level_sizes)):
+                out.append([])
+                continue
+            lo_key = 0
+            for c, n in zip([*pre, *[0] * (L - len(pre))], self.level_sizes):
+                lo_key = lo_key * n + c
+            span = int(np.prod(self.level_sizes[len(pre):], dtype=np.int64))
+            lo, hi = np.searchsorted(keys, [lo_key, lo_key + span])
+            out.append(np.unique(codes[lo:hi, len(pre)]).tolist())
+        return out
 
     def columns(self) -> tuple[str, list[int], Columns, str]:
         """:meth:`snapshot` by column (a packed snapshot, a restore's bulk load)."""

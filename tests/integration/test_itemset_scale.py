@@ -286,3 +286,17 @@ def test_the_benchmarks_item_set_part_runs_end_to_end(monkeypatch):
     assert set(cs.ITEMSET_KEYS) <= set(out) and out["items"] == 120
     assert out["load_s"] > 0 and out["bytes_per_item"] > 0 and out["upsert_p99_ms"] >= out["upsert_p50_ms"] > 0
     assert out["delta_apply_ms"] > 0 and out["follower_load_s"] > 0
+
+
+async def test_the_mirrors_lookups_and_masks_equal_redis(store):
+    """What the item set answers from its mirror while Redis cannot (built by column, searched by key range)."""
+    recs = catalogue(70)
+    await store.bulk_load(recs, LEVELS)
+    free = sorted({(a, b, c) for a in range(4) for b in range(4) for c in range(8)} - {r.sid for r in recs})
+    await store.upsert([UpsertSpec("n1", sid=free[0]), UpsertSpec("it-2", sid=free[1])])
+    await store.delete(["it-5"])
+    m = await read_mirror(store, (await store.info()).version)
+    prefixes = ["", *{".".join(map(str, r.sid[:n])) for r in recs for n in (1, 2)}, "3.3", "9", "1.x", "0.0.0"]
+    assert m.allowed(prefixes) == (await store.allowed(prefixes))[1]
+    sids = [".".join(map(str, s)) for s in [*(r.sid for r in recs), free[0], free[1], free[2]]]
+    assert m.lookup(sids) == (await store.lookup(sids))[1]
