@@ -172,15 +172,6 @@ def format_mask(mask: dict[int, int]) -> str:
     return ",".join(f"{c}:{n}" for c, n in sorted(mask.items()) if n > 0)
 
 
-def build_masks(sids: Iterable[Sequence[int]]) -> dict[str, dict[int, int]]:
-    masks: dict[str, dict[int, int]] = {}
-    for sid in sids:
-        for p, c in prefix_steps(sid):
-            m = masks.setdefault(p, {})
-            m[c] = m.get(c, 0) + 1
-    return masks
-
-
 def bump(masks: dict[str, dict[int, int]], touched: set[str], sid: Sequence[int], delta: int) -> None:
     """Add (+1) or remove (-1) a SID's codes in the prefix masks, noting the prefixes touched."""
     for pfx, c in prefix_steps(sid):

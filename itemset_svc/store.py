@@ -23,7 +23,7 @@ from specrec_rpc.redis_url import close_async
 
 from .bulk import CatalogueBulkLoad
 from .client import REDIS_DOWN, make_client  # noqa: F401 (re-exported)
-from .keys import Keys, Record, build_masks, parse_sid, prefix_steps, sid_str  # noqa: F401 (re-exported)
+from .keys import Keys, Record, parse_sid, prefix_steps, sid_str  # noqa: F401 (re-exported)
 from .metrics import REDIS_SECONDS
 from .publish import _COMMIT, _DROP, _FOLD, NotAcknowledged, WriteConflict, WriteRejected, WriteResult  # noqa: F401 (re-exported)
 from .reads import CatalogueEmpty, CatalogueInfo, CatalogueReads, VersionNotFound  # noqa: F401 (re-exported)
