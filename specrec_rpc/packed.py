@@ -55,6 +55,8 @@ def pack(cols: Columns, max_bytes: int = MAX_BYTES) -> list[itemset_pb2.PackedIt
     if n == 0:
         return [itemset_pb2.PackedItems()]
     L = cols.codes.shape[1] if cols.codes.ndim == 2 else 0
+    if L and (cols.codes.min() < 0 or cols.codes.max() > 0xFFFF):
+        raise ValueError("SID codes must fit uint16 (0..65535) to be packed")
     id_bytes = sum(len(i) for i in cols.ids[:1000]) / min(n, 1000)
     text_bytes = sum(len(t) + len(x) for t, x in zip(cols.titles[:1000], cols.texts[:1000])) / min(n, 1000)
     per_item = 8 + 2 * L + 1 + 8 + id_bytes + (16 + text_bytes if text_bytes else 0)

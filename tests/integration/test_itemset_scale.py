@@ -170,6 +170,8 @@ def test_pack_and_unpack_keep_every_column():
     assert np.array_equal(got.unseen, cols.unseen)
     assert (got.ids, got.titles, got.texts) == (cols.ids, cols.titles, cols.texts)
     assert len(unpack(pack(Columns(np.zeros(0, int), np.zeros((0, 4), int), np.zeros(0, bool), [], [], [])), 4)) == 0
+    with pytest.raises(ValueError, match="uint16"):
+        pack(Columns(np.arange(1), np.full((1, 4), 70_000), np.zeros(1, bool), ["a"], [""], [""]))
 
 
 def test_a_follower_builds_the_same_snapshot_from_packed_chunks_as_from_items():
