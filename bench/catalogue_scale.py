@@ -23,9 +23,12 @@ Keys (``catalogue.<size>.``): ``tables_mb``, ``trie_mb``, ``build_s``, ``<policy
 Writes ``catalogue_scale.{json,md,png}`` (the plot: each policy's p50 and p99 against the catalogue's size, and the
 tables' memory and build time) through :func:`bench.harness.publish`.
 
-Not measured here yet (issue 53's later parts; their hooks, :func:`itemset_part` and :func:`stack_part`, say so
-when asked for): the item set at each size in Redis (bulk load, memory, each service's mirror, upsert p99) and the
-stack at a 30 ms budget. Run the big sizes on a machine of their own: 10M items take a few GB and minutes.
+With ``--parts itemset`` (:func:`itemset_part`), per size, the item set in a private ``redis-server``: bulk load,
+Redis memory per item, upsert p50/p99, the item set's mirror, a follower's packed snapshot and a version change's
+delta (keys ``catalogue.<size>.itemset.*``). With ``--parts stack`` (:func:`stack_part`), the four services on the
+catalogue: each one's start (``catalogue.<size>.start_s.<service>``) and ``auto`` at 30 ms in a closed loop
+(``catalogue.<size>.gateway.auto.gr_ranked_share_at_30ms``). Run the big sizes on a machine of their own: 10M items
+take a few GB and minutes.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ from bench.harness import RESULTS_DIR, command_line, machine_line, pct, publish,
 say = sayer("catalogue_scale", clock=True)
 POLICIES = ("beam", "nezha", "fused")
 PARTS = ("inprocess", "itemset", "stack")
+ITEMSET_KEYS = ("load_s", "redis_mb", "bytes_per_item", "upsert_p50_ms", "upsert_p99_ms", "mirror_load_s", "mirror_mb",
+                "pack_s", "follower_load_s", "follower_mb", "delta_apply_ms")
 
 
 def parse_size(s: str) -> int:
@@ -141,16 +146,192 @@ def time_policies(engine, rows: list[np.ndarray], policies, k: int, rounds: int,
             for p in policies}
 
 
-def itemset_part(label: str, sids: np.ndarray, a) -> dict:
-    """Hook for issue 53's item 2 (not built): the item set of this catalogue in Redis -- bulk load time and memory,
-    each service's catalogue mirror (memory, start, a version change's delta), an upsert's p99."""
-    raise SystemExit("the item-set part (Redis at each size) is not built yet: issue 53, item 2")
+def itemset_part(label: str, sids: np.ndarray, seen: np.ndarray, ids: list[str], level_sizes: list[int], a) -> dict:
+    """The item set of this catalogue in a private ``redis-server`` (never the machine's own): the bulk load
+    (``load_s``), Redis's memory (``redis_mb``, ``bytes_per_item``, each data key's ``MEMORY USAGE``), ``--upserts``
+    one-item upserts with explicit SIDs, half new items and half replacements, each a published version
+    (``upsert_p50_ms``, ``upsert_p99_ms``), and the mirrors: the item set's own read from Redis
+    (``mirror_load_s``, ``mirror_mb``: from the data's packed copy, the items changed since on top), a follower's
+    from a packed snapshot (``pack_s`` on the item set's side,
+    ``follower_load_s`` and ``follower_mb`` on the follower's, its trie included) and a version change's delta
+    applied by the follower (``delta_apply_ms``). Memory of the mirrors is this process's resident growth:
+    rough."""
+    import asyncio
+    import os
+    import tempfile
+
+    from bench.harness import Redis, rss_mb
+
+    tmp = Path(tempfile.mkdtemp(prefix="specrec-catalogue-itemset-"))
+    redis = Redis(None, tmp, private=True)
+    try:
+        return asyncio.run(_itemset_figures(label, redis.url, sids, seen, ids, level_sizes, a,
+                                            lambda: rss_mb(os.getpid()) or float("nan")))
+    finally:
+        redis.stop()
 
 
-def stack_part(label: str, sids: np.ndarray, a) -> dict:
-    """Hook for issue 53's item 3, stack part (not built): the four services on this catalogue, closed loop at a
-    30 ms budget (``served_by``: the GR-ranked share)."""
-    raise SystemExit("the stack part (the services at each size) is not built yet: issue 53, item 3")
+async def _itemset_figures(label: str, url: str, sids: np.ndarray, seen: np.ndarray, ids: list[str],
+                           level_sizes: list[int], a, rss) -> dict:
+    import redis.asyncio as aioredis
+
+    from itemset_svc.bulk import CatalogueArrays
+    from itemset_svc.mirror import read_mirror
+    from itemset_svc.servicer import _packed_chunks, to_pb
+    from itemset_svc.store import RedisCatalogue, UpsertSpec
+    from specrec.ids.trie import mixed_radix
+    from specrec_rpc.catalogue import apply_delta, build_snapshot_columns
+    from specrec_rpc.packed import unpack
+
+    out: dict = {"items": len(sids)}
+    r = aioredis.from_url(url, decode_responses=True)
+    store = RedisCatalogue.from_url(url, "bench", timeout_s=120.0)
+    try:
+        used0 = int((await r.info("memory"))["used_memory"])
+        cat = CatalogueArrays(ids, sids, ~seen)
+        t0 = time.perf_counter()
+        version = await store.bulk_load(cat, level_sizes)
+        out["load_s"] = time.perf_counter() - t0
+        used = int((await r.info("memory"))["used_memory"]) - used0
+        out["redis_mb"], out["bytes_per_item"] = used / 2**20, used / len(sids)
+        lay = await store.layout(version)
+        out["key_mb"] = {name: (await r.memory_usage(store.keys.dkey(lay.data, name)) or 0) / 2**20
+                         for name in ("sid2item", "items", "pfx")}
+        say(f"{label}: bulk load {out['load_s']:.1f} s, Redis {out['redis_mb']:.0f} MB "
+            f"({out['bytes_per_item']:.0f} B/item: " + ", ".join(f"{k} {v:.0f} MB" for k, v in out["key_mb"].items())
+            + ")")
+
+        # one-item upserts, each a version: half new items, half replacements of synthetic ones, fresh SIDs
+        rng = np.random.default_rng(a.seed + 1)
+        taken = set(mixed_radix(sids, level_sizes).tolist())
+        ms = []
+        for j in range(a.upserts):
+            item = f"bench-new-{j}" if j % 2 == 0 else ids[-1 - j]
+            sid = _free_sid(taken, level_sizes, rng)
+            t0 = time.perf_counter()
+            await store.upsert([UpsertSpec(item, sid=sid)])
+            ms.append((time.perf_counter() - t0) * 1e3)
+        out["upsert_p50_ms"], out["upsert_p99_ms"] = pct(ms, 50), pct(ms, 99)
+        out["redis_after_upserts_mb"] = (int((await r.info("memory"))["used_memory"]) - used0) / 2**20
+        say(f"{label}: {a.upserts} upserts p50 {out['upsert_p50_ms']:.2f} ms, p99 {out['upsert_p99_ms']:.2f} ms; "
+            f"Redis {out['redis_after_upserts_mb']:.0f} MB after them")
+
+        # the item set's own mirror, read from Redis (what its start does)
+        gc.collect()
+        m0 = rss()
+        t0 = time.perf_counter()
+        info = await store.info()
+        mirror = await read_mirror(store, info.version, info.bundle)
+        v, ls, fp = mirror.version, mirror.level_sizes, mirror.fingerprint
+        out["mirror_load_s"] = time.perf_counter() - t0
+        out["mirror_mb"] = rss() - m0
+        # a follower's copy: the item set packs the snapshot, the follower unpacks and indexes it
+        t0 = time.perf_counter()
+        chunks = _packed_chunks(*mirror.columns())
+        out["pack_s"] = time.perf_counter() - t0
+        out["packed_mb"] = sum(c.ByteSize() for c in chunks) / 2**20
+        gc.collect()
+        f0 = rss()
+        t0 = time.perf_counter()
+        cols = unpack([c.packed for c in chunks], len(ls))
+        snap = build_snapshot_columns(v, ls, cols, fp)
+        out["follower_load_s"] = time.perf_counter() - t0
+        del cols, chunks
+        gc.collect()
+        out["follower_mb"] = rss() - f0
+        say(f"{label}: item set's mirror from Redis {out['mirror_load_s']:.1f} s (+{out['mirror_mb']:.0f} MB); "
+            f"packed snapshot {out['packed_mb']:.0f} MB in {out['pack_s']:.1f} s; a follower's copy "
+            f"{out['follower_load_s']:.1f} s (+{out['follower_mb']:.0f} MB)")
+
+        # a version change as the follower sees it: one more upsert, its delta applied to the follower's copy
+        res = await store.upsert([UpsertSpec(ids[-1], sid=_free_sid(taken, level_sizes, rng))])
+        mirror.apply(res)
+        d = mirror.delta(v)
+        assert d is not None
+        t0 = time.perf_counter()
+        apply_delta(snap, res.version, [to_pb(rec) for rec in d[0]], d[1], mirror.fingerprint)
+        out["delta_apply_ms"] = (time.perf_counter() - t0) * 1e3
+        say(f"{label}: a version change's delta ({len(d[0])} item) applied by a follower in "
+            f"{out['delta_apply_ms']:.0f} ms")
+    finally:
+        await store.close()
+        await r.aclose()
+    return out
+
+
+def _free_sid(taken: set, level_sizes: list[int], rng) -> tuple[int, ...]:
+    space = int(np.prod(level_sizes))
+    """A random SID no item has (nor one drawn before), as codes."""
+    key = int(rng.integers(0, space))
+    while key in taken:
+        key = int(rng.integers(0, space))
+    taken.add(key)
+    codes = []
+    for n in reversed(level_sizes):
+        codes.append(key % n)
+        key //= n
+    return tuple(reversed(codes))
+
+
+def stack_part(label: str, sids: np.ndarray, seen: np.ndarray, ids: list[str], bundle_dir: str, a) -> dict:
+    """The four services on this catalogue (:class:`bench.harness.Stack`, a private ``redis-server``): the
+    catalogue bulk-loaded into the stack's namespace first (the bundle's items with their texts, then the
+    synthetic ones, recorded as the bundle's), each service's start until SERVING (``start_s``), then ``auto``
+    through the gateway in a closed loop at a 30 ms budget on ``--stack-users`` seeded random test users:
+    who served each answer (``served_by``) and the share of lists the GR model made or ranked
+    (``gr_ranked_share``)."""
+    import asyncio
+    import re
+    import tempfile
+
+    from bench.harness import Redis, Stack, sample_users
+    from bench.serving_phases import closed_loop, summarise
+    from itemset_svc.bulk import CatalogueArrays
+    from itemset_svc.load import bundle_arrays
+    from itemset_svc.store import RedisCatalogue
+    from specrec.bundle import Bundle, sid_space_fingerprint
+
+    b = Bundle.load(bundle_dir)
+    tmp = Path(tempfile.mkdtemp(prefix="specrec-catalogue-stack-"))
+    redis = Redis(None, tmp, private=True)
+    stack = Stack(Path(bundle_dir).resolve(), redis, tmp / "logs", f"catalogue-{label}", threads=1,
+                  max_history=b.cfg.max_history)
+    out: dict = {"items": len(sids), "users": a.stack_users}
+    try:
+        real, level_sizes = bundle_arrays(bundle_dir)
+        synth = len(sids) - len(real)
+        cat = CatalogueArrays(ids, sids, ~seen, titles=[*(real.titles or []), *[""] * synth],
+                              texts=[*(real.texts or []), *[""] * synth])
+
+        async def load() -> float:
+            store = RedisCatalogue.from_url(stack.redis_url, stack.namespace, timeout_s=120.0)
+            try:
+                t0 = time.perf_counter()
+                await store.bulk_load(cat, level_sizes, bundle=sid_space_fingerprint(bundle_dir))
+                return time.perf_counter() - t0
+            finally:
+                await store.close()
+
+        out["load_s"] = asyncio.run(load())
+        starts: dict[str, float] = {}
+
+        def heard(msg: str) -> None:
+            say(msg)
+            if m := re.match(r"(\w+) SERVING after ([\d.]+) s", msg):
+                starts[m.group(1)] = float(m.group(2))
+
+        stack.start(timeout=a.stack_timeout, say=heard)
+        out["start_s"] = starts
+        users = sample_users(b, a.stack_users, a.seed)
+        answers = asyncio.run(closed_loop(stack.addr("gateway"), users, "auto", a.k, 30.0, len(users.ids)))
+        closed = summarise(answers, np.zeros(len(users.ids)), len(users.ids), a.k)
+        out["closed"] = {k: closed[k] for k in ("answered", "errors", "gr_ranked_share", "served_by", "p99_ms")
+                         if k in closed}
+        say(f"{label}: started in " + ", ".join(f"{n} {t:.1f} s" for n, t in starts.items())
+            + f"; auto at 30 ms: GR-ranked {closed['gr_ranked_share']:.3f}, served by {closed['served_by']}")
+    finally:
+        stack.stop(say=say)
+    return out
 
 
 def plot(res: dict, path: Path) -> None:
@@ -188,15 +369,30 @@ def plot(res: dict, path: Path) -> None:
 
 
 def markdown(res: dict) -> str:
-    cols = ["items", "forms", "build s", "tables MB", "trie MB"]
-    cols += [f"{p} p50 / p99 ms" for p in res["policies"]]
-    lines = ["# Cost against catalogue size", "", f"Command: `{res['command']}`", "", res["machine"], "",
-             res["users"], "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for s in res["sizes"]:
-        cells = [f"{s['items']:,}", s["forms"], f"{s['build_s']:.2f}", f"{s['tables_mb']:.1f}", f"{s['trie_mb']:.1f}"]
-        cells += [f"{s['policies'][p]['p50_ms']:.2f} / {s['policies'][p]['p99_ms']:.2f}" for p in res["policies"]]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "![cost against catalogue size](catalogue_scale.png)", ""]
+    lines = ["# Cost against catalogue size", "", f"Command: `{res['command']}`", "", res["machine"], ""]
+    if all("policies" in s for s in res["sizes"]):
+        cols = ["items", "forms", "build s", "tables MB", "trie MB"]
+        cols += [f"{p} p50 / p99 ms" for p in res["policies"]]
+        lines += [res["users"], "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        for s in res["sizes"]:
+            cells = [f"{s['items']:,}", s["forms"], f"{s['build_s']:.2f}", f"{s['tables_mb']:.1f}",
+                     f"{s['trie_mb']:.1f}"]
+            cells += [f"{s['policies'][p]['p50_ms']:.2f} / {s['policies'][p]['p99_ms']:.2f}" for p in res["policies"]]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines += ["", "![cost against catalogue size](catalogue_scale.png)", ""]
+    if all("itemset" in s for s in res["sizes"]):
+        cols = ["items", "load s", "Redis MB", "B/item", "upsert p50 / p99 ms", "item set's mirror s / MB",
+                "packed MB / s", "follower s / MB", "delta ms"]
+        lines += ["## The item set", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        for s in res["sizes"]:
+            i = s["itemset"]
+            lines.append("| " + " | ".join([
+                f"{s['items']:,}", f"{i['load_s']:.1f}", f"{i['redis_mb']:.0f}", f"{i['bytes_per_item']:.0f}",
+                f"{i['upsert_p50_ms']:.2f} / {i['upsert_p99_ms']:.2f}",
+                f"{i['mirror_load_s']:.1f} / {i['mirror_mb']:.0f}",
+                f"{i['packed_mb']:.0f} / {i['pack_s']:.1f}", f"{i['follower_load_s']:.1f} / {i['follower_mb']:.0f}",
+                f"{i['delta_apply_ms']:.0f}"]) + " |")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -211,6 +407,9 @@ def main(argv=None) -> int:
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--exclude-history", action="store_true", help="requests exclude their history (a view)")
     ap.add_argument("--parts", default="inprocess", help=f"what to measure, of {', '.join(PARTS)}")
+    ap.add_argument("--upserts", type=int, default=200, help="timed one-item upserts per size (--parts itemset)")
+    ap.add_argument("--stack-users", type=int, default=300, help="seeded random test users (--parts stack)")
+    ap.add_argument("--stack-timeout", type=float, default=900.0, help="seconds a service may take to start")
     ap.add_argument("--out", default=str(RESULTS_DIR))
     a = ap.parse_args(argv)
     import torch
@@ -253,9 +452,17 @@ def main(argv=None) -> int:
             for p, v in entry["policies"].items():
                 keys[f"catalogue.{label}.{p}.p50_ms"], keys[f"catalogue.{label}.{p}.p99_ms"] = v["p50_ms"], v["p99_ms"]
         if "itemset" in parts:
-            entry["itemset"] = itemset_part(label, sids, a)
+            ids = list(b.catalogue.ids) + [f"synthetic-{i}" for i in range(len(sids) - real)]
+            entry["itemset"] = itemset_part(label, sids, seen, ids, list(b.cfg.level_sizes), a)
+            for name in ITEMSET_KEYS:
+                keys[f"catalogue.{label}.itemset.{name}"] = entry["itemset"][name]
         if "stack" in parts:
-            entry["stack"] = stack_part(label, sids, a)
+            ids = list(b.catalogue.ids) + [f"synthetic-{i}" for i in range(len(sids) - real)]
+            entry["stack"] = stack_part(label, sids, seen, ids, a.bundle, a)
+            share = entry["stack"]["closed"]["gr_ranked_share"]
+            keys[f"catalogue.{label}.gateway.auto.gr_ranked_share_at_30ms"] = share
+            for name, t in entry["stack"]["start_s"].items():
+                keys[f"catalogue.{label}.start_s.{name}"] = t
         keys[f"catalogue.{label}.tables_mb"], keys[f"catalogue.{label}.build_s"] = fig["tables_mb"], fig["build_s"]
         keys[f"catalogue.{label}.trie_mb"] = fig["trie_mb"]
         res["sizes"].append(entry)
@@ -265,7 +472,7 @@ def main(argv=None) -> int:
     if "inprocess" in parts:
         out.mkdir(parents=True, exist_ok=True)
         plot(res, out / "catalogue_scale.png")
-    publish(out, "catalogue_scale", res, markdown(res) if "inprocess" in parts else "", keys)
+    publish(out, "catalogue_scale", res, markdown(res), keys)
     print(json.dumps(keys, indent=2))
     return 0
 

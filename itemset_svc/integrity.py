@@ -33,9 +33,10 @@ from typing import Any
 
 from specrec_rpc.errors import Unavailable
 
+from .bulk import CatalogueArrays
 from .keys import version_counter
 from .metrics import RESTORES
-from .mirror import Mirror
+from .mirror import Mirror, read_mirror
 from .settings import ItemSetSettings
 from .store import REDIS_DOWN, RedisCatalogue, WriteResult
 
@@ -62,8 +63,7 @@ class CatalogueIntegrity:
         info = await self.live_store.info()
         if not info.version:
             return
-        v, ls, records, fp = await self.live_store.snapshot(info.version)
-        self.mirror = Mirror(v, fp, ls, {r.item_id: r for r in records}, info.bundle)
+        self.mirror = await read_mirror(self.live_store, info.version, info.bundle)
 
     def mirror_write(self, res: WriteResult) -> None:
         """Apply a write this replica published to the mirror (its changes only). A write made from another
@@ -122,13 +122,15 @@ class CatalogueIntegrity:
                 cur, _ = await store.state()
                 if not self._lost(cur):
                     return False  # another replica got there first
-                records = sorted(m.records.values(), key=lambda r: r.row)
-                version = await store._bulk_load(records, m.level_sizes, bundle=m.bundle, new_epoch=True)
+                _, ls, cols, _ = m.columns()
+                version = await store._bulk_load(CatalogueArrays(cols.ids, cols.codes, cols.unseen, cols.rows,
+                                                                 cols.titles, cols.texts), ls, bundle=m.bundle,
+                                                 new_epoch=True)
         finally:
             await store.unlock("restoring", token)
         RESTORES.labels(store.ns).inc()
         self.log.error("catalogue restored from the item set's copy", reason=reason, lost_version=m.version,
-                       version=version, items=len(records))
+                       version=version, items=len(cols))
         m.renamed(version, m.fingerprint)  # the same content under a new name: followers need no new copy
         return True
 

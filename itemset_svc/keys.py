@@ -22,17 +22,38 @@ restart without persistence), the next write makes a new epoch, and so does
 the item set's restore after Redis went back to an old snapshot (whose counter
 would repeat names), so a version name never means two catalogues.
 
-Per version ``v`` (written once, then only read, until pruned)::
+A version's content is one *data* set of keys plus the *layers* over it.
+The data (written by a bulk load, or by a rollback across one, then changed
+only by pruning, below)::
 
-    {ns}:v:<v>:meta      HASH    op, base, created, items, fingerprint (exists from staging on;
-                                 the version is published when it is in {ns}:versions)
-    {ns}:v:<v>:sids      SET     valid SIDs, "12.7.200.0"
-    {ns}:v:<v>:sid2item  HASH    SID -> item id
-    {ns}:v:<v>:items     HASH    item id -> JSON record {row, sid, title, text, unseen}
-    {ns}:v:<v>:pfx       HASH    prefix -> allowed next codes with counts, "3:1,9:2"
+    {ns}:d:<d>:sid2item  HASH    SID "12.7.200.0" -> item id (the valid SIDs)
+    {ns}:d:<d>:items     HASH    item id -> JSON record {row, sid, unseen[, title, text]}
+    {ns}:d:<d>:pfx       HASH    prefix -> allowed next codes with counts, "3:1,9:2"
                                  (prefix "" = first level, "12" = after code 12, ...; the
                                  counts let a deletion drop a code exactly when its last
                                  item goes)
+    {ns}:d:<d>:packed    HASH    "0", "1", ... -> the items as the bulk load wrote them, packed
+                                 (itemset.v1.PackedItems, a few arrays per field): how a mirror
+                                 reads millions of items in seconds (absent: read the items hash)
+    {ns}:d:<d>:dirty     SET     item ids changed in the data since (folds add them): a mirror
+                                 reads these, and the layers' items, on top of the packed copy
+
+Per version ``v`` (written once, then only read, until pruned)::
+
+    {ns}:v:<v>:meta      HASH    op, base, created, items (count), fingerprint, data (<d>),
+                                 layers (the versions whose overlays it reads, newest first)
+                                 (exists from staging on; the version is published when it
+                                 is in {ns}:versions)
+    {ns}:v:<v>:sid2item  HASH    the overlay of a write: only the fields it changed, over its
+    {ns}:v:<v>:items     HASH    base's content; "" = the field is gone. A bulk load has none
+    {ns}:v:<v>:pfx       HASH    (its content is its data)
+
+A field of version ``v`` is the first of its layers' overlays that holds it,
+else the data's. A write costs what it changes: its overlay, never a copy of
+the catalogue. Pruning the oldest version folds the next version's overlay
+into the data (one Lua script, atomic to readers), so the data is always the
+oldest stored version's content and a reader holding an older ``layers``
+list still reads right (a folded overlay is empty, the data holds it).
 
 A version's *fingerprint* is the XOR of a hash of every (item id, SID,
 unseen) it holds: order-free, so a write updates it from its changes alone,
@@ -47,8 +68,9 @@ from dataclasses import dataclass
 
 from specrec_rpc.fingerprint import EMPTY_FINGERPRINT, fingerprint  # noqa: F401 (re-exported)
 
-VERSION_KEYS = ("meta", "sids", "sid2item", "items", "pfx")
-DATA_KEYS = VERSION_KEYS[1:]
+DATA_KEYS = ("sid2item", "items", "pfx")  # the hashes a field is read from (data and overlays alike)
+DATA_EXTRA = ("packed", "dirty")  # the data's own
+VERSION_KEYS = ("meta", *DATA_KEYS)
 STAGING_TTL_S = 6 * 3600
 ROOT = ""  # the prefix field of the first level
 
@@ -68,7 +90,48 @@ class Keys:
         return f"{self.tag}:v:{version}:{name}"
 
     def version_keys(self, version: str) -> list[str]:
+        """The meta and the overlay keys of a version."""
         return [self.vkey(version, k) for k in VERSION_KEYS]
+
+    def dkey(self, data: str, name: str) -> str:
+        return f"{self.tag}:d:{data}:{name}"
+
+    def data_keys(self, data: str) -> list[str]:
+        """The data's hashes (:data:`DATA_KEYS`), then its packed copy and its dirty set."""
+        return [self.dkey(data, k) for k in (*DATA_KEYS, *DATA_EXTRA)]
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a version's content lives: its data's id and the versions whose overlays lie over it (newest
+    first). A layout read once stays right while the version is stored (see the module's doc)."""
+
+    data: str
+    layers: tuple[str, ...] = ()
+
+    @classmethod
+    def of_meta(cls, meta: dict) -> Layout:
+        layers = meta.get("layers") or ""
+        return cls(meta.get("data") or "", tuple(x for x in layers.split(",") if x))
+
+    def over(self, version: str) -> Layout:
+        """The layout of a version written as an overlay over this one."""
+        return Layout(self.data, (version, *self.layers))
+
+    def keys(self, keys: Keys, name: str) -> list[str]:
+        """The keys a field ``name`` is read from, in order: the overlays, newest first, then the data."""
+        return [*(keys.vkey(v, name) for v in self.layers), keys.dkey(self.data, name)]
+
+
+def merge_layers(values: Sequence[Sequence[str | None]]) -> list[str | None]:
+    """Per field: the first layer's value that is not None ("" = gone: None), given HMGET answers of the
+    overlays newest first, then the data's."""
+    out: list[str | None] = list(values[-1])
+    for vals in reversed(values[:-1]):
+        for i, v in enumerate(vals):
+            if v is not None:
+                out[i] = v or None
+    return out
 
 
 def version_name(epoch: str, counter: int) -> str:
@@ -109,15 +172,6 @@ def format_mask(mask: dict[int, int]) -> str:
     return ",".join(f"{c}:{n}" for c, n in sorted(mask.items()) if n > 0)
 
 
-def build_masks(sids: Iterable[Sequence[int]]) -> dict[str, dict[int, int]]:
-    masks: dict[str, dict[int, int]] = {}
-    for sid in sids:
-        for p, c in prefix_steps(sid):
-            m = masks.setdefault(p, {})
-            m[c] = m.get(c, 0) + 1
-    return masks
-
-
 def bump(masks: dict[str, dict[int, int]], touched: set[str], sid: Sequence[int], delta: int) -> None:
     """Add (+1) or remove (-1) a SID's codes in the prefix masks, noting the prefixes touched."""
     for pfx, c in prefix_steps(sid):
@@ -128,9 +182,9 @@ def bump(masks: dict[str, dict[int, int]], touched: set[str], sid: Sequence[int]
         touched.add(pfx)
 
 
-@dataclass
+@dataclass(slots=True)
 class Record:
-    """One item as stored in a version."""
+    """One item as stored in a version (slots: the item set's mirror holds one per item, millions of them)."""
 
     item_id: str
     row: int
@@ -140,8 +194,12 @@ class Record:
     unseen: bool = False
 
     def dumps(self) -> str:
-        return json.dumps({"row": self.row, "sid": sid_str(self.sid), "title": self.title, "text": self.text,
-                           "unseen": self.unseen}, ensure_ascii=False, separators=(",", ":"))
+        o: dict = {"row": self.row, "sid": sid_str(self.sid), "unseen": self.unseen}
+        if self.title:  # empty texts are left out: at ten million items every byte per item is 10 MB
+            o["title"] = self.title
+        if self.text:
+            o["text"] = self.text
+        return json.dumps(o, ensure_ascii=False, separators=(",", ":"))
 
     @classmethod
     def loads(cls, item_id: str, raw: str) -> Record:
@@ -149,8 +207,3 @@ class Record:
         return cls(
             item_id, int(o["row"]), parse_sid(o["sid"]), o.get("title", ""), o.get("text", ""), bool(o.get("unseen"))
         )
-
-
-# -- fingerprints (see specrec_rpc.fingerprint) --------------------------------------------
-def records_fingerprint(records: Iterable[Record]) -> str:
-    return fingerprint((r.item_id, r.sid, r.unseen) for r in records)

@@ -17,34 +17,41 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from specrec.bundle import read_meta
 
-from .store import Record, RedisCatalogue
+from .bulk import CatalogueArrays
+from .store import RedisCatalogue
 
 
-def bundle_records(path: str | Path) -> tuple[list[Record], list[int]]:
-    """The bundle's catalogue as records (row = bundle order) and its level sizes."""
+def bundle_arrays(path: str | Path) -> tuple[CatalogueArrays, list[int]]:
+    """The bundle's catalogue as arrays (row = bundle order; no object per item) and its level sizes."""
     path = Path(path)
     meta = read_meta(path)
     level_sizes = [int(x) for x in meta["model"]["level_sizes"]]
-    records = []
+    ids, sids, seen, titles, texts = [], [], [], [], []
     with open(path / "items.jsonl", encoding="utf-8") as fh:
-        for row, line in enumerate(fh):
+        for line in fh:
             o = json.loads(line)
-            records.append(Record(str(o["item_id"]), row, tuple(int(c) for c in o["sid"]), o.get("title", ""),
-                                  o.get("text", ""), not bool(o["seen"])))
-    return records, level_sizes
+            ids.append(str(o["item_id"]))
+            sids.append(o["sid"])
+            seen.append(bool(o["seen"]))
+            titles.append(o.get("title", ""))
+            texts.append(o.get("text", ""))
+    codes = np.asarray(sids, dtype=np.int64).reshape(len(ids), len(level_sizes) if not sids else -1)
+    return CatalogueArrays(ids, codes, ~np.asarray(seen, dtype=bool), titles=titles, texts=texts), level_sizes
 
 
 async def load_bundle(bundle: str | Path, store: RedisCatalogue | None = None, *, redis_url: str | None = None,
                       namespace: str = "specrec", keep_versions: int = 3, force: bool = False,
-                      progress: bool = False, timeout_s: float = 30.0, chunk: int = 2000, settings=None) -> str:
+                      progress: bool = False, timeout_s: float = 30.0, chunk: int = 5000, settings=None) -> str:
     """Load ``bundle``'s catalogue as a new current version; returns the version.
     Uses ``store`` when given, else connects to ``redis_url`` (and closes it), with the passwords and
     durability of ``settings`` (:class:`~.settings.ItemSetSettings`, default: from the environment)."""
     from specrec.bundle import sid_space_fingerprint
 
-    records, level_sizes = await asyncio.to_thread(bundle_records, bundle)
+    cat, level_sizes = await asyncio.to_thread(bundle_arrays, bundle)
     fingerprint = sid_space_fingerprint(bundle)
     own = store is None
     if store is None:
@@ -55,7 +62,7 @@ async def load_bundle(bundle: str | Path, store: RedisCatalogue | None = None, *
                                              keep_versions=keep_versions)
     try:
         return await store.bulk_load(
-            records, level_sizes, force=force, chunk=chunk, progress=progress, bundle=fingerprint
+            cat, level_sizes, force=force, chunk=chunk, progress=progress, bundle=fingerprint
         )
     finally:
         if own:
@@ -76,7 +83,7 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--keep-versions", type=int, default=defaults.keep_versions, help="versions kept (older deleted)")
     ap.add_argument("--timeout", type=float, default=30.0, help="Redis timeout per command, seconds")
-    ap.add_argument("--chunk", type=int, default=2000, help="items per pipelined chunk")
+    ap.add_argument("--chunk", type=int, default=5000, help="items per HSET (20,000 per pipelined round trip)")
     ap.add_argument("--force", action="store_true", help="replace a catalogue with other rows or level sizes")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     a = ap.parse_args(argv)

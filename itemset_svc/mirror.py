@@ -16,19 +16,123 @@ and dropped whenever the mirror changes.
 The mirror also remembers what its last writes changed (:attr:`Mirror.changes`),
 so a follower that holds an earlier version gets only the difference
 (:meth:`Mirror.delta`) instead of the whole catalogue.
+
+At millions of items the records are a :class:`RecordTable`: the data's packed
+copy by column (read from Redis in seconds, :meth:`~.reads.CatalogueReads.snapshot_columns`)
+and a dict of the items changed since, so the mirror holds arrays, not an object
+per item, and hands followers a packed snapshot (:meth:`Mirror.columns`) without
+building one.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, MutableMapping, Sequence
 from dataclasses import dataclass, field
 
-from specrec_rpc.fingerprint import fingerprint
+import numpy as np
 
-from .keys import Record, build_masks, sid_str
+from specrec.ids.trie import mixed_radix
+from specrec_rpc.fingerprint import fingerprint, sid_strings
+from specrec_rpc.packed import Columns
+
+from .keys import Record, parse_sid
 from .publish import WriteResult
 from .reads import CatalogueInfo
+
+
+class RecordTable(MutableMapping):
+    """item id -> :class:`Record`, as packed columns (``base``) and the items changed since (``over``: a Record,
+    or None for an item of ``base`` that is gone). A Record is made only for an item asked for."""
+
+    def __init__(self, base: Columns, over: dict[str, Record | None] | None = None):
+        self.base = base
+        self.pos = {i: j for j, i in enumerate(base.ids)}
+        self.over: dict[str, Record | None] = {}
+        self._n = len(base)  # items held
+        for i, r in (over or {}).items():
+            if r is None:
+                self.pop(i, None)
+            else:
+                self[i] = r
+
+    def _base(self, j: int) -> Record:
+        b = self.base
+        return Record(b.ids[j], int(b.rows[j]), tuple(int(c) for c in b.codes[j]), b.titles[j], b.texts[j],
+                      bool(b.unseen[j]))
+
+    def __getitem__(self, item_id: str) -> Record:
+        if item_id in self.over:
+            r = self.over[item_id]
+            if r is None:
+                raise KeyError(item_id)
+            return r
+        return self._base(self.pos[item_id])
+
+    def __setitem__(self, item_id: str, r: Record) -> None:
+        self._n += item_id not in self
+        self.over[item_id] = r
+
+    def __delitem__(self, item_id: str) -> None:
+        if item_id not in self:
+            raise KeyError(item_id)
+        self._n -= 1
+        if item_id in self.pos:
+            self.over[item_id] = None
+        else:
+            del self.over[item_id]
+
+    def __contains__(self, item_id) -> bool:
+        return self.over[item_id] is not None if item_id in self.over else item_id in self.pos
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __iter__(self) -> Iterator[str]:
+        for i in self.base.ids:
+            if i not in self.over:
+                yield i
+        for i, r in self.over.items():
+            if r is not None:
+                yield i
+
+    def columns(self) -> Columns:
+        """Every item by column, sorted by row (numpy over the base, the changed items appended)."""
+        b = self.base
+        keep = np.fromiter((i not in self.over for i in b.ids), bool, len(b)) if self.over else np.ones(len(b), bool)
+        new = [r for r in self.over.values() if r is not None]
+        L = b.codes.shape[1]
+        rows = np.concatenate([b.rows[keep], np.asarray([r.row for r in new], np.int64)])
+        codes = np.concatenate([b.codes[keep], np.asarray([r.sid for r in new], np.int64).reshape(len(new), L)])
+        unseen = np.concatenate([b.unseen[keep], np.asarray([r.unseen for r in new], bool)])
+        idx = np.flatnonzero(keep).tolist()
+        ids = [b.ids[j] for j in idx] + [r.item_id for r in new]
+        titles = [b.titles[j] for j in idx] + [r.title for r in new]
+        texts = [b.texts[j] for j in idx] + [r.text for r in new]
+        order = np.argsort(rows, kind="stable")
+        ol = order.tolist()
+        return Columns(rows[order], codes[order], unseen[order], [ids[j] for j in ol], [titles[j] for j in ol],
+                       [texts[j] for j in ol])
+
+
+def records_columns(records: Sequence[Record], levels: int) -> Columns:
+    """Records (sorted as wanted) by column."""
+    n = len(records)
+    return Columns(np.fromiter((r.row for r in records), np.int64, n),
+                   np.asarray([r.sid for r in records], dtype=np.int64).reshape(n, levels),
+                   np.fromiter((r.unseen for r in records), bool, n), [r.item_id for r in records],
+                   [r.title for r in records], [r.text for r in records])
+
+
+async def read_mirror(store, version: str, bundle: str = "") -> Mirror:
+    """The mirror of ``version`` read from Redis: from the data's packed copy where it has one (a
+    :class:`RecordTable`), else every item of the items hash."""
+    got = await store.snapshot_columns(version)
+    if got is not None:
+        v, ls, cols, changed, fp = got
+        return Mirror(v, fp, ls, RecordTable(cols, changed), bundle)
+    v, ls, records, fp = await store.snapshot(version, batch=10_000)
+    return Mirror(v, fp, ls, {r.item_id: r for r in records}, bundle)
 
 
 @dataclass
@@ -38,7 +142,7 @@ class Mirror:
     version: str
     fingerprint: str
     level_sizes: list[int]
-    records: dict[str, Record]
+    records: MutableMapping[str, Record]  # a dict, or a RecordTable (millions of items)
     bundle: str = ""
     # to version -> (from version, records written, records taken out), oldest first, the last max_changes
     changes: OrderedDict[str, tuple[str, list[Record], list[Record]]] = field(default_factory=OrderedDict,
@@ -49,7 +153,7 @@ class Mirror:
     exact: bool = True
     _logged: int = field(default=0, repr=False)  # records held by the log
     _by_sid: dict[str, str] | None = field(default=None, repr=False)
-    _masks: dict[str, dict[int, int]] | None = field(default=None, repr=False)
+    _sorted: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)  # items' keys, codes by key
 
     def apply(self, res: WriteResult) -> bool:
         """A write this process published: its changes only. False when the write was made from another
@@ -94,7 +198,7 @@ class Mirror:
         if not self.changes:
             self._logged = 0
         self.version, self.fingerprint = version, fp
-        self._by_sid = self._masks = None
+        self._by_sid = self._sorted = None
 
     def delta(self, since: str) -> tuple[list[Record], list[int]] | None:
         """What changed from version ``since`` to the mirror's: the records added or changed (their
@@ -129,14 +233,46 @@ class Mirror:
         return [self.records.get(i) for i in item_ids]
 
     def lookup(self, sids: Sequence[str]) -> list[str | None]:
-        if self._by_sid is None:
-            self._by_sid = {sid_str(r.sid): r.item_id for r in self.records.values()}
+        if self._by_sid is None:  # built by column: millions of items in seconds, not an object per item
+            cols = self.columns()[2]
+            self._by_sid = dict(zip(sid_strings(cols.codes), cols.ids))
         return [self._by_sid.get(s) for s in sids]
 
     def allowed(self, prefixes: Sequence[str]) -> list[list[int]]:
-        if self._masks is None:
-            self._masks = build_masks(r.sid for r in self.records.values())
-        return [sorted(c for c, n in self._masks.get(p, {}).items() if n > 0) for p in prefixes]
+        """Per prefix, the next codes with an item: the items' mixed-radix keys sorted once, then per prefix a
+        binary search for its range and the codes in it (no table of every prefix)."""
+        L = len(self.level_sizes)
+        if self._sorted is None:
+            codes = self.columns()[2].codes
+            keys = mixed_radix(codes, self.level_sizes)
+            order = np.argsort(keys, kind="stable")
+            self._sorted = keys[order], codes[order]
+        keys, codes = self._sorted
+        out: list[list[int]] = []
+        for p in prefixes:
+            try:
+                pre = parse_sid(p)
+            except ValueError:
+                out.append([])
+                continue
+            if len(pre) >= L or any(not 0 <= c < n for c, n in zip(pre, self.level_sizes)):
+                out.append([])
+                continue
+            lo_key = 0
+            for c, n in zip([*pre, *[0] * (L - len(pre))], self.level_sizes):
+                lo_key = lo_key * n + c
+            span = int(np.prod(self.level_sizes[len(pre):], dtype=np.int64))
+            lo, hi = np.searchsorted(keys, [lo_key, lo_key + span])
+            out.append(np.unique(codes[lo:hi, len(pre)]).tolist())
+        return out
+
+    def columns(self) -> tuple[str, list[int], Columns, str]:
+        """:meth:`snapshot` by column (a packed snapshot, a restore's bulk load)."""
+        if isinstance(self.records, RecordTable):
+            cols = self.records.columns()
+        else:
+            cols = records_columns(sorted(self.records.values(), key=lambda r: r.row), len(self.level_sizes))
+        return self.version, list(self.level_sizes), cols, self.fingerprint
 
     def snapshot(self) -> tuple[str, list[int], list[Record], str]:
         return (

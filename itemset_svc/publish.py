@@ -1,8 +1,9 @@
 """Publishing a version: how every write becomes a new catalogue version, atomically and durably.
 
-A write (upsert, delete, rollback; :mod:`.writes`) stages version ``n``: the
-base version's four data keys are COPYed server-side (rollback copies the
-target instead), the changes are applied to the copies, and one Lua script
+A write (upsert, delete, rollback; :mod:`.writes`) stages version ``n``: its
+meta names the base's data and layers with its own overlay on top
+(:mod:`.keys`), the changes are written to that overlay only (what a write
+costs is what it changes, whatever the catalogue's size), and one Lua script
 checks that the current pointer still names the base (else the write is
 retried on the new base), makes the staged keys persistent, swaps
 ``current``, adds ``n`` to ``versions`` and publishes. Readers that resolved
@@ -10,12 +11,15 @@ version ``v`` keep reading exactly ``v``. Staged keys carry a TTL until
 published, so a writer that dies half-way leaves nothing behind for long; a
 failed write drops its staged keys and never touches a published version.
 After each publish the oldest versions beyond ``keep_versions`` are deleted
-(the current one is always the newest). A bulk load (:mod:`.bulk`) stages a
-version built from nothing and publishes it the same way.
+(the current one is always the newest): each in one Lua script that folds the
+next version's overlay into the data (O(its changes)), or deletes the data
+when the next version has data of its own. A bulk load (:mod:`.bulk`) stages
+a version with data of its own and publishes it the same way.
 
-Before publishing, a write checks that it holds as many items as its base
-plus what it added minus what it removed: a copy that lost data (Redis
-restarted in the middle) never becomes a smaller catalogue.
+Before publishing, a write checks that its base's meta and data are still
+there, and records its item count (the base's, plus what it added, minus
+what it removed): data lost underneath (Redis restarted in the middle) never
+becomes a smaller catalogue.
 
 Durability. The publish script and a ``WAIT <n> <ms>`` go down one
 connection (WAIT counts the replicas holding that connection's last write,
@@ -46,10 +50,10 @@ from specrec_rpc.errors import FailedPrecondition, Unavailable
 
 from .client import REDIS_DOWN
 from .keys import (
-    DATA_KEYS,
     EMPTY_FINGERPRINT,
     STAGING_TTL_S,
     Keys,
+    Layout,
     Record,
     fingerprint,
     version_counter,
@@ -89,6 +93,10 @@ class Staged:
     base: str | None
     level_sizes: list[int]
 
+    def target(self, keys: Keys, name: str) -> str:
+        """Where its changes go: its overlay over its base's content, or (no base) data of its own."""
+        return keys.vkey(self.version, name) if self.base else keys.dkey(self.version, name)
+
 
 # KEYS: current, versions, level_sizes, next_row, then the staged version's keys (meta first)
 # ARGV: expected current ("*" = any, "" = none), new version, channel, message, level_sizes ("" = keep),
@@ -107,6 +115,33 @@ redis.call('SET', KEYS[1], ARGV[2])
 redis.call('ZADD', KEYS[2], tonumber(ARGV[7]), ARGV[2])
 redis.call('PUBLISH', ARGV[3], ARGV[4])
 return {1, ARGV[2]}
+"""
+
+# KEYS: versions, then the pruned version's meta and overlays (4), the next version's meta and overlays (4), the
+# pruned version's data (3 hashes, its packed copy, its dirty set); ARGV: the pruned version, the next one
+# ("" = none), the pruned version's data id.
+# The data is the oldest version's content: when the next version lies over the same data its overlay is folded
+# in (and emptied: readers holding its old layout read the same; the items it changed join the dirty set, which
+# readers of the packed copy read again), else no version is left on the data: deleted.
+_FOLD = """
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
+if ARGV[2] ~= '' and redis.call('HGET', KEYS[6], 'data') == ARGV[3] then
+  for j = 0, 2 do
+    local kv = redis.call('HGETALL', KEYS[7 + j])
+    for i = 1, #kv, 2 do
+      if kv[i + 1] == '' then redis.call('HDEL', KEYS[10 + j], kv[i])
+      else redis.call('HSET', KEYS[10 + j], kv[i], kv[i + 1]) end
+      if j == 1 then redis.call('SADD', KEYS[14], kv[i]) end
+    end
+    redis.call('UNLINK', KEYS[7 + j])
+  end
+  redis.call('HSET', KEYS[6], 'layers', '')
+else
+  redis.call('UNLINK', KEYS[10], KEYS[11], KEYS[12], KEYS[13], KEYS[14])
+end
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('UNLINK', KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+return 1
 """
 
 # KEYS: current, versions, then the staged version's keys; ARGV: the staged version. Deletes its keys
@@ -138,6 +173,9 @@ class VersionPublisher:
     _lock: asyncio.Lock
     _commit: Any  # registered Lua scripts
     _drop_staged: Any
+    _fold: Any
+    _layouts: dict[str, Layout]  # version -> its layout, as read once
+    layout: Callable[[str], Awaitable[Layout]]
     pipe: Callable[..., Any]
     _t: Callable[[str, Awaitable[Any]], Awaitable[Any]]
     state: Callable[[], Awaitable[tuple[str | None, list[int] | None]]]
@@ -156,24 +194,28 @@ class VersionPublisher:
         _, epoch, n = await self._t("seq", p.execute())
         return version_name(epoch, int(n))
 
-    async def _stage(self, new: str, source: str | None, op: str, base: str | None) -> None:
-        k = self.keys
+    async def _stage(self, new: str, lay: Layout, op: str, base: str | None, source: str | None = None) -> None:
+        """The staged version's meta: what it is made from, and its layout (its own data, or its overlay over
+        its base's)."""
+        meta = self.keys.vkey(new, "meta")
         p = self.pipe()
-        meta = k.vkey(new, "meta")
-        p.hset(meta, mapping={"op": op, "base": base or "", "source": source or "", "created": f"{time.time():.3f}"})
+        p.hset(meta, mapping={"op": op, "base": base or "", "source": source or "", "created": f"{time.time():.3f}",
+                              "data": lay.data, "layers": ",".join(lay.layers)})
         p.expire(meta, STAGING_TTL_S)
-        if source:
-            for name in DATA_KEYS:
-                p.copy(k.vkey(source, name), k.vkey(new, name))
-                p.expire(k.vkey(new, name), STAGING_TTL_S)
         await self._t("stage", p.execute())
+        self._layouts[new] = lay
+
+    def _staged_keys(self, version: str) -> list[str]:
+        """Every key a staged version may have made: its meta, its overlays, data of its own."""
+        return [*self.keys.version_keys(version), *self.keys.data_keys(version)]
 
     async def _drop(self, version: str) -> None:
         """Delete a staged version unless it was published after all; never raises."""
         k = self.keys
+        self._layouts.pop(version, None)
         try:
-            await asyncio.shield(self._drop_staged(keys=[k.key("current"), k.key("versions"), *k.version_keys(version)],
-                                                   args=[version]))
+            await asyncio.shield(self._drop_staged(keys=[k.key("current"), k.key("versions"),
+                                                         *self._staged_keys(version)], args=[version]))
         except BaseException as e:  # noqa: BLE001 - best effort: the staged keys expire anyway
             self.log.warning("could not drop staged version", version=version, error=repr(e))
 
@@ -197,7 +239,7 @@ class VersionPublisher:
         k = self.keys
         need = await self.replicas_needed()
         msg = json.dumps({"namespace": self.ns, "version": new, "op": op, "base": base or ""})
-        keys = [k.key("current"), k.key("versions"), k.key("level_sizes"), k.key("next_row"), *k.version_keys(new)]
+        keys = [k.key("current"), k.key("versions"), k.key("level_sizes"), k.key("next_row"), *self._staged_keys(new)]
         args = [expected, new, k.channel, msg, level_sizes, min_next_row, version_counter(new)]
         if need:
             p = self.r.pipeline(transaction=False)
@@ -218,15 +260,27 @@ class VersionPublisher:
                                f"{self.wait_ms} ms: not acknowledged (a failover may lose it; retrying is safe)")
 
     async def _prune(self) -> list[str]:
+        """Delete the oldest versions beyond ``keep``, oldest first, each folding the next one's overlay into
+        the data (:data:`_FOLD`): what it costs is the next version's changes."""
+        k = self.keys
         try:
             stored = await self.stored_versions()
             victims = stored[: max(0, len(stored) - self.keep)]
+            for i, v in enumerate(victims):
+                nxt = stored[i + 1] if i + 1 < len(stored) else ""
+                try:
+                    data = (await self.layout(v)).data
+                except FailedPrecondition:  # written by an item set before layers: its keys were all its own
+                    p = self.pipe()
+                    p.zrem(k.key("versions"), v)
+                    p.execute_command("UNLINK", *k.version_keys(v), k.vkey(v, "sids"))
+                    await self._t("prune", p.execute())
+                    continue
+                keys = [k.key("versions"), *k.version_keys(v), *k.version_keys(nxt or v), *k.data_keys(data)]
+                await self._t("prune", self._fold(keys=keys, args=[v, nxt, data]))
+                self._layouts.pop(v, None)
+                self._layouts.pop(nxt, None)  # its layers were folded: read again (the old one stays right)
             if victims:
-                p = self.pipe()
-                p.zrem(self.keys.key("versions"), *victims)
-                # (execute_command: a cluster pipeline's unlink() is a coroutine, not a queued command)
-                p.execute_command("UNLINK", *[k for v in victims for k in self.keys.version_keys(v)])
-                await self._t("prune", p.execute())
                 self.log.info("pruned versions", versions=victims)
             return victims
         except REDIS_DOWN as e:  # the write itself is published; pruning is retried after the next one
@@ -234,23 +288,24 @@ class VersionPublisher:
             return []
 
     async def _check_counts(self, st: Staged, result: WriteResult) -> None:
-        """The staged version holds its base's items, plus the new, minus the removed (else: data was lost)."""
-        if st.base is None:
-            return
+        """The staged version's item count: its base's, plus the new, minus the removed; refused when the
+        base's meta or data is gone (data was lost underneath)."""
         k = self.keys
+        if st.base is None:
+            await self._t("count", self.r.hset(k.vkey(st.version, "meta"), "items", len(result.items)))
+            return
+        lay = await self.layout(st.version)
         p = self.pipe()
-        p.hlen(k.vkey(st.base, "items"))
-        p.hlen(k.vkey(st.version, "items"))
-        n_base, n_new = await self._t("count", p.execute())
-        added = len({r.item_id for r in result.items} - {r.item_id for r in result.removed})
-        want = (
-            int(n_base)
-            + added
-            - (len(result.removed) - len({r.item_id for r in result.items} & {r.item_id for r in result.removed}))
-        )
-        if int(n_new) != want:
-            raise WriteRejected(f"catalogue: the new version would hold {n_new} items where {want} are due "
-                                f"(base {st.base} holds {n_base}); data was lost underneath, nothing was published")
+        p.hget(k.vkey(st.base, "meta"), "items")
+        p.exists(k.dkey(lay.data, "items"), k.vkey(st.version, "meta"))
+        n_base, present = await self._t("count", p.execute())
+        written = {r.item_id for r in result.items}
+        removed = {r.item_id for r in result.removed}
+        want = int(n_base or 0) + len(written - removed) - len(removed - written)
+        if n_base is None or int(present) < 2:
+            raise WriteRejected(f"catalogue: the base version {st.base} or its data is gone (Redis lost data "
+                                f"underneath); nothing was published")
+        await self._t("count", self.r.hset(k.vkey(st.version, "meta"), "items", want))
 
     async def _set_fingerprint(self, st: Staged, result: WriteResult) -> str:
         """The staged version's content fingerprint: its base's, updated by the write's changes."""
@@ -281,7 +336,8 @@ class VersionPublisher:
                                              f"or configure one")
                 st = Staged(await self._new_version(), base, level_sizes)
                 try:
-                    await self._stage(st.version, source if source is not None else base, op, base)
+                    lay = (await self.layout(base)).over(st.version) if base else Layout(st.version)
+                    await self._stage(st.version, lay, op, base, source)
                     result = await apply(st)
                     if result is None:
                         await self._drop(st.version)
@@ -319,6 +375,7 @@ class VersionPublisher:
 
     async def _count(self, version: str) -> None:
         try:
-            CATALOGUE_ITEMS.labels(self.ns).set(await self._t("count", self.r.hlen(self.keys.vkey(version, "items"))))
+            n = await self._t("count", self.r.hget(self.keys.vkey(version, "meta"), "items"))
+            CATALOGUE_ITEMS.labels(self.ns).set(int(n or 0))
         except REDIS_DOWN:
             pass

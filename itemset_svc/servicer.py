@@ -40,10 +40,11 @@ from specrec_rpc.errors import (
     register,
     require,
 )
+from specrec_rpc.packed import Columns, pack
 from specrec_rpc.v1 import common_pb2, itemset_pb2, itemset_pb2_grpc
 
 from .metrics import DELTAS, MIRROR_READS, WRITE_RETRIES
-from .mirror import Mirror
+from .mirror import Mirror, records_columns
 from .publish import WriteResult
 from .settings import ItemSetSettings
 from .store import (
@@ -98,6 +99,16 @@ def _chunks(version: str, level_sizes: list[int], items: list, fingerprint: str,
             chunk.fingerprint = fingerprint
             chunk.removed_rows.extend(removed_rows)
         out.append(chunk)
+    return out
+
+
+def _packed_chunks(version: str, level_sizes: list[int], cols: Columns, fingerprint: str) -> list:
+    """A full snapshot (items by column, sorted by row) as packed chunks (:mod:`specrec_rpc.packed`: a few
+    arrays per message, not a message per item); the first carries the level sizes, the count and the
+    fingerprint."""
+    out = [itemset_pb2.SnapshotChunk(version=version, packed=m) for m in pack(cols)]
+    out[0].level_sizes.extend(level_sizes)
+    out[0].n_items, out[0].fingerprint = len(cols), fingerprint
     return out
 
 
@@ -157,6 +168,18 @@ class ItemSetServicer(itemset_pb2_grpc.ItemSetServicer):
             if len(self._pb) > 2 * len(records) + 1024:  # records of old versions: drop them all, rebuild
                 self._pb.clear()
             self._chunks[key] = _chunks(v, ls, [self._item_pb(r) for r in records], fp, size)
+            while len(self._chunks) > 2:
+                self._chunks.popitem(last=False)
+        return self._chunks[key]
+
+    def _mirror_packed(self, version: str) -> list | None:
+        """:meth:`_mirror_chunks`, packed (kept for the last versions served, like the others)."""
+        m = self.svc.mirror
+        if m is None or not m.exact or not version or m.version != version:
+            return None
+        key = (version, -1)
+        if key not in self._chunks:
+            self._chunks[key] = _packed_chunks(*m.columns())
             while len(self._chunks) > 2:
                 self._chunks.popitem(last=False)
         return self._chunks[key]
@@ -298,11 +321,14 @@ class ItemSetServicer(itemset_pb2_grpc.ItemSetServicer):
         require(request.chunk_size <= MAX_CHUNK, "chunk_size", f"{request.chunk_size}, at most {MAX_CHUNK:,}")
         size = request.chunk_size or DEFAULT_CHUNK
         since = check_version("since", request.since)
-        chunks = self._mirror_delta(version, since, size) or self._mirror_chunks(version, size)
+        chunks = self._mirror_delta(version, since, size)
+        if chunks is None:
+            chunks = self._mirror_packed(version) if request.packed else self._mirror_chunks(version, size)
         if chunks is None:
             v, ls, records, fp = await self.read("Snapshot", version, lambda st: st.snapshot(version),
                                                  lambda m: m.snapshot())
-            chunks = _chunks(v, ls, [to_pb(r) for r in records], fp, size)
+            chunks = (_packed_chunks(v, ls, records_columns(records, len(ls)), fp) if request.packed
+                      else _chunks(v, ls, [to_pb(r) for r in records], fp, size))
         for chunk in chunks:
             yield chunk
 

@@ -23,9 +23,9 @@ from specrec_rpc.redis_url import close_async
 
 from .bulk import CatalogueBulkLoad
 from .client import REDIS_DOWN, make_client  # noqa: F401 (re-exported)
-from .keys import Keys, Record, build_masks, parse_sid, prefix_steps, records_fingerprint, sid_str  # noqa: F401 (re-exported)
+from .keys import Keys, Record, parse_sid, prefix_steps, sid_str  # noqa: F401 (re-exported)
 from .metrics import REDIS_SECONDS
-from .publish import _COMMIT, _DROP, NotAcknowledged, WriteConflict, WriteRejected, WriteResult  # noqa: F401 (re-exported)
+from .publish import _COMMIT, _DROP, _FOLD, NotAcknowledged, WriteConflict, WriteRejected, WriteResult  # noqa: F401 (re-exported)
 from .reads import CatalogueEmpty, CatalogueInfo, CatalogueReads, VersionNotFound  # noqa: F401 (re-exported)
 from .settings import check_namespace
 from .writes import CatalogueWrites, UpsertSpec  # noqa: F401 (re-exported)
@@ -66,6 +66,8 @@ class RedisCatalogue(CatalogueReads, CatalogueWrites, CatalogueBulkLoad):
         self._commit = self.r.register_script(_COMMIT)
         self._unlock = self.r.register_script(_UNLOCK)
         self._drop_staged = self.r.register_script(_DROP)
+        self._fold = self.r.register_script(_FOLD)
+        self._layouts = {}
         self.log = structlog.get_logger("itemset.store").bind(namespace=namespace)
 
     @classmethod

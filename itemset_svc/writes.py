@@ -25,11 +25,15 @@ import numpy as np
 from specrec_rpc.errors import FailedPrecondition, InvalidArgument
 
 from .keys import (
+    DATA_EXTRA,
+    DATA_KEYS,
     EMPTY_FINGERPRINT,
     STAGING_TTL_S,
+    Layout,
     Record,
     bump,
     format_mask,
+    merge_layers,
     parse_mask,
     prefix_steps,
     sid_str,
@@ -64,35 +68,37 @@ class CatalogueWrites(VersionPublisher):
     """The write half of :class:`~.store.RedisCatalogue`: upsert, delete, rollback."""
 
     _not_found: Callable[[str], Awaitable[VersionNotFound]]  # the read half's
+    hmget: Callable[[str, str, str, list[str]], Awaitable[list[str | None]]]
+    hmget_layers: Callable[..., int]
+    _layouts: dict[str, Layout]
 
     async def _masks(self, new: str, prefixes) -> dict[str, dict[int, int]]:
         fields = sorted(set(prefixes))
-        if not fields:
-            return {}
-        raws = await self._t("masks", self.r.hmget(self.keys.vkey(new, "pfx"), fields))
+        raws = await self.hmget("masks", new, "pfx", fields)
         return {f: parse_mask(raw) for f, raw in zip(fields, raws)}
 
-    def _write_changes(self, p, new: str, removed: list[Record], added: list[Record], masks: dict[str, dict[int, int]],
-                       touched: set[str], deleted_ids: Sequence[str] = ()) -> None:
+    def _write_changes(self, p, st: Staged, removed: list[Record], added: list[Record],
+                       masks: dict[str, dict[int, int]], touched: set[str], deleted_ids: Sequence[str] = ()) -> None:
+        """The write's changes into the staged version's overlay ("" = gone), only what changed."""
         k = self.keys
-        if removed:
-            old = [sid_str(r.sid) for r in removed]
-            p.srem(k.vkey(new, "sids"), *old)
-            p.hdel(k.vkey(new, "sid2item"), *old)
-        if deleted_ids:
-            p.hdel(k.vkey(new, "items"), *deleted_ids)
-        if added:
-            p.sadd(k.vkey(new, "sids"), *[sid_str(r.sid) for r in added])
-            p.hset(k.vkey(new, "sid2item"), mapping={sid_str(r.sid): r.item_id for r in added})
-            p.hset(k.vkey(new, "items"), mapping={r.item_id: r.dumps() for r in added})
-        keep = {f: format_mask(masks[f]) for f in touched if format_mask(masks[f])}
-        gone = [f for f in touched if f not in keep]
-        if keep:
-            p.hset(k.vkey(new, "pfx"), mapping=keep)
-        if gone:
-            p.hdel(k.vkey(new, "pfx"), *gone)
-        for key in k.version_keys(new):  # keys created just now carry the staging TTL too
-            p.expire(key, STAGING_TTL_S)
+
+        def put(name: str, fields: dict[str, str]) -> None:
+            if not st.base:  # data of its own (a write into an empty namespace): nothing under it to hide
+                if gone := [f for f, v in fields.items() if not v]:
+                    p.hdel(st.target(k, name), *gone)
+                fields = {f: v for f, v in fields.items() if v}
+            if fields:
+                p.hset(st.target(k, name), mapping=fields)
+
+        sid2item = {sid_str(r.sid): "" for r in removed}
+        items = dict.fromkeys(deleted_ids, "")
+        sid2item.update({sid_str(r.sid): r.item_id for r in added})
+        items.update({r.item_id: r.dumps() for r in added})
+        put("sid2item", sid2item)
+        put("items", items)
+        put("pfx", {f: format_mask(masks[f]) for f in touched})
+        for name in DATA_KEYS:  # keys created just now carry the staging TTL too
+            p.expire(st.target(k, name), STAGING_TTL_S)
 
     # -- upsert, in four phases ---------------------------------------------------------------
     async def upsert(self, specs: Sequence[UpsertSpec], encode: Encoder | None = None) -> WriteResult:
@@ -107,14 +113,14 @@ class CatalogueWrites(VersionPublisher):
         code_cache: dict[str, tuple[int, ...]] = {}
 
         async def apply(st: Staged) -> WriteResult:
-            raws = await self._t("upsert_read", self.r.hmget(self.keys.vkey(st.version, "items"), ids))
+            raws = await self.hmget("upsert_read", st.version, "items", ids)
             old = {i: Record.loads(i, raw) for i, raw in zip(ids, raws) if raw}
             fixed, compute = await self._sid_sources(specs, old, st, encode, code_cache)
             await self._check_claims(specs, fixed, st)
             sids, masks, touched, collided = await self._place(specs, old, fixed, compute, code_cache, st)
             records = await self._records(specs, old, sids)
             p = self.pipe()
-            self._write_changes(p, st.version, list(old.values()), records, masks, touched)
+            self._write_changes(p, st, list(old.values()), records, masks, touched)
             await self._t("upsert_write", p.execute())
             if collided:
                 COLLISIONS.inc(collided)
@@ -164,8 +170,7 @@ class CatalogueWrites(VersionPublisher):
         keys = list(fixed)
         if not keys:
             return
-        owners = await self._t("upsert_read", self.r.hmget(self.keys.vkey(st.version, "sid2item"),
-                                                           [sid_str(fixed[k]) for k in keys]))
+        owners = await self.hmget("upsert_read", st.version, "sid2item", [sid_str(fixed[k]) for k in keys])
         batch = {s.item_id for s in specs}
         for k, owner in zip(keys, owners):
             if owner and owner != specs[k].item_id and owner not in batch:
@@ -226,7 +231,7 @@ class CatalogueWrites(VersionPublisher):
         ids = list(dict.fromkeys(item_ids))
 
         async def apply(st: Staged) -> WriteResult | None:
-            raws = await self._t("delete_read", self.r.hmget(self.keys.vkey(st.version, "items"), ids)) if ids else []
+            raws = await self.hmget("delete_read", st.version, "items", ids)
             old = [Record.loads(i, raw) for i, raw in zip(ids, raws) if raw]
             if not old:
                 return None
@@ -235,11 +240,41 @@ class CatalogueWrites(VersionPublisher):
             for r in old:
                 bump(masks, touched, r.sid, -1)
             p = self.pipe()
-            self._write_changes(p, st.version, old, [], masks, touched, [r.item_id for r in old])
+            self._write_changes(p, st, old, [], masks, touched, [r.item_id for r in old])
             await self._t("delete_write", p.execute())
             return WriteResult(st.version, [], removed=old)
 
         return await self._write("delete", apply)
+
+    async def _copy_content(self, st: Staged, version: str, target: Layout) -> None:
+        """Across a bulk load (the target lies on other data than the current version): the staged version
+        gets data of its own, a server-side copy of the target's data with its overlays applied (O(items))."""
+        k = self.keys
+        lay = Layout(st.version)
+        p = self.pipe()
+        p.zscore(k.key("versions"), version)
+        for name in (*DATA_KEYS, *DATA_EXTRA):
+            p.copy(k.dkey(target.data, name), k.dkey(st.version, name), replace=True)
+            p.expire(k.dkey(st.version, name), STAGING_TTL_S)
+        for v in reversed(target.layers):  # oldest first
+            for name in DATA_KEYS:
+                p.hgetall(k.vkey(v, name))
+        res = await self._t("rollback_copy", p.execute())
+        if res[0] is None:
+            raise await self._not_found(version)
+        overlays = res[1 + 2 * (len(DATA_KEYS) + len(DATA_EXTRA)):]
+        w = self.pipe()
+        w.hset(k.vkey(st.version, "meta"), mapping={"data": lay.data, "layers": ""})
+        for j, ov in enumerate(overlays):
+            name = DATA_KEYS[j % len(DATA_KEYS)]
+            if put := {f: v for f, v in ov.items() if v}:
+                w.hset(k.dkey(st.version, name), mapping=put)
+            if gone := [f for f, v in ov.items() if not v]:
+                w.hdel(k.dkey(st.version, name), *gone)
+            if name == "items" and ov:  # changed since the packed copy
+                w.sadd(k.dkey(st.version, "dirty"), *ov)
+        await self._t("rollback_copy", w.execute())
+        self._layouts[st.version] = lay
 
     async def rollback(self, version: str) -> WriteResult:
         """Publish a copy of a stored version as a new version (version names only grow)."""
@@ -250,13 +285,39 @@ class CatalogueWrites(VersionPublisher):
             return WriteResult(version, published=False)
 
         async def apply(st: Staged) -> WriteResult:
-            # the source may have been pruned before it was copied (pruning removes it from
-            # the list and its keys in one MULTI, so still listed now = copied intact)
-            if await self._t("versions", self.r.zscore(self.keys.key("versions"), version)) is None:
-                raise await self._not_found(version)
-            fp = await self._t("fingerprint", self.r.hget(self.keys.vkey(version, "meta"), "fingerprint"))
-            await self._t("fingerprint", self.r.hset(self.keys.vkey(st.version, "meta"), "fingerprint",
-                                                     fp or EMPTY_FINGERPRINT))
+            k = self.keys
+            target, cur = await self.layout(version), await self.layout(st.version)
+            if target.data == cur.data:
+                # the same data: the new overlay resets what the versions since the target changed
+                extra = [v for v in cur.layers if v not in target.layers]
+                p = self.pipe()
+                for v in extra:
+                    for name in DATA_KEYS:
+                        p.hkeys(k.vkey(v, name))
+                found = await self._t("rollback_read", p.execute()) if extra else []
+                fields = {name: sorted({f for j, v in enumerate(extra) for f in found[j * 3 + i]})
+                          for i, name in enumerate(DATA_KEYS)}
+                p = self.pipe()
+                p.zscore(k.key("versions"), version)
+                n = [self.hmget_layers(p, target, name, fields[name]) if fields[name] else 0 for name in DATA_KEYS]
+                res = await self._t("rollback_read", p.execute())
+                if res[0] is None:  # pruned meanwhile
+                    raise await self._not_found(version)
+                at = 1
+                w = self.pipe()
+                for name, m in zip(DATA_KEYS, n):
+                    if m:
+                        vals = merge_layers(res[at: at + m])
+                        at += m
+                        w.hset(st.target(k, name), mapping={f: v or "" for f, v in zip(fields[name], vals)})
+                        w.expire(st.target(k, name), STAGING_TTL_S)
+                await self._t("rollback_write", w.execute())
+            else:
+                await self._copy_content(st, version, target)
+            meta = await self._t("rollback_read", self.r.hmget(k.vkey(version, "meta"), ["fingerprint", "items"]))
+            await self._t("fingerprint", self.r.hset(k.vkey(st.version, "meta"),
+                                                     mapping={"fingerprint": meta[0] or EMPTY_FINGERPRINT,
+                                                              "items": meta[1] or 0}))
             return WriteResult(st.version)
 
         return await self._write("rollback", apply, source=version)

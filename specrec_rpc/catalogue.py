@@ -1,7 +1,9 @@
 """Local snapshots of the catalogue, kept in step with the item-set service.
 
 Drafter, verifier and gateway each hold a :class:`CatalogueWatcher`: it
-downloads the current version (``ItemSet.Snapshot``), builds a
+downloads the current version (``ItemSet.Snapshot``, packed: a few arrays per
+message, :mod:`.packed`, so millions of items arrive and are indexed with numpy,
+:func:`build_snapshot_columns`), builds a
 :class:`~specrec.itemset.LocalItemSet` (trie, prefix ranges) and polls
 ``GetVersion`` every ``poll_s`` seconds; a new version is fetched, built off
 the event loop, and swapped in atomically, then listeners are told. A new
@@ -29,7 +31,8 @@ from prometheus_client import Counter, Gauge
 from specrec.itemset import LocalItemSet
 
 from .errors import FailedPrecondition, Unavailable
-from .fingerprint import fingerprint
+from .fingerprint import fingerprint, fingerprint_arrays, sid_strings
+from .packed import Columns, unpack
 from .v1 import itemset_pb2, itemset_pb2_grpc
 
 
@@ -54,19 +57,34 @@ class CatalogueMismatch(FailedPrecondition):
 
 def build_snapshot(version: str, level_sizes: list[int], items: list, expect_fingerprint: str = "",
                    min_rows: int = 0) -> Snapshot:
-    n = max(max((it.row for it in items), default=-1) + 1, min_rows)
+    """A snapshot from Item messages (:func:`build_snapshot_columns` does the work)."""
+    L = len(level_sizes)
+    cols = Columns(np.fromiter((it.row for it in items), np.int64, len(items)),
+                   np.asarray([list(it.sid.codes) for it in items], dtype=np.int64).reshape(len(items), L),
+                   np.fromiter((it.unseen for it in items), bool, len(items)), [it.item_id for it in items],
+                   [it.title for it in items], [it.text for it in items])
+    return build_snapshot_columns(version, level_sizes, cols, expect_fingerprint, min_rows)
+
+
+def build_snapshot_columns(version: str, level_sizes: list[int], cols: Columns, expect_fingerprint: str = "",
+                           min_rows: int = 0) -> Snapshot:
+    """A snapshot from items by column (a packed snapshot, :mod:`.packed`): numpy over the arrays, one pass
+    over the ids for the index, the content checked against ``expect_fingerprint``."""
+    n = max(int(cols.rows.max(initial=-1)) + 1, min_rows)
     L = len(level_sizes)
     sids = np.zeros((n, L), dtype=np.int64)
     seen = np.zeros(n, dtype=bool)
     active = np.zeros(n, dtype=bool)
-    ids, titles, texts = [""] * n, [""] * n, [""] * n
-    for it in items:
-        r = it.row
-        sids[r] = list(it.sid.codes)
-        seen[r] = not it.unseen
-        active[r] = True
-        ids[r], titles[r], texts[r] = it.item_id, it.title, it.text
-    got = fingerprint((it.item_id, it.sid.codes, it.unseen) for it in items)
+    sids[cols.rows] = cols.codes
+    seen[cols.rows] = ~cols.unseen
+    active[cols.rows] = True
+    if len(cols) == n and np.array_equal(cols.rows, np.arange(n)):  # every row, in order: the columns are it
+        ids, titles, texts = list(cols.ids), list(cols.titles), list(cols.texts)
+    else:
+        ids, titles, texts = [""] * n, [""] * n, [""] * n
+        for r, i, t, x in zip(cols.rows.tolist(), cols.ids, cols.titles, cols.texts):
+            ids[r], titles[r], texts[r] = i, t, x
+    got = fingerprint_arrays(cols.ids, sid_strings(cols.codes), cols.unseen.tolist())
     if expect_fingerprint and got != expect_fingerprint:
         raise CatalogueMismatch(f"catalogue version {version}: content fingerprint {got} differs from the announced "
                                 f"{expect_fingerprint} (items lost or changed in transit)")
@@ -181,8 +199,9 @@ class CatalogueWatcher:
     async def fetch(self, version: str = "", since: Snapshot | None = None) -> Snapshot:
         """Version ``version`` ("" = the current one); with ``since`` (a version held, of the same
         item-set lineage) as a delta over it when the item set can send one."""
-        items, level_sizes, got, fp, base, removed = [], [], version, "", "", []
-        req = itemset_pb2.SnapshotRequest(version=version, since=since.version if since is not None else "")
+        items, level_sizes, got, fp, base, removed, packed = [], [], version, "", "", [], []
+        req = itemset_pb2.SnapshotRequest(version=version, since=since.version if since is not None else "",
+                                          packed=True)
         try:
             async for chunk in self.stub.Snapshot(req, timeout=self.timeout_s):
                 got = chunk.version
@@ -192,6 +211,8 @@ class CatalogueWatcher:
                 base = base or chunk.base
                 removed.extend(chunk.removed_rows)
                 items.extend(chunk.items)
+                if chunk.HasField("packed"):
+                    packed.append(chunk.packed)
         except grpc.aio.AioRpcError as e:
             if e.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.FAILED_PRECONDITION):
                 raise FailedPrecondition(f"catalogue version {version!r} is not available: {e.details()}") from None
@@ -214,6 +235,9 @@ class CatalogueWatcher:
         # rows are never reused: a full copy keeps at least the rows of the one held (its last rows may hold
         # deleted items, which a full snapshot cannot show), so arrays indexed by row never shrink
         rows = since.itemset.n_rows if since is not None and level_sizes == since.level_sizes else 0
+        if packed:
+            cols = await asyncio.to_thread(unpack, packed, len(level_sizes))
+            return await asyncio.to_thread(self._prepared, build_snapshot_columns, got, level_sizes, cols, fp, rows)
         return await asyncio.to_thread(self._prepared, build_snapshot, got, level_sizes, items, fp, rows)
 
     def _prepared(self, build: Callable[..., Snapshot], *args) -> Snapshot:

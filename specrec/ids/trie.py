@@ -46,7 +46,11 @@ class SidTrie:
         self.level_sizes = list(level_sizes)
         self.depth = len(level_sizes)
         self.n_sids = len(sids)
-        order = np.lexsort(sids.T[::-1])
+        fits = float(np.prod(np.asarray(self.level_sizes, dtype=np.float64))) < 2.0**62
+        # lexicographic order: one stable argsort of mixed-radix keys where they fit int64 (the same order as
+        # lexsort's, a third of its time: what a follower's every catalogue version pays at millions of items)
+        full = mixed_radix(sids, self.level_sizes) if fits else None
+        order = np.argsort(full, kind="stable") if full is not None else np.lexsort(sids.T[::-1])
         s = sids[order]
         self.keys: list[torch.Tensor] = []  # per depth d: sorted edge keys parent*V_d+code
         self.ptr: list[torch.Tensor] = []  # per depth d: CSR pointer over parents, int32
@@ -79,8 +83,8 @@ class SidTrie:
         # every full SID as one mixed-radix key, sorted (leaf ids are numbered in this order), so a complete
         # SID finds its leaf in one searchsorted instead of one per level (None where the keys overflow int64)
         self.full_keys: np.ndarray | None = None
-        if float(np.prod(np.asarray(self.level_sizes, dtype=np.float64))) < 2.0**62:
-            self.full_keys = mixed_radix(s, self.level_sizes)[new] if len(s) else np.zeros(0, dtype=np.int64)
+        if full is not None:
+            self.full_keys = full[order][new] if len(s) else np.zeros(0, dtype=np.int64)
         self.dense: list[torch.Tensor | None] = [self._dense(d) for d in range(self.depth)]
         self._search_tables: dict[int, list[Level]] = {}
 

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from itemset_svc.keys import Record, records_fingerprint
+from itemset_svc.keys import Record
 from itemset_svc.mirror import Mirror
 from itemset_svc.publish import WriteResult
+from specrec_rpc.fingerprint import fingerprint
+
+
+def records_fingerprint(records) -> str:
+    return fingerprint((r.item_id, r.sid, r.unseen) for r in records)
 
 
 def _mirror() -> Mirror:
