@@ -116,11 +116,8 @@ class _Search(nn.Module):
 
 
 # the export table is the registry of searches (kind -> its function, widths, inputs and outputs); the graphs
-# that run the distilled SID drafter, and the inputs (after the tables) of the graph that finishes a row
-# ``strict``'s drafts missed (``resume``'s: what strict's graph leaves), are read from it
+# that run the distilled SID drafter are read from it
 DRAFTER_KINDS = searches.DRAFTER_KINDS
-RESUME = list(SEARCHES["resume"].inputs)
-RANK = list(SEARCHES["rank"].inputs)
 
 
 def _export(module: nn.Module, args, inputs, outputs, axes, path: Path, post=None) -> None:

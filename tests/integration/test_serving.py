@@ -149,7 +149,7 @@ async def test_overload_is_shed_or_answered_never_failed(stack, serving_bundle):
 async def test_a_lost_session_is_reencoded_not_internal(stack, serving_bundle):
     """The verifier forgets a session between two calls of a request (as after a restart):
     the gateway sends the history again and the answer is the undisturbed one. (``strict`` level by level, on
-    the NEZHA head: HeadDrafts, Score and BeamSearch on one session; on the distilled drafter it is one call.)"""
+    the NEZHA head: Search "head", Score and Search "beam" on one session; on the distilled drafter it is one call.)"""
     h = histories(serving_bundle, 1, seed=23)[0]
     params = {"n_drafts": 10, "drafter": "head"}
     want = await stack.recommend(h, k=10, policy="strict", params=params)
