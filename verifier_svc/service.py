@@ -4,7 +4,7 @@ A thin adapter over :class:`specrec.verifier.LocalVerifier`: it converts
 protos to core jobs (:class:`~specrec.verifier.jobs.EncodeJob`,
 :class:`~specrec.verifier.jobs.ScoreJob`, ...), hands them to one opportunistic
 :class:`~.batcher.Batcher` whose batches the core executes
-(:func:`specrec.verifier.local.run_jobs`), keeps sessions in a
+(:class:`specrec.verifier.runner.Runner`), keeps sessions in a
 :class:`~.sessions.SessionStore`, and converts results back. A call that
 carries a history instead of a session is encoded in the same batch as its
 operation. The catalogue (for constrained decoding) follows the item set by
@@ -69,8 +69,8 @@ SERVED = [name for name, search in SEARCHES.items() if search.inside is None]  #
 
 SESSIONS = Gauge("specrec_verifier_sessions", "Live encoder sessions")
 GRAPH_PRECISION = Gauge("specrec_verifier_graph_precision", "1 for the arithmetic each graph runs in: float32, or the "
-                        "precision `specrec export-onnx` chose for this machine on validation users (rank: the "
-                        "scoring pass; draft: nezha's)", ["graph", "precision"])
+                        "precision `specrec export-onnx` chose for this machine on validation users (the searches "
+                        "the registry lets leave float32)", ["graph", "precision"])
 GRAPHS = Gauge("specrec_verifier_graphs", "CUDA graphs the backend holds (backend cuda: captured per search, widths "
                "and row bucket before SERVING; more afterwards, each by a slow call, in `after_start`)", ["when"])
 GRAPH_CAPTURE = Gauge("specrec_verifier_graph_capture_seconds", "Seconds the backend spent capturing its graphs")

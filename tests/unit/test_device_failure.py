@@ -190,7 +190,7 @@ def test_without_a_watchdog_a_long_batch_is_only_long():
     assert out == "slow" and b.failed is None and not failures
 
 
-def test_run_jobs_hands_a_backends_cuda_error_to_the_batcher_which_ends_on_it(monkeypatch):
+def test_the_runner_hands_a_backends_cuda_error_to_the_batcher_which_ends_on_it(monkeypatch):
     """The path the service runs: the backend raises inside the runner (its group's jobs get the error as their
     result), and the batcher reads it as a failed device."""
     eng = make_engine(5)
