@@ -31,7 +31,7 @@ def cbundle_dir(tiny_bundle_dir, tmp_path_factory):
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def cstack(redis_url, cbundle_dir):
-    from specrec_rpc.localstack import delete_keys, namespace_pattern
+    from specrec_stack.localstack import delete_keys, namespace_pattern
 
     ns = f"cuda-{time.time_ns()}"
     st = Stack(redis_url, ns, cbundle_dir, verifier_overrides=dict(backend="cuda", device="cpu",

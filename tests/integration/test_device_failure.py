@@ -25,9 +25,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specrec_rpc.errors import Reason, reason_of_rpc
-from specrec_rpc.localstack import delete_keys, free_port, namespace_pattern
 from specrec_rpc.tensors import to_msg
 from specrec_rpc.v1 import verifier_pb2, verifier_pb2_grpc
+from specrec_stack.localstack import delete_keys, free_port, namespace_pattern
 
 from .stack import Stack, histories
 

@@ -33,7 +33,7 @@ def vbundle_dir(tiny_bundle_dir, tmp_path_factory):
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def vstack(redis_url, vbundle_dir):
-    from specrec_rpc.localstack import delete_keys, namespace_pattern
+    from specrec_stack.localstack import delete_keys, namespace_pattern
 
     ns = f"ver-{time.time_ns()}"
     st = Stack(redis_url, ns, vbundle_dir)
