@@ -65,7 +65,7 @@ class Search:
     uses_sid_drafter: bool = False
     uses_head: bool = False
     tables: bool = True  # it reads the item set's tables (``rank`` reads none: it is handed its candidates)
-    args: tuple[str, ...] = ()
+    args: tuple[str, ...] = ()  # the caller's named tensors, candidate SIDs int64 [R, M, L] each (rank: sids)
     call: Callable[..., Any] | None = None
     reply: Callable[[Any], dict[str, torch.Tensor]] = beams_reply
     result: Callable[[dict[str, torch.Tensor]], Any] = beams_result
@@ -79,13 +79,13 @@ class Search:
     left: tuple[str, ...] = ()  # outputs kept on the device for the search run inside its call
     min_levels: int = 1  # SID levels it needs (``strict`` and ``resume``: 3)
 
-    def run(self, run: Callable[..., list[torch.Tensor] | None], enc, trie, widths: tuple[int, ...],
+    def run(self, run_graph: Callable[..., list[torch.Tensor] | None], enc, trie, widths: tuple[int, ...],
             args: dict[str, torch.Tensor]) -> Any:
-        """The search's value on a backend whose graph runner is ``run`` (see the class's docstring); None
-        where the backend cannot run it."""
+        """The search's value on a backend whose graph runner is ``run_graph`` (the class's docstring's ``run``);
+        None where the backend cannot run it."""
         if self.call is not None:
-            return self.call(run, enc, trie, widths, args)
-        out = run(self.name, enc, trie, widths, [])
+            return self.call(run_graph, enc, trie, widths, args)
+        out = run_graph(self.name, enc, trie, widths, [])
         return None if out is None else Beams.of_search(*out)
 
 
