@@ -2,10 +2,11 @@
 
 The gateway asks every replica (``Describe``) at start, and asks a replica
 again after it was unreachable (it may come back with another bundle). A
-replica not described yet (it did not answer) counts as offering everything, and a call it refuses as
-UNIMPLEMENTED marks that part missing at once. A part the bundle lacks is
-never a failure: it excludes no replica and opens no breaker (the remote
-verifier, :mod:`.remote`, and the fallback ladder see to that).
+replica not described yet (it did not answer) counts as offering everything,
+and a call it refuses as UNIMPLEMENTED marks that part missing at once. A
+part the bundle lacks is never a failure: it excludes no replica and opens no
+breaker (the remote verifier, :mod:`.remote`, and the fallback ladder see to
+that). Each replica's ``api`` (2: one Search RPC) is logged with its parts.
 
 Policies plan with :meth:`VerifierParts.current`, what every known replica
 offers (a request may land on any of them): ``auto`` offers only what can run,
