@@ -358,8 +358,9 @@ def example_tables(level_sizes: list[int], vmax: int, tag: str) -> list[Level]:
 def export_search(model: Tiger, out_dir: str | Path, kind: str, width: int | None, head=None, drafter=None,
                   n: int | None = None, drafter_bits: int | None = None, tables: str | None = None) -> Path:
     """Write the whole-search graph ``kind`` (see :data:`SEARCHES`) of ``width`` (and ``n`` drafts per level,
-    for a search that has them) reading tables of the forms ``tables`` (:func:`~specrec.ids.tables.form_tag`; default: CSR at
-    every level; none for a search that reads none) as ``search_name(kind, width, n, drafter_bits, tables).onnx``,
+    for a search that has them) reading tables of the forms ``tables`` (:func:`~specrec.ids.tables.form_tag`;
+    default: CSR at every level; none for a search that reads none) as
+    ``search_name(kind, width, n, drafter_bits, tables).onnx``,
     the drafter's weights quantized to ``drafter_bits`` where given (:func:`quantize_drafter`)."""
     out = Path(out_dir)
     fused = FusedHotPath(model, head, drafter).eval()
