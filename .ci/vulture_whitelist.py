@@ -47,5 +47,4 @@ _.allow_tf32
 # delete each entry with its code there, not here.
 _.pow2_bucket  # specrec/backends/base.py
 _._table  # specrec/backends/onnx.py (OrtBackend)
-_.RESUME  # specrec/backends/export.py and onnx.py: only tests/unit/test_searches.py reads it
 _.described  # gateway/drafter_client.py: set, never read

@@ -55,7 +55,7 @@ sample of leave-one-out test users is sent as Poisson arrivals at ``--rate``
   ``--fault-s`` seconds;
 - ``kill-redis-primary``: run last, on a stack of its own over a
   Sentinel-managed Redis (a ``redis-server`` primary, one replica, three
-  ``redis-sentinel`` processes, all private: ``specrec_rpc/localsentinel.py``).
+  ``redis-sentinel`` processes, all private: ``specrec_stack/localsentinel.py``).
   While the load runs, a writer upserts one item at a time through the item
   set; the primary is SIGKILLed and the sentinels promote the replica. It
   reports the acknowledged writes missing from the catalogue afterwards
@@ -122,7 +122,7 @@ from bench.harness import (
     sample_users,
     sayer,
 )
-from specrec_rpc.localstack import free_port
+from specrec_stack.localstack import free_port
 
 SCENARIOS = ("cpu-hog", "one-core", "pause-verifier", "kill-verifier", "pause-drafter", "kill-drafter",
              "pause-itemset", "kill-itemset", "redis-loss", "overload", "kill-redis-primary")

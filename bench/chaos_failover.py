@@ -1,5 +1,5 @@
 """``bench.chaos``'s ``kill-redis-primary``: the Redis Sentinel failover, on a stack of its own over a
-Sentinel-managed Redis (``specrec_rpc/localsentinel.py``), with a writer upserting one item at a time through the
+Sentinel-managed Redis (``specrec_stack/localsentinel.py``), with a writer upserting one item at a time through the
 item set while the load runs; the primary is SIGKILLed and the sentinels promote a replica
 (:func:`run_failover_phase`). :class:`ReplicaWatch` tells which acknowledged writes no replica can have held.
 """
@@ -75,7 +75,7 @@ class ReplicaWatch:
 def run_failover_phase(a, bundle_dir: Path, bundle, users, tmp: Path, name: str = "kill-redis-primary") -> dict:
     """The ``kill-redis-primary`` scenario on a stack of its own over a Sentinel-managed Redis: a primary and two
     replicas (the failover leaves one), three sentinels."""
-    from specrec_rpc.localsentinel import LocalSentinel
+    from specrec_stack.localsentinel import LocalSentinel
 
     rs = LocalSentinel(tmp / "sentinel", replicas=2).start()
     say(f"{name}: Sentinel-managed Redis up ({rs.url}); starting the stack on it")

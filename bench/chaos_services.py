@@ -22,7 +22,7 @@ from pathlib import Path
 
 from bench.harness import itemset_stub, pct, sayer
 from bench.loadgen import InThread, capacity
-from specrec_rpc.localstack import redis_ping
+from specrec_stack.localstack import redis_ping
 
 #: the scenarios in which one of the two models is away
 MODEL_FAULTS = {"pause-verifier", "kill-verifier", "pause-drafter", "kill-drafter"}

@@ -8,7 +8,7 @@
    prebuilt graphs), the item set starts, then a verifier alone, as when one scales out
    (``verifier.cold_start_s``: its spawn to SERVING), then the drafter and the gateway.
 3. Warm: the same stack stopped and started again as ``specrec stack up`` starts it
-   (``specrec_rpc.localstack.ServiceProcs.start``: item set, verifier and drafter together, then the
+   (``specrec_stack.localstack.ServiceProcs.start``: item set, verifier and drafter together, then the
    gateway; ``stack.warm_start_s``: the first spawn to the gateway's SERVING).
 
     python -m bench.cold_start --bundle bundles/beauty-loo
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from specrec.backends.weights import dir_mb
 from specrec.eval.results import update_summary
-from specrec_rpc.localstack import ORDER, ServiceProcs, delete_namespace, find_or_start_redis, stop_process
+from specrec_stack.localstack import ORDER, ServiceProcs, delete_namespace, find_or_start_redis, stop_process
 
 
 def start_timed(bundle: Path, redis_url: str, namespace: str, logs: Path, max_history: int, cache: Path,

@@ -122,18 +122,18 @@ def main(argv=None) -> int:
     cost: dict = {"encode": _median_ms(lambda h: be.encode(b.history_sids([h])), tex.histories())}
     curve = []
     for k, ns in grid.items():
-        be.beam(encs[0], trie, k)
-        cost[f"beam.k{k}"] = _median_ms(lambda e: be.beam(e, trie, k), encs)
-        own = [be.beam(e, trie, k) for e in encs]
+        be.search("beam", encs[0], trie, (k,))
+        cost[f"beam.k{k}"] = _median_ms(lambda e: be.search("beam", e, trie, (k,)), encs)
+        own = [be.search("beam", e, trie, (k,)) for e in encs]
         cost[f"tree_own_frontier.k{k}"] = _median_ms(lambda i: tree_pass(be, encs[i], [(own[i].codes, own[i].alive)]),
                                                      range(len(encs)))
         for n in ns:
-            be.strict(encs[0], trie, k, n)
-            be.draft(encs[0], trie, n)
-            dv = _median_ms(lambda e: be.strict(e, trie, k, n), encs)
-            ds = _median_ms(lambda e: be.draft(e, trie, n), encs)
-            heads = [be.head(e, trie, n) for e in encs] if b.nezha_head is not None else None
-            hs = _median_ms(lambda e: be.head(e, trie, n), encs) if heads else float("nan")
+            be.search("strict", encs[0], trie, (k, n))
+            be.search("draft", encs[0], trie, (n,))
+            dv = _median_ms(lambda e: be.search("strict", e, trie, (k, n)), encs)
+            ds = _median_ms(lambda e: be.search("draft", e, trie, (n,)), encs)
+            heads = [be.search("head", e, trie, (n,)) for e in encs] if b.nezha_head is not None else None
+            hs = _median_ms(lambda e: be.search("head", e, trie, (n,)), encs) if heads else float("nan")
             old = _median_ms(lambda i: tree_pass(be, encs[i], [(heads[i].codes, heads[i].alive)]),
                              range(len(encs))) if heads else float("nan")
             nodes_new = k + (L - 2) * n

@@ -58,7 +58,7 @@ def gr_nll(bundle, backend, ex, batch: int = 128) -> float:
         idx = list(range(s, min(len(ex), s + batch)))
         enc = backend.encode(bundle.history_sids([hists[i] for i in idx]))
         codes = torch.from_numpy(bundle.sids[ex.target[idx]][:, None, :])
-        out.append(-backend.rank(enc, codes).numpy()[:, 0, :].sum(1))
+        out.append(-backend.search("rank", enc, None, (), {"sids": codes}).numpy()[:, 0, :].sum(1))
     return float(np.concatenate(out).mean())
 
 

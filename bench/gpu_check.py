@@ -10,7 +10,7 @@ Phases, each timed and guarded (a phase that fails is recorded and the next one 
    on the same device, interleaved on the same seeded random test users; beam's lists against eager CUDA's and
    against eager float32 on the CPU (each differing row checked for a tie: at every rank the two lists' scores
    within :data:`TIE_NATS`), strict's against beam's; capture time and graph memory.
-2. ``verifier``: the stack's verifier on the CUDA backend, its ``Rank`` (40 candidates: the fused list's pass)
+2. ``verifier``: the stack's verifier on the CUDA backend, its ``Search`` "rank" (40 candidates: the fused list's pass)
    and ``Beam`` (width 10) RPCs under concurrent callers over real gRPC: requests/s and p99.
 3. ``gateway``: the whole stack at a 30 ms budget with that verifier: ``auto`` closed loop (who served each
    answer: ``served_by``), open loop at 300 and 1,000 requests/s, and the capacity: the highest open-loop rate
@@ -266,7 +266,7 @@ async def _callers(addr: str, make_call, callers: int, seconds: float) -> list[f
 
 
 def verifier_load(stack, bundle, users, a, keys: dict) -> dict:
-    """Phase 2: ``Rank`` of 40 catalogue items and ``Beam`` of width 10 per history, ``a.callers`` at once."""
+    """Phase 2: ``Search`` "rank" of 40 catalogue items and "beam" of width 10 per history, ``a.callers`` at once."""
     import torch
 
     from specrec_rpc.tensors import to_msg
@@ -286,12 +286,12 @@ def verifier_load(stack, bundle, users, a, keys: dict) -> dict:
 
     async def rank(stub, i: int):
         ref = verifier_pb2.SessionRef(history_sids=hists[i % len(hists)])
-        return await stub.Rank(verifier_pb2.ScoreRequest(ref=ref, sids=cands[i % len(cands)], scores_only=True),
-                               timeout=5.0)
+        req = verifier_pb2.SearchRequest(ref=ref, search="rank", tensors={"sids": cands[i % len(cands)]})
+        return await stub.Search(req, timeout=5.0)
 
     async def beam(stub, i: int):
         ref = verifier_pb2.SessionRef(history_sids=hists[i % len(hists)])
-        return await stub.Beam(verifier_pb2.BeamSearchRequest(ref=ref, width=10), timeout=5.0)
+        return await stub.Search(verifier_pb2.SearchRequest(ref=ref, search="beam", widths={"width": 10}), timeout=5.0)
 
     out = {}
     for name, call in (("rank", rank), ("beam", beam)):

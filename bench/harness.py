@@ -130,13 +130,13 @@ class Redis:
     :meth:`stop` ends."""
 
     def __init__(self, url: str | None, tmp: Path, private: bool = False):
-        from specrec_rpc.localstack import find_or_start_redis
+        from specrec_stack.localstack import find_or_start_redis
 
         self.url, self.proc = find_or_start_redis(url, workdir=tmp / "redis", log_path=tmp / "redis.log",
                                                   private=private)
 
     def stop(self) -> None:
-        from specrec_rpc.localstack import stop_process
+        from specrec_stack.localstack import stop_process
 
         stop_process(self.proc)
 
@@ -155,7 +155,7 @@ class Stack:
     def __init__(self, bundle_dir: Path, redis: str | Redis, logs: Path, prefix: str, *, threads: int | None = 1,
                  max_history: int | None = None, env: dict[str, str] | None = None, metrics: tuple[str, ...] = (),
                  **procs_kw):
-        from specrec_rpc.localstack import ServiceProcs, free_port
+        from specrec_stack.localstack import ServiceProcs, free_port
 
         self.redis = redis if isinstance(redis, Redis) else None
         self.redis_url = redis.url if isinstance(redis, Redis) else redis
@@ -181,7 +181,7 @@ class Stack:
         return self
 
     def stop(self, say: Callable[[str], None] = print, delete_namespace: bool = True) -> None:
-        from specrec_rpc.localstack import delete_namespace as _delete
+        from specrec_stack.localstack import delete_namespace as _delete
 
         self.procs.stop(say=say)
         if delete_namespace:

@@ -159,18 +159,18 @@ def main(argv=None) -> int:
     enc0 = encs[0]
     wanted = [("encode", None, "encode", None)]
     tag, tables = be.table_feed(b.trie)
-    be.beam(enc0, b.trie, a.k)  # each call exports its graph on first use
+    be.search("beam", enc0, b.trie, (a.k,))  # each call exports its graph on first use
     wanted.append(("beam", "beam", search_name("beam", a.k, tables=tag), None))
-    if be.nezha_head is not None and be.head(enc0, b.trie, a.k) is not None:
+    if be.nezha_head is not None and be.search("head", enc0, b.trie, (a.k,)) is not None:
         wanted.append(("head", "head", search_name("head", a.k, tables=tag), None))
     if be.drafter is not None:
         bits = be.drafter_bits
-        if be.draft(enc0, b.trie, a.k) is not None:
+        if be.search("draft", enc0, b.trie, (a.k,)) is not None:
             wanted.append(("draft", "draft", search_name("draft", a.k, None, bits, tag), None))
-        if be.draft_scored(enc0, b.trie, 2 * a.k) is not None:
+        if be.search("draft_scored", enc0, b.trie, (2 * a.k,)) is not None:
             wanted.append(("draft_scored", "draft_scored", search_name("draft_scored", 2 * a.k, None, bits, tag),
                            None))
-        if be.strict(enc0, b.trie, a.k, n) is not None:
+        if be.search("strict", enc0, b.trie, (a.k, n)) is not None:
             wanted.append(("strict", "strict", search_name("strict", a.k, n, bits, tag), n))
     feeds = [{"hist_sids": b.history_sids([np.asarray(h)]).numpy(), "enc_mask": e.keep.numpy(),
               "cross_k": e.cross_k.numpy(), "cross_v": e.cross_v.numpy(), **tables} for h, e in zip(users.rows, encs)]

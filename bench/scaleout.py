@@ -43,7 +43,7 @@ from bench.harness import (
 )
 from bench.serving_phases import best_rate, offline_beam, open_loop, passes, summarise
 from specrec.eval.results import markdown_table
-from specrec_rpc.localstack import ServiceProcs, free_port
+from specrec_stack.localstack import ServiceProcs, free_port
 
 say = sayer("scaleout")
 

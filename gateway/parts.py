@@ -2,11 +2,11 @@
 
 The gateway asks every replica (``Describe``) at start, and asks a replica
 again after it was unreachable (it may come back with another bundle). A
-replica not described yet (it did not answer, or it is an older verifier
-without ``Describe``) counts as offering everything, and a call it refuses as
-UNIMPLEMENTED marks that part missing at once. A part the bundle lacks is
-never a failure: it excludes no replica and opens no breaker (the remote
-verifier, :mod:`.remote`, and the fallback ladder see to that).
+replica not described yet (it did not answer) counts as offering everything,
+and a call it refuses as UNIMPLEMENTED marks that part missing at once. A
+part the bundle lacks is never a failure: it excludes no replica and opens no
+breaker (the remote verifier, :mod:`.remote`, and the fallback ladder see to
+that). Each replica's ``api`` (2: one Search RPC) is logged with its parts.
 
 Policies plan with :meth:`VerifierParts.current`, what every known replica
 offers (a request may land on any of them): ``auto`` offers only what can run,
@@ -35,7 +35,6 @@ class VerifierParts:
         self.replicas, self.timeout_s, self.retry_s = replicas, timeout_s, retry_s
         self._known: dict[str, Parts] = {}
         self._asked: dict[str, float] = {}  # address -> when it was last asked (time.monotonic())
-        self._older: set[str] = set()  # replicas that answer only the older names of the whole searches' RPCs
         self._lock = threading.Lock()
         self.log = structlog.get_logger("verifier-parts")
 
@@ -78,29 +77,17 @@ class VerifierParts:
         with self._lock:
             self._known.pop(address, None)
             self._asked.pop(address, None)
-            self._older.discard(address)
-
-    def answers_older_names(self, address: str) -> bool:
-        """``address`` is a verifier built before the whole searches' RPCs took the registry's names."""
-        with self._lock:
-            return address in self._older
-
-    def older_names(self, address: str) -> None:
-        """``address`` did not know a registry-named RPC (gRPC's own UNIMPLEMENTED: no such method)."""
-        with self._lock:
-            if address not in self._older:
-                self._older.add(address)
-                self.log.info("verifier answers the older RPC names only", replica=address)
 
     def _describe(self, replica) -> None:
         with self._lock:
             self._asked[replica.address] = time.monotonic()
         try:
             resp = replica.stub.Describe(verifier_pb2.DescribeRequest(), timeout=self.timeout_s)
-        except grpc.RpcError as e:  # not up yet, or an older verifier: learned from its calls meanwhile
+        except grpc.RpcError as e:  # not up yet: learned from its calls meanwhile
             self.log.info("describe failed", replica=replica.address, code=e.code().name)
         else:
             parts = Parts(distilled_drafter=resp.distilled_drafter, draft_head=resp.draft_head)
             with self._lock:
                 self._known[replica.address] = parts
-            self.log.info("verifier parts", replica=replica.address, sid_space=resp.sid_space, **vars(parts))
+            self.log.info("verifier parts", replica=replica.address, sid_space=resp.sid_space, api=resp.api,
+                          **vars(parts))

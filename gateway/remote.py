@@ -6,8 +6,9 @@ worker thread, and these adapters use blocking stubs from there. Every call
 carries the request's remaining budget as its gRPC deadline.
 
 Round trips are few: ``encode`` sends nothing; the history travels with the
-first verifier call (which creates the session), ``beam`` is one
-``Beam``, and a ``specgr`` round is one ``Score`` that also takes the
+first verifier call (which creates the session), every whole search is one
+``Search`` (the registry's name, widths and tensors: nothing here names a
+search), and a ``specgr`` round is one ``Score`` that also takes the
 beam step (``score_step``). A policy that drafts before it verifies
 (``specgr``) calls :meth:`RemoteVerifier.prepare`, which starts the encode in
 the background so that it runs while the drafter works. A session the verifier lost (restart,
@@ -38,7 +39,7 @@ from specrec.decoding.beam import Beams
 from specrec.decoding.scoring import Scores
 from specrec.decoding.searches import SEARCHES
 from specrec.policies.errors import BudgetExceeded, DependencyDown
-from specrec.verifier import Drafted, Parts, SelectRule, Session, StepCoverage
+from specrec.verifier import Parts, SelectRule, Session, StepCoverage
 from specrec_rpc.catalogue import Snapshot
 from specrec_rpc.tensors import to_msg, to_torch
 from specrec_rpc.v1 import verifier_pb2
@@ -66,23 +67,15 @@ class RemoteState:
     tried: set = field(default_factory=set)  # replicas that failed this request
 
 
-#: each whole search's RPC under its older name, which a verifier built before the names agreed answers instead (the
-#: same request: the gateway sets the older RPC's ``distilled``, ``target_scores`` and ``scores_only`` fields itself)
-OLDER_RPC = {"Beam": "BeamSearch", "Head": "HeadDrafts", "Draft": "HeadDrafts", "DraftScored": "HeadDrafts",
-             "Strict": "DraftVerify", "Rank": "Score"}
-
-
-def _rpc(search: str) -> str:
-    """The verifier RPC that serves whole search ``search`` (the registry's: :data:`SEARCHES`)."""
-    rpc = SEARCHES[search].rpc
-    assert rpc is not None, f"{search} runs inside another search's call"
-    return rpc
-
-
-def _beams(m: verifier_pb2.Beams, sess: Session) -> Beams:
+def _coverage(m, sess: Session) -> None:
+    """The beam steps a call took (``m``: its Beams or SearchReply), recorded on the request's session."""
     if m.covered.shape:
         cov, comp = to_torch(m.covered, "covered"), to_torch(m.computed, "computed")
         sess.coverage.extend(StepCoverage(a.tolist(), b.tolist()) for a, b in zip(cov, comp))
+
+
+def _beams(m: verifier_pb2.Beams, sess: Session) -> Beams:
+    _coverage(m, sess)
     return Beams(to_torch(m.codes, "codes"), to_torch(m.scores, "scores"), to_torch(m.token_logp, "token_logp"),
                  to_torch(m.alive, "alive").bool())
 
@@ -212,30 +205,13 @@ class RemoteVerifier:
             return resp
 
     def _invoke(self, st: RemoteState, method: str, request):
-        """One call of ``method`` on the request's replica; a verifier that does not know the registry's name
-        (gRPC's own UNIMPLEMENTED, "Method not found") is asked once more under the older name, and is
-        remembered as answering only those (until it is unreachable)."""
-        address = st.replica.address
-        if method in OLDER_RPC and self.offers.answers_older_names(address):
-            method = OLDER_RPC[method]
-        try:
-            return _call("verifier", getattr(st.replica.stub, method), request, st.deadline, method)
-        except DependencyDown as e:
-            unknown = e.code == grpc.StatusCode.UNIMPLEMENTED.name and "Method not found" in str(e)
-            if method not in OLDER_RPC or not unknown:  # a part the bundle lacks is UNIMPLEMENTED too, by the service
-                raise
-        self.offers.older_names(address)
-        older = OLDER_RPC[method]
-        return _call("verifier", getattr(st.replica.stub, older), request, st.deadline, older)
+        """One call of ``method`` on the request's replica."""
+        return _call("verifier", getattr(st.replica.stub, method), request, st.deadline, method)
 
     # -- verification ---------------------------------------------------------------------
-    def score(self, sess: Session, sids: torch.Tensor, full: bool = False, with_frontier: bool = False,
-              scores_only: bool = False) -> Scores:
-        """``Score``; with ``scores_only``, ``Rank`` (the registry's scoring pass), the request's last call: the
-        session ends with it, or none is kept."""
-        r = self._session_call(sess, _rpc("rank") if scores_only else "Score", lambda ref: verifier_pb2.ScoreRequest(
-            ref=ref, sids=to_msg(sids), full=full, with_frontier=with_frontier, scores_only=scores_only),
-            keep=not scores_only, stateful=with_frontier)
+    def score(self, sess: Session, sids: torch.Tensor, full: bool = False, with_frontier: bool = False) -> Scores:
+        r = self._session_call(sess, "Score", lambda ref: verifier_pb2.ScoreRequest(
+            ref=ref, sids=to_msg(sids), full=full, with_frontier=with_frontier), stateful=with_frontier)
         return Scores(to_torch(r.token_logp, "token_logp"), [to_torch(f, "full") for f in r.full] if full else None)
 
     def score_step(self, sess: Session, sids: torch.Tensor) -> tuple[Scores, Beams]:
@@ -263,21 +239,11 @@ class RemoteVerifier:
             ref=_excluding(ref, st.trie), width=st.width, rule=_rule(st.rule)), stateful=bool(st.session))
         return _beams(r, sess)
 
-    def beam_search(self, sess: Session, trie, width: int, rule: SelectRule | None = None) -> Beams:
-        r = self._session_call(sess, _rpc("beam"), lambda ref: verifier_pb2.BeamSearchRequest(
-            ref=_excluding(ref, trie), width=width, rule=_rule(rule)), keep=False)
-        return _beams(r, sess)
-
     # -- NEZHA draft head ------------------------------------------------------------------------
     def head_logprobs(self, sess: Session, prefixes: torch.Tensor) -> list[torch.Tensor]:
         r = self._part_call(sess, "draft_head", "Expand", lambda ref: verifier_pb2.ExpandRequest(
             ref=ref, prefixes=to_msg(prefixes), head=True))
         return [to_torch(x, "logp") for x in r.logp]
-
-    def head_beams(self, sess: Session, trie, width: int) -> Beams:
-        r = self._part_call(sess, "draft_head", _rpc("head"), lambda ref: verifier_pb2.HeadDraftsRequest(
-            ref=_excluding(ref, trie), width=width))
-        return _beams(r, sess)
 
     # -- parts of the bundle ------------------------------------------------------------------------
     def parts(self) -> Parts:
@@ -294,32 +260,35 @@ class RemoteVerifier:
                 self.offers.lacks(sess.state.replica.address, part)
             raise
 
-    def _distilled(self, sess: Session, method: str, make):
-        """A call the verifier offers only with a distilled drafter: None where it has none."""
-        if not self.parts().distilled_drafter:
+    # -- whole searches -------------------------------------------------------------------------------------
+    def search(self, sess: Session, name: str, trie, widths: tuple[int, ...],
+               args: dict[str, torch.Tensor] | None = None, rule: SelectRule | None = None) -> Any:
+        """One ``Search`` (the registry's :data:`SEARCHES` says what goes in and what comes back). A search of
+        the distilled drafter answers None where the replicas lack it (the policies plan a fallback); one of
+        the NEZHA head raises DependencyDown (UNIMPLEMENTED: the ladder falls back). A search whose value is
+        the answer (``final``) ends the session with it."""
+        s = SEARCHES[name]
+        if s.uses_sid_drafter and not self.parts().distilled_drafter:
             return None
+        tensors = {k: to_msg(v) for k, v in (args or {}).items()}
+
+        def make(ref: verifier_pb2.SessionRef) -> verifier_pb2.SearchRequest:
+            req = verifier_pb2.SearchRequest(ref=_excluding(ref, trie) if s.tables else ref, search=name,
+                                             widths=dict(zip(s.widths, widths)), tensors=tensors)
+            wire_rule = _rule(rule)
+            if wire_rule is not None:
+                req.rule.CopyFrom(wire_rule)
+            return req
+
+        part = "distilled_drafter" if s.uses_sid_drafter else "draft_head" if s.uses_head else None
         try:
-            return self._part_call(sess, "distilled_drafter", method, make)
+            r = self._session_call(sess, "Search", make, keep=not s.final)
         except DependencyDown as e:
-            if e.code != grpc.StatusCode.UNIMPLEMENTED.name:
+            if part is None or e.code != grpc.StatusCode.UNIMPLEMENTED.name:
                 raise
-            return None
-
-    def draft_beams(self, sess: Session, trie, width: int, target_scores: bool = False) -> Beams | None:
-        r = self._distilled(
-            sess,
-            _rpc("draft_scored" if target_scores else "draft"),
-            lambda ref: verifier_pb2.HeadDraftsRequest(ref=_excluding(ref, trie), width=width, distilled=True,
-                                                       target_scores=target_scores),
-        )
-        if r is None:
-            return None
-        return _beams(r, sess)
-
-    def draft_verify(self, sess: Session, trie, width: int, n: int) -> Drafted | None:
-        r = self._distilled(sess, _rpc("strict"), lambda ref: verifier_pb2.DraftVerifyRequest(ref=_excluding(ref, trie),
-                                                                                               width=width, n=n))
-        if r is None:
-            return None
-        return Drafted(_beams(r.beams, sess), to_torch(r.covered, "covered").numpy().astype(bool),
-                       to_torch(r.frontier, "frontier").numpy())
+            self.offers.lacks(sess.state.replica.address, part)
+            if s.uses_sid_drafter:
+                return None
+            raise
+        _coverage(r, sess)
+        return s.result({k: to_torch(v, k) for k, v in r.tensors.items()})

@@ -8,7 +8,7 @@
 
 Every subcommand has ``--help``. Each core subcommand is a module of :mod:`specrec.commands`. Other installed
 packages add theirs through the ``specrec.commands`` entry point group: a callable that takes the subparsers and
-adds its own (the serving layer's ``stack`` and ``recommend``: ``specrec_rpc.cli:register``, declared in
+adds its own (the serving layer's ``stack`` and ``recommend``: ``specrec_stack.cli:register``, declared in
 ``pyproject.toml``), so the core imports nothing of them.
 """
 

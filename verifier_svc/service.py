@@ -4,7 +4,7 @@ A thin adapter over :class:`specrec.verifier.LocalVerifier`: it converts
 protos to core jobs (:class:`~specrec.verifier.jobs.EncodeJob`,
 :class:`~specrec.verifier.jobs.ScoreJob`, ...), hands them to one opportunistic
 :class:`~.batcher.Batcher` whose batches the core executes
-(:func:`specrec.verifier.local.run_jobs`), keeps sessions in a
+(:class:`specrec.verifier.runner.Runner`), keeps sessions in a
 :class:`~.sessions.SessionStore`, and converts results back. A call that
 carries a history instead of a session is encoded in the same batch as its
 operation. The catalogue (for constrained decoding) follows the item set by
@@ -13,12 +13,10 @@ version. A device that fails (a CUDA error, a lost GPU, a batch past the
 takes the service out of rotation for good: health NOT_SERVING, every call
 UNAVAILABLE with the reason DEVICE_FAILED, so its callers use another replica.
 
-The whole searches' RPCs carry the registry's names (:data:`specrec.decoding.searches.SEARCHES`, each
-search's ``rpc``): ``Beam``, ``Head``, ``Draft``, ``DraftScored``, ``Strict`` (``resume`` runs inside it for the
-rows its drafts missed) and ``Rank``, the names the core groups their jobs by
-(:func:`specrec.verifier.jobs.whole_search`) and the metrics' ``method`` label shows. The older RPCs answer as
-before for callers built against them: ``BeamSearch``, ``HeadDrafts`` (its ``distilled`` and ``target_scores``
-fields choose among head, draft and draft_scored), ``DraftVerify`` and ``Score`` with ``scores_only``.
+Every whole search of the registry (:data:`specrec.decoding.searches.SEARCHES`) answers one RPC, ``Search``:
+the search's name, its widths by name and its tensors by name are checked against the search's declaration and
+become one :class:`~specrec.verifier.jobs.SearchJob` (batched by name and widths), whose value goes back as the
+search's named tensors (its ``reply``). Nothing here names a search: a new one is served as it is registered.
 """
 
 from __future__ import annotations
@@ -34,9 +32,10 @@ import torch
 from prometheus_client import Gauge
 
 from specrec.bundle import Bundle, sid_space_fingerprint
+from specrec.decoding.searches import SEARCHES
+from specrec.decoding.searches import Search as WholeSearch
 from specrec.verifier import DeviceFailure, LocalVerifier, SelectRule, Session, SessionStateError
-from specrec.verifier.jobs import BeamJob, DraftVerifyJob, EncodeJob, ExpandJob, HeadJob, ScoreJob, SearchSpec
-from specrec.verifier.local import run_jobs
+from specrec.verifier.jobs import EncodeJob, ExpandJob, ScoreJob, SearchJob, SearchSpec, StepJob
 from specrec_rpc.catalogue import CatalogueWatcher, Snapshot
 from specrec_rpc.errors import (
     FailedPrecondition,
@@ -65,11 +64,13 @@ register(SessionNotFound, grpc.StatusCode.FAILED_PRECONDITION, reason=Reason.SES
 register(DeviceFailure, grpc.StatusCode.UNAVAILABLE, reason=Reason.DEVICE_FAILED)
 
 NO_DISTILLED = "this verifier has no distilled drafter"
+API = 2  # DescribeResponse.api: one Search RPC for every whole search
+SERVED = [name for name, search in SEARCHES.items() if search.inside is None]  # what a caller may ask for
 
 SESSIONS = Gauge("specrec_verifier_sessions", "Live encoder sessions")
 GRAPH_PRECISION = Gauge("specrec_verifier_graph_precision", "1 for the arithmetic each graph runs in: float32, or the "
-                        "precision `specrec export-onnx` chose for this machine on validation users (rank: the "
-                        "scoring pass; draft: nezha's)", ["graph", "precision"])
+                        "precision `specrec export-onnx` chose for this machine on validation users (the searches "
+                        "the registry lets leave float32)", ["graph", "precision"])
 GRAPHS = Gauge("specrec_verifier_graphs", "CUDA graphs the backend holds (backend cuda: captured per search, widths "
                "and row bucket before SERVING; more afterwards, each by a slow call, in `after_start`)", ["when"])
 GRAPH_CAPTURE = Gauge("specrec_verifier_graph_capture_seconds", "Seconds the backend spent capturing its graphs")
@@ -143,7 +144,7 @@ class VerifierService(Service):
     def _compute(self, jobs: list) -> list:
         """One batch, on a compute thread (what fault injection makes fail or hang, as a failed GPU would)."""
         self.faults.before_batch()
-        return run_jobs(self.local, jobs)
+        return self.local.runner.run(jobs)
 
     def _device_failed(self, failure: DeviceFailure) -> None:
         """The batcher found the device failed (on the event loop's thread): out of rotation for good."""
@@ -165,21 +166,30 @@ class VerifierService(Service):
         for n in sorted({1, self.max_history}):
             h = np.full((1, self.max_history, len(self.level_sizes)), -1, dtype=np.int64)
             h[0, self.max_history - n :] = snap.itemset.sids[rng.choice(rows, size=min(len(rows), n))]
-            for width in self.s.warmup_k:
-                await self.batcher.submit(BeamJob(EncodeJob(h), SearchSpec(snap.itemset.trie, width), whole=True), None)
-                if self.local.head is not None:
-                    await self.batcher.submit(HeadJob(EncodeJob(h), snap.itemset.trie, width), None)
-                if self.local.backend.drafter is not None:
-                    await self.batcher.submit(HeadJob(EncodeJob(h), snap.itemset.trie, 2 * width, True), None)
-                    await self.batcher.submit(HeadJob(EncodeJob(h), snap.itemset.trie, 2 * width, True, True), None)
-                    await self.batcher.submit(DraftVerifyJob(EncodeJob(h), snap.itemset.trie, width, 2 * width), None)
+            trie = snap.itemset.trie
+            for width in self.s.warmup_k:  # every search the bundle offers, at the widths the registry warms
+                for search in SEARCHES.values():
+                    if search.inside is None and not search.args and self.lacks(search) is None:
+                        for widths in search.warm(width, [2 * width]):
+                            await self.batcher.submit(SearchJob(EncodeJob(h), search.name, trie, widths), None)
             sids = torch.from_numpy(snap.itemset.sids[rows[: 2 + 4 * n]])[None]
             await self.batcher.submit(ScoreJob(EncodeJob(h), sids), None)
             for m in self.bundle.scored_counts(self.s.warmup_k):  # specgr ranking by both models: the scoring pass
-                await self.batcher.submit(ScoreJob(EncodeJob(h), torch.from_numpy(snap.itemset.sids[rows[:m]])[None],
-                                                   scores_only=True), None)
-            await self.batcher.submit(ScoreJob(EncodeJob(h), sids, step=SearchSpec(snap.itemset.trie, 10)), None)
-            await self.batcher.submit(BeamJob(EncodeJob(h), SearchSpec(snap.itemset.trie, 10)), None)
+                cands = torch.from_numpy(snap.itemset.sids[rows[:m]])[None]
+                for search in SEARCHES.values():
+                    if search.args:
+                        job = SearchJob(EncodeJob(h), search.name, None, (), {a: cands for a in search.args})
+                        await self.batcher.submit(job, None)
+            await self.batcher.submit(ScoreJob(EncodeJob(h), sids, step=SearchSpec(trie, 10)), None)
+            await self.batcher.submit(StepJob(EncodeJob(h), SearchSpec(trie, 10)), None)
+
+    def lacks(self, search: WholeSearch) -> str | None:
+        """Why this verifier's bundle cannot run ``search`` (a part it lacks), or None."""
+        if search.uses_sid_drafter and self.local.backend.drafter is None:
+            return "this verifier's bundle has no distilled drafter"
+        if search.uses_head and self.local.head is None:
+            return "this verifier's bundle has no NEZHA draft head"
+        return None
 
     async def stop(self) -> None:
         self._gc.cancel()
@@ -292,7 +302,7 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
         require(1 <= m.top_k <= 4096, f"{field}.top_k", "must be 1..4096")
         return SelectRule("relaxed", float(m.threshold), int(m.top_k))
 
-    def _search(self, snap: Snapshot, ref, rows: int, m, field: str = "") -> SearchSpec:
+    def _spec(self, snap: Snapshot, ref, rows: int, m, field: str = "") -> SearchSpec:
         """The beam search a call asks for (``m`` holds its width and rule; ``field`` their message's name)."""
         at = f"{field}." if field else ""
         return SearchSpec(
@@ -345,13 +355,9 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
 
     @handle_errors
     async def Score(self, request, context):
-        return await self._score(request, context)
-
-    async def _score(self, request, context) -> verifier_pb2.ScoreResponse:
         target, snap, n = await self._ref(request.ref)
-        step = self._search(snap, request.ref, n, request.step, "step") if request.HasField("step") else None
-        job = ScoreJob(target, self._codes(request.sids, "sids", n), request.full, request.with_frontier, step,
-                       request.scores_only)
+        step = self._spec(snap, request.ref, n, request.step, "step") if request.HasField("step") else None
+        job = ScoreJob(target, self._codes(request.sids, "sids", n), request.full, request.with_frontier, step)
         before = _steps_before(target)
         out = await self.svc.run(job, context)
         sc, beams = out if step is not None else (out, None)
@@ -372,101 +378,64 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
             logp=[to_msg(x) for x in out], session=self._session_id(job, request.ref, snap)
         )
 
-    async def _beams(self, request, context, whole: bool) -> verifier_pb2.Beams:
-        """BeamStep (one more level; the first starts the search) and BeamSearch (all of it): the beams and
-        the coverage of the steps this call took."""
+    @handle_errors
+    async def BeamStep(self, request, context):
+        """One more level of the session's beam search (the first starts it): the beams and the step's coverage."""
         target, snap, n = await self._ref(request.ref)
-        job = BeamJob(target, self._search(snap, request.ref, n, request), whole)
+        job = StepJob(target, self._spec(snap, request.ref, n, request))
         before = _steps_before(target)
         beams = await self.svc.run(job, context)
         return beams_msg(beams, self._session_id(job, request.ref, snap), _steps_since(job, before))
 
     @handle_errors
-    async def BeamStep(self, request, context):
-        return await self._beams(request, context, whole=False)
-
-    @handle_errors
-    async def BeamSearch(self, request, context):
-        return await self._beams(request, context, whole=True)
-
-    @handle_errors
-    async def HeadDrafts(self, request, context):
-        return await self._head_drafts(request, context)
-
-    # the registry's names (specrec.decoding.searches) on the wire; the RPCs above are the older names
-    @handle_errors
-    async def Beam(self, request, context):
-        return await self._beams(request, context, whole=True)
-
-    @handle_errors
-    async def Head(self, request, context):
-        for f in ("distilled", "target_scores"):
-            if getattr(request, f):
-                raise InvalidArgument(f, "Head is the NEZHA head's search: leave it unset (Draft / DraftScored)")
-        return await self._head_drafts(request, context)
-
-    @handle_errors
-    async def Draft(self, request, context):
-        if request.target_scores:
-            raise InvalidArgument("target_scores", "Draft is the drafter's beams alone: leave it unset (DraftScored)")
-        request.distilled = True
-        return await self._head_drafts(request, context)
-
-    @handle_errors
-    async def DraftScored(self, request, context):
-        request.distilled = request.target_scores = True
-        return await self._head_drafts(request, context)
-
-    @handle_errors
-    async def Strict(self, request, context):
-        return await self._draft_verify(request, context)
-
-    @handle_errors
-    async def Rank(self, request, context):
-        for f in ("step", "with_frontier", "full"):
-            if (request.HasField(f) if f == "step" else getattr(request, f)):
-                raise InvalidArgument(f, "Rank is the scoring pass alone: candidates' own log-probabilities, nothing "
-                                      "stepped or kept (use Score)")
-        request.scores_only = True
-        return await self._score(request, context)
-
-    async def _head_drafts(self, request, context) -> verifier_pb2.Beams:
-        if request.distilled and self.svc.local.backend.drafter is None:
-            raise Unimplemented("this verifier's bundle has no distilled drafter")
-        if not request.distilled and self.svc.local.head is None:
-            raise Unimplemented("this verifier's bundle has no NEZHA draft head")
+    async def Search(self, request, context):
+        """Whole search ``request.search`` of the registry, checked against its declaration, in one job."""
+        search = SEARCHES.get(request.search)
+        if search is None or search.inside is not None:
+            raise InvalidArgument("search", f"one of {', '.join(SERVED)}, not {request.search!r}")
+        lacks = self.svc.lacks(search)
+        if lacks is not None:
+            raise Unimplemented(lacks)
         target, snap, n = await self._ref(request.ref)
-        if request.target_scores and not request.distilled:
-            raise InvalidArgument("target_scores", "applies to the distilled drafter's beams (distilled = true)")
-        job = HeadJob(target, self._trie(snap, request.ref, n), self._width(request.width), request.distilled,
-                      request.target_scores)
-        beams = await self.svc.run(job, context)
-        if beams is None:  # the backend's distilled search could not answer (no distilled drafter)
+        widths = self._widths(search, request.widths)
+        for name in request.tensors:
+            require(name in search.args, f"tensors[{name}]", f"{search.name} takes {list(search.args) or 'none'}")
+        args = {}
+        for name in search.args:
+            require(name in request.tensors, f"tensors[{name}]", f"{search.name} needs it")
+            args[name] = self._codes(request.tensors[name], f"tensors[{name}]", n)
+        rule = None
+        if request.HasField("rule"):
+            require(search.steps, "rule", f"{search.name} has no beam steps to pick")
+            rule = self._rule(request.rule)
+        trie = self._trie(snap, request.ref, n) if search.tables else None
+        job = SearchJob(target, search.name, trie, widths, args, rule)
+        before = _steps_before(target)
+        value = await self.svc.run(job, context)
+        if value is None:  # the backend could not run it (no distilled drafter)
             raise FailedPrecondition(NO_DISTILLED)
-        return beams_msg(beams, self._session_id(job, request.ref, snap))
+        reply = verifier_pb2.SearchReply(tensors={k: to_msg(v) for k, v in search.reply(value).items()},
+                                         session=self._session_id(job, request.ref, snap))
+        steps = _steps_since(job, before)
+        if steps:
+            reply.covered.CopyFrom(to_msg(np.asarray([c.covered for c in steps], dtype=np.int32)))
+            reply.computed.CopyFrom(to_msg(np.asarray([c.computed for c in steps], dtype=np.int32)))
+        return reply
 
-    @handle_errors
-    async def DraftVerify(self, request, context):
-        return await self._draft_verify(request, context)
-
-    async def _draft_verify(self, request, context) -> verifier_pb2.DraftVerifyResponse:
-        if self.svc.local.backend.drafter is None:
-            raise Unimplemented("this verifier's bundle has no distilled drafter")
-        target, snap, n = await self._ref(request.ref)
-        require(1 <= request.n <= self.svc.s.max_width, "n", f"must be 1..{self.svc.s.max_width}")
-        job = DraftVerifyJob(target, self._trie(snap, request.ref, n), self._width(request.width), int(request.n))
-        d = await self.svc.run(job, context)
-        if d is None:  # the backend's draft-and-verify could not answer (no distilled drafter)
-            raise FailedPrecondition(NO_DISTILLED)
-        return verifier_pb2.DraftVerifyResponse(beams=beams_msg(d.beams), covered=to_msg(torch.from_numpy(d.covered)),
-                                                frontier=to_msg(torch.from_numpy(d.frontier.astype(np.int32))),
-                                                session=self._session_id(job, request.ref, snap))
+    def _widths(self, search: WholeSearch, widths) -> tuple[int, ...]:
+        """A search's static widths, in the order the registry names them."""
+        for name in widths:
+            require(name in search.widths, f"widths[{name}]", f"{search.name} takes {list(search.widths) or 'none'}")
+        for name in search.widths:
+            require(name in widths, f"widths[{name}]", f"{search.name} needs it")
+            require(1 <= widths[name] <= self.svc.s.max_width, f"widths[{name}]", f"must be 1..{self.svc.s.max_width}")
+        return tuple(int(widths[name]) for name in search.widths)
 
     @handle_errors
     async def Describe(self, request, context):
         parts = self.svc.local.parts()
         return verifier_pb2.DescribeResponse(distilled_drafter=parts.distilled_drafter, draft_head=parts.draft_head,
-                                             sid_space=self.svc.sid_space, precision=self.svc.precision)
+                                             sid_space=self.svc.sid_space, precision=self.svc.precision, api=API)
 
     @handle_errors
     async def Release(self, request, context):

@@ -25,12 +25,12 @@ functions are themselves checked against the model
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 
-from ..decoding.beam import Beams, StepCache
+from ..decoding.beam import StepCache
 from ..decoding.searches import SEARCHES
 from ..decoding.tree import PrefixTree
 from ..ids.tables import Level
@@ -71,13 +71,14 @@ class Backend:
     """Eager PyTorch (the fused hot path in torch): what every other backend is tested against."""
 
     name: ClassVar[str] = "eager"
+    graphs: ClassVar[bool] = False  # the registry's functions in torch; a search's ``eager`` replaces its own
 
     def __init__(self, model: Tiger, head=None, device: str = "cpu", drafter=None):
         """``device``: where the eager backend computes ("cuda" for a GPU; the
         decoding around it stays on the CPU, tensors cross at the four calls).
         ``drafter``: the distilled drafter (:class:`~specrec.models.sid_mlp.SidMlpDrafter`), for
-        :meth:`strict`, :meth:`draft` and :meth:`draft_scored`. Whole searches are
-        methods named as the registry names them (:data:`~specrec.decoding.searches.SEARCHES`)."""
+        the searches that run it. Whole searches are one call, :meth:`search`, by the registry's names
+        (:data:`~specrec.decoding.searches.SEARCHES`)."""
         self.device = torch.device(device)
         self.model = model.eval()
         self.cfg = model.cfg
@@ -124,82 +125,30 @@ class Backend:
     def _empty_cache(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.fused.empty_cache(rows)
 
-    def beam(self, enc: EncoderState, trie, width: int):
-        """The whole constrained beam search in one call, where the backend has
-        one (-> :class:`~specrec.decoding.beam.Beams`); None: step instead."""
-        return None
-
-    def head(self, enc: EncoderState, trie, width: int):
-        """The NEZHA head's whole beam search in one call, where the backend has one; None otherwise."""
-        return None
-
-    def strict(self, enc: EncoderState, trie, width: int, n: int):
-        """``strict``'s draft and verification (:mod:`specrec.decoding.searches.strict`): the target's beams,
-        exactly its beam search's in every row, ``covered`` [R] (the drafts held the target's whole frontier) and
-        ``frontier`` [R, L-1, 2] (kept, held) per level. A row that is not covered is finished by a second call
-        for those rows alone (``resume``, :mod:`specrec.decoding.searches.resume`), from the levels the first one
-        verified. None without a distilled drafter."""
-        out = self._drafted("strict", enc, trie, width, n)
-        if out is None:
+    # -- whole searches: one entry point, the registry's names -------------------------------------------
+    def search(self, name: str, enc: EncoderState, trie, widths: tuple[int, ...] = (),
+               args: dict[str, torch.Tensor] | None = None) -> Any:
+        """Whole search ``name`` of the registry (:data:`~specrec.decoding.searches.SEARCHES`) over ``trie``'s
+        valid SIDs, of static ``widths`` (in the order the search names them), on the caller's ``args`` -> its
+        value (beams, ``strict``'s :class:`~specrec.decoding.searches.Drafted`, ``rank``'s token
+        log-probabilities), or None where this backend cannot run it (no NEZHA head or distilled drafter; the
+        eager backend's target beam search, which the verifier steps)."""
+        s = SEARCHES[name]
+        if (s.uses_head and self.nezha_head is None) or (s.uses_sid_drafter and self.drafter is None):
             return None
-        codes, scores, tlp, nodes, covered, frontier, *at1 = out
-        beams, covered = Beams.of_search(codes, scores, tlp, nodes), covered.bool()
-        miss = torch.nonzero(~covered).squeeze(1)
-        if len(miss):
-            left = [x.index_select(0, miss.to(x.device)) for x in at1[:-1]]  # where strict left them (a GPU's stay)
-            kept = at1[-1].index_select(1, miss.to(at1[-1].device))  # [n_layers, R, 1 + W, 2 * inner]
-            rest = self.resume(enc.select(miss), trie, width, left + [kept])
-            beams = beams.replace_rows(miss, Beams.of_search(*rest))
-        return beams, covered, frontier
+        if not self.graphs and s.eager is not None:
+            return s.eager(self, enc, trie, *widths)
+        return s.run(self._run_search, enc, trie, tuple(widths), dict(args or {}))
 
-    def resume(self, enc: EncoderState, trie, width: int, state: list[torch.Tensor]) -> list[torch.Tensor]:
-        """The registry's ``resume`` on these rows -> codes, scores, token_logp, nodes."""
-        tables = self._tables(trie)
+    def _run_search(self, name: str, enc: EncoderState, trie, widths: tuple[int, ...],
+                    inputs: list[torch.Tensor]) -> list[torch.Tensor] | None:
+        """One search's function (its ``inputs`` after the tables) -> its outputs. Eager: the registry's
+        function itself, in torch (what the graph backends export)."""
+        s = SEARCHES[name]
+        tables = self._tables(trie) if s.tables else []
         enc_mask, cross_k, cross_v = self._to(*self._fused_encoder(enc))
         with torch.inference_mode():
-            out = SEARCHES["resume"].fn(self.fused, enc_mask, cross_k, cross_v, tables, width, *self._to(*state))
-        return [self._back(x) for x in out]
-
-    def rank(self, enc: EncoderState, sids: torch.Tensor) -> torch.Tensor:
-        """The target's log-probability of every code of candidates ``sids`` [R, M, L] -> [R, M, L], in one pass
-        over their prefix tree with each node's own level's head only (:mod:`specrec.decoding.searches.rank`)."""
-        from ..decoding.searches.rank import layout
-
-        return self._ranked(enc, [torch.from_numpy(x) for x in layout(sids.numpy())])
-
-    def _ranked(self, enc: EncoderState, inputs: list[torch.Tensor]) -> torch.Tensor:
-        enc_mask, cross_k, cross_v = self._to(*self._fused_encoder(enc))
-        with torch.inference_mode():
-            (out,) = SEARCHES["rank"].fn(self.fused, enc_mask, cross_k, cross_v, [], *self._to(*inputs))
-        return self._back(out)
-
-    def draft(self, enc: EncoderState, trie, width: int):
-        """The distilled drafter's own beams (level 0 exact), one call; None without a distilled drafter."""
-        return self._drafted_beams("draft", enc, trie, width)
-
-    def _drafted_beams(self, kind: str, enc: EncoderState, trie, width: int):
-        out = self._drafted(kind, enc, trie, width, None)
-        if out is None:
-            return None
-        return Beams.of_search(*out)
-
-    def draft_scored(self, enc: EncoderState, trie, width: int):
-        """The distilled drafter's own beams, their ``token_logp`` the *target's* log-probability of each code
-        (one tree pass over the beams' kept prefixes in the same call; ``scores`` stay the drafter's), one call
-        (:mod:`specrec.decoding.searches.draft_scored`); None without a distilled drafter."""
-        return self._drafted_beams("draft_scored", enc, trie, width)
-
-    def _drafted(self, kind: str, enc: EncoderState, trie, width: int, n: int | None):
-        """Search ``kind`` of the registry that runs the distilled drafter (``draft``, ``draft_scored``,
-        ``strict``; ``n`` drafts per level for ``strict``) -> its outputs, or None without a distilled drafter.
-        Eager: the registry's functions themselves, in torch (what the graph backends export)."""
-        if self.drafter is None:
-            return None
-        tables = self._tables(trie)
-        enc_mask, cross_k, cross_v = self._to(*self._fused_encoder(enc))
-        widths = (width,) if n is None else (width, n)
-        with torch.inference_mode():
-            out = SEARCHES[kind].fn(self.fused, enc_mask, cross_k, cross_v, tables, *widths)
+            out = s.fn(self.fused, enc_mask, cross_k, cross_v, tables, *widths, *self._to(*inputs))
         return [self._back(x) for x in out]
 
     def _tables(self, trie) -> list[Level]:
@@ -214,6 +163,19 @@ class Backend:
 
     def warmup(self, trie, ks=(10,), drafts=DRAFT_FACTORS, scored: tuple[int, ...] = ()) -> None:
         """Prepare what serving list lengths ``ks`` will use (nothing to prepare eagerly)."""
+
+    def warm_calls(self, ks, drafts) -> list[tuple[str, tuple[int, ...]]]:
+        """Every (search, widths) serving list lengths ``ks`` uses, as the registry's searches say (their
+        ``warm``, with the draft counts ``m * K`` for m in ``drafts``), that this backend can run."""
+        calls = []
+        for s in SEARCHES.values():
+            outer = SEARCHES[s.inside] if s.inside else s
+            if ((outer.uses_head and self.nezha_head is None) or (outer.uses_sid_drafter and self.drafter is None)
+                    or self.cfg.sid_len < s.min_levels):
+                continue
+            for k in ks:
+                calls += [(s.name, w) for w in s.warm(k, [draft_count(m, k) for m in drafts])]
+        return list(dict.fromkeys(calls))
 
     def padded(self, kind: str, n: int) -> int:
         """Size to pad a varying axis to: ``kind`` is 'requests', 'beams' or 'nodes'."""

@@ -38,13 +38,10 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from ..decoding.beam import Beams
 from ..decoding.searches import SEARCHES
-from ..decoding.searches import rank as rank_search
-from ..decoding.searches.strict import LEFT
 from ..ids.tables import NO_CUT, Level
 from ..models.tiger import EncoderState
-from .base import DRAFT_FACTORS, Backend, draft_count
+from .base import DRAFT_FACTORS, Backend
 from .graphs import Feed, GraphRunner, bucket, chunks
 
 #: row buckets captured by default: powers of two up to the verifier's default largest batch (vLLM captures 1, 2,
@@ -175,6 +172,7 @@ class CudaBackend(Backend):
     """The hot path as captured CUDA graphs (see the module's docstring); ``capture=False``: the CPU stand-in."""
 
     name = "cuda"
+    graphs = True
 
     def __init__(self, model, head=None, device: str = "cuda", drafter=None,
                  batch_sizes: Sequence[int] = DEFAULT_BATCH_SIZES, capture: bool | None = None):
@@ -213,9 +211,9 @@ class CudaBackend(Backend):
 
     def _search(self, kind: str, enc: EncoderState, trie, widths: tuple[int, ...], inputs: Sequence[Feed] = (),
                 shape: tuple = ()) -> list[torch.Tensor] | None:
-        """Whole search ``kind`` of the registry as a graph: its outputs, on the host except what ``strict``
-        leaves for ``resume`` (:data:`~specrec.decoding.searches.strict.LEFT`, kept on the device); None where it
-        cannot run here (no NEZHA head or distilled drafter: the caller steps instead)."""
+        """Whole search ``kind`` of the registry as a graph: its outputs, on the host except what it leaves for a
+        search inside its call (its ``left``, kept on the device); None where it
+        cannot run here (no NEZHA head or distilled drafter)."""
         s = SEARCHES[kind]
         if (s.uses_head and self.nezha_head is None) or (s.uses_sid_drafter and self.drafter is None):
             return None
@@ -228,13 +226,13 @@ class CudaBackend(Backend):
             enc_mask, cross_k, cross_v = self._fused_encoder(enc)
             feeds = [Feed(enc_mask, 0), Feed(cross_k, 1), Feed(cross_v, 1), *inputs]
             return self._graphed((kind, *widths, *shape), fn, feeds, [_row_axis(n) for n in s.outputs],
-                                 [n not in LEFT for n in s.outputs])
+                                 [n not in s.left for n in s.outputs])
 
     def _drop_stale(self) -> None:
         """Forget graphs that read tables' buffers that were replaced (their key's generation is older)."""
         gen = self.tables.generation
         if self._generation != gen:
-            self.runner.drop(lambda k: k[0] not in ("encode", "rank") and k[-2] != gen)
+            self.runner.drop(lambda k: k[0] != "encode" and SEARCHES[k[0]].tables and k[-2] != gen)
             self._generation = gen
 
     # -- the encoder -----------------------------------------------------------------------------------------
@@ -250,30 +248,17 @@ class CudaBackend(Backend):
         return EncoderState(None, keep[:, None, None, :], cross_k.transpose(-1, -2), cross_v)
 
     # -- whole searches --------------------------------------------------------------------------------------
-    def beam(self, enc: EncoderState, trie, width: int):
-        out = self._search("beam", enc, trie, (width,))
-        return None if out is None else Beams.of_search(*out)
-
-    def head(self, enc: EncoderState, trie, width: int):
-        out = self._search("head", enc, trie, (width,))
-        return None if out is None else Beams.of_search(*out)
-
-    def _drafted(self, kind: str, enc: EncoderState, trie, width: int, n: int | None):
-        return self._search(kind, enc, trie, (width,) if n is None else (width, n))
-
-    def resume(self, enc: EncoderState, trie, width: int, state: list[torch.Tensor]) -> list[torch.Tensor]:
-        feeds = [Feed(x, _row_axis(name)) for name, x in zip(LEFT, state)]
-        out = self._search("resume", enc, trie, (width,), feeds)
-        assert out is not None  # strict's graph ran on these tables
-        return out
-
-    def _ranked(self, enc: EncoderState, inputs: list[torch.Tensor]) -> torch.Tensor:
-        m = inputs[-1].shape[1]
+    def _run_search(self, name: str, enc: EncoderState, trie, widths: tuple[int, ...],
+                    inputs: list[torch.Tensor]) -> list[torch.Tensor] | None:
+        s = SEARCHES[name]
+        if s.pad is None:
+            feeds = [Feed(x, _row_axis(n)) for n, x in zip(s.inputs, inputs)]
+            return self._search(name, enc, trie if s.tables else None, widths, feeds)
+        m = inputs[-1].shape[1]  # candidates, padded to a bucket
         mb = candidate_bucket(m)
-        padded = rank_search.padded(tuple(x.numpy() for x in inputs), mb)
-        out = self._search("rank", enc, None, (), [Feed(torch.from_numpy(x)) for x in padded], (mb,))
-        assert out is not None  # rank needs neither a head nor a drafter nor tables
-        return out[0][:, :m]
+        padded = s.pad(tuple(x.numpy() for x in inputs), mb)
+        out = self._search(name, enc, None, widths, [Feed(torch.from_numpy(x)) for x in padded], (mb,))
+        return None if out is None else [x[:, :m] for x in out]
 
     # -- the hot path's single functions, eagerly on the device (under the lock: one GPU, one batch at a time) --
     def _step(self, *args):
@@ -298,23 +283,19 @@ class CudaBackend(Backend):
         counts them)."""
         L = self.cfg.sid_len
         gen = torch.Generator().manual_seed(0)
+        calls = self.warm_calls(ks, drafts)
         for rb in sorted(self.sizes, reverse=True):
             enc = self.encode(torch.zeros(rb, self.window, L, dtype=torch.int64))
-            out = None
-            for k in ks:
-                self.beam(enc, trie, k)
-                if self.drafter is not None:
-                    self.draft(enc, trie, k)
-                    self.draft(enc, trie, 2 * k)
-                    self.draft_scored(enc, trie, 2 * k)
-                for m in drafts:
-                    if self.nezha_head is not None:
-                        self.head(enc, trie, draft_count(m, k))
-                    if self.drafter is not None:
-                        out = self._drafted("strict", enc, trie, k, draft_count(m, k))
-                if self.drafter is not None and L >= 3 and out is not None:  # what finishes a row strict missed
-                    self.resume(enc, trie, k, out[len(out) - len(LEFT) :])
-            for m in rank_buckets(scored):
-                sids = torch.stack([torch.randint(0, v, (rb, m), generator=gen) for v in self.cfg.level_sizes], -1)
-                self.rank(enc, sids)
+            for name, widths in calls:
+                s = SEARCHES[name]
+                if s.inputs:  # it runs inside another search's call (``resume``): on example inputs
+                    assert s.example is not None  # a search with inputs declares how to make them
+                    ex = s.example(self.fused, self._fused_encoder(enc), self.tables.load(trie), *widths)
+                    self._run_search(name, enc, trie, widths, list(ex))
+                else:
+                    self.search(name, enc, trie, widths)
+            for s in SEARCHES.values():  # a search the caller hands candidates (``rank``): each count's bucket
+                for m in rank_buckets(scored) if s.args else ():
+                    sids = torch.stack([torch.randint(0, v, (rb, m), generator=gen) for v in self.cfg.level_sizes], -1)
+                    self.search(s.name, enc, None, (), {a: sids for a in s.args})
         self.runner.started = True

@@ -116,11 +116,8 @@ class _Search(nn.Module):
 
 
 # the export table is the registry of searches (kind -> its function, widths, inputs and outputs); the graphs
-# that run the distilled SID drafter, and the inputs (after the tables) of the graph that finishes a row
-# ``strict``'s drafts missed (``resume``'s: what strict's graph leaves), are read from it
+# that run the distilled SID drafter are read from it
 DRAFTER_KINDS = searches.DRAFTER_KINDS
-RESUME = list(SEARCHES["resume"].inputs)
-RANK = list(SEARCHES["rank"].inputs)
 
 
 def _export(module: nn.Module, args, inputs, outputs, axes, path: Path, post=None) -> None:
@@ -361,8 +358,9 @@ def example_tables(level_sizes: list[int], vmax: int, tag: str) -> list[Level]:
 def export_search(model: Tiger, out_dir: str | Path, kind: str, width: int | None, head=None, drafter=None,
                   n: int | None = None, drafter_bits: int | None = None, tables: str | None = None) -> Path:
     """Write the whole-search graph ``kind`` (see :data:`SEARCHES`) of ``width`` (and ``n`` drafts per level,
-    for 'strict') reading tables of the forms ``tables`` (:func:`~specrec.ids.tables.form_tag`; default: CSR at
-    every level; none for a search that reads none) as ``search_name(kind, width, n, drafter_bits, tables).onnx``,
+    for a search that has them) reading tables of the forms ``tables`` (:func:`~specrec.ids.tables.form_tag`;
+    default: CSR at every level; none for a search that reads none) as
+    ``search_name(kind, width, n, drafter_bits, tables).onnx``,
     the drafter's weights quantized to ``drafter_bits`` where given (:func:`quantize_drafter`)."""
     out = Path(out_dir)
     fused = FusedHotPath(model, head, drafter).eval()
@@ -380,7 +378,7 @@ def export_search(model: Tiger, out_dir: str | Path, kind: str, width: int | Non
     axes = {**ENC_AXES, **{nm: {1 if nm.startswith("cut") else 0: nm} for nm in names},
             **{o: declared.get(o, {1 if o.startswith("kept") else 0: "R"}) for o in outputs}}
     extra: tuple = ()
-    if search.inputs:  # another graph's outputs (resume: strict's): an example of them
+    if search.inputs:  # another graph's outputs (a search run inside another's call): an example of them
         assert search.example is not None  # a search with inputs declares how to make them
         with torch.no_grad():
             extra = tuple(search.example(fused, enc, levels, width))

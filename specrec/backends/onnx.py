@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import threading
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,11 +33,10 @@ import numpy as np
 import torch
 
 from ..decoding import searches
-from ..decoding.beam import Beams
 from ..decoding.searches import SEARCHES, search_name
 from ..ids.tables import graph_inputs
 from . import precision as prec
-from .base import DRAFT_FACTORS, Backend, draft_count
+from .base import DRAFT_FACTORS, Backend
 from .export import (  # noqa: F401 - the export's names, as they were imported from here
     ENC,
     ENC_AXES,
@@ -59,11 +57,8 @@ if TYPE_CHECKING:
     import onnxruntime as ort
 
 # the export table is the registry of searches (kind -> its function, widths, inputs and outputs); the graphs
-# that run the distilled SID drafter, and the inputs (after the tables) of the graph that finishes a row
-# ``strict``'s drafts missed (``resume``'s: what strict's graph leaves), are read from it
+# that run the distilled SID drafter are read from it
 DRAFTER_KINDS = searches.DRAFTER_KINDS
-RESUME = list(SEARCHES["resume"].inputs)
-RANK = list(SEARCHES["rank"].inputs)
 
 
 def default_providers() -> list[str]:
@@ -92,6 +87,7 @@ def session_options(threads: int | None = None, spinning: bool = False, config: 
 
 class OrtBackend(Backend):
     name = "onnx"
+    graphs = True
 
     def __init__(self, model, head=None, onnx_dir: str | Path | None = None, threads: int | None = None,
                  providers: list[str] | None = None, drafter=None, drafter_bits: int | None | str = "auto",
@@ -232,17 +228,14 @@ class OrtBackend(Backend):
         trie keeps them, so a request's view of it, which brings its own cut lists, piles nothing up here)."""
         return graph_inputs(trie.search_tables(max(self.cfg.level_sizes)))
 
-    def _whole(self, kind: str, enc, trie, width: int, n: int | None = None, state: Sequence[torch.Tensor] = ()):
-        """Run whole-search graph ``kind`` (exported on first use) over ``trie``'s tables (and ``state``: the
-        inputs after them): its outputs, or None where it cannot run (no NEZHA head or distilled drafter)."""
-        if (SEARCHES[kind].uses_head and self.nezha_head is None) or (SEARCHES[kind].uses_sid_drafter
-                                                                       and self.drafter is None):
-            return None
-        tag, tables = self.table_feed(trie)
-        name = self._exported(kind, width, n, tables=tag)
-        feed = {**dict(zip(ENC, (enc.keep, enc.cross_k, enc.cross_v))), **tables,
-                **dict(zip(SEARCHES[kind].inputs, state))}
-        return self._run_used(name, feed)
+    def _run_search(self, name: str, enc, trie, widths: tuple[int, ...], inputs: list[torch.Tensor]):
+        """Run whole-search graph ``name`` of ``widths`` (exported on first use) over ``trie``'s tables (for a
+        search that reads them) and ``inputs`` (the graph's inputs after them)."""
+        s = SEARCHES[name]
+        tag, tables = self.table_feed(trie) if s.tables else ("", {})
+        graph = self._exported(name, *_width_n(widths), tables=tag)
+        feed = {**dict(zip(ENC, (enc.keep, enc.cross_k, enc.cross_v))), **tables, **dict(zip(s.inputs, inputs))}
+        return self._run_used(graph, feed)
 
     def _run_used(self, name: str, feed: dict) -> list[torch.Tensor]:
         """Run graph ``name`` on the inputs of ``feed`` that it reads (``resume`` never reads the first levels'
@@ -271,51 +264,30 @@ class OrtBackend(Backend):
                                        name.removeprefix(base + "_"))
         return name
 
-    def _ranked(self, enc, inputs: list[torch.Tensor]) -> torch.Tensor:
-        name = self._exported("rank", None)
-        return self._run_used(name, dict(zip([*ENC, *RANK], [enc.keep, enc.cross_k, enc.cross_v, *inputs])))[0]
-
-    def beam(self, enc, trie, width: int):
-        out = self._whole("beam", enc, trie, width)
-        return None if out is None else Beams.of_search(*out)
-
-    def head(self, enc, trie, width: int):
-        out = self._whole("head", enc, trie, width)
-        return None if out is None else Beams.of_search(*out)
-
     def _fused_encoder(self, enc):
         return enc.keep, enc.cross_k, enc.cross_v
 
-    def resume(self, enc, trie, width: int, state: list[torch.Tensor]) -> list[torch.Tensor]:
-        out = self._whole("resume", enc, trie, width, state=state)
-        assert out is not None  # strict's graph ran
-        return out
-
-    def _drafted(self, kind: str, enc, trie, width: int, n: int | None):
-        return self._whole(kind, enc, trie, width, n)
-
     def warmup(self, trie, ks=(10,), drafts=DRAFT_FACTORS, scored: tuple[int, ...] = ()) -> None:
-        """Export and load, before serving, the whole-search graphs a list length K uses: the beam search
-        of width K, and, for every draft count ``m * K`` (m in ``drafts``) the policies use, the head's
-        searches and ``strict``'s draft-and-verify graphs; the distilled drafter's searches of width K and 2K,
-        and its scored search of width 2K (``specgr``'s first round); the scoring pass (``rank``) of each
-        candidate count in ``scored`` (``specgr`` ranking by both models: :meth:`~specrec.fusion.Fusion.candidates`)."""
-        if scored:
-            self._session(self._exported("rank", None))
+        """Export and load, before serving, the whole-search graphs list lengths ``ks`` use (each search's
+        ``warm`` in the registry: :meth:`~.base.Backend.warm_calls`), and, with candidate counts ``scored``
+        (``specgr`` ranking by both models: :meth:`~specrec.fusion.Fusion.candidates`), the scoring pass."""
         enc = self.encode(torch.zeros(1, 4, self.cfg.sid_len, dtype=torch.int64))
-        for k in ks:
-            self.beam(enc, trie, k)
-            if self.drafter is not None:  # nezha drafts K and 2K beams; specgr's first round scores 2K
-                self.draft(enc, trie, k)
-                self.draft(enc, trie, 2 * k)
-                self.draft_scored(enc, trie, 2 * k)
-            for m in drafts:
-                if self.nezha_head is not None:
-                    self.head(enc, trie, draft_count(m, k))
-                if self.drafter is not None:
-                    self.strict(enc, trie, k, draft_count(m, k))
-            if self.drafter is not None and self.cfg.sid_len >= 3:  # what finishes a row strict's drafts missed
-                self._session(self._exported("resume", k, tables=self.table_feed(trie)[0]))
+        for name, widths in self.warm_calls(ks, drafts):
+            s = SEARCHES[name]
+            if s.inputs:  # it runs inside another search's call (``resume``): its graph is loaded
+                self._session(self._exported(name, *_width_n(widths), tables=self.table_feed(trie)[0]))
+            else:
+                self.search(name, enc, trie, widths)
+        if scored:  # a search the caller hands candidates (``rank``): one graph for every count
+            for s in SEARCHES.values():
+                if s.args:
+                    self._session(self._exported(s.name, None))
+
+
+def _width_n(widths: tuple[int, ...]) -> tuple[int | None, int | None]:
+    """A search's static widths as the graph names take them: its width (None: one graph for every size) and
+    drafts per level (``n``)."""
+    return (widths[0] if widths else None), (widths[1] if len(widths) > 1 else None)
 
 
 def graph_file(d: Path, name: str) -> Path | None:

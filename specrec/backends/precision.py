@@ -3,7 +3,7 @@
 Two kinds of graph may leave float32 (:data:`KINDS`); every other graph (``encode``, ``step``, ``tree``,
 ``beam``, ``strict``, ``resume``, ``score``, the head's) stays float32 and computes what eager PyTorch computes:
 
-- ``rank``, the scoring pass (given candidates' log-probabilities: the ``Score`` RPC with ``scores_only``, and
+- ``rank``, the scoring pass (given candidates' log-probabilities: the ``Search`` RPCs ``rank``, and
   ``fused`` ranking SASRec's candidates by both models): judged by the fused list's recall@10;
 - ``draft``, ``nezha``'s graph (the target's first decoder pass and the distilled drafter, whose weights are
   8-bit already): judged by ``nezha``'s recall@10.
@@ -41,10 +41,12 @@ from typing import Any
 
 import numpy as np
 
+from ..decoding.searches import SEARCHES
+
 FLOAT32 = "float32"
 PRECISIONS = (FLOAT32, "int8", "int8_nbits", "bf16")
-#: the graphs whose precision is chosen (search kinds of the registry)
-KINDS = ("rank", "draft")
+#: the graphs whose precision is chosen (the registry's searches that say how they may leave float32)
+KINDS = tuple(name for name, s in SEARCHES.items() if s.lossy)
 #: a candidate passes with a recall@10 of at least (1 - TOLERANCE) x float32's
 TOLERANCE = 0.01
 #: times within this share of the fastest are a tie (timing noise): float32 if it is among them, else the better
@@ -173,8 +175,8 @@ def describe_record(record: dict) -> list[str]:
     lines = [f"precision chosen on {cpu.get('model') or cpu.get('machine', '?')} ({', '.join(cpu.get('flags', []))}; "
              f"ONNX Runtime {record.get('onnxruntime', '?')})"
              + "".join(f"; {p}: {why}" for p, why in record.get("left_out", {}).items() if why != "not asked for")]
-    what = {"rank": "the scoring pass (rank)", "draft": "nezha's graphs (draft)"}
     for kind in KINDS:
+        what = {kind: SEARCHES[kind].lossy}
         r = record.get(kind, {})
         if "candidates" not in r:
             lines.append(f"  {what[kind]}: {r.get('chosen', FLOAT32)} ({r.get('why', 'not measured')})")

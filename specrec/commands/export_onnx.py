@@ -59,7 +59,7 @@ def run(a: argparse.Namespace) -> int:
     hist = bundle.history_sids([bundle.sids_t.new_tensor([0, 1, 2]).numpy()])
     with torch.inference_mode():
         eager_beams = beam_search(ref, ref.encode(hist), bundle.trie, 10)
-        onnx_beams = ort_be.beam(ort_be.encode(hist), bundle.trie, 10)
+        onnx_beams = ort_be.search("beam", ort_be.encode(hist), bundle.trie, (10,))
     assert onnx_beams is not None
     diff = float((eager_beams.scores - onnx_beams.scores).nan_to_num(0, 0, 0).abs().max())
     n = len({p.name.removesuffix(".onnx").removesuffix(".ext") for p in out.glob("*.onnx")})

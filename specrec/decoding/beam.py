@@ -222,5 +222,5 @@ class BeamSearch:
 @torch.inference_mode()
 def beam_search(backend, enc: EncoderState, trie: SidTrie, width: int) -> Beams:
     """The whole search: in one backend call where the backend has one, else step by step."""
-    beams = backend.beam(enc, trie, width)
+    beams = backend.search("beam", enc, trie, (width,))
     return beams if beams is not None else BeamSearch(backend, enc, trie, width).run()

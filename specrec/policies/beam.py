@@ -38,7 +38,7 @@ class BeamPolicy(Policy):
         """The whole search in one verifier call."""
         eng = self.engine
         with Stage(eng.clock, batch.stats, "beam") as t:
-            batch.beams = eng.verifier.beam_search(batch.open_session, batch.trie, width)
+            batch.beams = eng.verifier.search(batch.open_session, "beam", batch.trie, (width,))
         self.costs.observe(CostStage.SEARCH, t.seconds)
         charge(batch.stats)
         for st in batch.stats:

@@ -151,10 +151,10 @@ class FusedPolicy(Policy):
             else:  # no candidates (a catalogue this small): any valid item, read by nobody
                 sids[j] = eng.itemset.sids[eng.itemset.order[0][0]]
         with Stage(eng.clock, batch.active_stats, "verify") as t:
-            scores = eng.verifier.score(batch.open_session, torch.from_numpy(sids), scores_only=True)
+            token = eng.verifier.search(batch.open_session, "rank", None, (), {"sids": torch.from_numpy(sids)})
         self.costs.observe(CostStage.VERIFY, t.seconds)
         charge(batch.active_stats)
-        return [scores.token_logp[j, : len(d.items)].numpy() for j, d in enumerate(drafts)]
+        return [token[j, : len(d.items)].numpy() for j, d in enumerate(drafts)]
 
     def _drafter_list(self, req: RecRequest, d: Draft, st: RequestStats, exclude: frozenset[int], why: str,
                       exit_reason: str) -> RecResult:

@@ -78,7 +78,7 @@ class LevelwisePolicy(Policy):
         eng = self.engine
         if self.draft_source() == "head":
             with Stage(eng.clock, batch.stats, "draft"):
-                b = eng.verifier.head_beams(batch.open_session, batch.trie, n)
+                b = eng.verifier.search(batch.open_session, "head", batch.trie, (n,))
             charge(batch.stats)
             return b.codes, b.alive
         assert eng.drafter is not None  # draft_source() is "drafter"
@@ -112,7 +112,7 @@ class LevelwisePolicy(Policy):
         eng, sess = self.engine, batch.open_session
         before = len(sess.coverage)
         with Stage(eng.clock, batch.stats, "beam"):
-            batch.beams = eng.verifier.beam_search(sess, batch.trie, width, self.rule())
+            batch.beams = eng.verifier.search(sess, "beam", batch.trie, (width,), rule=self.rule())
         steps = sess.coverage[before:]
         for j, _, req, st in batch.rows():
             st.rounds = len(steps)

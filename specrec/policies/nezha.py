@@ -56,11 +56,11 @@ class NezhaPolicy(Policy):
         beams = None
         with Stage(eng.clock, batch.stats, "head"):
             if self.head_source() == "distilled":
-                beams = eng.verifier.draft_beams(batch.open_session, batch.trie, width)
+                beams = eng.verifier.search(batch.open_session, "draft", batch.trie, (width,))
             if beams is None:
                 if self.head_source() is None:  # the verifier found out it has no distilled drafter after all
                     raise Unsupported(self.name, "a SID drafter (the distilled drafter or the NEZHA head)")
-                beams = eng.verifier.head_beams(batch.open_session, batch.trie, width)
+                beams = eng.verifier.search(batch.open_session, "head", batch.trie, (width,))
         charge(batch.stats)
         items = beams.items(batch.trie)
         for j, _, req, st in batch.rows():

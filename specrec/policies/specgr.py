@@ -248,7 +248,8 @@ class SpecGRPolicy(Policy):
         drafter."""
         eng = self.engine
         with Stage(eng.clock, batch.active_stats, "draft_verify" if scored else "draft") as t:
-            beams = eng.verifier.draft_beams(batch.open_session, batch.trie, delta, target_scores=scored)
+            beams = eng.verifier.search(batch.open_session, "draft_scored" if scored else "draft", batch.trie,
+                                        (delta,))
         if beams is None:  # a remote verifier just learned that it has none
             return None
         self.costs.observe(CostStage.DRAFT, t.seconds)

@@ -94,7 +94,7 @@ class StrictPolicy(LevelwisePolicy):
         assert sess is not None
         t0 = eng.clock()
         with Stage(eng.clock, batch.stats, "draft_verify"):
-            drafted = eng.verifier.draft_verify(sess, trie, width, n)
+            drafted = eng.verifier.search(sess, "strict", trie, (width, n))
         if drafted is None:
             return False
         charge(batch.stats)

@@ -57,7 +57,7 @@ def score_users(bundle: Bundle, ex, exclude: list[np.ndarray], n: int, backend=N
             sids[j, len(d.items):] = bundle.sids[d.items[0]]
         with torch.inference_mode():
             enc = backend.encode(bundle.history_sids([hists[i] for i in idx]))
-            token = backend.rank(enc, torch.from_numpy(sids)).numpy().astype(np.float64)
+            token = backend.search("rank", enc, None, (), {"sids": torch.from_numpy(sids)}).numpy().astype(np.float64)
         for j, i in enumerate(idx):
             d, k = drafts[j], len(drafts[j].items)
             out.append(Scored(d.items, d.scores.astype(np.float64), token[j, :k], itemset.is_unseen(d.items),

@@ -1,15 +1,19 @@
 """The jobs a verifier runs in batches from several callers (the verifier service's batcher, and
-:class:`~specrec.verifier.local.LocalVerifier`'s own calls, each a batch of one), and which of them can share a
-computation (:func:`group_key`); :func:`~specrec.verifier.local.run_jobs` runs them."""
+:class:`~specrec.verifier.local.LocalVerifier`'s own calls, each a batch of one), one dataclass per kind of work,
+and which of them can share a computation (:func:`group_key`); :class:`~specrec.verifier.runner.Runner` runs them.
+
+A whole search of the registry (:data:`~specrec.decoding.searches.SEARCHES`) is one kind of job, :class:`SearchJob`,
+whatever the search: its name, widths and named tensors are data, so a new search adds no job type."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
+from ..decoding.searches import SEARCHES
 from ..ids.trie import SidTrie
 from .types import SelectRule, Session
 
@@ -33,41 +37,44 @@ class SearchSpec:
 class ScoreJob:
     """Scores of ``sids``; with ``step`` (the verify-and-step of a ``specgr`` round) also the session's next
     beam step, read from the same pass (which then holds the frontier): the result is (scores, beams). A
-    session with no beam search starts ``step``'s first; one with a search keeps its own (as a :class:`BeamJob`)."""
+    session with no beam search starts ``step``'s first; one with a search keeps its own."""
 
     session: Session | EncodeJob  # an EncodeJob: encode first, in the same batch
     sids: torch.Tensor  # [R, M, L]
     full: bool = False
     with_frontier: bool = False
     step: SearchSpec | None = None
-    scores_only: bool = False  # nothing remembered for later steps: the scoring pass (``rank``) may serve it
 
 
 @dataclass(eq=False)
-class BeamJob:
-    """The session's beam search: one more level (the first step starts ``search``; later ones keep the
-    session's own), or, ``whole``, all of it from a fresh start."""
+class StepJob:
+    """One more level of the session's own beam search (the first step starts ``search``; later ones keep the
+    session's own)."""
 
     session: Session | EncodeJob
     search: SearchSpec
-    whole: bool = False
 
 
 @dataclass(eq=False)
-class HeadJob:
-    session: Session | EncodeJob
-    trie: SidTrie
-    width: int
-    distilled: bool = False  # the distilled drafter's beams instead of the NEZHA head's
-    target_scores: bool = False  # (distilled) their token_logp the target's, from a tree pass in the same call
+class SearchJob:
+    """Whole search ``name`` of the registry over ``trie`` (unused by a search that reads no tables), of static
+    ``widths`` (in the order the search names them), on the caller's named tensors ``args`` (``[R, M, ...]``);
+    ``rule``: how the steps of a search that ``steps`` pick their beams (relaxed: it steps). The result is the
+    search's value (:class:`~specrec.decoding.searches.Search`'s ``result`` type), or None where the backend
+    cannot run it."""
 
-
-@dataclass(eq=False)
-class DraftVerifyJob:
     session: Session | EncodeJob
-    trie: SidTrie
-    width: int
-    n: int
+    name: str
+    trie: SidTrie | None
+    widths: tuple[int, ...]
+    args: dict[str, torch.Tensor] = field(default_factory=dict)
+    rule: SelectRule | None = None
+
+    def stepped(self) -> bool:
+        """The target's beam search that must step: it reads what the session verified, or picks its beams by
+        the relaxed rule."""
+        return SEARCHES[self.name].steps and (bool(session_of(self).state.verified)
+                                              or (self.rule is not None and self.rule.kind != "exact"))
 
 
 @dataclass(eq=False)
@@ -77,32 +84,15 @@ class ExpandJob:
     head: bool = False  # the NEZHA head's distributions instead of the target's
 
 
-Job = EncodeJob | ScoreJob | BeamJob | HeadJob | DraftVerifyJob | ExpandJob
+Job = EncodeJob | ScoreJob | StepJob | SearchJob | ExpandJob
 
 
 def session_of(job: Any) -> Session:
-    """A job's session (:func:`~specrec.verifier.local.run_jobs` put the session it encoded in place of an
-    :class:`EncodeJob`)."""
+    """A job's session (the runner put the session it encoded in place of an :class:`EncodeJob`)."""
     sess = job.session
     if not isinstance(sess, Session):
         raise TypeError(f"the job's session is a {type(sess).__name__}")
     return sess
-
-
-def whole_search(job: Job) -> tuple[str, SidTrie, tuple[int, ...]] | None:
-    """The whole search of the registry (:data:`~specrec.decoding.searches.SEARCHES`) a job asks for: its
-    name, catalogue and widths; None for a job that is not one (or a beam search that must step: it reads
-    what the session verified, or picks its beams by the relaxed rule)."""
-    if isinstance(job, BeamJob):
-        if job.whole and not session_of(job).state.verified and (job.search.rule is None
-                                                               or job.search.rule.kind == "exact"):
-            return "beam", job.search.trie, (job.search.width,)
-        return None
-    if isinstance(job, HeadJob):
-        return ("draft_scored" if job.target_scores else "draft") if job.distilled else "head", job.trie, (job.width,)
-    if isinstance(job, DraftVerifyJob):
-        return "strict", job.trie, (job.width, job.n)
-    return None
 
 
 def group_key(n: int, job: Job) -> tuple:
@@ -111,8 +101,6 @@ def group_key(n: int, job: Job) -> tuple:
         return ("encode",)
     if isinstance(job, ScoreJob):
         return ("score", job.full)
-    search = whole_search(job)
-    if search is not None:
-        name, trie, widths = search
-        return ("search", name, id(trie), *widths)
+    if isinstance(job, SearchJob) and not job.stepped():
+        return ("search", job.name, id(job.trie), *job.widths)
     return ("single", n)

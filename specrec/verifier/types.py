@@ -6,7 +6,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-import numpy as np
 import torch
 
 from ..deadline import Deadline
@@ -39,8 +38,8 @@ class StepCoverage:
 @dataclass(frozen=True)
 class Parts:
     """What a verifier's bundle offers beyond the GR model (whose encode, scores and beam search every
-    verifier has): the distilled SID drafter (``sid_mlp``: :meth:`Verifier.draft_verify`,
-    :meth:`Verifier.draft_beams`) and the NEZHA draft head (``head_*``). Policies plan with it, so a bundle
+    verifier has): the distilled SID drafter (``sid_mlp``: the searches that run it) and the NEZHA draft head
+    (``head_logprobs`` and the head's search). Policies plan with it, so a bundle
     without a part is served by what it has instead of failing on a call it cannot answer."""
 
     distilled_drafter: bool = True
@@ -73,11 +72,11 @@ class Verifier(Protocol):
 
     def select(self, sess: Session, idx: torch.Tensor) -> Session: ...
 
-    def score(self, sess: Session, sids: torch.Tensor, full: bool = False, with_frontier: bool = False,
-              scores_only: bool = False) -> Scores:
+    def score(self, sess: Session, sids: torch.Tensor, full: bool = False, with_frontier: bool = False) -> Scores:
         """Token log-probs of candidates ``sids`` [R, M, L] (with ``full``, every level's distribution), in one
         pass the session remembers for its later beam steps (with ``with_frontier``, over its beams' prefixes
-        too); ``scores_only``: nothing remembered, the verifier's scoring pass may serve it."""
+        too). Scores alone, nothing remembered: the registry's scoring pass, by
+        :meth:`search`."""
 
     def score_step(self, sess: Session, sids: torch.Tensor) -> tuple[Scores, Beams]:
         """``score`` of ``sids`` [R, M, L] with the frontier, and the session's next beam step read from that
@@ -89,38 +88,21 @@ class Verifier(Protocol):
 
     def beam_step(self, sess: Session) -> Beams: ...
 
-    def beam_search(self, sess: Session, trie: SidTrie, width: int, rule: SelectRule | None = None) -> Beams: ...
-
     def head_logprobs(self, sess: Session, prefixes: torch.Tensor) -> list[torch.Tensor]: ...
-
-    def head_beams(self, sess: Session, trie: SidTrie, width: int) -> Beams: ...
 
     def parts(self) -> Parts:
         """What this verifier's bundle offers (:class:`Parts`)."""
 
-    def draft_verify(self, sess: Session, trie: SidTrie, width: int, n: int) -> Drafted | None:
-        """``strict`` in one call: the distilled drafter's ``n`` beams per level (level 0 exact), one tree
-        pass over them and the target's beam search of ``width`` read from it; None without a distilled
-        drafter."""
-
-    def draft_beams(self, sess: Session, trie: SidTrie, width: int, target_scores: bool = False) -> Beams | None:
-        """The distilled drafter's own constrained beams (level 0 exact); None without one. With
-        ``target_scores`` their ``token_logp`` are the target's log-probabilities of each code, from one tree
-        pass over the beams in the same call (``specgr``'s first round: drafted and verified at once)."""
+    def search(self, sess: Session, name: str, trie: SidTrie | None, widths: tuple[int, ...],
+               args: dict[str, torch.Tensor] | None = None, rule: SelectRule | None = None) -> Any:
+        """Whole search ``name`` of the registry (:data:`~specrec.decoding.searches.SEARCHES`) for the session,
+        in one call: over ``trie``'s valid SIDs (a search that reads none: None), of static ``widths`` (in the
+        order the search names them), on the caller's named tensors ``args``; ``rule``: how a search that
+        ``steps`` picks its beams. -> the search's value (its ``result`` type: beams, ``strict``'s
+        :class:`Drafted`, ``rank``'s token log-probabilities); None where the bundle has no distilled drafter
+        and the search runs it (a missing NEZHA head is an error: callers plan with :meth:`parts`)."""
 
     def release(self, sess: Session) -> None: ...
-
-
-@dataclass
-class Drafted:
-    """What :meth:`Verifier.draft_verify` returns: the target's beams (equal to its beam search in every row:
-    a row whose drafts missed is finished from the levels the tree verified, in the same call), ``covered``
-    [R] bool (the drafts held the target's whole frontier), per level 0..L-2 the target's kept prefixes and
-    how many of them the tree held (``frontier`` [R, L-1, 2])."""
-
-    beams: Beams
-    covered: np.ndarray
-    frontier: np.ndarray
 
 
 @dataclass

@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from specrec_rpc.localstack import delete_keys, free_port, namespace_pattern, redis_ping
 from specrec_rpc.server import configure_logging
+from specrec_stack.localstack import delete_keys, free_port, namespace_pattern, redis_ping
 
 # the services in this process log as a deployed one would (plain tracebacks, not rich's), in text
 configure_logging("INFO", json_logs=False)

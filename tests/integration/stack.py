@@ -172,7 +172,7 @@ class Stack:
 async def running(redis_url: str, prefix: str, bundle: Path, **overrides):
     """A stack on ``bundle`` in a Redis namespace of its own (``prefix-<ns>``), stopped and its keys deleted
     at the end; ``overrides``: :class:`Stack`'s (``gateway_overrides``, ``verifier_overrides``, ...)."""
-    from specrec_rpc.localstack import delete_keys, namespace_pattern
+    from specrec_stack.localstack import delete_keys, namespace_pattern
 
     ns = f"{prefix}-{time.time_ns()}"
     st = await Stack(redis_url, ns, bundle, **overrides).start()

@@ -31,7 +31,7 @@ def cbundle_dir(tiny_bundle_dir, tmp_path_factory):
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def cstack(redis_url, cbundle_dir):
-    from specrec_rpc.localstack import delete_keys, namespace_pattern
+    from specrec_stack.localstack import delete_keys, namespace_pattern
 
     ns = f"cuda-{time.time_ns()}"
     st = Stack(redis_url, ns, cbundle_dir, verifier_overrides=dict(backend="cuda", device="cpu",
@@ -59,24 +59,26 @@ async def test_concurrent_callers_are_batched_into_buckets_and_answer_as_eager(c
     batches = REGISTRY.get_sample_value("specrec_verifier_batch_size_count", {"batcher": "verifier"})
 
     async def beam(i):
-        return await cstack.verifier.Beam(verifier_pb2.BeamSearchRequest(
-            ref=verifier_pb2.SessionRef(history_sids=to_msg(h[i])), width=5))
+        r = await cstack.verifier.Search(verifier_pb2.SearchRequest(
+            ref=verifier_pb2.SessionRef(history_sids=to_msg(h[i])), search="beam", widths={"width": 5}))
+        return r.tensors
 
     async def rank(i):
         cand = torch.from_numpy(b.sids[rng.permutation(len(b.sids))[:8]])[None]
-        r = await cstack.verifier.Rank(verifier_pb2.ScoreRequest(
-            ref=verifier_pb2.SessionRef(history_sids=to_msg(h[i])), sids=to_msg(cand), scores_only=True))
-        return cand, r
+        r = await cstack.verifier.Search(verifier_pb2.SearchRequest(
+            ref=verifier_pb2.SessionRef(history_sids=to_msg(h[i])), search="rank", tensors={"sids": to_msg(cand)}))
+        return cand, r.tensors
 
     got = await asyncio.gather(*(beam(i) for i in range(len(h))))
     ranked = await asyncio.gather(*(rank(i) for i in range(len(h))))
     with torch.inference_mode():
         for i, g in enumerate(got):
             want = beam_search(eager, eager.encode(h[i]), b.trie, 5)
-            assert torch.equal(to_torch(g.codes), want.codes)
-            assert torch.allclose(to_torch(g.scores), want.scores, atol=1e-4)
+            assert torch.equal(to_torch(g["codes"]), want.codes)
+            assert torch.allclose(to_torch(g["scores"]), want.scores, atol=1e-4)
         for i, (cand, r) in enumerate(ranked):
-            assert torch.allclose(to_torch(r.token_logp), eager.rank(eager.encode(h[i]), cand), atol=1e-4)
+            want = eager.search("rank", eager.encode(h[i]), None, (), {"sids": cand})
+            assert torch.allclose(to_torch(r["token_logp"]), want, atol=1e-4)
     after = REGISTRY.get_sample_value("specrec_verifier_batch_size_count", {"batcher": "verifier"})
     assert after - batches < 2 * len(h)  # some callers' jobs shared a batch (a bucket of their rows)
     assert len(backend.runner) == made and backend.runner.captured_after_start == 0  # all made before SERVING

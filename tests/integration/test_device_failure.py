@@ -25,9 +25,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from specrec_rpc.errors import Reason, reason_of_rpc
-from specrec_rpc.localstack import delete_keys, free_port, namespace_pattern
 from specrec_rpc.tensors import to_msg
 from specrec_rpc.v1 import verifier_pb2, verifier_pb2_grpc
+from specrec_stack.localstack import delete_keys, free_port, namespace_pattern
 
 from .stack import Stack, histories
 
@@ -49,8 +49,9 @@ async def _health(st: Stack, key: str) -> int:
 
 async def _beam(st: Stack, key: str, sids: np.ndarray):
     async with grpc.aio.insecure_channel(st.addr(key)) as ch:
-        req = verifier_pb2.BeamSearchRequest(ref=verifier_pb2.SessionRef(history_sids=to_msg(sids)), width=10)
-        return await verifier_pb2_grpc.VerifierStub(ch).Beam(req, timeout=5)
+        req = verifier_pb2.SearchRequest(ref=verifier_pb2.SessionRef(history_sids=to_msg(sids)), search="beam",
+                                         widths={"width": 10})
+        return await verifier_pb2_grpc.VerifierStub(ch).Search(req, timeout=5)
 
 
 async def _two_verifiers(redis_url: str, bundle, prefix: str, **failing) -> Stack:

@@ -1,7 +1,7 @@
 """A real Redis failover under load: Sentinel promotes the replica, nothing acknowledged is lost.
 
 A ``redis-server`` primary, one replica and three ``redis-sentinel``
-processes run on free loopback ports (:mod:`specrec_rpc.localsentinel`); the
+processes run on free loopback ports (:mod:`specrec_stack.localsentinel`); the
 whole stack runs on ``redis+sentinel://``. A writer upserts items through the
 item set's gRPC service while a reader keeps asking the gateway for
 recommendations; the primary is killed (SIGKILL) and the sentinels promote the
@@ -29,8 +29,8 @@ import redis
 
 from itemset_svc.settings import ItemSetSettings
 from itemset_svc.store import RedisCatalogue
-from specrec_rpc.localsentinel import LocalSentinel, sentinel_available
 from specrec_rpc.v1 import itemset_pb2
+from specrec_stack.localsentinel import LocalSentinel, sentinel_available
 
 from .stack import AUTH, Stack, histories
 

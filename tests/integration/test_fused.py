@@ -68,7 +68,7 @@ async def test_fused_ranks_by_both_models_as_in_process_and_auto_tries_it_first(
 
 @pytest.mark.asyncio(loop_scope="session")
 async def test_a_fused_request_cut_at_its_deadline_answers_with_sasrecs_list_not_fill(stack, monkeypatch):
-    """The GR's pass hangs past the deadline (the gateway's worker thread stuck in its Score call): the gateway's cut
+    """The GR's pass hangs past the deadline (the gateway's worker thread stuck in its Search call): the gateway's cut
     at the deadline answers with the list fused holds, the item drafter's own (flagged, ``exit_reason`` budget), as
     the ``drafter`` policy would, not with the catalogue's fill."""
     import time
@@ -79,15 +79,15 @@ async def test_a_fused_request_cut_at_its_deadline_answers_with_sasrecs_list_not
     bundle = Bundle.load(stack.bundle)
     h = histories(bundle, 1, seed=5)[0]
     own = await stack.recommend(h, k=5, policy="drafter", budget_ms=1000)
-    real = RemoteVerifier.score
+    real = RemoteVerifier.search
 
     def hangs(self, *a, **kw):
         time.sleep(0.3)  # past the 80 ms budget, whatever its own call's deadline
         return real(self, *a, **kw)
 
-    monkeypatch.setattr(RemoteVerifier, "score", hangs)
+    monkeypatch.setattr(RemoteVerifier, "search", hangs)
     r = await stack.recommend(h, k=5, policy="fused", budget_ms=80)
-    monkeypatch.setattr(RemoteVerifier, "score", real)
+    monkeypatch.setattr(RemoteVerifier, "search", real)
     assert r.stats.exit_reason == "budget" and r.stats.degraded, r.stats
     assert r.stats.served_by == "drafter", r.stats
     assert [it.item_id for it in r.items] == [it.item_id for it in own.items]

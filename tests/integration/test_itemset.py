@@ -24,9 +24,9 @@ from itemset_svc.settings import ItemSetSettings
 from itemset_svc.store import Record, RedisCatalogue
 from specrec.itemset import LocalItemSet
 from specrec_rpc.catalogue import FETCHES, CatalogueWatcher
-from specrec_rpc.localstack import free_port
 from specrec_rpc.server import Runner
 from specrec_rpc.v1 import common_pb2, itemset_pb2, itemset_pb2_grpc
+from specrec_stack.localstack import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "s3cret-token"
@@ -789,7 +789,7 @@ def _own_redis(tmp: Path):
 
     def start():
         p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        from specrec_rpc.localstack import redis_ping
+        from specrec_stack.localstack import redis_ping
 
         t0 = time.monotonic()
         while not redis_ping(f"redis://127.0.0.1:{port}/0"):

@@ -16,9 +16,9 @@ import grpc
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from specrec_rpc.localstack import ServiceProcs, delete_namespace, free_port
 from specrec_rpc.processes import group_pids
 from specrec_rpc.v1 import drafter_pb2, drafter_pb2_grpc, recommender_pb2, recommender_pb2_grpc
+from specrec_stack.localstack import ServiceProcs, delete_namespace, free_port
 
 #: separate channels, each its own connection (no shared subchannel pool): the kernel hands each connection to
 #: one process of the group, so 16 leave a process without one with probability 2 x 2^-16

@@ -1,6 +1,6 @@
 """The Grafana dashboard and the alerting rules against a real Prometheus (Debian's ``prometheus``).
 
-The four services run as processes (``specrec_rpc.localstack.ServiceProcs``, as ``specrec stack up`` runs
+The four services run as processes (``specrec_stack.localstack.ServiceProcs``, as ``specrec stack up`` runs
 them), each with its own metrics port; a ``prometheus`` on a free port scrapes them every second, with the
 rules file loaded. Traffic covers every kind of answer the dashboard shows: each policy, shed requests
 (a budget nothing fits: RESOURCE_EXHAUSTED), catalogue fill and budget misses (a budget no call fits).
@@ -31,8 +31,8 @@ import numpy as np
 import pytest
 import yaml
 
-from specrec_rpc.localstack import ORDER, ServiceProcs, delete_namespace, free_port
 from specrec_rpc.v1 import recommender_pb2, recommender_pb2_grpc
+from specrec_stack.localstack import ORDER, ServiceProcs, delete_namespace, free_port
 
 from ..deploy import tools
 

@@ -28,7 +28,7 @@ async def _stack(redis_url, bundle_dir, prefix, **gateway):
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def stack(redis_url, serving_bundle_dir):
-    from specrec_rpc.localstack import delete_keys, namespace_pattern
+    from specrec_stack.localstack import delete_keys, namespace_pattern
 
     st, ns = await _stack(redis_url, serving_bundle_dir, "srv")
     yield st
@@ -149,7 +149,7 @@ async def test_overload_is_shed_or_answered_never_failed(stack, serving_bundle):
 async def test_a_lost_session_is_reencoded_not_internal(stack, serving_bundle):
     """The verifier forgets a session between two calls of a request (as after a restart):
     the gateway sends the history again and the answer is the undisturbed one. (``strict`` level by level, on
-    the NEZHA head: HeadDrafts, Score and BeamSearch on one session; on the distilled drafter it is one call.)"""
+    the NEZHA head: Search "head", Score and Search "beam" on one session; on the distilled drafter it is one call.)"""
     h = histories(serving_bundle, 1, seed=23)[0]
     params = {"n_drafts": 10, "drafter": "head"}
     want = await stack.recommend(h, k=10, policy="strict", params=params)
@@ -175,7 +175,7 @@ async def test_a_lost_session_is_reencoded_not_internal(stack, serving_bundle):
 
 @pytest.mark.asyncio(loop_scope="session")
 async def test_two_replicas_share_the_load_and_losing_one_costs_no_error(redis_url, serving_bundle_dir, serving_bundle):
-    from specrec_rpc.localstack import delete_keys, free_port, namespace_pattern
+    from specrec_stack.localstack import delete_keys, free_port, namespace_pattern
 
     ns = f"rep-{time.time_ns()}"
     st = Stack(redis_url, ns, serving_bundle_dir)

@@ -78,7 +78,7 @@ async def test_the_whole_stack_over_mtls(tmp_path, redis_url, serving_bundle_dir
     verifier, drafter -> item set): a client with the CA's certificate gets a model's answer, not a
     degraded one, for beam (verifier) and specgr (verifier and drafter); a plaintext client and a client
     without a certificate are refused."""
-    from specrec_rpc.localstack import delete_keys, namespace_pattern
+    from specrec_stack.localstack import delete_keys, namespace_pattern
 
     from .stack import Stack, histories
 
@@ -179,7 +179,7 @@ async def test_a_request_is_traced_across_the_services(redis_url, serving_bundle
             assert time.monotonic() - t0 < 10.0, (names, seen)
             await asyncio.sleep(0.05)
     finally:
-        from specrec_rpc.localstack import delete_keys, namespace_pattern
+        from specrec_stack.localstack import delete_keys, namespace_pattern
 
         await st.stop()
         delete_keys(redis_url, namespace_pattern(ns))

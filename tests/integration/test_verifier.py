@@ -33,7 +33,7 @@ def vbundle_dir(tiny_bundle_dir, tmp_path_factory):
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def vstack(redis_url, vbundle_dir):
-    from specrec_rpc.localstack import delete_keys, namespace_pattern
+    from specrec_stack.localstack import delete_keys, namespace_pattern
 
     ns = f"ver-{time.time_ns()}"
     st = Stack(redis_url, ns, vbundle_dir)
@@ -52,6 +52,16 @@ def hist_tensor(bundle, rows_list):
 def metric(name, **labels) -> float:
     v = REGISTRY.get_sample_value(name, labels)
     return 0.0 if v is None else v
+
+
+def search(stub, name: str, r, tensors=None, rule=None, **widths):
+    """One Search call (the registry's ``name``, its widths by name, its tensors by name)."""
+    return stub.Search(verifier_pb2.SearchRequest(ref=r, search=name, widths=widths, tensors=tensors or {},
+                                                  rule=rule))
+
+
+def out(reply, name: str) -> torch.Tensor:
+    return to_torch(reply.tensors[name])
 
 
 def ref(session="", hist=None, keep=False):
@@ -76,8 +86,8 @@ async def test_score_and_beam_equal_local(vstack, vbundle_dir):
     assert torch.allclose(to_torch(r.token_logp), want.token_logp, atol=1e-4)
     assert all(torch.allclose(to_torch(x), y, atol=1e-4) for x, y in zip(r.full, want.full))
     # one call from the history: no session kept
-    got = await stub.BeamSearch(verifier_pb2.BeamSearchRequest(ref=ref(hist=h), width=7))
-    assert torch.equal(to_torch(got.codes), beams.codes) and got.session == ""
+    got = await search(stub, "beam", ref(hist=h), width=7)
+    assert torch.equal(out(got, "codes"), beams.codes) and got.session == ""
     # the session's own stepwise beam search ends in the same beams
     for _ in range(4):
         step = await stub.BeamStep(verifier_pb2.BeamStepRequest(ref=ref(enc.session), width=7))
@@ -87,20 +97,20 @@ async def test_score_and_beam_equal_local(vstack, vbundle_dir):
 
 @pytest.mark.asyncio(loop_scope="session")
 async def test_a_call_that_ends_its_session_needs_no_release(vstack, vbundle_dir):
-    """The fused policy's last call (a scores-only Score) says ``end``: it answers as a kept session's call would,
-    then the session is forgotten, so no Release round trip is needed; a call without ``end`` keeps it."""
+    """The fused policy's last call (the scoring pass, Search "rank") says ``end``: it answers as a kept session's
+    call would, then the session is forgotten, so no Release round trip is needed; a call without ``end`` keeps
+    it."""
     b = Bundle.load(vbundle_dir)
     stub = vstack.verifier
     h = hist_tensor(b, [[0, 5, 9]])
     cand = torch.from_numpy(b.sids[np.arange(12)]).view(1, 12, 4)
     enc = await stub.Encode(verifier_pb2.EncodeRequest(history_sids=to_msg(h)))
-    kept = await stub.Score(verifier_pb2.ScoreRequest(ref=ref(enc.session), sids=to_msg(cand), scores_only=True))
+    kept = await search(stub, "rank", ref(enc.session), {"sids": to_msg(cand)})
     assert kept.session == enc.session
-    last = await stub.Score(verifier_pb2.ScoreRequest(ref=verifier_pb2.SessionRef(session=enc.session, end=True),
-                                                      sids=to_msg(cand), scores_only=True))
-    assert last.session == "" and torch.equal(to_torch(last.token_logp), to_torch(kept.token_logp))
+    last = await search(stub, "rank", verifier_pb2.SessionRef(session=enc.session, end=True), {"sids": to_msg(cand)})
+    assert last.session == "" and torch.equal(out(last, "token_logp"), out(kept, "token_logp"))
     with pytest.raises(grpc.aio.AioRpcError) as e:  # gone: the caller would re-send its history
-        await stub.Score(verifier_pb2.ScoreRequest(ref=ref(enc.session), sids=to_msg(cand), scores_only=True))
+        await search(stub, "rank", ref(enc.session), {"sids": to_msg(cand)})
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
 
 
@@ -111,14 +121,14 @@ async def test_history_travels_with_the_first_call_and_frontier_saves_a_pass(vst
     b = Bundle.load(vbundle_dir)
     stub = vstack.verifier
     h = hist_tensor(b, [[4, 2, 8, 9]])
-    heads = await stub.HeadDrafts(verifier_pb2.HeadDraftsRequest(ref=ref(hist=h, keep=True), width=30))
+    heads = await search(stub, "head", ref(hist=h, keep=True), width=30)
     assert heads.session
-    codes = to_torch(heads.codes)[:, to_torch(heads.alive)[0]]
+    codes = out(heads, "codes")[:, out(heads, "alive")[0]]
     await stub.Score(verifier_pb2.ScoreRequest(ref=ref(heads.session), sids=to_msg(codes)))
-    got = await stub.BeamSearch(verifier_pb2.BeamSearchRequest(ref=ref(heads.session), width=5))
-    want = await stub.BeamSearch(verifier_pb2.BeamSearchRequest(ref=ref(hist=h), width=5))
-    assert torch.equal(to_torch(got.codes), to_torch(want.codes))
-    assert torch.allclose(to_torch(got.scores), to_torch(want.scores), atol=1e-4)
+    got = await search(stub, "beam", ref(heads.session), width=5)
+    want = await search(stub, "beam", ref(hist=h), width=5)
+    assert torch.equal(out(got, "codes"), out(want, "codes"))
+    assert torch.allclose(out(got, "scores"), out(want, "scores"), atol=1e-4)
     covered = to_torch(got.covered)
     assert covered.shape[0] == 4 and int(covered.sum()) > 0  # beams read from the verified drafts
     await stub.Release(verifier_pb2.ReleaseRequest(session=heads.session))
@@ -162,8 +172,8 @@ async def test_score_with_step_is_score_then_beam_step_in_one_call(vstack, vbund
 
 @pytest.mark.asyncio(loop_scope="session")
 async def test_draft_verify_over_grpc_equals_beam_search(vstack, vbundle_dir):
-    """strict over gRPC in one call: where DraftVerify says covered, its beams are BeamSearch's; concurrent
-    calls share a batch and keep their own rows; HeadDrafts(distilled) answers valid SIDs."""
+    """strict over gRPC in one call: where it says covered, its beams are beam's; concurrent calls share a batch
+    and keep their own rows; the distilled drafter's search answers valid SIDs."""
     b = Bundle.load(vbundle_dir)
     stub = vstack.verifier
     sizes = b.cfg.level_sizes
@@ -171,64 +181,59 @@ async def test_draft_verify_over_grpc_equals_beam_search(vstack, vbundle_dir):
     assert everything <= 1000
     hs = [hist_tensor(b, [[i, i + 3, i + 5]]) for i in range(6)]
     for n in (2, everything):
-        outs = await asyncio.gather(*(stub.DraftVerify(verifier_pb2.DraftVerifyRequest(ref=ref(hist=h), width=5, n=n))
-                                      for h in hs))
+        outs = await asyncio.gather(*(search(stub, "strict", ref(hist=h), width=5, n=n) for h in hs))
         for h, d in zip(hs, outs):
-            want = await stub.BeamSearch(verifier_pb2.BeamSearchRequest(ref=ref(hist=h), width=5))
-            covered = bool(to_torch(d.covered)[0])
-            assert to_torch(d.frontier).shape == (1, len(sizes) - 1, 2)
+            want = await search(stub, "beam", ref(hist=h), width=5)
+            covered = bool(out(d, "covered")[0])
+            assert out(d, "frontier").shape == (1, len(sizes) - 1, 2)
             if n == everything:
                 assert covered
             if covered:
-                assert torch.equal(to_torch(d.beams.codes), to_torch(want.codes))
-                assert torch.allclose(to_torch(d.beams.scores), to_torch(want.scores), atol=1e-4)
-    heads = await stub.HeadDrafts(verifier_pb2.HeadDraftsRequest(ref=ref(hist=hs[0]), width=7, distilled=True))
-    codes = to_torch(heads.codes)[0][to_torch(heads.alive)[0]].numpy()
+                assert torch.equal(out(d, "codes"), out(want, "codes"))
+                assert torch.allclose(out(d, "scores"), out(want, "scores"), atol=1e-4)
+    heads = await search(stub, "draft", ref(hist=hs[0]), width=7)
+    codes = out(heads, "codes")[0][out(heads, "alive")[0]].numpy()
     assert len(codes) == 7 and b.itemset.contains(codes).all()
     with pytest.raises(grpc.aio.AioRpcError) as ei:
-        await stub.DraftVerify(verifier_pb2.DraftVerifyRequest(ref=ref(hist=hs[0]), width=5, n=0))
-    assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "n" in ei.value.details()
+        await search(stub, "strict", ref(hist=hs[0]), width=5, n=0)
+    assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "widths[n]" in ei.value.details()
 
 
 @pytest.mark.asyncio(loop_scope="session")
-async def test_each_whole_search_answers_under_the_registrys_name_as_under_its_older_rpc(vstack, vbundle_dir):
-    """Beam, Head, Draft, DraftScored, Strict and Rank (the registry's names) answer what BeamSearch, HeadDrafts,
-    DraftVerify and Score with scores_only answer; a field that contradicts the name is INVALID_ARGUMENT."""
+async def test_one_search_rpc_answers_every_search_as_the_verifier_in_process(vstack, vbundle_dir):
+    """Search answers each served search of the registry as the in-process verifier does (same name, widths and
+    tensors); a name, width or tensor the search does not declare is INVALID_ARGUMENT naming it."""
+    from specrec.decoding.searches import SEARCHES
+    from specrec.verifier import LocalVerifier
+
     b = Bundle.load(vbundle_dir)
+    local = LocalVerifier(b.backend(threads=1), b.nezha_head, b.model)
     stub = vstack.verifier
     h = hist_tensor(b, [[1, 4, 6], [2, 3]])
-
-    def same_beams(a, c):
-        assert torch.equal(to_torch(a.codes), to_torch(c.codes))
-        assert torch.allclose(to_torch(a.token_logp), to_torch(c.token_logp), atol=1e-5)
-
-    same_beams(await stub.Beam(verifier_pb2.BeamSearchRequest(ref=ref(hist=h), width=5)),
-               await stub.BeamSearch(verifier_pb2.BeamSearchRequest(ref=ref(hist=h), width=5)))
-    same_beams(await stub.Head(verifier_pb2.HeadDraftsRequest(ref=ref(hist=h), width=6)),
-               await stub.HeadDrafts(verifier_pb2.HeadDraftsRequest(ref=ref(hist=h), width=6)))
-    for scored in (False, True):
-        new = stub.DraftScored if scored else stub.Draft
-        same_beams(await new(verifier_pb2.HeadDraftsRequest(ref=ref(hist=h), width=6)),
-                   await stub.HeadDrafts(verifier_pb2.HeadDraftsRequest(ref=ref(hist=h), width=6, distilled=True,
-                                                                        target_scores=scored)))
-    strict = await stub.Strict(verifier_pb2.DraftVerifyRequest(ref=ref(hist=h), width=5, n=4))
-    same_beams(strict.beams, (await stub.DraftVerify(verifier_pb2.DraftVerifyRequest(ref=ref(hist=h), width=5,
-                                                                                      n=4))).beams)
-    sids = to_msg(torch.from_numpy(b.sids[[[3, 7, 9], [0, 5, 8]]]))
-    ranked = await stub.Rank(verifier_pb2.ScoreRequest(ref=ref(hist=h), sids=sids))
-    scored = await stub.Score(verifier_pb2.ScoreRequest(ref=ref(hist=h), sids=sids, scores_only=True))
-    assert torch.allclose(to_torch(ranked.token_logp), to_torch(scored.token_logp), atol=1e-5)
-    assert not ranked.session  # the scoring pass keeps nothing
-    for call, req, field in ((stub.Head, verifier_pb2.HeadDraftsRequest(ref=ref(hist=h), width=6, distilled=True),
-                              "distilled"),
-                             (stub.Draft, verifier_pb2.HeadDraftsRequest(ref=ref(hist=h), width=6, target_scores=True),
-                              "target_scores"),
-                             (stub.Rank, verifier_pb2.ScoreRequest(ref=ref(hist=h), sids=sids, with_frontier=True),
-                              "with_frontier"),
-                             (stub.Rank, verifier_pb2.ScoreRequest(ref=ref(hist=h), sids=sids, full=True), "full")):
+    sids = torch.from_numpy(b.sids[[[3, 7, 9], [0, 5, 8]]])
+    calls = {"beam": {"width": 5}, "head": {"width": 6}, "draft": {"width": 6}, "draft_scored": {"width": 6},
+             "strict": {"width": 5, "n": 4}, "rank": {}}
+    assert set(calls) == {name for name, s in SEARCHES.items() if s.inside is None}  # every served search
+    for name, widths in calls.items():
+        s = SEARCHES[name]
+        args = {a: sids for a in s.args}
+        got = await search(stub, name, ref(hist=h), {a: to_msg(x) for a, x in args.items()}, **widths)
+        with torch.inference_mode():
+            want = s.reply(local.search(local.encode(h), name, b.trie, tuple(widths.values()), args))
+        assert set(got.tensors) == set(want), name
+        for k, x in want.items():
+            assert torch.allclose(out(got, k).float(), x.float(), atol=1e-4), (name, k)
+        assert not got.session  # nothing kept unless asked
+    for bad, field in (({"search": "resume", "widths": {"width": 5}}, "search"),
+                       ({"search": "beam", "widths": {"width": 5, "n": 2}}, "widths[n]"),
+                       ({"search": "strict", "widths": {"width": 5}}, "widths[n]"),
+                       ({"search": "rank"}, "tensors[sids]"),
+                       ({"search": "head", "widths": {"width": 5}, "tensors": {"sids": to_msg(sids)}}, "tensors[sids]"),
+                       ({"search": "head", "widths": {"width": 5}, "rule": verifier_pb2.SelectRule(kind="relaxed")},
+                        "rule")):
         with pytest.raises(grpc.aio.AioRpcError) as ei:
-            await call(req)
-        assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in ei.value.details()
+            await stub.Search(verifier_pb2.SearchRequest(ref=ref(hist=h), **bad))
+        assert ei.value.code() == grpc.StatusCode.INVALID_ARGUMENT and field in ei.value.details(), field
 
 
 @pytest.mark.asyncio(loop_scope="session")
@@ -359,8 +364,7 @@ async def test_bad_requests_name_the_field(vstack):
         await stub.BeamStep(verifier_pb2.BeamStepRequest(ref=ref(enc.session), width=0))
     assert ei.value.code() == IA and "width" in ei.value.details()
     with pytest.raises(grpc.aio.AioRpcError) as ei:
-        await stub.BeamSearch(verifier_pb2.BeamSearchRequest(ref=ref(enc.session), width=3,
-                                                             rule=verifier_pb2.SelectRule(kind="fuzzy")))
+        await search(stub, "beam", ref(enc.session), rule=verifier_pb2.SelectRule(kind="fuzzy"), width=3)
     assert ei.value.code() == IA and "rule.kind" in ei.value.details()
 
 
@@ -376,9 +380,9 @@ async def test_eager_backend_matches_onnx(vstack, vbundle_dir, tmp_path):
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
             stub = verifier_pb2_grpc.VerifierStub(ch)
             h = hist_tensor(b, [[0, 5, 9], [3, 4]])
-            got = await stub.BeamSearch(verifier_pb2.BeamSearchRequest(ref=ref(hist=h), width=6))
-            want = await vstack.verifier.BeamSearch(verifier_pb2.BeamSearchRequest(ref=ref(hist=h), width=6))
-            assert torch.equal(to_torch(got.codes), to_torch(want.codes))
-            assert torch.allclose(to_torch(got.scores), to_torch(want.scores), atol=1e-4)
+            got = await search(stub, "beam", ref(hist=h), width=6)
+            want = await search(vstack.verifier, "beam", ref(hist=h), width=6)
+            assert torch.equal(out(got, "codes"), out(want, "codes"))
+            assert torch.allclose(out(got, "scores"), out(want, "scores"), atol=1e-4)
     finally:
         await runner.stop(0)

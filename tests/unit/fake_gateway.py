@@ -12,9 +12,9 @@ import grpc
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client import Histogram as PromHistogram
 
-from specrec_rpc.localstack import free_port
 from specrec_rpc.server import LATENCY_BUCKETS
 from specrec_rpc.v1 import recommender_pb2, recommender_pb2_grpc
+from specrec_stack.localstack import free_port
 
 
 class FakeGateway(recommender_pb2_grpc.RecommenderServicer):

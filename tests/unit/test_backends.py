@@ -81,7 +81,7 @@ def test_beam_search_and_head_match(pair):
         assert (a.scores - b.scores).nan_to_num(0, 0, 0).abs().max() < TOL
     assert (ref.head_hidden(ref.encode(hist)) - be.head_hidden(be.encode(hist))).abs().max() < TOL
     # the NEZHA head's whole search (decoder pass, transitions, trie) in one call equals its eager search
-    hb = be.head(be.encode(hist), trie, 6)
+    hb = be.search("head", be.encode(hist), trie, (6,))
     if hb is not None:
         want = nezha_beam_search(ref.nezha_head, ref.model, ref.head_hidden(ref.encode(hist)), trie, 6)
         assert torch.equal(hb.codes[hb.alive], want.codes[want.alive])
@@ -175,11 +175,11 @@ def test_graphs_of_other_weights_are_replaced(model, tmp_path):
     trie = SidTrie(sids, m.cfg.level_sizes)
     first = make_backend("onnx", m, head, onnx_dir=tmp_path, threads=1)
     hist = _hist(sids, [3, 5])
-    assert first.beam(first.encode(hist), trie, 4) is not None
+    assert first.search("beam", first.encode(hist), trie, (4,)) is not None
     assert list(tmp_path.glob("beam_w4_t*.ext.onnx"))
     torch.manual_seed(12)
     other = Tiger(m.cfg).eval()
     sharpen(other, 20)
     be, ref = make_backend("onnx", other, None, onnx_dir=tmp_path, threads=1), Backend(other)
-    got, want = be.beam(be.encode(hist), trie, 4), beam_search(ref, ref.encode(hist), trie, 4)
+    got, want = be.search("beam", be.encode(hist), trie, (4,)), beam_search(ref, ref.encode(hist), trie, 4)
     assert got is not None and torch.equal(got.codes, want.codes)

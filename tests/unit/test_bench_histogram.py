@@ -10,8 +10,8 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest, start
 from prometheus_client import Histogram as PromHistogram
 
 from bench.harness import Histogram, histogram_of, scrape_histogram, server_figures
-from specrec_rpc.localstack import free_port
 from specrec_rpc.server import LATENCY_BUCKETS
+from specrec_stack.localstack import free_port
 
 
 def registry() -> tuple[CollectorRegistry, PromHistogram]:

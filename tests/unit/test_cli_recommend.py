@@ -12,8 +12,8 @@ import pytest
 pytest.importorskip("specrec_rpc.v1", reason="generated gRPC code missing (python -m specrec_rpc.codegen)")
 
 from specrec.cli import main  # noqa: E402
-from specrec_rpc.localstack import free_port  # noqa: E402
 from specrec_rpc.v1 import common_pb2, recommender_pb2, recommender_pb2_grpc  # noqa: E402
+from specrec_stack.localstack import free_port  # noqa: E402
 
 
 class FakeGateway(recommender_pb2_grpc.RecommenderServicer):

@@ -108,7 +108,7 @@ def test_a_batch_counts_for_its_largest_list_length():
     eng = make_engine(5)
     eng.costs = costs
     t = fake_clock(eng)
-    slow_calls(eng, t, {"beam_search": 0.03})
+    slow_calls(eng, t, {"search": 0.03})
     h = histories(eng, 2, 5)
     make_policy("beam", eng).run([RecRequest(h[0], 5), RecRequest(h[1], 9)])
     assert costs.tail("beam", 9) == pytest.approx(0.015)  # 30 ms for two requests
@@ -123,7 +123,7 @@ def test_a_failed_request_still_teaches_its_cost():
         t[0] += 0.3
         raise RuntimeError("verifier gone")
 
-    eng.verifier.beam_search = down
+    eng.verifier.search = down
     with pytest.raises(RuntimeError):
         make_policy("beam", eng).run([RecRequest(histories(eng, 1, 6)[0], 5)])
     assert eng.costs.tail("beam", 5) == pytest.approx(0.3)

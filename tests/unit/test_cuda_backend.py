@@ -72,22 +72,23 @@ def test_every_search_equals_eager(pair, lengths):
     h = _hist(sids, lengths)
     ea, eb = ref.encode(h), be.encode(h)
     for w in (1, 4, 9):
-        _same_beams(beam_search(ref, ea, trie, w), be.beam(eb, trie, w))
+        _same_beams(beam_search(ref, ea, trie, w), be.search("beam", eb, trie, (w,)))
         want = nezha_beam_search(ref.nezha_head, ref.model, ref.head_hidden(ea), trie, w)
-        got = be.head(eb, trie, w)
+        got = be.search("head", eb, trie, (w,))
         assert torch.equal(got.codes[got.alive], want.codes[want.alive])
-        _same_beams(ref.draft(ea, trie, w), be.draft(eb, trie, w))
-        _same_beams(ref.draft_scored(ea, trie, w), be.draft_scored(eb, trie, w))
+        _same_beams(ref.search("draft", ea, trie, (w,)), be.search("draft", eb, trie, (w,)))
+        _same_beams(ref.search("draft_scored", ea, trie, (w,)), be.search("draft_scored", eb, trie, (w,)))
         for n in (1, 2 * w):
-            (a, cov_a, fr_a), (b, cov_b, fr_b) = ref.strict(ea, trie, w, n), be.strict(eb, trie, w, n)
-            _same_beams(a, b)
-            assert torch.equal(torch.as_tensor(cov_a), torch.as_tensor(cov_b))
-            assert torch.equal(torch.as_tensor(fr_a), torch.as_tensor(fr_b))
-            _same_beams(b, beam_search(ref, ea, trie, w))  # strict is beam, on this backend too
+            da, db = ref.search("strict", ea, trie, (w, n)), be.search("strict", eb, trie, (w, n))
+            _same_beams(da.beams, db.beams)
+            assert torch.equal(torch.as_tensor(da.covered), torch.as_tensor(db.covered))
+            assert torch.equal(torch.as_tensor(da.frontier), torch.as_tensor(db.frontier))
+            _same_beams(db.beams, beam_search(ref, ea, trie, w))  # strict is beam, on this backend too
     for m in (1, 13, 41):
         cand = torch.from_numpy(sids[np.random.default_rng(m).integers(0, 50, len(lengths) * m)])
         cand = cand.view(len(lengths), m, -1)
-        assert (ref.rank(ea, cand) - be.rank(eb, cand)).abs().max() < TOL
+        got = be.search("rank", eb, None, (), {"sids": cand})
+        assert (ref.search("rank", ea, None, (), {"sids": cand}) - got).abs().max() < TOL
 
 
 @torch.inference_mode()
@@ -98,12 +99,12 @@ def test_a_call_never_writes_into_its_inputs(pair):
     trie = SidTrie(sids, ref.cfg.level_sizes)
     first = be.encode(_hist(sids, [3, 5]))
     kept = [first.mask.clone(), first.cross_k.clone(), first.cross_v.clone()]
-    be.beam(first, trie, 4)
+    be.search("beam", first, trie, (4,))
     second = be.encode(_hist(sids[10:], [6, 1]))
-    be.beam(second, trie, 4)
+    be.search("beam", second, trie, (4,))
     assert torch.equal(first.mask, kept[0]) and torch.equal(first.cross_k, kept[1])
     assert torch.equal(first.cross_v, kept[2])
-    _same_beams(be.beam(first, trie, 4), beam_search(ref, ref.encode(_hist(sids, [3, 5])), trie, 4))
+    _same_beams(be.search("beam", first, trie, (4,)), beam_search(ref, ref.encode(_hist(sids, [3, 5])), trie, 4))
 
 
 @torch.inference_mode()
@@ -116,10 +117,10 @@ def test_a_graph_is_made_once_per_key_and_counted_after_the_warm_up(pair):
     assert made >= len(SIZES) * 10
     for lengths in ([4], [2, 3], [1, 2, 3]):
         enc = be.encode(_hist(sids, lengths))
-        be.beam(enc, trie, 3)
-        be.rank(enc, torch.from_numpy(sids[:7]).expand(len(lengths), -1, -1))
+        be.search("beam", enc, trie, (3,))
+        be.search("rank", enc, None, (), {"sids": torch.from_numpy(sids[:7]).expand(len(lengths), -1, -1)})
     assert len(be.runner) == made and be.runner.captured_after_start == 0
-    be.beam(be.encode(_hist(sids, [4])), trie, 5)  # a width the warm-up did not capture: made by the call
+    be.search("beam", be.encode(_hist(sids, [4])), trie, (5,))  # a width the warm-up did not capture: made by the call
     assert len(be.runner) == made + 1 and be.runner.captured_after_start == 1
     d = be.describe()
     assert d["backend"] == "cuda" and d["graphs"] == made + 1 and d["batch_sizes"] == list(SIZES)
@@ -141,21 +142,21 @@ def test_tables_follow_the_catalogue_its_views_and_its_growth(parts):
     ea, eb = ref.encode(h), be.encode(h)
     view = trie.excluding(sids[:6])
     for t in (trie, view, trie, view):
-        _same_beams(beam_search(ref, ea, t, 6), be.beam(eb, t, 6))
-        _same_beams(ref.draft(ea, t, 6), be.draft(eb, t, 6))
+        _same_beams(beam_search(ref, ea, t, 6), be.search("beam", eb, t, (6,)))
+        _same_beams(ref.search("draft", ea, t, (6,)), be.search("draft", eb, t, (6,)))
     tables = [x.clone() for lv in be.tables.slots for x in lv.tensors()[:-1]]
-    be.beam(eb, trie.excluding(sids[10:14]), 6)
+    be.search("beam", eb, trie.excluding(sids[10:14]), (6,))
     assert all(torch.equal(a, x) for a, x in zip(tables, [x for lv in be.tables.slots for x in lv.tensors()[:-1]]))
     gen = be.tables.generation
     bigger = SidTrie(np.concatenate([sids, random_sids(60, m.cfg.level_sizes, seed=5)]), m.cfg.level_sizes)
     assert any(t.shape[0] > s.shape[0] for lv, slot in zip(bigger.search_tables(6), be.tables.slots)
                for t, s in zip(lv.tensors()[:-1], slot.tensors()[:-1]))
-    _same_beams(beam_search(ref, ea, bigger, 6), be.beam(eb, bigger, 6))
+    _same_beams(beam_search(ref, ea, bigger, 6), be.search("beam", eb, bigger, (6,)))
     assert be.tables.generation == gen + 1
     assert all(k[0] in ("encode", "rank") or k[-2] == gen + 1 for k in be.runner.graphs)
-    _same_beams(beam_search(ref, ea, trie, 6), be.beam(eb, trie, 6))
+    _same_beams(beam_search(ref, ea, trie, 6), be.search("beam", eb, trie, (6,)))
     wide = trie.excluding(sids[: be.tables.cuts + 5])  # more cut pairs at its last level than the buffers hold
-    _same_beams(beam_search(ref, ea, wide, 6), be.beam(eb, wide, 6))
+    _same_beams(beam_search(ref, ea, wide, 6), be.search("beam", eb, wide, (6,)))
     assert be.tables.generation == gen + 2 and be.tables.slots[-1].cut.shape[1] >= be.tables.cuts + 5
 
 
@@ -178,14 +179,14 @@ def test_csr_tables_run_the_graphs_too(parts, monkeypatch, dense_cells):
     ea, eb = ref.encode(h), be.encode(h)
     for t in (trie, trie.excluding(sids[:5]), trie.excluding(sids[20:40])):
         for w in (1, 4):
-            _same_beams(beam_search(ref, ea, t, w), be.beam(eb, t, w))
-            _same_beams(ref.draft(ea, t, w), be.draft(eb, t, w))
-            _same_beams(ref.draft_scored(ea, t, w), be.draft_scored(eb, t, w))
+            _same_beams(beam_search(ref, ea, t, w), be.search("beam", eb, t, (w,)))
+            _same_beams(ref.search("draft", ea, t, (w,)), be.search("draft", eb, t, (w,)))
+            _same_beams(ref.search("draft_scored", ea, t, (w,)), be.search("draft_scored", eb, t, (w,)))
             want = nezha_beam_search(ref.nezha_head, ref.model, ref.head_hidden(ea), t, w)
-            got = be.head(eb, t, w)
+            got = be.search("head", eb, t, (w,))
             assert torch.equal(got.codes[got.alive], want.codes[want.alive])
             for n in (1, 2 * w):
-                _same_beams(be.strict(eb, t, w, n)[0], beam_search(ref, ea, t, w))
+                _same_beams(be.search("strict", eb, t, (w, n)).beams, beam_search(ref, ea, t, w))
     assert be.describe()["eager"] == ["step", "tree", "head_hidden"]
 
 
@@ -239,7 +240,7 @@ def test_captured_graphs_equal_eager_cuda(parts, monkeypatch, dense_cells):
             h = _hist(sids, lengths)
             ea, eb = ref.encode(h), be.encode(h)
             for w in (1, 4, 9):
-                _same_beams(beam_search(ref, ea, t, w), be.beam(eb, t, w))
-                _same_beams(ref.draft(ea, t, w), be.draft(eb, t, w))
-                _same_beams(be.strict(eb, t, w, 1)[0], be.beam(eb, t, w))
+                _same_beams(beam_search(ref, ea, t, w), be.search("beam", eb, t, (w,)))
+                _same_beams(ref.search("draft", ea, t, (w,)), be.search("draft", eb, t, (w,)))
+                _same_beams(be.search("strict", eb, t, (w, 1)).beams, be.search("beam", eb, t, (w,)))
     assert not be.runner.eager, be.runner.eager

@@ -14,7 +14,6 @@ import torch
 
 from specrec.verifier import DeviceFailure, device_failure
 from specrec.verifier.jobs import EncodeJob
-from specrec.verifier.local import run_jobs
 from specrec_rpc.errors import InvalidArgument
 from verifier_svc.batcher import Batcher
 from verifier_svc.settings import VerifierSettings, backend_options, on_gpu
@@ -191,8 +190,8 @@ def test_without_a_watchdog_a_long_batch_is_only_long():
     assert out == "slow" and b.failed is None and not failures
 
 
-def test_run_jobs_hands_a_backends_cuda_error_to_the_batcher_which_ends_on_it(monkeypatch):
-    """The path the service runs: the backend raises inside run_jobs (its group's jobs get the error as their
+def test_the_runner_hands_a_backends_cuda_error_to_the_batcher_which_ends_on_it(monkeypatch):
+    """The path the service runs: the backend raises inside the runner (its group's jobs get the error as their
     result), and the batcher reads it as a failed device."""
     eng = make_engine(5)
     failures = []
@@ -206,7 +205,7 @@ def test_run_jobs_hands_a_backends_cuda_error_to_the_batcher_which_ends_on_it(mo
     h = eng.history_sids(histories(eng, 1, 0)).numpy()
 
     async def go():
-        b = _batcher(lambda jobs: run_jobs(eng.verifier, jobs), failures)
+        b = _batcher(lambda jobs: eng.verifier.runner.run(jobs), failures)
         b.start()
         with pytest.raises(DeviceFailure) as e:
             await b.submit(EncodeJob(h), None)

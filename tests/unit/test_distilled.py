@@ -40,10 +40,10 @@ def test_draft_verify_equals_beam_search_in_every_row(backend, tmp_path, monkeyp
     hists = histories(eng, 6, 3)
     sess = ver.encode(eng.history_sids(hists))
     for k in (1, 4, 7):
-        beam = ver.beam_search(ver.encode(eng.history_sids(hists)), trie, k)
+        beam = ver.search(ver.encode(eng.history_sids(hists)), "beam", trie, (k,))
         seen_cover = set()
         for n in (1, 2, 3, 6 * 5 * 4):  # 120 drafts: every prefix of the catalogue, so every row is covered
-            d = ver.draft_verify(sess, trie, k, n)
+            d = ver.search(sess, "strict", trie, (k, n))
             assert d.covered.shape == (len(hists),) and d.frontier.shape == (len(hists), 3, 2)
             assert (d.frontier[:, 0, 0] == d.frontier[:, 0, 1]).all()  # level 0 is the target's own
             assert (d.frontier[:, -1, 0] == d.frontier[:, -1, 1]).all()  # the last level is the target's own
@@ -87,8 +87,14 @@ def test_strict_on_the_distilled_drafter_equals_beam(backend, tmp_path, monkeypa
 def test_nezha_on_the_distilled_drafter_returns_valid_items():
     eng = make_engine(5, n_items=50, distilled=True)
     widths = []
-    orig = eng.verifier.draft_beams
-    eng.verifier.draft_beams = lambda *a, **kw: widths.append(a[2]) or orig(*a, **kw)
+    orig = eng.verifier.search
+
+    def spy(sess, name, trie, w, *a, **kw):
+        if name == "draft":
+            widths.append(w[0])
+        return orig(sess, name, trie, w, *a, **kw)
+
+    eng.verifier.search = spy
     for res in run(eng, "nezha", histories(eng, 5, 5), 6):
         assert len(set(res.items.tolist())) == 6
         assert eng.itemset.contains(eng.itemset.sids_of(res.items)).all()
@@ -142,8 +148,14 @@ def test_specgr_drafts_round_zero_with_the_distilled_drafter():
     eng = make_engine(8, n_items=60, distilled=True)
     hists = histories(eng, 5, 8)
     calls = []
-    orig = eng.verifier.draft_beams
-    eng.verifier.draft_beams = lambda *a, **kw: calls.append(a[2]) or orig(*a, **kw)
+    orig = eng.verifier.search
+
+    def spy(sess, name, trie, w, *a, **kw):
+        if name in ("draft", "draft_scored"):
+            calls.append(w[0])
+        return orig(sess, name, trie, w, *a, **kw)
+
+    eng.verifier.search = spy
     for res in run(eng, "specgr", hists, 4, gamma=-100.0):  # every draft accepted: K of them exit at round 0
         assert res.stats.rounds == 1 and res.stats.exit_reason == "accepted"
         assert len(set(res.items.tolist())) == 4 and set(res.sources) == {"draft"}
@@ -163,8 +175,8 @@ def test_draft_beams_with_target_scores_are_the_targets_teacher_forced_logprobs(
     hists = histories(eng, 4, 5)
     for width in (3, 9):
         sess = ver.encode(eng.history_sids(hists))
-        drafted = ver.draft_beams(sess, trie, width)
-        scored = ver.draft_beams(sess, trie, width, target_scores=True)
+        drafted = ver.search(sess, "draft", trie, (width,))
+        scored = ver.search(sess, "draft_scored", trie, (width,))
         assert torch.equal(scored.codes, drafted.codes) and torch.equal(scored.alive, drafted.alive)
         assert torch.allclose(scored.scores[scored.alive], drafted.scores[drafted.alive], atol=1e-5)
         ref = ver.score(ver.encode(eng.history_sids(hists)), scored.codes).token_logp  # teacher-forced, its own pass
@@ -180,8 +192,14 @@ def test_specgr_round_zero_on_the_distilled_drafter_is_one_call_with_the_targets
     ver = eng.verifier
     hists = histories(eng, 5, 8)
     asked = []
-    orig = ver.draft_beams
-    ver.draft_beams = lambda *a, **kw: asked.append(kw.get("target_scores")) or orig(*a, **kw)
+    orig = ver.search
+
+    def spy(sess, name, *a, **kw):
+        if name in ("draft", "draft_scored"):
+            asked.append(name == "draft_scored")
+        return orig(sess, name, *a, **kw)
+
+    ver.search = spy
     for h, res in zip(hists, run(eng, "specgr", hists, 4, gamma=-100.0)):
         assert res.stats.verifier_calls == 1 + res.stats.encoder_calls and res.stats.exit_reason == "accepted"
         assert "verify" not in res.stats.stage_ms and set(res.sources) == {"draft"}
@@ -206,7 +224,7 @@ def test_the_drafters_weights_are_8_bit_on_the_cpu_and_the_targets_never(tmp_pat
     assert q8.drafter_bits == 8
     fp = OrtBackend(q8.model, q8.nezha_head, onnx_dir=tmp_path / "fp32", drafter=q8.drafter, drafter_bits=None)
     trie, hs = eng.itemset.trie, eng.history_sids(histories(eng, 6, 5))
-    a, b = q8.draft(q8.encode(hs), trie, 6), fp.draft(fp.encode(hs), trie, 6)
+    a, b = q8.search("draft", q8.encode(hs), trie, (6,)), fp.search("draft", fp.encode(hs), trie, (6,))
     tag = q8.table_feed(trie)[0]
     ops = [n.op_type for n in onnx.load(str(q8.graph_path(f"draft_w6_q8_t{tag}"))).graph.node]
     assert ops.count("MatMulNBits") >= 3 and "MatMulNBits" not in [

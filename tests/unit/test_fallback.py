@@ -122,7 +122,7 @@ def test_fused_answers_with_its_drafts_when_the_verifier_runs_out_of_time():
     real_draft = eng.drafter.draft
     eng.drafter.draft = lambda reqs: asked.append(len(reqs)) or real_draft(reqs)
     own = np.argsort(-logp, kind="stable")
-    fail(eng.verifier, "score", exc=BudgetExceeded("verifier", "DEADLINE_EXCEEDED"))
+    fail(eng.verifier, "search", exc=BudgetExceeded("verifier", "DEADLINE_EXCEEDED"))
     res = ladder.answer("fused", {}, eng, RecRequest(hists[0], 5, Deadline(t[0] + 1.0)))
     want = [i for i in own if i not in set(hists[0].tolist())][:5]
     assert res.served_by == "drafter" and "unranked by the model" in res.degraded and res.stats.exit_reason == "budget"
@@ -130,7 +130,7 @@ def test_fused_answers_with_its_drafts_when_the_verifier_runs_out_of_time():
     # its round's mean cost does not fit what is left: no verifier call at all, the drafts answer
     eng2, t2, ladder2, _, _ = setup()
     eng2.drafter = FixedDrafter(logp, Fusion(0.4, "raw", 20))
-    fail(eng2.verifier, "score", exc=AssertionError("the verifier must not be called"))
+    fail(eng2.verifier, "search", exc=AssertionError("the verifier must not be called"))
     make_policy("fused", eng2).costs.observe(CostStage.ROUND, 0.5)
     res = ladder2.answer("fused", {}, eng2, RecRequest(hists[0], 5, Deadline(t2[0] + 0.1)))
     assert res.served_by == "drafter" and res.degraded.startswith("budget") and res.items.tolist() == want
@@ -140,7 +140,7 @@ def test_fused_answers_with_its_drafts_when_the_verifier_runs_out_of_time():
     asked3: list[int] = []
     real3 = eng3.drafter.draft
     eng3.drafter.draft = lambda reqs: asked3.append(len(reqs)) or real3(reqs)
-    fail(eng3.verifier, "score", exc=DependencyDown("verifier", "UNAVAILABLE: gone"))
+    fail(eng3.verifier, "search", exc=DependencyDown("verifier", "UNAVAILABLE: gone"))
     res = ladder3.answer("fused", {}, eng3, RecRequest(hists[0], 5, Deadline(t3[0] + 1.0)))
     assert res.served_by == "drafter" and res.stats.exit_reason == "degraded" and res.items.tolist() == want
     assert "verifier unavailable" in res.degraded and asked3 == [1] and ladder3.breaker.is_open() and downs3

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from specrec_rpc import localsentinel
-from specrec_rpc.localsentinel import LocalSentinel, sentinel_command
+from specrec_stack import localsentinel
+from specrec_stack.localsentinel import LocalSentinel, sentinel_command
 
 
 def _which(present: set[str]):

@@ -15,9 +15,10 @@ import torch
 from specrec.backends import Backend, make_backend
 from specrec.backends import precision as prec
 from specrec.backends.export import _export
-from specrec.backends.onnx import ENC, RANK, OrtBackend, graphs_current
+from specrec.backends.onnx import ENC, OrtBackend, graphs_current
 from specrec.backends.weights import ALIGN, MIN_BYTES, STORE, share_weights
 from specrec.decoding.beam import beam_search
+from specrec.decoding.searches import SEARCHES
 from specrec.decoding.searches.rank import layout
 from specrec.ids import SidTrie
 from specrec.models.sid_mlp import SidMlpConfig, SidMlpDrafter
@@ -101,18 +102,18 @@ def test_the_backend_keeps_one_copy_for_all_its_graphs_and_still_equals_eager(mo
     ref, be = Backend(m, head, drafter=drafter), OrtBackend(m, head, onnx_dir=tmp_path, drafter=drafter, threads=1)
     hist = _hist(sids, [7, 3, 1])
     enc = be.encode(hist)
-    first = be.beam(enc, trie, 6)
+    first = be.search("beam", enc, trie, (6,))
     assert first is not None and torch.equal(first.codes, beam_search(ref, ref.encode(hist), trie, 6).codes)
-    assert be.strict(enc, trie, 4, 8) is not None and be.draft(enc, trie, 4) is not None
+    assert be.search("strict", enc, trie, (4, 8)) is not None and be.search("draft", enc, trie, (4,)) is not None
     graphs = sorted(tmp_path.glob("*.ext.onnx"))
     assert len(graphs) >= 7 and not any(_inline_big(g) for g in graphs)
     referenced = sum(int({e.key: e.value for e in t.external_data}["length"]) for g in graphs for t in _external(g))
     assert (tmp_path / STORE).stat().st_size < referenced / 3  # each distinct tensor once
     # loaded again from the shared file: the same outputs, bit for bit; a width exported later still works
     again = OrtBackend(m, head, onnx_dir=tmp_path, drafter=drafter, threads=1)
-    second = again.beam(again.encode(hist), trie, 6)
+    second = again.search("beam", again.encode(hist), trie, (6,))
     assert torch.equal(first.codes, second.codes) and torch.equal(first.scores, second.scores)
-    later = again.beam(again.encode(hist), trie, 9)
+    later = again.search("beam", again.encode(hist), trie, (9,))
     assert later is not None and torch.equal(later.codes, beam_search(ref, ref.encode(hist), trie, 9).codes)
     out = capfd.readouterr()
     assert "onnxruntime" not in out.err + out.out and "TracerWarning" not in out.err  # nothing in the terminal
@@ -123,21 +124,21 @@ def test_a_directory_of_other_weights_is_cleaned_with_its_shared_file(model, tmp
     m, head, _, sids = model
     trie = SidTrie(sids, m.cfg.level_sizes)
     first = make_backend("onnx", m, head, onnx_dir=tmp_path, threads=1)
-    assert first.beam(first.encode(_hist(sids, [3])), trie, 4) is not None
+    assert first.search("beam", first.encode(_hist(sids, [3])), trie, (4,)) is not None
     old = (tmp_path / STORE).stat()
     torch.manual_seed(12)
     other = Tiger(m.cfg).eval()
     sharpen(other, 20)
     be, ref = make_backend("onnx", other, None, onnx_dir=tmp_path, threads=1), Backend(other)
     hist = _hist(sids, [3, 5])
-    got, want = be.beam(be.encode(hist), trie, 4), beam_search(ref, ref.encode(hist), trie, 4)
+    got, want = be.search("beam", be.encode(hist), trie, (4,)), beam_search(ref, ref.encode(hist), trie, 4)
     assert got is not None and torch.equal(got.codes, want.codes)
     new = (tmp_path / STORE).stat()
     assert (new.st_ino, new.st_size) != (old.st_ino, old.st_size)  # a new file, never rewritten in place
     (tmp_path / STORE).unlink()  # graphs whose weights are gone are not current: built again
     assert not graphs_current(tmp_path, other, None)
     be = make_backend("onnx", other, None, onnx_dir=tmp_path, threads=1)
-    assert torch.equal(be.beam(be.encode(hist), trie, 4).codes, want.codes)
+    assert torch.equal(be.search("beam", be.encode(hist), trie, (4,)).codes, want.codes)
 
 
 def _rank_feeds(be: OrtBackend, sids: np.ndarray, n: int = 6) -> list[dict]:
@@ -146,8 +147,8 @@ def _rank_feeds(be: OrtBackend, sids: np.ndarray, n: int = 6) -> list[dict]:
     for i in range(n):
         enc = be.encode(_hist(sids, [1 + i % 7]))
         cand = sids[rng.choice(len(sids), 12, replace=False)][None]
-        feeds.append(dict(zip([*ENC, *RANK], [enc.keep.numpy(), enc.cross_k.numpy(), enc.cross_v.numpy(),
-                                              *layout(cand)])))
+        names = [*ENC, *SEARCHES["rank"].inputs]
+        feeds.append(dict(zip(names, [enc.keep.numpy(), enc.cross_k.numpy(), enc.cross_v.numpy(), *layout(cand)])))
     return feeds
 
 
@@ -188,15 +189,16 @@ def test_the_precision_record_is_written_and_read_back(model, tmp_path, monkeypa
     assert got["rank"] == "int8" and got["beam"] == got["encode"] == "float32"
     assert got["strict"] == got["draft"] == "float32+drafter_w8"
     hist, cand = _hist(sids, [5, 2]), torch.from_numpy(sids[:10]).view(1, 10, 4).expand(2, -1, -1)
-    q8, f32 = be.rank(be.encode(hist), cand), fp32.rank(fp32.encode(hist), cand)
+    q8 = be.search("rank", be.encode(hist), None, (), {"sids": cand})
+    f32 = fp32.search("rank", fp32.encode(hist), None, (), {"sids": cand})
     assert (tmp_path / "rank_int8.ext.onnx").exists() and not torch.equal(q8, f32)
     assert (q8 - f32).abs().max() < 1.0 and (q8.sum(-1).argsort(-1) == f32.sum(-1).argsort(-1)).float().mean() > 0.5
     ref, trie = Backend(m, head, drafter=drafter), SidTrie(sids, m.cfg.level_sizes)
     want = beam_search(ref, ref.encode(hist), trie, 5)
     enc = be.encode(hist)
-    assert torch.equal(be.beam(enc, trie, 5).codes, want.codes)
-    strict = be.strict(enc, trie, 5, 10)
-    assert strict is not None and torch.equal(strict[0].codes, want.codes)
+    assert torch.equal(be.search("beam", enc, trie, (5,)).codes, want.codes)
+    strict = be.search("strict", enc, trie, (5, 10))
+    assert strict is not None and torch.equal(strict.beams.codes, want.codes)
     # forced float32 ignores the record
     assert OrtBackend(m, head, onnx_dir=tmp_path, drafter=drafter, precision="float32").precision["rank"] == "float32"
 

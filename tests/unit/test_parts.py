@@ -11,6 +11,7 @@ import pytest
 
 from gateway.parts import VerifierParts
 from specrec.deadline import Deadline
+from specrec.decoding.searches import SEARCHES
 from specrec.policies import RecRequest, make_policy
 from specrec.policies.auto import AutoPolicy
 from specrec.policies.breaker import Breaker, Cooldown
@@ -23,18 +24,27 @@ from .policy_fixtures import histories, make_engine
 
 
 def refuse(verifier, *methods):
-    """Calls the bundle cannot answer fail the test if a policy makes them."""
+    """Calls the bundle cannot answer fail the test if a policy makes them: ``methods``, and the searches of the
+    registry that use the NEZHA head or the distilled drafter."""
     def boom(*a, **kw):
         raise AssertionError("a policy called a part the verifier's bundle lacks")
 
     for m in methods:
         setattr(verifier, m, boom)
+    real = verifier.search
+
+    def search(sess, name, *a, **kw):
+        if SEARCHES[name].uses_head or SEARCHES[name].uses_sid_drafter:
+            boom()
+        return real(sess, name, *a, **kw)
+
+    verifier.search = search
 
 
 def model_only():
     eng = make_engine(40, with_head=False)
     assert eng.verifier.parts() == Parts(distilled_drafter=False, draft_head=False)
-    refuse(eng.verifier, "head_beams", "head_logprobs", "draft_beams", "draft_verify")
+    refuse(eng.verifier, "head_logprobs")
     return eng
 
 
@@ -88,10 +98,14 @@ def test_a_part_refused_as_unimplemented_falls_back_to_beam_and_leaves_the_break
     breaker = Breaker(1, 1.0, clock=eng.clock)
     ladder = Ladder(breaker, Cooldown(1.0, clock=eng.clock), eng.costs)
 
-    def unimplemented(*a, **kw):
-        raise DependencyDown("verifier", "UNIMPLEMENTED: no NEZHA draft head", code="UNIMPLEMENTED")
+    real = eng.verifier.search
 
-    eng.verifier.head_beams = unimplemented
+    def unimplemented(sess, name, *a, **kw):
+        if SEARCHES[name].uses_head:
+            raise DependencyDown("verifier", "UNIMPLEMENTED: no NEZHA draft head", code="UNIMPLEMENTED")
+        return real(sess, name, *a, **kw)
+
+    eng.verifier.search = unimplemented
     h = histories(eng, 1, 41)[0]
     for _ in range(3):  # one failure would open this breaker
         res = ladder.answer("nezha", {}, eng, RecRequest(h, 5, Deadline(t[0] + 1.0)))

@@ -279,7 +279,7 @@ def test_session_released_when_a_call_raises(name):
     def boom(*a, **kw):
         raise RuntimeError("verifier fell over")
 
-    for op in ("beam_search", "beam_step", "head_beams", "score", "score_step"):
+    for op in ("search", "beam_step", "score", "score_step"):
         setattr(eng.verifier, op, boom)
     with pytest.raises(RuntimeError, match="fell over"):
         run(eng, name, histories(eng, 2, 10), k=5, **({"seed": 0} if name == "sample" else {}))

@@ -1,4 +1,4 @@
-"""run_jobs, the verifier's batched path: the jobs of several callers that can share a computation share it
+"""The runner, the verifier's batched path: the jobs of several callers that can share a computation share it
 (one encode, one tree pass), each caller gets exactly its own result, in order, and a job whose group failed
 gets the exception as its result while the other groups are unaffected."""
 
@@ -9,8 +9,7 @@ import torch
 from specrec.decoding.beam import Beams
 from specrec.decoding.scoring import Scores
 from specrec.verifier import Session
-from specrec.verifier.jobs import EncodeJob, HeadJob, ScoreJob
-from specrec.verifier.local import run_jobs
+from specrec.verifier.jobs import EncodeJob, ScoreJob, SearchJob
 
 from .policy_fixtures import histories, make_engine
 
@@ -59,7 +58,7 @@ def alone(eng, h: np.ndarray, s: torch.Tensor) -> Scores:
 def test_encodes_of_several_callers_are_one_backend_call(eng, monkeypatch):
     hs = [hist(eng, n, seed) for n, seed in ((1, 0), (2, 1), (3, 2))]
     encodes = Calls(monkeypatch, eng.verifier.backend, "encode")
-    out = run_jobs(eng.verifier, [EncodeJob(h) for h in hs])
+    out = eng.verifier.runner.run([EncodeJob(h) for h in hs])
     assert encodes.n == 1
     assert [type(s) for s in out] == [Session] * 3 and [s.n for s in out] == [1, 2, 3]
     s = sids(eng, 3, 4, 7)
@@ -74,7 +73,7 @@ def test_scores_of_several_callers_share_one_tree_pass(eng, monkeypatch):
     want = [alone(eng, h1, s1), alone(eng, h2, s2)]
     sessions = [eng.verifier.encode(torch.from_numpy(h)) for h in (h1, h2)]
     trees = Calls(monkeypatch, eng.verifier.backend, "tree")
-    out = run_jobs(eng.verifier, [ScoreJob(sessions[0], s1), ScoreJob(sessions[1], s2)])
+    out = eng.verifier.runner.run([ScoreJob(sessions[0], s1), ScoreJob(sessions[1], s2)])
     assert trees.n == 1
     for got, w in zip(out, want):
         assert isinstance(got, Scores)
@@ -87,7 +86,7 @@ def test_jobs_that_carry_a_history_are_encoded_together_before_their_pass(eng, m
     want = [alone(eng, h1, s1), alone(eng, h2, s2)]
     encodes = Calls(monkeypatch, eng.verifier.backend, "encode")
     trees = Calls(monkeypatch, eng.verifier.backend, "tree")
-    out = run_jobs(eng.verifier, [ScoreJob(EncodeJob(h1), s1), ScoreJob(EncodeJob(h2), s2)])
+    out = eng.verifier.runner.run([ScoreJob(EncodeJob(h1), s1), ScoreJob(EncodeJob(h2), s2)])
     assert (encodes.n, trees.n) == (1, 1)
     for got, w in zip(out, want):
         torch.testing.assert_close(got.token_logp, w.token_logp, atol=1e-5, rtol=1e-5)
@@ -98,10 +97,10 @@ def test_results_come_back_one_per_job_in_job_order(eng):
     jobs = [
         ScoreJob(sess[0], sids(eng, 1, 3, 15)),
         EncodeJob(hist(eng, 2, 16)),
-        HeadJob(sess[1], eng.itemset.trie, 4),
+        SearchJob(sess[1], "head", eng.itemset.trie, (4,)),
         ScoreJob(sess[2], sids(eng, 1, 3, 17)),
     ]
-    out = run_jobs(eng.verifier, jobs)
+    out = eng.verifier.runner.run(jobs)
     assert [type(x) for x in out] == [Scores, Session, Beams, Scores]
     assert out[1].n == 2 and out[2].codes.shape[:2] == (1, 4)
 
@@ -110,7 +109,7 @@ def test_a_failed_group_gives_its_jobs_the_error_and_leaves_the_others_alone(eng
     bad = np.full_like(hist(eng, 1, 18), 10**6)  # codes far outside the vocabulary: the encode raises
     good = eng.verifier.encode(torch.from_numpy(hist(eng, 1, 19)))
     s = sids(eng, 1, 3, 20)
-    out = run_jobs(eng.verifier, [ScoreJob(EncodeJob(bad), s), HeadJob(good, eng.itemset.trie, 3)])
+    out = eng.verifier.runner.run([ScoreJob(EncodeJob(bad), s), SearchJob(good, "head", eng.itemset.trie, (3,))])
     assert isinstance(out[0], Exception)  # returned, not raised
     assert isinstance(out[1], Beams) and out[1].codes.shape[:2] == (1, 3)
 
@@ -123,14 +122,14 @@ def test_jobs_of_sessions_with_different_history_lengths_share_a_pass_and_equal_
     s1, s2 = sids(eng, 1, 3, 23), sids(eng, 1, 3, 24)
     want = [alone(eng, short, s1), alone(eng, long, s2)]
     trees = Calls(monkeypatch, eng.verifier.backend, "tree")
-    out = run_jobs(eng.verifier, [ScoreJob(sessions[0], s1), ScoreJob(sessions[1], s2)])
+    out = eng.verifier.runner.run([ScoreJob(sessions[0], s1), ScoreJob(sessions[1], s2)])
     assert trees.n == 1
     for got, w in zip(out, want):
         assert isinstance(got, Scores), got
         torch.testing.assert_close(got.token_logp, w.token_logp, atol=1e-5, rtol=1e-5)
-    heads = run_jobs(eng.verifier, [HeadJob(s, eng.itemset.trie, 4) for s in sessions])
+    heads = eng.verifier.runner.run([SearchJob(s, "head", eng.itemset.trie, (4,)) for s in sessions])
     for got, s in zip(heads, sessions):
         assert isinstance(got, Beams), got
-        w = run_jobs(eng.verifier, [HeadJob(s, eng.itemset.trie, 4)])[0]
+        w = eng.verifier.runner.run([SearchJob(s, "head", eng.itemset.trie, (4,))])[0]
         assert torch.equal(got.codes, w.codes)
         torch.testing.assert_close(got.scores, w.scores, atol=1e-5, rtol=1e-5)

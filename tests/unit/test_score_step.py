@@ -12,8 +12,7 @@ import torch
 from specrec.decoding.beam import Beams
 from specrec.decoding.scoring import Scores
 from specrec.verifier import SessionStateError
-from specrec.verifier.jobs import BeamJob, EncodeJob, ScoreJob, SearchSpec
-from specrec.verifier.local import run_jobs
+from specrec.verifier.jobs import EncodeJob, ScoreJob, SearchJob, SearchSpec
 
 from .policy_fixtures import histories, make_engine
 
@@ -66,10 +65,10 @@ def test_the_services_job_starts_the_search_on_a_session_it_encodes(eng):
     rounds = [drafts(eng, 5, seed) for seed in (10, 11)]
     want = two_calls(eng, h, rounds, width)
     job = ScoreJob(EncodeJob(h), rounds[0], with_frontier=True, step=SearchSpec(eng.itemset.trie, width))
-    (first,) = run_jobs(eng.verifier, [job])
+    (first,) = eng.verifier.runner.run([job])
     assert_same(first, want[0])
     # later rounds name the session: the search it started is kept (the spec's width is not read again)
-    (second,) = run_jobs(eng.verifier, [ScoreJob(job.session, rounds[1], step=SearchSpec(eng.itemset.trie, 99))])
+    (second,) = eng.verifier.runner.run([ScoreJob(job.session, rounds[1], step=SearchSpec(eng.itemset.trie, 99))])
     assert_same(second, want[1])
 
 
@@ -80,13 +79,13 @@ def test_callers_share_one_tree_pass_and_a_finished_search_fails_alone(eng, monk
     v, trie = eng.verifier, eng.itemset.trie
     sessions = [v.encode(torch.from_numpy(h)) for h in hs]
     done = v.encode(torch.from_numpy(hs[0]))
-    (beams,) = run_jobs(v, [BeamJob(done, SearchSpec(trie, 5), whole=True)])
+    (beams,) = v.runner.run([SearchJob(done, "beam", trie, (5,))])
     assert beams.level == len(v.level_sizes)
     trees = []
     real = v.backend.tree
     monkeypatch.setattr(v.backend, "tree", lambda *a: (trees.append(1), real(*a))[1])
     jobs = [ScoreJob(x, y, step=SearchSpec(trie, 5)) for x, y in zip(sessions, s)]
-    out = run_jobs(v, [*jobs, ScoreJob(done, s[0], step=SearchSpec(trie, 5))])
+    out = v.runner.run([*jobs, ScoreJob(done, s[0], step=SearchSpec(trie, 5))])
     assert len(trees) == 1  # one pass for every caller's drafts and frontiers
     for got, w in zip(out[:3], want):
         assert_same(got, w)

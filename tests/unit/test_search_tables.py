@@ -78,10 +78,10 @@ def test_every_search_in_every_form_is_the_reference(parts, monkeypatch, tag):
                 _same(Beams.of_search(*SEARCHES[kind].fn(fused, *encoder, levels, w)),
                       Beams.of_search(*SEARCHES[kind].fn(fused, *encoder, dense, w)))
             for n in (1, 2 * w):  # n = 1 misses rows: resume finishes them (on the same tables)
-                beams, covered, _ = ref.strict(enc, trie, w, n)
-                _same(beams, beam_search(ref, enc, trie, w))
+                drafted = ref.search("strict", enc, trie, (w, n))
+                _same(drafted.beams, beam_search(ref, enc, trie, w))
                 out = SEARCHES["strict"].fn(fused, *encoder, dense, w, n)
-                assert torch.equal(covered, out[4].bool())
+                assert torch.equal(torch.from_numpy(drafted.covered), out[4].bool())
 
 
 @pytest.mark.parametrize("tag", ["ddcc", "cccc"])
@@ -96,13 +96,13 @@ def test_onnx_graphs_read_either_form(parts, monkeypatch, tmp_path, tag):
     ea, eb = ref.encode(h), be.encode(h)
     w = 4
     for trie in _tries(sids, m.cfg.level_sizes, monkeypatch, tag):
-        _same(be.beam(eb, trie, w), beam_search(ref, ea, trie, w))
-        got, want = be.head(eb, trie, w), nezha_beam_search(head, m, ref.head_hidden(ea), trie, w)
+        _same(be.search("beam", eb, trie, (w,)), beam_search(ref, ea, trie, w))
+        got, want = be.search("head", eb, trie, (w,)), nezha_beam_search(head, m, ref.head_hidden(ea), trie, w)
         assert torch.equal(got.codes[got.alive], want.codes[want.alive])
-        _same(be.draft(eb, trie, w), ref.draft(ea, trie, w))
-        _same(be.draft_scored(eb, trie, w), ref.draft_scored(ea, trie, w))
+        _same(be.search("draft", eb, trie, (w,)), ref.search("draft", ea, trie, (w,)))
+        _same(be.search("draft_scored", eb, trie, (w,)), ref.search("draft_scored", ea, trie, (w,)))
         for n in (1, 2 * w):
-            (a, cov_a, _), (b, cov_b, _) = be.strict(eb, trie, w, n), ref.strict(ea, trie, w, n)
-            _same(a, b)
-            assert torch.equal(torch.as_tensor(cov_a), torch.as_tensor(cov_b))
+            a, b = be.search("strict", eb, trie, (w, n)), ref.search("strict", ea, trie, (w, n))
+            _same(a.beams, b.beams)
+            assert torch.equal(torch.as_tensor(a.covered), torch.as_tensor(b.covered))
     assert {p.name.split("_t")[-1].split(".")[0] for p in tmp_path.glob("beam_w4_t*.onnx")} == {tag}

@@ -65,4 +65,10 @@ def descend(fused: FusedHotPath, state: SearchState, anc, kept, cross: Cross, ta
     return state
 
 
-SEARCH = Search("beam", run, BEAMS, rpc="Beam")
+def _stepped(backend, enc, trie, width: int):
+    """The eager backend has no whole call for the target's beam search: None, and the verifier steps it (the
+    reference, :class:`~specrec.decoding.beam.BeamSearch`)."""
+    return None
+
+
+SEARCH = Search("beam", run, BEAMS, steps=True, final=True, eager=_stepped, warm=lambda k, drafts: [(k,)])

@@ -17,4 +17,5 @@ def run(fused: FusedHotPath, enc_mask, cross_k, cross_v, tables: list[Level], wi
     return states[-1].beams()
 
 
-SEARCH = Search("draft", run, BEAMS, rpc="Draft", uses_sid_drafter=True)
+SEARCH = Search("draft", run, BEAMS, uses_sid_drafter=True, lossy="nezha's graphs (draft)",
+                warm=lambda k, drafts: [(k,), (2 * k,)])

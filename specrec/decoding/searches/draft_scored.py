@@ -31,4 +31,4 @@ def run(fused: FusedHotPath, enc_mask, cross_k, cross_v, tables: list[Level], wi
     return final.codes, final.scores, torch.stack(target, -1), final.nodes
 
 
-SEARCH = Search("draft_scored", run, BEAMS, rpc="DraftScored", uses_sid_drafter=True)
+SEARCH = Search("draft_scored", run, BEAMS, uses_sid_drafter=True, warm=lambda k, drafts: [(2 * k,)])

@@ -71,4 +71,9 @@ def run(fused: FusedHotPath, enc_mask, cross_k, cross_v, tables: list[Level], wi
     return state.beams()
 
 
-SEARCH = Search("head", run, BEAMS, rpc="Head", uses_head=True)
+def reference(backend, enc, trie, width: int) -> Beams:
+    """The eager backend's head search: the head's own (:func:`nezha_beam_search`), in eager torch."""
+    return nezha_beam_search(backend.nezha_head, backend.model, backend.head_hidden(enc), trie, width)
+
+
+SEARCH = Search("head", run, BEAMS, uses_head=True, eager=reference, warm=lambda k, drafts: [(n,) for n in drafts])

@@ -21,6 +21,7 @@ import torch
 from ...ids.tables import Level
 from ...models.hotpath import NEG_INF, FusedHotPath
 from .registry import Search
+from .values import token_reply, token_result
 
 #: what a rank graph reads after the tables: per node, its last code, its length, its ancestors' columns into
 #: [root, nodes] and their mask (0 or -inf) [R, T, L]; per candidate, its node at every length [R, M, L-1] and
@@ -117,5 +118,12 @@ def example(fused: FusedHotPath, enc, tables: list[Level], width: int | None) ->
     return tuple(torch.from_numpy(x) for x in layout(sids.numpy()))
 
 
-SEARCH = Search("rank", run, ("token_logp",), rpc="Rank", widths=(), inputs=INPUTS, example=example, axes=AXES,
-                tables=False)
+def call(run_graph, enc, trie, widths: tuple[int, ...], args: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    """Candidates ``args["sids"]`` [R, M, L] -> their token log-probabilities [R, M, L] (laid out here)."""
+    out = run_graph("rank", enc, None, (), [torch.from_numpy(x) for x in layout(args["sids"].numpy())])
+    return None if out is None else out[0]
+
+
+SEARCH = Search("rank", run, ("token_logp",), widths=(), inputs=INPUTS, example=example, axes=AXES, tables=False,
+                args=("sids",), final=True, lossy="the scoring pass (rank)", call=call, reply=token_reply,
+                result=token_result, pad=padded)

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+
+from ..beam import Beams
+from .values import beams_reply, beams_result
 
 #: every whole search returns the target's (or a drafter's) beams first, named so in its graph: codes [R, W, l],
 #: scores [R, W], token_logp [R, W, l] and each beam's trie node [R, W] (int64, -1 = dead), which at the full depth
@@ -32,14 +36,28 @@ class Search:
     trace with, and ``axes`` the dynamic axes of its inputs and outputs where more than the rows (axis 0: R).
 
     ``uses_sid_drafter``: it runs the distilled SID drafter (whose weights a graph may hold in 8 bits);
-    ``uses_head``: the NEZHA draft head. The :class:`~specrec.backends.base.Backend` method that runs it has its
-    name (``backend.beam(enc, trie, width)``); ``rpc`` is the verifier service's RPC that serves it,
-    its name in CamelCase (``verifier.proto``; None: it runs inside another search's call)."""
+    ``uses_head``: the NEZHA draft head.
+
+    How every layer calls it, read from here and never written per search: a backend's one entry point
+    (``backend.search(name, enc, trie, widths, args)``) runs ``call(run, enc, trie, widths, args)``, where
+    ``run(name, enc, trie, widths, inputs)`` runs one graph of the backend (default: the search's graph, its
+    outputs as :class:`~specrec.decoding.beam.Beams`); ``args`` are the named tensors the caller hands it
+    (``rank``: ``sids``). The verifier's one ``Search`` RPC carries the name, the widths by name and the args,
+    and answers ``reply(value)`` (named tensors), which the caller reads back with ``result``.
+
+    ``inside``: the search whose call runs it (``resume``: ``strict``'s); callers ask only for the others.
+    ``steps``: it is the target's own beam search, which a session can also take level by level: the verifier
+    steps it where the session verified prefixes, the rule is relaxed or the backend has no whole call (its
+    whole call counts every level computed). ``eager``: what the eager backend runs instead of ``fn``
+    (``head``: the head's own search; ``beam``: nothing, the verifier steps). ``final``: its value is a
+    request's answer, read by nothing after it (``beam``, ``rank``): a remote caller's session ends with the
+    call. ``pad``: pads the graph inputs' candidate axis (1) to a bucket (a backend of captured graphs).
+    ``warm(k, drafts)``: the widths a serving list length ``k`` uses (``drafts``: the draft counts the policies
+    use for it), warmed before serving."""
 
     name: str
     fn: Callable[..., tuple[torch.Tensor, ...]]
     outputs: tuple[str, ...]
-    rpc: str | None
     widths: tuple[str, ...] = ("width",)
     inputs: tuple[str, ...] = ()
     axes: dict[str, dict[int, str]] | None = None  # dynamic axes of its inputs / outputs (default: axis 0 is R)
@@ -47,6 +65,28 @@ class Search:
     uses_sid_drafter: bool = False
     uses_head: bool = False
     tables: bool = True  # it reads the item set's tables (``rank`` reads none: it is handed its candidates)
+    args: tuple[str, ...] = ()  # the caller's named tensors, candidate SIDs int64 [R, M, L] each (rank: sids)
+    call: Callable[..., Any] | None = None
+    reply: Callable[[Any], dict[str, torch.Tensor]] = beams_reply
+    result: Callable[[dict[str, torch.Tensor]], Any] = beams_result
+    inside: str | None = None
+    steps: bool = False
+    final: bool = False
+    lossy: str = ""  # its graph may leave float32 (chosen per machine on validation users): what the record calls it
+    eager: Callable[..., Any] | None = None
+    pad: Callable[..., Any] | None = None
+    warm: Callable[[int, list[int]], list[tuple[int, ...]]] = lambda k, drafts: []
+    left: tuple[str, ...] = ()  # outputs kept on the device for the search run inside its call
+    min_levels: int = 1  # SID levels it needs (``strict`` and ``resume``: 3)
+
+    def run(self, run_graph: Callable[..., list[torch.Tensor] | None], enc, trie, widths: tuple[int, ...],
+            args: dict[str, torch.Tensor]) -> Any:
+        """The search's value on a backend whose graph runner is ``run_graph`` (the class's docstring's ``run``);
+        None where the backend cannot run it."""
+        if self.call is not None:
+            return self.call(run_graph, enc, trie, widths, args)
+        out = run_graph(self.name, enc, trie, widths, [])
+        return None if out is None else Beams.of_search(*out)
 
 
 def search_name(kind: str, width: int | None, n: int | None = None, drafter_bits: int | None = None,

@@ -2,7 +2,7 @@
 frontier. ``strict``'s graph (:mod:`.strict`) already verified levels 0 and 1 exactly (the root and the
 target's own top-``width`` prefixes of length 1 are nodes of its tree), so this starts from its beams of
 length 2 and the keys|values of those nodes (:data:`.strict.LEFT`): L-2 passes over ``width`` beams instead
-of a whole search's L. It runs inside the ``DraftVerify`` call, for the rows that need it."""
+of a whole search's L. It runs inside ``strict``'s call, for the rows that need it."""
 
 from __future__ import annotations
 
@@ -36,4 +36,5 @@ def example(fused: FusedHotPath, enc, tables: list[Level], width: int) -> tuple[
     return tuple(out[len(out) - len(strict.LEFT):])
 
 
-SEARCH = Search("resume", run, BEAMS, rpc=None, inputs=strict.LEFT, example=example)
+SEARCH = Search("resume", run, BEAMS, inputs=strict.LEFT, example=example, inside="strict", min_levels=3,
+                warm=lambda k, drafts: [(k,)])

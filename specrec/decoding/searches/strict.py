@@ -11,12 +11,15 @@ missed part of the target's frontier is finished by ``resume`` (:mod:`.resume`) 
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ...ids.tables import Level
 from ...models.hotpath import FusedHotPath
+from ..beam import Beams
 from .common import ancestor_tree, draft, leaf_pass, prefix_keys
 from .registry import BEAMS, Search
+from .values import Drafted, drafted_reply, drafted_result
 
 #: where the graph leaves a row its drafts missed, for ``resume``: the target's beams after level 1 (codes,
 #: scores, token_logp, nodes), their parents among the nodes of depth 1, and the keys|values of the root and
@@ -70,5 +73,24 @@ def run(fused: FusedHotPath, enc_mask, cross_k, cross_v, tables: list[Level], wi
     return (*target.beams(), covered, torch.stack(frontier, 1), *at1, kept_kv)
 
 
-SEARCH = Search("strict", run, (*BEAMS, "covered", "frontier", *LEFT), rpc="Strict",
-                widths=("width", "n"), uses_sid_drafter=True)
+def call(run_graph, enc, trie, widths: tuple[int, ...], args) -> Drafted | None:
+    """The graph, then, for the rows it did not cover, ``resume`` (:mod:`.resume`) from what it left
+    (:data:`LEFT`, on the device where the backend computes) -> :class:`~.values.Drafted`; None without a
+    distilled drafter."""
+    out = run_graph("strict", enc, trie, widths, [])
+    if out is None:
+        return None
+    codes, scores, tlp, nodes, covered, frontier, *at1 = out
+    beams, covered = Beams.of_search(codes, scores, tlp, nodes), covered.bool()
+    miss = torch.nonzero(~covered.cpu()).squeeze(1)
+    if len(miss):
+        left = [x.index_select(0, miss.to(x.device)) for x in at1[:-1]]
+        kept = at1[-1].index_select(1, miss.to(at1[-1].device))  # [n_layers, R, 1 + W, 2 * inner]
+        rest = run_graph("resume", enc.select(miss), trie, widths[:1], left + [kept])
+        beams = beams.replace_rows(miss, Beams.of_search(*rest))
+    return Drafted(beams, np.asarray(covered.cpu(), dtype=bool), np.asarray(frontier.cpu()))
+
+
+SEARCH = Search("strict", run, (*BEAMS, "covered", "frontier", *LEFT), widths=("width", "n"),
+                uses_sid_drafter=True, min_levels=3, left=LEFT, call=call, reply=drafted_reply, result=drafted_result,
+                warm=lambda k, drafts: [(k, n) for n in drafts])

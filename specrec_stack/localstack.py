@@ -6,7 +6,7 @@ Used by ``specrec stack up`` (fixed ports, state under ``runs/stack``) and by
 the benchmarks (``bench/harness.py``: free ports, a private Redis namespace,
 everything stopped at the end):
 
-    from specrec_rpc.localstack import ServiceProcs, delete_namespace, find_or_start_redis
+    from specrec_stack.localstack import ServiceProcs, delete_namespace, find_or_start_redis
 
     url, redis_proc = find_or_start_redis(os.environ.get("REDIS_URL"), workdir=tmp, log_path=tmp / "redis.log")
     procs = ServiceProcs(bundle, url, "bench-1234", log_dir=tmp / "logs")
@@ -60,7 +60,7 @@ def port_open(host: str, port: int) -> bool:
 
 
 def redis_ping(url: str, timeout: float = 0.5) -> bool:
-    from .redis_url import close_sync, sync_client
+    from specrec_rpc.redis_url import close_sync, sync_client
 
     try:
         r = sync_client(url, socket_timeout=timeout, socket_connect_timeout=timeout)
@@ -108,7 +108,7 @@ def namespace_pattern(namespace: str) -> str:
 
 def delete_keys(url: str, pattern: str) -> int:
     """Delete the keys matching ``pattern`` (SCAN + UNLINK, in batches)."""
-    from .redis_url import close_sync, sync_client
+    from specrec_rpc.redis_url import close_sync, sync_client
 
     r = sync_client(url, socket_timeout=5)
     try:

@@ -102,7 +102,7 @@ def cmd_up(a) -> int:
 
 
 def _demo(bundle: Path, n: int, budget_ms: float) -> None:
-    from .client import Client, format_response, timed_recommend
+    from specrec_rpc.client import Client, format_response, timed_recommend
 
     meta = json.loads((bundle / "bundle.json").read_text())
     items = [json.loads(line) for line in open(bundle / "items.jsonl")]
@@ -156,7 +156,7 @@ def cmd_down(a) -> int:
 
 
 def cmd_recommend(a) -> int:
-    from .client import Client, format_response, timed_recommend
+    from specrec_rpc.client import Client, format_response, timed_recommend
 
     params = {}
     for it in a.param or []:
