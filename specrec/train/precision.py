@@ -52,9 +52,12 @@ class _Scoring:
     def encode(self, hist):
         return self.backend.encode(hist)
 
-    def rank(self, enc, sids):
+    def search(self, name: str, enc, trie, widths, args):
+        """The scoring pass (``rank``, the one search score_users runs) in every precision of ``sessions``."""
         from ..decoding.searches.rank import INPUTS, layout
 
+        assert name == "rank" and trie is None and not widths, (name, widths)
+        sids = args["sids"]
         feed = dict(zip([*ENC, *INPUTS], [enc.keep.numpy(), enc.cross_k.numpy(), enc.cross_v.numpy(),
                                           *layout(sids.numpy())]))
         if self.record:
