@@ -43,8 +43,3 @@ _.profile_file_prefix
 _.efConstruction
 _.allow_tf32
 
-# Known dead code in packages another part of issue 52 rewrites (the verifier's API, the backends, the gateway);
-# delete each entry with its code there, not here.
-_.pow2_bucket  # specrec/backends/base.py
-_._table  # specrec/backends/onnx.py (OrtBackend)
-_.described  # gateway/drafter_client.py: set, never read

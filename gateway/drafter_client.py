@@ -33,7 +33,6 @@ class DrafterInfo:
         self.replicas, self.mode, self.timeout_s, self.retry_s = replicas, mode, timeout_s, retry_s
         self.unseen_share = 0.0
         self.fusion: Fusion | None = None
-        self.described = False
         self._asked = -math.inf
         self._lock = threading.Lock()
         self.log = structlog.get_logger("drafter-info")
@@ -53,7 +52,7 @@ class DrafterInfo:
                                                    f.drafts or DEFAULTS["drafts"], dict(f.valid_recall),
                                                    _combiner(f))
             with self._lock:
-                self.unseen_share, self.fusion, self.described = float(d.unseen_share), fusion, True
+                self.unseen_share, self.fusion = float(d.unseen_share), fusion
             self.log.info("drafter described", replica=replica.address, mode=d.mode, unseen_share=self.unseen_share,
                           fusion=None if fusion is None else {**fusion.as_dict(), "valid": dict(fusion.valid)})
             return True

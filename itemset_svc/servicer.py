@@ -160,8 +160,9 @@ class ItemSetServicer(itemset_pb2_grpc.ItemSetServicer):
         never change, and the watchers check the content fingerprint): no read of the whole catalogue from
         Redis and no message per item built again. None otherwise."""
         m = self.svc.mirror
-        if m is None or not m.exact or not version or m.version != version:
+        if m is None or not m.exact or m.version != (version or m.version):  # "" asks for the current version
             return None
+        version = m.version
         key = (version, size)
         if key not in self._chunks:
             v, ls, records, fp = m.snapshot()
@@ -175,8 +176,9 @@ class ItemSetServicer(itemset_pb2_grpc.ItemSetServicer):
     def _mirror_packed(self, version: str) -> list | None:
         """:meth:`_mirror_chunks`, packed (kept for the last versions served, like the others)."""
         m = self.svc.mirror
-        if m is None or not m.exact or not version or m.version != version:
+        if m is None or not m.exact or m.version != (version or m.version):  # "" asks for the current version
             return None
+        version = m.version
         key = (version, -1)
         if key not in self._chunks:
             self._chunks[key] = _packed_chunks(*m.columns())

@@ -218,7 +218,7 @@ class ServiceProcs:
     """The four services as subprocesses (each in its own session, so a
     terminal's Ctrl-C reaches only the caller, which stops them). A gateway or
     drafter whose settings give it several processes (``SPECREC_GATEWAY_PROCESSES``,
-    auto from the cores: :mod:`.processes`) runs as a group on its one port:
+    auto from the cores: :mod:`specrec_rpc.processes`) runs as a group on its one port:
     ``procs[name]`` is the group's parent, and stopping it stops them all."""
 
     bundle: Path
