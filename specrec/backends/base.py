@@ -49,13 +49,6 @@ def history_bucket(n: int, window: int) -> int:
     return min(window, max(4, -(-n // 4) * 4))
 
 
-def pow2_bucket(n: int, smallest: int = 1) -> int:
-    b = smallest
-    while b < n:
-        b *= 2
-    return b
-
-
 def _pad(x: torch.Tensor, n: int, dim: int = 0) -> torch.Tensor:
     """Pad ``x`` along ``dim`` to size ``n`` by repeating its first slice."""
     have = x.shape[dim]

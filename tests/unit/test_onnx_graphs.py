@@ -232,3 +232,20 @@ def test_the_fastest_precision_that_keeps_the_recall_is_chosen():
     calls: list[str] = []
     got = prec.time_sessions({"a": lambda f: calls.append("a"), "b": lambda f: calls.append("b")}, [0, 1], rounds=2)
     assert set(got) == {"a", "b"} and calls[:4] == ["a", "b", "b", "a"]  # interleaved, the order rotating
+
+
+@torch.inference_mode()
+def test_the_precision_probe_answers_the_scoring_pass_as_the_backend_does(model, tmp_path):
+    """The probe that export-onnx's precision choice hands to ``score_users`` in place of the backend (it runs the
+    scoring pass in every candidate precision) answers the same entry point the backend does, with float32's
+    scores, and keeps each precision's outputs."""
+    from specrec.train.precision import FLOAT32, _Scoring
+
+    m, head, drafter, sids = model
+    be = OrtBackend(m, head, onnx_dir=tmp_path, drafter=drafter, threads=1, precision="float32")
+    session = be._session(be._exported("rank", None, precision=FLOAT32))
+    probe = _Scoring(be, {FLOAT32: session}, record=True)
+    hist, cand = _hist(sids, [5, 2]), torch.from_numpy(sids[:10]).view(1, 10, 4).expand(2, -1, -1)
+    want = be.search("rank", be.encode(hist), None, (), {"sids": cand})
+    got = probe.search("rank", probe.encode(hist), None, (), {"sids": cand})
+    assert torch.equal(got, want) and len(probe.feeds) == 1 and len(probe.outputs[FLOAT32]) == 1
