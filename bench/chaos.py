@@ -122,7 +122,7 @@ from bench.harness import (
     sample_users,
     sayer,
 )
-from specrec_stack.localstack import free_port
+from specrec_rpc.processes import free_port
 
 SCENARIOS = ("cpu-hog", "one-core", "pause-verifier", "kill-verifier", "pause-drafter", "kill-drafter",
              "pause-itemset", "kill-itemset", "redis-loss", "overload", "kill-redis-primary")

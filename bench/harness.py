@@ -155,7 +155,8 @@ class Stack:
     def __init__(self, bundle_dir: Path, redis: str | Redis, logs: Path, prefix: str, *, threads: int | None = 1,
                  max_history: int | None = None, env: dict[str, str] | None = None, metrics: tuple[str, ...] = (),
                  **procs_kw):
-        from specrec_stack.localstack import ServiceProcs, free_port
+        from specrec_rpc.processes import free_port
+        from specrec_stack.localstack import ServiceProcs
 
         self.redis = redis if isinstance(redis, Redis) else None
         self.redis_url = redis.url if isinstance(redis, Redis) else redis

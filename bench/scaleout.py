@@ -43,7 +43,8 @@ from bench.harness import (
 )
 from bench.serving_phases import best_rate, offline_beam, open_loop, passes, summarise
 from specrec.eval.results import markdown_table
-from specrec_stack.localstack import ServiceProcs, free_port
+from specrec_rpc.processes import free_port
+from specrec_stack.localstack import ServiceProcs
 
 say = sayer("scaleout")
 

@@ -111,10 +111,20 @@ def process_count(setting: int, service: str, cores: float | None = None) -> int
     return max(1, math.floor(cores / CORES_PER_PROCESS.get(service, 1)))
 
 
+_GIVEN: set[int] = set()  # ports this process handed out (none is handed out twice)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free now on 127.0.0.1, never one this process handed out before: the kernel may give a port
+    just closed again, and gRPC servers bind with SO_REUSEPORT, so two services started on one repeated port
+    would share it silently (each answering the other's callers with UNIMPLEMENTED)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _GIVEN:
+            _GIVEN.add(port)
+            return port
 
 
 def group_pids(pid: int) -> list[int]:

@@ -37,6 +37,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from specrec_rpc.processes import free_port
+
 ROOT = Path(__file__).resolve().parents[1]
 ORDER = ("itemset", "verifier", "drafter", "gateway")  # start order; stopped in reverse
 # started together: the verifier and the drafter load their models while the item set starts (they ask it for the
@@ -45,12 +47,6 @@ ORDER = ("itemset", "verifier", "drafter", "gateway")  # start order; stopped in
 STAGES = (("itemset", "verifier", "drafter", "gateway"),)
 MODULES = {"itemset": "itemset_svc", "drafter": "drafter_svc", "verifier": "verifier_svc", "gateway": "gateway"}
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def port_open(host: str, port: int) -> bool:
