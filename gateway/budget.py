@@ -6,8 +6,8 @@ immutable :class:`~specrec.deadline.Deadline` when it arrives
 and send the answer), or the caller's own gRPC deadline less
 ``reply_margin_ms`` when that comes first (:func:`caller_deadline`). It carries
 the request's :class:`~specrec.deadline.Watch`, which the gateway cancels when
-it answers at the deadline: policies stop at their next step, calls in flight
-are cancelled, none is started after (:func:`.calls.call`).
+it answers at the deadline: policies stop at their next step, no call is
+started after, and one in flight ends at its own timeout (:func:`.calls.call`).
 
 Out of that deadline (:class:`Budget`, which is also what ``auto`` and the
 policies see of the gateway, :class:`specrec.policies.engine.Serving`):

@@ -22,7 +22,7 @@ builds them once per version) and serve every request of it. A request's one
 :class:`~specrec.deadline.Deadline` comes with its session (``encode``) and its
 draft requests: the drafter's calls end at its ``at``, the verifier's at its
 ``verifier_at`` (the reserve kept back for the drafter's answer before it), and
-its cancellation cancels the calls in flight (:func:`.calls.call`).
+once it is cancelled no call starts (:func:`.calls.call`).
 """
 
 from __future__ import annotations

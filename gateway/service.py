@@ -287,7 +287,7 @@ class GatewayService(Service):
         """The deadline came and nothing answered (the verifier or the drafter late, the worker pool busy): the
         answer its policy holds (``fused``: the item drafter's list), else the catalogue's fill, now,
         ``exit_reason = budget``, flagged degraded; the run, if it started, is cancelled (its policy stops at its
-        next step, its calls in flight are cancelled) and its answer dropped."""
+        next step and starts no call; one in flight ends at its timeout) and its answer dropped."""
         if run.abandon():  # still queued for a worker: it never runs
             self.queue.done(run.resource, served=False)
             why = "no worker took it before the deadline"

@@ -13,7 +13,7 @@ the verifier's calls for a fallback's answer hands the policy
 
 The one mutable part is the request's :class:`Watch`, shared by every copy: the
 caller cancels it when it answers at the deadline (policies stop at their next
-step, the calls in flight are cancelled, none is started after), and a policy
+step, none of its calls is started after; one in flight ends at its timeout, from this deadline), and a policy
 that already holds an answer (``fused``: the item drafter's list) puts it there
 for the caller to answer with.
 """
