@@ -3,6 +3,7 @@ a call in flight on a real gRPC server is cancelled when the request is, and non
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
@@ -55,20 +56,9 @@ def test_no_stage_fits_a_cancelled_request():
     assert not costs.fits(d, CostStage.SEARCH)
 
 
-@pytest.fixture
-def slow_server():
-    """A verifier whose Describe takes 5 s unless its caller cancels; it says when it saw the cancel."""
-    started, gone = threading.Event(), threading.Event()
-
-    def describe(request, context):
-        started.set()
-        context.add_callback(gone.set)  # the RPC ended (cancelled by its caller)
-        for _ in range(500):
-            if not context.is_active():
-                break
-            time.sleep(0.01)
-        return verifier_pb2.DescribeResponse()
-
+@contextlib.contextmanager
+def describe_server(describe):
+    """A real gRPC server on loopback answering the verifier's Describe with ``describe``; yields its stub."""
     handler = grpc.unary_unary_rpc_method_handler(
         describe, request_deserializer=verifier_pb2.DescribeRequest.FromString,
         response_serializer=verifier_pb2.DescribeResponse.SerializeToString)
@@ -76,13 +66,32 @@ def slow_server():
     server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, {"Describe": handler})])
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    stub = channel.unary_unary("/specrec.v1.Verifier/Describe",
-                               request_serializer=verifier_pb2.DescribeRequest.SerializeToString,
-                               response_deserializer=verifier_pb2.DescribeResponse.FromString)
-    yield stub, started, gone
-    channel.close()
-    server.stop(0)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            yield channel.unary_unary("/specrec.v1.Verifier/Describe",
+                                      request_serializer=verifier_pb2.DescribeRequest.SerializeToString,
+                                      response_deserializer=verifier_pb2.DescribeResponse.FromString)
+    finally:
+        server.stop(0)
+
+
+@pytest.fixture
+def slow_server():
+    """A verifier whose Describe takes 5 s unless the call ends first (its timeout, or its caller cancels); it says
+    when it saw the call end."""
+    started, gone = threading.Event(), threading.Event()
+
+    def describe(request, context):
+        started.set()
+        context.add_callback(gone.set)  # the RPC ended
+        for _ in range(500):
+            if not context.is_active():
+                break
+            time.sleep(0.01)
+        return verifier_pb2.DescribeResponse()
+
+    with describe_server(describe) as stub:
+        yield stub, started, gone
 
 
 def test_a_call_ends_with_its_requests_time_and_none_starts_after_a_cancel(slow_server):
@@ -112,23 +121,10 @@ def test_a_call_carries_the_requests_metadata_and_records_its_hop():
         seen.append(dict(context.invocation_metadata()).get("x-request-id"))
         return verifier_pb2.DescribeResponse()
 
-    handler = grpc.unary_unary_rpc_method_handler(
-        describe, request_deserializer=verifier_pb2.DescribeRequest.FromString,
-        response_serializer=verifier_pb2.DescribeResponse.SerializeToString)
-    server = grpc.server(futures.ThreadPoolExecutor(1))
-    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE, {"Describe": handler})])
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            stub = channel.unary_unary("/specrec.v1.Verifier/Describe",
-                                       request_serializer=verifier_pb2.DescribeRequest.SerializeToString,
-                                       response_deserializer=verifier_pb2.DescribeResponse.FromString)
-            deadline = Deadline(time.monotonic() + 10.0, watch=Watch())
-            with request_calls((("x-request-id", "r1"),)) as hops:
-                call("verifier", stub, verifier_pb2.DescribeRequest(), deadline, "Describe")
-            assert seen == ["r1"] and set(hops.caller_ms) == {"Describe"}
-            call("verifier", stub, verifier_pb2.DescribeRequest(), deadline, "Describe")  # outside: no metadata
-            assert seen == ["r1", None]
-    finally:
-        server.stop(0)
+    with describe_server(describe) as stub:
+        deadline = Deadline(time.monotonic() + 10.0, watch=Watch())
+        with request_calls((("x-request-id", "r1"),)) as hops:
+            call("verifier", stub, verifier_pb2.DescribeRequest(), deadline, "Describe")
+        assert seen == ["r1"] and set(hops.caller_ms) == {"Describe"}
+        call("verifier", stub, verifier_pb2.DescribeRequest(), deadline, "Describe")  # outside: no metadata
+        assert seen == ["r1", None]
