@@ -84,11 +84,12 @@ class Budget:
 
     # -- the early cut's estimate, learned on the gateway's event loop ---------------------------------
     def start(self) -> None:
-        """On the event loop: start learning how late it runs (:class:`.looplag.LoopLag`)."""
+        """Its gauges published (:class:`.looplag.LoopLag`)."""
         self.loop_lag.start()
 
-    async def stop(self) -> None:
-        await self.loop_lag.stop()
+    def observe_lateness(self, seconds: float) -> None:
+        """How late the event loop took up an answer its worker finished (what the early cut keeps back)."""
+        self.loop_lag.observe(seconds)
 
     def observe_cut(self, seconds: float) -> None:
         """A cut's time from its timer firing to its answer built (part of what the early cut keeps back)."""

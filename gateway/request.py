@@ -55,6 +55,7 @@ class Admitted:
     params: dict[str, Any]  # the request's parameters when it runs the policy asked, else none
     state: str = "queued"  # -> "running" (a worker took it) or "abandoned" (its caller left while it queued)
     cut_margin: float = 0.0  # seconds before the deadline the gateway's cut fires (how late its event loop runs)
+    done_at: float = 0.0  # when its worker finished (time.monotonic()): the loop's lateness is measured from here
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def begin(self) -> bool:

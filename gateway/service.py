@@ -123,7 +123,7 @@ class GatewayService(Service):
         DEPENDENCY_UP.labels("drafter").set_function(lambda: 0.0 if self.drafter.is_down() else 1.0)
         DEPENDENCY_UP.labels("itemset").set_function(
             lambda: 1.0 if time.monotonic() - self.catalogue.last_ok < 5.0 else 0.0)
-        self.budget.start()  # the early cut's estimate of the event loop's lateness
+        self.budget.start()
         await self._warmup()
 
     def _wait_for_backends(self) -> None:
@@ -198,7 +198,6 @@ class GatewayService(Service):
         return make_channel(address, self.s)
 
     async def stop(self) -> None:
-        await self.budget.stop()
         await self.catalogue.stop()
         await self.itemset_channel.close()
         self.pool.shutdown(wait=True)
@@ -271,7 +270,9 @@ class GatewayService(Service):
         fut = asyncio.get_running_loop().run_in_executor(self.pool, fn, run)
         try:
             left = deadline.left(time.monotonic()) - run.cut_margin
-            return await asyncio.wait_for(asyncio.shield(fut), max(0.0, left))
+            res = await asyncio.wait_for(asyncio.shield(fut), max(0.0, left))
+            self.budget.observe_lateness(time.monotonic() - run.done_at)  # what the early cut learns
+            return res
         except TimeoutError:
             t_cut = time.monotonic()
             res = self._cut(run, fut)
@@ -332,6 +333,7 @@ class GatewayService(Service):
             self.costs.observe_resource(run.resource, total)
         for stage, ms in res.stats.stage_ms.items():
             STAGE.labels(valid.policy, stage).observe(ms / 1000.0)
+        run.done_at = time.monotonic()  # from here to the event loop taking it up: how late the loop runs
         return res
 
     def _down(self, dependency: str) -> bool:

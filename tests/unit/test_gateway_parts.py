@@ -235,6 +235,42 @@ def test_the_response_names_the_version_the_request_and_what_it_ignored(eng, sna
     assert st.policy == "auto" and st.served_by == "beam" and not st.degraded
 
 
+def test_the_early_cut_learns_how_late_the_loop_takes_up_an_answer(snap):
+    """The cut's margin is read off the answers: the time from a worker finishing to the event loop taking
+    the answer up (no ticking task of its own), capped at CUT_SHARE of the time left."""
+    import asyncio
+    import types
+    from concurrent.futures import ThreadPoolExecutor
+
+    from gateway.budget import CUT_SHARE, Budget
+    from gateway.service import GatewayService
+
+    costs = CostModel()
+    queue = QueueModel(costs, 0.006, Cooldown(1.0))
+    budget = Budget(settings(), queue, costs, lambda dependency: False)
+    fake = types.SimpleNamespace(pool=ThreadPoolExecutor(1), queue=queue, budget=budget)
+
+    def run_policy(run):
+        run.begin()
+        run.done_at = time.monotonic()
+        time.sleep(0.004)  # the loop takes it up at least 4 ms after the worker finished
+        return "answer"
+
+    fake.run_policy = run_policy
+    valid = validate(req(budget_ms=1000), settings(), snap, time.monotonic())
+    assert budget.cut_margin(1.0) == 0.0  # nothing learned yet
+
+    async def main():
+        for _ in range(3):
+            assert await GatewayService.serve(fake, Admitted(valid, "beam", {})) == "answer"
+
+    asyncio.run(main())
+    fake.pool.shutdown()
+    assert budget.loop_lag.estimate.count == 3 and budget.cut_margin(1.0) >= 0.004
+    assert budget.cut_margin(0.01) == pytest.approx(CUT_SHARE * 0.01)  # never more than its share of what is left
+    assert Budget(settings(cut_early=False), queue, costs, lambda d: False).cut_margin(1.0) == 0.0
+
+
 def test_a_request_abandoned_while_it_queues_never_runs_and_stops_counting_as_load(eng, snap):
     """Callers that leave while their requests wait for a worker (deadline, cancel) must not leave their
     requests counted busy: under overload that count would read as load for ever and shed everything."""
@@ -248,7 +284,8 @@ def test_a_request_abandoned_while_it_queues_never_runs_and_stops_counting_as_lo
     queue = QueueModel(CostModel(), 0.006, Cooldown(1.0))
     gate, ran = threading.Event(), []
     fake = types.SimpleNamespace(pool=ThreadPoolExecutor(1), queue=queue,
-                                 budget=types.SimpleNamespace(cut_margin=lambda left: 0.0))
+                                 budget=types.SimpleNamespace(cut_margin=lambda left: 0.0,
+                                                                observe_lateness=lambda s: None))
     fake.run_policy = lambda run: ran.append(run) if run.begin() else None  # run_policy's first step
     valid = validate(req(budget_ms=1000), settings(), snap, time.monotonic())  # no deadline passes here
 
