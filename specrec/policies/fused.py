@@ -24,8 +24,6 @@ fallback is in hand.
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 import torch
 from pydantic import Field
@@ -110,8 +108,8 @@ class FusedPolicy(Policy):
         _, _, req0, st0 = next(batch.rows())
         if len(drafts) == 1 and req0.deadline is not None:  # the item drafter's list is in hand: a caller cut
             # at its deadline answers with it
-            d0, st_then, excl = drafts[0], copy.deepcopy(st0), batch.exclude
-            req0.deadline.hold(lambda: self._drafter_list(req0, d0, copy.deepcopy(st_then), excl,
+            d0, st_then, excl = drafts[0], st0.copy(), batch.exclude
+            req0.deadline.hold(lambda: self._drafter_list(req0, d0, st_then.copy(), excl,
                                                           "the GR's pass still running at the deadline", "budget"))
         try:
             token_logp = self._score(batch, drafts)

