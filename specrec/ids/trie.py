@@ -182,8 +182,10 @@ class SidTrie:
 
     def lookup(self, sids) -> torch.Tensor:
         """Row index (item) of each full SID; -1 if it is not in the set."""
-        node = self.walk(sids).numpy()
-        return torch.from_numpy(np.where(node >= 0, self.leaf_item.numpy()[np.maximum(node, 0)], -1))
+        node, leaf = self.walk(sids).numpy(), self.leaf_item.numpy()
+        if not len(leaf):  # no items: nothing to read (an empty catalogue's version)
+            return torch.full(node.shape, -1, dtype=torch.int64)
+        return torch.from_numpy(np.where(node >= 0, leaf[np.maximum(node, 0)], -1))
 
     def edited(self, gone: np.ndarray, come: np.ndarray, keys: np.ndarray, rows: np.ndarray) -> SidTrie:
         """This trie after the items whose full keys (:func:`mixed_radix`) are ``gone`` left it and those whose
