@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import time
 import operator
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -166,10 +166,12 @@ class RowStrings(Sequence[str]):
     @staticmethod
     def over(seq: Sequence[str], changes: dict[int, str], n: int) -> RowStrings:
         """``seq`` (a list or a :class:`RowStrings`) with ``changes`` laid over it, ``n`` rows long."""
-        base, changed = (seq._base, {**seq._changed, **changes}) if isinstance(seq, RowStrings) else (seq, changes)
-        if not isinstance(base, list) or len(changed) > max(OVERLAY_MIN, len(base) // OVERLAY_SHARE):
-            out = RowStrings(base, changed, n)
-            return RowStrings(list(out), {}, n)
+        if isinstance(seq, RowStrings):
+            base, changed = seq._base, {**seq._changed, **changes}
+        else:
+            base, changed = seq if isinstance(seq, list) else list(seq), changes
+        if len(changed) > max(OVERLAY_MIN, len(base) // OVERLAY_SHARE):
+            return RowStrings(list(RowStrings(base, changed, n)), {}, n)
         return RowStrings(base, changed, n)
 
     def __len__(self) -> int:
