@@ -197,7 +197,7 @@ class RowStrings(Sequence[str]):
 
     def __iter__(self):
         if not self._changed:
-            yield from self._base[: self._n]
+            yield from self._base
             yield from [""] * (self._n - len(self._base))
             return
         get = self._changed.get
