@@ -137,7 +137,8 @@ class LocalItemSet:
         :attr:`trie` and :attr:`order`, the new one's are derived from them (:meth:`SidTrie.edited`, and the
         order's sorted keys spliced), the same as built from scratch at the cost of a few copies: what a
         follower pays for a catalogue version that changes a few of millions of items. Otherwise (not built
-        here, a code space wider than int64, more than a quarter of the rows changed) they are built when first used."""
+        here, a code space wider than int64, more than 1,024 rows changed and a quarter of the items) they
+        are built when first used."""
         new = LocalItemSet(sids, seen, self.level_sizes, version, active)
         rows = np.unique(np.asarray(rows, dtype=np.int64))
         trie = self.__dict__.get("trie")
