@@ -15,7 +15,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from .ids.trie import SidTrie, mixed_radix
+from .ids.trie import SidTrie, mixed_radix, splice
 
 
 class ItemSet(Protocol):
@@ -71,6 +71,9 @@ class LocalItemSet:
     def order(self) -> tuple[np.ndarray, np.ndarray]:
         """Active items sorted by SID, and their SIDs as sortable int keys:
         every SID prefix is one contiguous range (for prefix-restricted drafting)."""
+        trie = self.__dict__.get("trie")
+        if trie is not None and trie.full_keys is not None and not trie.n_duplicates:
+            return trie.leaf_item.numpy(), trie.full_keys  # the trie's leaves are these, in this order: shared
         rows = np.nonzero(self.active)[0]
         keys = self.sid_keys(self.sids[rows])
         o = np.argsort(keys, kind="stable")
@@ -127,6 +130,42 @@ class LocalItemSet:
     def is_unseen(self, items: np.ndarray) -> np.ndarray:
         return ~self.seen[np.asarray(items, dtype=np.int64)]
 
+    def changed(self, sids: np.ndarray, seen: np.ndarray, active: np.ndarray, rows: np.ndarray,
+                version: str) -> LocalItemSet:
+        """A new snapshot of the arrays given, this one's with ``rows`` changed (a new SID, added, or made
+        inactive; every other row as here, rows only ever appended). Where this one has built its
+        :attr:`trie` and :attr:`order`, the new one's are derived from them (:meth:`SidTrie.edited`, and the
+        order's sorted keys spliced), the same as built from scratch at the cost of a few copies: what a
+        follower pays for a catalogue version that changes a few of millions of items. Otherwise (not built
+        here, a code space wider than int64, more than 1,024 rows changed and a quarter of the items) they
+        are built when first used."""
+        new = LocalItemSet(sids, seen, self.level_sizes, version, active)
+        rows = np.unique(np.asarray(rows, dtype=np.int64))
+        trie = self.__dict__.get("trie")
+        if (trie is None or "order" not in self.__dict__ or trie.full_keys is None
+                or len(rows) > max(1024, len(self) // 4)):
+            return new
+        was = rows[rows < self.n_rows]
+        was = was[self.active[was]]
+        now = rows[new.active[rows]]
+        gk, ck = self.sid_keys(self.sids[was]), self.sid_keys(new.sids[now])
+        same = np.isin(was, now)  # a row with the same SID before and after is no change
+        if same.any():
+            kept = set(zip(was[same].tolist(), gk[same].tolist())) & set(zip(now.tolist(), ck.tolist()))
+            g = np.array([(r, k) not in kept for r, k in zip(was.tolist(), gk.tolist())], dtype=bool)
+            c = np.array([(r, k) not in kept for r, k in zip(now.tolist(), ck.tolist())], dtype=bool)
+            was, gk, now, ck = was[g], gk[g], now[c], ck[c]
+        o = np.lexsort((now, ck))
+        now, ck = now[o], ck[o]
+        R, K = self.order
+        drop = np.sort(_position(R, K, gk, was))
+        at = _position(R, K, ck, now)
+        K2 = splice(K, drop, at, ck)
+        R2 = splice(R, drop, at, now)
+        new.__dict__["trie"] = trie.edited(gk, ck, K2, R2)
+        new.__dict__["order"] = (R2, K2)  # with no duplicated SIDs, the trie's leaf arrays themselves
+        return new
+
     def with_items(
         self, new_sids: np.ndarray, new_seen: np.ndarray | None = None, version: str | None = None
     ) -> LocalItemSet:
@@ -138,3 +177,16 @@ class LocalItemSet:
             version or str(int(self.version) + 1 if self.version.isdigit() else self.version + "+"),
             np.concatenate([self.active, np.ones(len(new_sids), bool)]),
         )
+
+
+def _position(rows: np.ndarray, keys: np.ndarray, k: np.ndarray, r: np.ndarray) -> np.ndarray:
+    """Where each (key ``k``, row ``r``) stands in ``keys``, ``rows`` sorted by key then row (an item's own
+    position when it is there, else where it would go)."""
+    lo = np.searchsorted(keys, k, side="left")
+    hi = np.searchsorted(keys, k, side="right")
+    if not len(rows):
+        return lo
+    pos = lo + ((hi - lo == 1) & (rows[np.minimum(lo, len(rows) - 1)] < r))
+    for i in np.nonzero(hi - lo > 1)[0].tolist():  # rows of one key (a SID several items share): by row
+        pos[i] = lo[i] + np.searchsorted(rows[lo[i]:hi[i]], r[i])
+    return pos

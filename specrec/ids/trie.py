@@ -75,10 +75,11 @@ class SidTrie:
             self.ptr.append(torch.from_numpy(ptr))
             parent = child_of_row
             n_parents = len(edge_keys)
-        # leaves (depth L) -> row of the original sids array
-        self.leaf_item = torch.empty(n_parents, dtype=torch.int64)
-        if len(s):
-            self.leaf_item[torch.from_numpy(parent)] = torch.from_numpy(order)
+        # leaves (depth L) -> row of the original sids array: of a leaf several items share, the last (the
+        # highest row), what :meth:`edited` keeps too
+        last = np.ones(len(s), dtype=bool)
+        last[:-1] = new[1:]
+        self.leaf_item = torch.from_numpy(order[last])
         self.n_duplicates = len(s) - n_parents
         # every full SID as one mixed-radix key, sorted (leaf ids are numbered in this order), so a complete
         # SID finds its leaf in one searchsorted instead of one per level (None where the keys overflow int64)
@@ -181,8 +182,99 @@ class SidTrie:
 
     def lookup(self, sids) -> torch.Tensor:
         """Row index (item) of each full SID; -1 if it is not in the set."""
-        node = self.walk(sids).numpy()
-        return torch.from_numpy(np.where(node >= 0, self.leaf_item.numpy()[np.maximum(node, 0)], -1))
+        node, leaf = self.walk(sids).numpy(), self.leaf_item.numpy()
+        if not len(leaf):  # no items: nothing to read (an empty catalogue's version)
+            return torch.full(node.shape, -1, dtype=torch.int64)
+        return torch.from_numpy(np.where(node >= 0, leaf[np.maximum(node, 0)], -1))
+
+    def edited(self, gone: np.ndarray, come: np.ndarray, keys: np.ndarray, rows: np.ndarray) -> SidTrie:
+        """This trie after the items whose full keys (:func:`mixed_radix`) are ``gone`` left it and those whose
+        keys are ``come`` joined it (both multisets), bit for bit the trie built from the items left: ``keys``
+        is every item's full key after the change, sorted, and ``rows`` each one's row (``leaf_item``; ties
+        sorted by row). The nodes on the changed keys' paths are found in the old levels and every level is
+        spliced (a memcpy of each array, the node ids after an inserted or removed node shifted in place), so
+        a version that changes a few items costs O(items) copies, not a sort: a follower's every catalogue
+        version at millions of items. Where no leaf holds two items the leaves' arrays are ``keys`` and
+        ``rows`` themselves (shared, not copied). Only a trie whose keys fit int64 (``full_keys``)."""
+        if self.full_keys is None:
+            raise ValueError("edited: the SIDs' code space does not fit one int64 key: build the trie again")
+        cand = np.unique(np.concatenate([np.asarray(gone, np.int64), np.asarray(come, np.int64)]))
+        if not len(cand):
+            return self
+        V, L = self.level_sizes, self.depth
+        div = [1] * (L + 1)
+        for d in range(L - 1, -1, -1):
+            div[d] = div[d + 1] * V[d]
+        out = SidTrie.__new__(SidTrie)
+        out.level_sizes, out.depth, out.n_sids = list(V), L, len(keys)
+        out.keys, out.ptr, out.codes, out._search_tables = [], [], [], {}
+        dense: list[torch.Tensor | None] = []
+        # the previous depth's candidate prefixes: value, in the old trie (and its old id, else how many old nodes
+        # sort before it), new id (-1 if gone); the nodes removed (old ids) and inserted (old rank) at that depth
+        uq, ex_old, rank, new_id = np.zeros(1, np.int64), np.ones(1, bool), np.zeros(1, np.int64), np.zeros(1, np.int64)
+        D, A_rank = np.zeros(0, np.int64), np.zeros(0, np.int64)
+        for d in range(L):
+            v = V[d]
+            okeys, optr, ocodes = self.keys[d].numpy(), self.ptr[d].numpy(), self.codes[d].numpy()
+            q = np.unique(cand // div[d + 1])
+            pi = np.searchsorted(uq, q // v)  # each one's parent among the previous depth's candidates
+            p_ex, p_rank, code = ex_old[pi], rank[pi], q % v
+            ek = p_rank * v + code
+            pos = np.searchsorted(okeys, ek)
+            q_ex = p_ex & (pos < len(okeys))
+            q_ex[q_ex] = okeys[pos[q_ex]] == ek[q_ex]
+            q_rank = np.where(p_ex, pos, optr[p_rank].astype(np.int64))
+            ex_new = np.searchsorted(keys, (q + 1) * div[d + 1]) > np.searchsorted(keys, q * div[d + 1])
+            dele, ins = q_ex & ~ex_new, ~q_ex & ex_new
+            qD, qA = q_rank[dele], q_rank[ins]
+            q_new = np.full(len(q), -1, np.int64)
+            stay = q_ex & ex_new
+            q_new[stay] = (q_rank[stay] - np.searchsorted(qD, q_rank[stay])
+                           + np.searchsorted(qA, q_rank[stay], side="right"))
+            q_new[ins] = qA - np.searchsorted(qD, qA) + np.arange(len(qA))
+            a_parent = new_id[pi[ins]]  # the new parent of each inserted edge
+            a_code = code[ins]
+            # level d's edges (one per node of depth d + 1)
+            codes = splice(ocodes, qD, qA, a_code.astype(np.int32))
+            ekeys = splice(okeys, qD, qA, np.zeros(len(qA), np.int64))
+            b = np.concatenate([optr[D + 1], optr[A_rank]]).astype(np.int64)  # old edges after a parent's change
+            add_steps(ekeys, b - np.searchsorted(qD, b) + np.searchsorted(qA, b, side="right"),
+                      np.concatenate([np.full(len(D), -v), np.full(len(A_rank), v)]))
+            ekeys[q_new[ins]] = a_parent * v + a_code
+            if len(ekeys) >= 2**31:
+                raise ValueError(f"{len(ekeys)} prefixes at level {d}: more than int32 node ids hold")
+            # the CSR pointer over depth d's nodes: entries of removed parents out, of inserted ones in, then the
+            # edges removed (by old parent) and inserted (by new parent) counted off and in
+            ptr = splice(optr, D, A_rank, optr[A_rank])
+            j1 = p_rank[dele] + 1
+            add_steps(ptr, np.concatenate([j1 - np.searchsorted(D, j1) + np.searchsorted(A_rank, j1), a_parent + 1]),
+                      np.concatenate([np.full(len(j1), -1), np.ones(len(a_parent), np.int64)]))
+            out.keys.append(torch.from_numpy(ekeys))
+            out.codes.append(torch.from_numpy(codes))
+            out.ptr.append(torch.from_numpy(ptr))
+            old_dense = self.dense[d]
+            if (len(ptr)) * v > DENSE_LIMIT or old_dense is None:
+                dense.append(None)
+            else:  # rows of removed parents out, empty rows of inserted ones in, the changed parents' rows again
+                t = splice(old_dense.numpy(), D, A_rank, np.zeros((len(A_rank), v), bool))
+                redo = np.unique(np.concatenate([new_id[pi[dele]], a_parent]))
+                for p in redo[redo >= 0].tolist():
+                    t[p] = False
+                    t[p, codes[ptr[p]:ptr[p + 1]]] = True
+                dense.append(torch.from_numpy(t))
+            uq, ex_old, rank, new_id, D, A_rank = q, q_ex, q_rank, q_new, qD, qA
+        n_leaves = len(out.codes[-1])
+        out.n_duplicates = len(keys) - n_leaves
+        if not out.n_duplicates:  # one item per leaf: the leaves are the items in key order
+            out.full_keys, out.leaf_item = keys, torch.from_numpy(rows)
+        else:
+            out.full_keys = splice(self.full_keys, D, A_rank, uq[~ex_old & (new_id >= 0)])
+            leaf = splice(self.leaf_item.numpy(), D, A_rank, np.zeros(len(A_rank), np.int64))
+            live = new_id >= 0  # a changed leaf's item: its last row, as the full build's
+            leaf[new_id[live]] = rows[np.searchsorted(keys, uq[live], side="right") - 1]
+            out.leaf_item = torch.from_numpy(leaf)
+        out.dense = [t if t is not None else out._dense(d) for d, t in enumerate(dense)]
+        return out
 
 
 def mixed_radix(sids: np.ndarray, level_sizes: list[int]) -> np.ndarray:
@@ -192,6 +284,43 @@ def mixed_radix(sids: np.ndarray, level_sizes: list[int]) -> np.ndarray:
     for d, v in enumerate(level_sizes[: sids.shape[1]]):
         key = key * v + sids[:, d]
     return key
+
+
+def splice(a: np.ndarray, drop: np.ndarray, at: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """``a`` without its elements (rows) at positions ``drop`` (sorted, distinct) and with ``values`` inserted
+    before the elements at positions ``at`` (sorted; ``len(a)``: at the end; several at one position in the
+    order given), both in ``a``'s own numbering: a new array, copied piece by piece for a few edits."""
+    drop, at = np.asarray(drop, np.int64), np.asarray(at, np.int64)
+    values = np.asarray(values, a.dtype)
+    if len(drop) + len(at) > 64:
+        return np.insert(np.delete(a, drop, axis=0), at - np.searchsorted(drop, at), values, axis=0)
+    pieces, start, i, j = [], 0, 0, 0
+    at_l, drop_l = at.tolist(), drop.tolist()
+    while i < len(at_l) or j < len(drop_l):
+        if i < len(at_l) and (j == len(drop_l) or at_l[i] <= drop_l[j]):
+            pieces += [a[start:at_l[i]], values[i:i + 1]]
+            start, i = at_l[i], i + 1
+        else:
+            pieces.append(a[start:drop_l[j]])
+            start, j = drop_l[j] + 1, j + 1
+    pieces.append(a[start:])
+    return np.concatenate(pieces)
+
+
+def add_steps(a: np.ndarray, starts: np.ndarray, deltas: np.ndarray) -> None:
+    """In place, ``a[s:] += d`` for each start ``s`` and delta ``d`` (one pass over ``a`` at most)."""
+    if not len(starts):
+        return
+    o = np.argsort(starts, kind="stable")
+    s, c = np.asarray(starts)[o].tolist(), np.cumsum(np.asarray(deltas)[o]).tolist()
+    if len(s) > 64:
+        step = np.zeros(len(a) + 1, dtype=np.int64)
+        np.add.at(step, np.minimum(np.asarray(starts), len(a)), deltas)
+        a += np.cumsum(step[:-1]).astype(a.dtype)
+        return
+    for lo, hi, v in zip(s, s[1:] + [len(a)], c):
+        if v and hi > lo:
+            a[lo:hi] += v
 
 
 class ExcludingTrie(SidTrie):

@@ -3,10 +3,15 @@ whole version would."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from specrec_rpc.catalogue import CatalogueMismatch, apply_delta, build_snapshot
 from specrec_rpc.v1 import common_pb2
+
+from .test_itemset_edit import assert_same
 
 LEVELS = [8, 8, 4]
 
@@ -84,3 +89,59 @@ async def test_versions_dropped_from_the_watcher_are_collected(monkeypatch):
     finally:
         gc.enable()
         await w.stop()
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 100_000), n=st.integers(1, 30), steps=st.integers(1, 5), small=st.booleans())
+def test_chained_random_deltas_equal_the_full_versions(seed, n, steps, small):
+    """Random deltas (items replaced with new SIDs, moved, added, removed, SIDs shared), one over the other as
+    a follower applies them: each snapshot equals the one built from every item of its version, its trie
+    and order array for array; with ``small`` the overlays are collapsed into whole copies on the way."""
+    from unittest import mock
+
+    import specrec_rpc.catalogue as cat
+
+    rng = np.random.default_rng(seed)
+    live = {f"i{j}": item(f"i{j}", j, [int(rng.integers(0, v)) for v in LEVELS], bool(rng.random() < 0.3))
+            for j in range(n)}
+    rows = n
+    snap = build_snapshot("e.1", LEVELS, list(live.values()))
+    with mock.patch.object(cat, "OVERLAY_MIN", 2 if small else cat.OVERLAY_MIN):
+        for step in range(steps):
+            changed, removed = [], []
+            for _ in range(int(rng.integers(1, 4))):
+                kind = rng.integers(0, 4)
+                if kind == 0 or not live:  # a new item
+                    new_id = f"n{step}-{len(changed)}"
+                    live[new_id] = it = item(new_id, rows, [int(rng.integers(0, v)) for v in LEVELS])
+                    rows += 1
+                elif kind == 1:  # a new SID (sometimes another item's)
+                    old = live[str(rng.choice(sorted(live)))]
+                    other = live[str(rng.choice(sorted(live)))]
+                    codes = list(other.sid.codes) if rng.random() < 0.3 else [int(rng.integers(0, v)) for v in LEVELS]
+                    live[old.item_id] = it = item(old.item_id, old.row, codes, old.unseen)
+                elif kind == 2:  # moved to a new row
+                    old = live[str(rng.choice(sorted(live)))]
+                    removed.append(old.row)
+                    live[old.item_id] = it = item(old.item_id, rows, old.sid.codes, old.unseen)
+                    rows += 1
+                else:  # removed (one this delta has not written: the item set sends an item's last state)
+                    untouched = sorted(set(live) - {c.item_id for c in changed})
+                    if not untouched:
+                        continue
+                    old = live.pop(str(rng.choice(untouched)))
+                    removed.append(old.row)
+                    continue
+                changed = [c for c in changed if c.item_id != it.item_id] + [it]
+            removed = [r for r in removed if r not in {c.row for c in changed}]
+            want = build_snapshot(f"e.{step + 2}", LEVELS, sorted(live.values(), key=lambda x: x.row), min_rows=rows)
+            snap = apply_delta(snap, f"e.{step + 2}", changed, removed, want.fingerprint)
+            assert snap.index == want.index and dict(snap.index) == want.index and len(snap.index) == len(want.index)
+            assert all(snap.index.get(i) == want.index.get(i) for i in [*want.index, "nope"])
+            assert snap.ids == want.ids and snap.titles == want.titles and snap.texts == want.texts
+            assert [snap.ids[r] for r in range(rows)] == want.ids and snap.ids[-1] == want.ids[-1]
+            assert np.array_equal(snap.itemset.active, want.itemset.active)
+            act = want.itemset.active
+            assert np.array_equal(snap.itemset.sids[act], want.itemset.sids[act])
+            assert np.array_equal(snap.itemset.seen[act], want.itemset.seen[act])
+            assert_same(snap.itemset, want.itemset)
