@@ -175,9 +175,9 @@ class RetrievalDrafter(VectorDrafter):
             rows = rows[rows < len(unit)]
             rows = rows[itemset.active[rows] & draftable[rows]]
             return topn_excluding(unit[rows] @ query, rows, n, taken)
-        want = min(len(unit), n + len(taken) + len(itemset.active) - int(itemset.active.sum()) + self.skipped)
+        want = min(len(unit), n + len(taken) + len(itemset.active) - int(itemset.active.sum()))
         assert self.text_index is not None  # n_text > 0 only with a text share
-        scores, rows = self.text_index.search(query[None], want)
+        scores, rows = self.index_search(self.text_index, query[None], want)
         ok = (rows[0] >= 0) & (rows[0] < len(itemset.active))  # rows past the snapshot's: not in it
         rows, scores = rows[0][ok], scores[0][ok]
         act = itemset.active[rows] & draftable[rows]
@@ -199,8 +199,8 @@ class RetrievalDrafter(VectorDrafter):
         if batch.text is None:
             raise ValueError("the retrieval drafter indexes rows from their text embeddings (encode)")
         unit = self._normalise(batch.text)
-        if self.text_index is not None:
-            self.text_index.add(unit)
+        if self.text_index is not None:  # the draftable rows, as the item index (``index_rows`` maps both)
+            self.text_index.add(unit if batch.draftable is None else unit[np.asarray(batch.draftable, bool)])
         self._text.append(batch.text)
         self._unit.append(unit)
         super()._append(batch)

@@ -18,8 +18,9 @@ vectors for histories and one vector per catalogue row.
   changes, any thread), :meth:`VectorDrafter.extend` appends it (between drafts). Rows of the catalogue past
   the indexed ones are *pending*: never drafted until indexed, and :meth:`VectorDrafter.set_itemset` follows a
   version without waiting for them.
-- Rows indexed but not ``draftable`` (the retrieval drafter's items with no text) hold their place in the index
-  and are never drafted.
+- Rows indexed but not ``draftable`` (the retrieval drafter's items with no text) hold their place in
+  ``vectors`` and are never drafted: the faiss index holds only the draftable rows (``index_rows`` maps its
+  positions to rows once a row was left out), so a search never wades through them.
 """
 
 from __future__ import annotations
@@ -127,6 +128,7 @@ class VectorDrafter:
         self._vectors = Rows(np.ascontiguousarray(item_vectors, dtype=np.float32))
         self._draftable = Rows(np.ones(len(item_vectors), bool))
         self.skipped = 0  # indexed rows that are not draftable
+        self._index_rows: Rows | None = None  # the row at each position of the index; None: position = row
         self.itemset = itemset
         self.exact_limit = exact_limit
         self.index = build_index(self.vectors, exact_limit)
@@ -151,6 +153,15 @@ class VectorDrafter:
         """Rows of ``itemset`` (default: the one followed) not indexed yet: not drafted until they are."""
         return max(0, (itemset or self.itemset).n_rows - self.indexed)
 
+    def index_search(self, index, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``index.search`` (an index of the draftable rows, in order), its positions mapped to rows (-1: none)."""
+        scores, pos = index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
+        rows = self._index_rows
+        if rows is None:
+            return scores, pos
+        view = rows.view
+        return scores, np.where(pos >= 0, view[pos.clip(0, max(len(view) - 1, 0))], -1)
+
     def user_vectors(self, histories: Sequence[np.ndarray]) -> np.ndarray:  # pragma: no cover - abstract
         raise NotImplementedError
 
@@ -174,7 +185,11 @@ class VectorDrafter:
         """Append ``batch`` (under the lock; subclasses add their own arrays, then call this)."""
         vectors = np.ascontiguousarray(batch.vectors, dtype=np.float32)
         draftable = np.ones(len(batch), bool) if batch.draftable is None else np.asarray(batch.draftable, bool)
-        self.index.add(vectors)
+        if not draftable.all() and self._index_rows is None:
+            self._index_rows = Rows(np.nonzero(self.draftable)[0])  # positions are rows no more
+        if self._index_rows is not None:
+            self._index_rows.append(batch.start + np.nonzero(draftable)[0])
+        self.index.add(vectors[draftable])
         self._draftable.append(draftable)
         self.skipped += int(len(draftable) - draftable.sum())
         self._vectors.append(vectors)  # last: ``indexed`` moves once everything else is in place
@@ -199,7 +214,7 @@ class VectorDrafter:
             return []
         users = self.cached_user_vectors([r.history for r in requests])
         with self._lock:  # one consistent view: the rows indexed so far
-            itemset, vectors, draftable, skipped = self.itemset, self.vectors, self.draftable, self.skipped
+            itemset, vectors, draftable = self.itemset, self.vectors, self.draftable
         out: list[Draft | None] = [None] * len(requests)
         free = [i for i, r in enumerate(requests) if r.prefixes is None]
         for i, r in enumerate(requests):
@@ -210,13 +225,13 @@ class VectorDrafter:
                 out[i] = topn_excluding(vectors[rows] @ users[i], rows, r.n, r.exclude)
         if free:
             inactive = len(itemset.active) - int(itemset.active.sum())
-            want = max(requests[i].n + len(requests[i].exclude) for i in free) + inactive + skipped
+            want = max(requests[i].n + len(requests[i].exclude) for i in free) + inactive
             want = min(want, len(vectors))
             if max(requests[i].n for i in free) <= 0:  # nothing asked (a drafter whose other shares take all)
                 for i in free:
                     out[i] = Draft(np.zeros(0, np.int64), np.zeros(0, np.float32))
                 return cast("list[Draft]", out)
-            scores, rows = self.index.search(np.ascontiguousarray(users[free]), want)
+            scores, rows = self.index_search(self.index, users[free], want)
             for j, i in enumerate(free):
                 ok = (rows[j] >= 0) & (rows[j] < len(itemset.active))  # rows past the snapshot's: not in it
                 r_rows, r_scores = rows[j][ok], scores[j][ok]

@@ -18,6 +18,7 @@ from itemset_svc.bulk import CatalogueArrays
 from itemset_svc.load import bundle_arrays
 from itemset_svc.store import RedisCatalogue
 from specrec.bundle import sid_space_fingerprint
+from specrec_rpc.server import Runner
 from specrec_rpc.v1 import common_pb2, drafter_pb2
 
 from .stack import Stack
@@ -115,7 +116,12 @@ async def test_modes_loads_only_the_drafters_asked_for(redis_url, namespace, ser
         assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "mode" in e.value.details()
         assert "retrieval" in e.value.details() and "['self']" in e.value.details()
         # a mode the bundle lacks: the service does not start, naming the setting
-        with pytest.raises(ValueError, match="modes: \\['sasrec'\\] not in bundle"):
-            await stack.start_one("drafter", "2", modes="sasrec")
+        runner = Runner(DrafterService(DrafterSettings(**{**stack._settings("drafter").model_dump(), "port": 0,
+                                                           "modes": "sasrec"})))
+        try:
+            with pytest.raises(ValueError, match="modes: \\['sasrec'\\] not in bundle"):
+                await runner.start()
+        finally:
+            await runner.stop(0)
     finally:
         await stack.stop()

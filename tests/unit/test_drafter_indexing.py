@@ -76,6 +76,8 @@ def test_rows_without_text_are_indexed_but_never_drafted(grown):
     d.set_itemset(itemset)
     d.extend(d.encode(new_emb, has_text=has_text))
     assert d.pending() == 0 and d.skipped == NEW // 2
+    [free] = d.draft([DraftRequest(np.array([5, 6]), N + NEW)])  # every draftable row, through the item index
+    assert sorted(free.items.tolist()) == [*range(N), *(N + i for i in range(NEW) if has_text[i])]
     got = drafted(d, [5, 6], n=N + NEW)
     assert got & {N + i for i in range(NEW) if has_text[i]}
     assert not got & {N + i for i in range(NEW) if not has_text[i]}
