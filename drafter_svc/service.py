@@ -119,8 +119,6 @@ class DrafterService(Service):
         if "retrieval" in self.drafters:  # it embeds the texts of new items
             await asyncio.to_thread(self.embedder.load)
         self.catalogue.listeners.append(self._on_version)
-        self._indexer = asyncio.create_task(self._index_loop())
-        self._wake.set()
         # warm up every mode, on the draft thread (a version followed meanwhile runs there too, never beside it)
         loop = asyncio.get_running_loop()
         for d in self.drafters.values():
@@ -136,6 +134,8 @@ class DrafterService(Service):
             raise ValueError(f"default mode {self.default_mode!r} is not available (have {sorted(self.drafters)})")
         self.log.info("drafter serving", modes=sorted(self.drafters), default_mode=self.default_mode,
                       rows=snap.itemset.n_rows, pending={m: d.pending() for m, d in self._indexed_modes().items()})
+        self._indexer = asyncio.create_task(self._index_loop())  # the rows past the bundle's, from now on
+        self._wake.set()
 
     def _build(self, snap: Snapshot) -> None:
         """Drafters for the bundle's rows (the ``modes`` asked for, of those the bundle has), pointed at the
