@@ -12,6 +12,7 @@ import grpc
 import numpy as np
 import pytest
 from prometheus_client import REGISTRY
+from structlog.testing import capture_logs
 
 from drafter_svc.service import DrafterService, DrafterSettings
 from itemset_svc.bulk import CatalogueArrays
@@ -82,12 +83,17 @@ async def test_serves_before_the_extra_rows_are_indexed(redis_url, namespace, se
             r = await stack.drafter.Draft(drafter_pb2.DraftRequest(
                 queries=[drafter_pb2.DraftQuery(history=[*history, ids[1]], n=10)], mode=mode))
             assert not set(r.drafts[0].item_ids) & set(ids)
-        gate.set()
-        t0 = time.monotonic()
-        while any(d.pending() for d in svc._indexed_modes().values()):
-            assert time.monotonic() - t0 < 30.0, {m: d.pending() for m, d in svc._indexed_modes().items()}
-            await asyncio.sleep(0.05)
+        with capture_logs() as logs:
+            gate.set()
+            t0 = time.monotonic()
+            while not any(e["event"] == "drafter indexed" for e in logs):  # logged once the backlog is done
+                assert time.monotonic() - t0 < 30.0, {m: d.pending() for m, d in svc._indexed_modes().items()}
+                assert not any(e["log_level"] == "error" for e in logs), logs
+                await asyncio.sleep(0.05)
         assert pending("retrieval") == pending("self") == 0
+        [done] = [e for e in logs if e["event"] == "drafter indexed"]
+        assert {m: (p["indexed"], p["pending"]) for m, p in done["modes"].items()} == {
+            "retrieval": (n0 + EXTRA, 0), "self": (n0 + EXTRA, 0)}
         for mode in ("retrieval", "self"):
             r = await stack.drafter.Draft(drafter_pb2.DraftRequest(
                 queries=[drafter_pb2.DraftQuery(history=history, n=EXTRA, prefixes=under.prefixes)], mode=mode))
