@@ -280,8 +280,9 @@ DRAFTER_ALL_MODES_UP_TO = 100_000
 def drafter_modes(asked: str, items: int, default: str) -> str:
     """The drafter's ``modes`` for a stack on ``items`` items: ``asked`` unless "auto"; auto: every mode the bundle
     has (empty) up to :data:`DRAFTER_ALL_MODES_UP_TO` items, else only ``default`` (the bundle's default mode, the
-    one ``auto`` drafts with): the retrieval and self drafters hold about 3.6 KB and 0.5 KB per item (the synthetic
-    items have no text: the retrieval drafter would index them and never draft them; docs/operations.md)."""
+    one ``auto`` drafts with): the retrieval and self drafters hold about 3.6 KB and 0.5 KB per item, and the
+    self-drafter searches the rows past the bundle's exactly (the synthetic items have no text: the retrieval
+    drafter skips them; docs/operations.md)."""
     if asked != "auto":
         return asked
     return "" if items <= DRAFTER_ALL_MODES_UP_TO else default

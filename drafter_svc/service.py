@@ -78,8 +78,8 @@ class DrafterSettings(ServiceSettings):
                        "(INVALID_ARGUMENT, `mode`). Empty: every mode the bundle has. Without 'retrieval' SASRec's "
                        "unseen share is drafted by none. The retrieval and self drafters index the rows past the "
                        "bundle's in the background (``index_chunk`` at a time, between drafts): a row is drafted "
-                       "once indexed; an item with neither text nor title is indexed but never drafted by "
-                       "retrieval (nothing to read), the self-drafter drafts it from its SID")
+                       "once indexed; an item with neither text nor title is not indexed by retrieval (nothing to "
+                       "read: never drafted by it), the self-drafter drafts it from its SID")
     index_chunk: int = Field(4096, ge=1, le=1_000_000, description="rows embedded and indexed per background step "
                              "(each step's append waits for the draft in progress; a draft waits at most one append)")
 
@@ -188,16 +188,15 @@ class DrafterService(Service):
 
     def _encode(self, d: VectorDrafter, snap: Snapshot, stop: int) -> Batch:
         """The next rows of ``d`` up to ``stop``, embedded (beside the drafts). The retrieval drafter reads an
-        item's text, else its title; an item with neither is indexed with no text and never drafted by it."""
+        item's text, else its title; an item with neither is not indexed (never drafted by it)."""
         if isinstance(d, SelfDrafter):  # from SIDs
             return d.encode(snap.itemset, stop)
         assert isinstance(d, RetrievalDrafter)
         start = d.indexed
         texts = [snap.texts[r] or snap.titles[r] for r in range(start, stop)]
         has = np.array([bool(t) for t in texts], bool)
-        emb = np.zeros((len(texts), d.text_emb.shape[1]), np.float32)
-        if has.any():
-            emb[has] = self.embedder([t for t in texts if t])
+        with_text = [t for t in texts if t]
+        emb = self.embedder(with_text) if with_text else np.zeros((0, d.text_emb.shape[1]), np.float32)
         return d.encode(emb, start, has)
 
     async def _index_loop(self) -> None:
@@ -230,7 +229,7 @@ class DrafterService(Service):
                 batch = await asyncio.to_thread(self._encode, d, snap,
                                                 min(d.indexed + chunk, snap.itemset.n_rows))
                 await loop.run_in_executor(self.executor, d.extend, batch)
-                INDEXED.labels(mode).set(d.indexed)
+                INDEXED.labels(mode).set(len(d.vectors))
                 PENDING.labels(mode).set(d.pending(self.snap.itemset))
             if time.monotonic() - last >= 10.0:
                 last = time.monotonic()

@@ -15,9 +15,10 @@ the last three items of the history for about 10% of the users whose target
 is unseen, and among the 50 most like them for 34%, against 7% for the top 50
 of all items: ``python -m bench.unseen_text_reach``).
 
-An item with neither text nor title has nothing for it to read: such rows are indexed with a zero text
-embedding but never drafted (``draftable`` false; :meth:`RetrievalDrafter.encode` with ``has_text``), and
-count for nothing in a history. Rows not indexed yet (pending) are neither drafted nor read in a history.
+An item with neither text nor title has nothing for it to read: such rows are looked at but not indexed
+(``draftable`` false, :meth:`RetrievalDrafter.encode` with ``has_text``; they hold one byte each), never
+drafted, and count for nothing in a history. Rows not looked at yet (pending) are neither drafted nor read in a
+history.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ class RetrievalDrafter(VectorDrafter):
 
     @property
     def text_emb(self) -> torch.Tensor:
-        """[indexed, text_dim]: the indexed rows' text embeddings (zero for rows without text)."""
+        """[draftable rows indexed, text_dim]: their text embeddings, in row order (as :attr:`vectors`)."""
         return torch.from_numpy(self._text.view)
 
     @property
@@ -81,7 +82,7 @@ class RetrievalDrafter(VectorDrafter):
         for i, items in enumerate(histories):
             items = self._readable(items)[-t:]
             if len(items):
-                hist[i, t - len(items) :] = text[torch.from_numpy(items)]
+                hist[i, t - len(items) :] = text[torch.from_numpy(self.positions(items))]
                 keep[i, t - len(items) :] = True
         return self.model.user_vectors(hist, keep).numpy()
 
@@ -93,7 +94,7 @@ class RetrievalDrafter(VectorDrafter):
         for i, h in enumerate(histories):
             items = self._readable(h)[-self.text_window:]
             if len(items):
-                out[i] = unit[items].mean(0)
+                out[i] = unit[self.positions(items)].mean(0)
         return self._normalise(out)
 
     def _unseen_rows(self, itemset: LocalItemSet) -> np.ndarray:
@@ -150,7 +151,7 @@ class RetrievalDrafter(VectorDrafter):
         rows = unseen
         if r.prefixes is not None:
             rows = np.intersect1d(rows, self.itemset.items_with_prefixes(r.prefixes), assume_unique=True)
-        return topn_excluding(self._text_unit[rows] @ query, rows, n, taken)
+        return topn_excluding(self._text_unit[self.positions(rows)] @ query, rows, n, taken)
 
     def unseen_drafts(self, requests: Sequence[DraftRequest], counts: list[int],
                       taken: list[frozenset[int]]) -> list[Draft]:
@@ -172,9 +173,9 @@ class RetrievalDrafter(VectorDrafter):
         itemset, unit, draftable = self.itemset, self._text_unit, self.draftable
         if r.prefixes is not None:
             rows = itemset.items_with_prefixes(r.prefixes)
-            rows = rows[rows < len(unit)]
+            rows = rows[rows < len(draftable)]
             rows = rows[itemset.active[rows] & draftable[rows]]
-            return topn_excluding(unit[rows] @ query, rows, n, taken)
+            return topn_excluding(unit[self.positions(rows)] @ query, rows, n, taken)
         want = min(len(unit), n + len(taken) + len(itemset.active) - int(itemset.active.sum()))
         assert self.text_index is not None  # n_text > 0 only with a text share
         scores, rows = self.index_search(self.text_index, query[None], want)
@@ -184,13 +185,13 @@ class RetrievalDrafter(VectorDrafter):
         return topn_excluding(scores[act], rows[act], n, taken)
 
     def encode(self, new_text_emb: np.ndarray, start: int | None = None, has_text: np.ndarray | None = None) -> Batch:
-        """The batch of rows ``start`` (default: the next one to index) on, from their text embeddings; rows
-        where ``has_text`` is false (no text nor title: their embedding is ignored) are indexed but never drafted.
+        """The batch of rows ``start`` (default: the next one to index) on, from the text embeddings of those
+        with text (all, without ``has_text``; where ``has_text`` is false, no text nor title: never drafted).
         Changes nothing (any thread, beside the drafts)."""
         text = np.ascontiguousarray(new_text_emb, dtype=np.float32)
         draftable = None if has_text is None else np.asarray(has_text, bool)
-        if draftable is not None:
-            text = np.where(draftable[:, None], text, np.float32(0.0))
+        if draftable is not None and len(text) != int(draftable.sum()):
+            raise ValueError(f"{len(text)} text embeddings for {int(draftable.sum())} rows with text")
         with torch.inference_mode():
             vec = self.model.item_vectors(torch.from_numpy(text)).numpy()
         return Batch(self.indexed if start is None else start, vec, draftable, text)
@@ -199,8 +200,8 @@ class RetrievalDrafter(VectorDrafter):
         if batch.text is None:
             raise ValueError("the retrieval drafter indexes rows from their text embeddings (encode)")
         unit = self._normalise(batch.text)
-        if self.text_index is not None:  # the draftable rows, as the item index (``index_rows`` maps both)
-            self.text_index.add(unit if batch.draftable is None else unit[np.asarray(batch.draftable, bool)])
+        if self.text_index is not None:  # the draftable rows, as the item index (``positions`` maps both)
+            self.text_index.add(unit)
         self._text.append(batch.text)
         self._unit.append(unit)
         super()._append(batch)

@@ -18,9 +18,9 @@ vectors for histories and one vector per catalogue row.
   changes, any thread), :meth:`VectorDrafter.extend` appends it (between drafts). Rows of the catalogue past
   the indexed ones are *pending*: never drafted until indexed, and :meth:`VectorDrafter.set_itemset` follows a
   version without waiting for them.
-- Rows indexed but not ``draftable`` (the retrieval drafter's items with no text) hold their place in
-  ``vectors`` and are never drafted: the faiss index holds only the draftable rows (``index_rows`` maps its
-  positions to rows once a row was left out), so a search never wades through them.
+- Rows looked at but not ``draftable`` (the retrieval drafter's items with no text) are never drafted and
+  hold nothing but their flag: ``vectors`` and the faiss index hold the draftable rows only, in row order
+  (:meth:`VectorDrafter.positions` maps rows to their places once a row was left out).
 """
 
 from __future__ import annotations
@@ -108,9 +108,9 @@ class Rows:
 
 @dataclass
 class Batch:
-    """The vectors of catalogue rows ``start`` .. ``start + len(vectors) - 1`` (a drafter's ``encode``), for
-    :meth:`VectorDrafter.extend`. ``draftable``: per row, whether it may be drafted (None: all); ``text``: the
-    rows' text embeddings (the retrieval drafter's)."""
+    """Catalogue rows ``start`` .. ``start + len(batch) - 1`` encoded (a drafter's ``encode``), for
+    :meth:`VectorDrafter.extend`. ``draftable``: per row, whether it may be drafted (None: all); ``vectors``
+    (and ``text``, the retrieval drafter's text embeddings): those of the draftable rows only, in order."""
 
     start: int
     vectors: np.ndarray
@@ -118,7 +118,7 @@ class Batch:
     text: np.ndarray | None = None
 
     def __len__(self) -> int:
-        return len(self.vectors)
+        return len(self.vectors) if self.draftable is None else len(self.draftable)
 
 
 class VectorDrafter:
@@ -127,8 +127,8 @@ class VectorDrafter:
     def __init__(self, item_vectors: np.ndarray, itemset: LocalItemSet, exact_limit: int = 200_000):
         self._vectors = Rows(np.ascontiguousarray(item_vectors, dtype=np.float32))
         self._draftable = Rows(np.ones(len(item_vectors), bool))
-        self.skipped = 0  # indexed rows that are not draftable
-        self._index_rows: Rows | None = None  # the row at each position of the index; None: position = row
+        self.skipped = 0  # rows looked at that are not draftable
+        self._index_rows: Rows | None = None  # the row at each position of ``vectors``; None: position = row
         self.itemset = itemset
         self.exact_limit = exact_limit
         self.index = build_index(self.vectors, exact_limit)
@@ -137,17 +137,24 @@ class VectorDrafter:
 
     @property
     def vectors(self) -> np.ndarray:
-        """[indexed, d]: one vector per indexed row (rows 0 .. indexed - 1)."""
+        """[draftable rows indexed, d]: their vectors, in row order (row r's at ``positions([r])``), as in the
+        faiss index."""
         return self._vectors.view
 
     @property
     def draftable(self) -> np.ndarray:
-        """[indexed] bool: the indexed rows that may be drafted."""
+        """[indexed] bool: the rows looked at that may be drafted."""
         return self._draftable.view
 
     @property
     def indexed(self) -> int:
-        return len(self._vectors)
+        """Rows looked at (0 .. indexed - 1): each either in the index or never drafted; the rest are pending."""
+        return len(self._draftable)
+
+    def positions(self, rows: np.ndarray) -> np.ndarray:
+        """The places of ``rows`` (indexed and draftable) in :attr:`vectors` and the index."""
+        rows = np.asarray(rows, dtype=np.int64)
+        return rows if self._index_rows is None else np.searchsorted(self._index_rows.view, rows)
 
     def pending(self, itemset: LocalItemSet | None = None) -> int:
         """Rows of ``itemset`` (default: the one followed) not indexed yet: not drafted until they are."""
@@ -167,7 +174,7 @@ class VectorDrafter:
 
     def set_itemset(self, itemset: LocalItemSet, new_vectors: np.ndarray | None = None) -> None:
         """Follow a new catalogue version; ``new_vectors``: those of the rows following the indexed ones
-        (all of the version's new rows, or the first of them). Rows still without a vector are pending."""
+        (all of the version's new rows, or the first of them). Rows not indexed are pending."""
         if new_vectors is not None:
             self.extend(Batch(self.indexed, np.asarray(new_vectors, dtype=np.float32)))
         self.itemset = itemset
@@ -185,14 +192,16 @@ class VectorDrafter:
         """Append ``batch`` (under the lock; subclasses add their own arrays, then call this)."""
         vectors = np.ascontiguousarray(batch.vectors, dtype=np.float32)
         draftable = np.ones(len(batch), bool) if batch.draftable is None else np.asarray(batch.draftable, bool)
+        if len(vectors) != int(draftable.sum()):
+            raise ValueError(f"{len(vectors)} vectors for a batch of {int(draftable.sum())} draftable rows")
         if not draftable.all() and self._index_rows is None:
-            self._index_rows = Rows(np.nonzero(self.draftable)[0])  # positions are rows no more
+            self._index_rows = Rows(np.arange(len(self.vectors)))  # positions are rows no more
         if self._index_rows is not None:
             self._index_rows.append(batch.start + np.nonzero(draftable)[0])
-        self.index.add(vectors[draftable])
-        self._draftable.append(draftable)
+        self.index.add(vectors)
+        self._vectors.append(vectors)
         self.skipped += int(len(draftable) - draftable.sum())
-        self._vectors.append(vectors)  # last: ``indexed`` moves once everything else is in place
+        self._draftable.append(draftable)  # last: ``indexed`` moves once everything else is in place
 
     def cached_user_vectors(self, histories: Sequence[np.ndarray]) -> np.ndarray:
         """User vectors, remembered per history (guided re-drafting asks again every round)."""
@@ -220,9 +229,9 @@ class VectorDrafter:
         for i, r in enumerate(requests):
             if r.prefixes is not None:
                 rows = itemset.items_with_prefixes(r.prefixes)
-                rows = rows[rows < len(vectors)]  # pending rows: not drafted yet
+                rows = rows[rows < len(draftable)]  # pending rows: not drafted yet
                 rows = rows[draftable[rows]]
-                out[i] = topn_excluding(vectors[rows] @ users[i], rows, r.n, r.exclude)
+                out[i] = topn_excluding(vectors[self.positions(rows)] @ users[i], rows, r.n, r.exclude)
         if free:
             inactive = len(itemset.active) - int(itemset.active.sum())
             want = max(requests[i].n + len(requests[i].exclude) for i in free) + inactive

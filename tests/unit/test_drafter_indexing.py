@@ -74,7 +74,8 @@ def test_rows_without_text_are_indexed_but_never_drafted(grown):
     has_text = np.arange(NEW) % 2 == 0  # odd new rows: neither text nor title
     d = d
     d.set_itemset(itemset)
-    d.extend(d.encode(new_emb, has_text=has_text))
+    d.extend(d.encode(new_emb[has_text], has_text=has_text))
+    assert d.indexed == N + NEW and len(d.vectors) == len(d.text_emb) == N + NEW // 2  # nothing held for the rest
     assert d.pending() == 0 and d.skipped == NEW // 2
     [free] = d.draft([DraftRequest(np.array([5, 6]), N + NEW)])  # every draftable row, through the item index
     assert sorted(free.items.tolist()) == [*range(N), *(N + i for i in range(NEW) if has_text[i])]
