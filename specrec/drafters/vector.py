@@ -204,8 +204,10 @@ class VectorDrafter:
         self._draftable.append(draftable)  # last: ``indexed`` moves once everything else is in place
 
     def cached_user_vectors(self, histories: Sequence[np.ndarray]) -> np.ndarray:
-        """User vectors, remembered per history (guided re-drafting asks again every round)."""
-        keys = [np.asarray(h, dtype=np.int64).tobytes() for h in histories]
+        """User vectors, remembered per history and rows indexed (guided re-drafting asks again every round; a
+        history with a row pending reads it once it is indexed)."""
+        seen = np.int64(self.indexed).tobytes()
+        keys = [seen + np.asarray(h, dtype=np.int64).tobytes() for h in histories]
         with self._lock:
             missing = [i for i, k in enumerate(keys) if k not in self._users]
         if missing:
