@@ -239,7 +239,7 @@ class DrafterService(Service):
 
     def _log_progress(self, what: str, modes: dict[str, VectorDrafter], start: dict[str, int], s: float) -> None:
         self.log.info(what, seconds=round(s, 1), modes={
-            m: {"indexed": d.indexed, "pending": d.pending(self.snap.itemset),
+            m: {"indexed": d.indexed, "pending": d.pending(self.snap.itemset), "not_drafted": d.skipped,
                 "rows_per_s": round((d.indexed - start[m]) / max(s, 1e-9))} for m, d in modes.items()})
 
     async def stop(self) -> None:

@@ -127,7 +127,7 @@ class VectorDrafter:
     def __init__(self, item_vectors: np.ndarray, itemset: LocalItemSet, exact_limit: int = 200_000):
         self._vectors = Rows(np.ascontiguousarray(item_vectors, dtype=np.float32))
         self._draftable = Rows(np.ones(len(item_vectors), bool))
-        self.skipped = 0  # rows looked at that are not draftable
+        self.skipped = 0  # rows looked at that are not draftable (the service logs it)
         self._index_rows: Rows | None = None  # the row at each position of ``vectors``; None: position = row
         self.itemset = itemset
         self.exact_limit = exact_limit
