@@ -85,7 +85,7 @@ def build_index(vectors: np.ndarray, exact_limit: int = 200_000, hnsw_m: int = 3
 
 
 class Rows:
-    """A float32 or bool array [n, ...] that grows by appending, in amortised O(rows) (capacity doubles): a
+    """An array [n, ...] that grows by appending, in amortised O(rows) (capacity doubles): a
     ten-million-row catalogue indexed in chunks copies each row a few times, not once per chunk. ``view`` is the
     filled part; a view taken before an append stays valid (appends write past it, or into a new buffer)."""
 
