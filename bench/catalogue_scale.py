@@ -27,8 +27,9 @@ With ``--parts itemset`` (:func:`itemset_part`), per size, the item set in a pri
 Redis memory per item, upsert p50/p99, the item set's mirror, a follower's packed snapshot and a version change's
 delta (keys ``catalogue.<size>.itemset.*``). With ``--parts stack`` (:func:`stack_part`), the four services on the
 catalogue: each one's start (``catalogue.<size>.start_s.<service>``) and ``auto`` at 30 ms in a closed loop
-(``catalogue.<size>.gateway.auto.gr_ranked_share_at_30ms``). Run the big sizes on a machine of their own: 10M items
-take a few GB and minutes.
+(``catalogue.<size>.gateway.auto.gr_ranked_share_at_30ms``); the drafter loads the modes ``--stack-drafter-modes``
+says (:func:`drafter_modes`: past 100k items only the bundle's default, which ``auto`` drafts with). Run the big
+sizes on a machine of their own: 10M items take a few GB and minutes.
 """
 
 from __future__ import annotations
@@ -273,13 +274,27 @@ def _free_sid(taken: set, level_sizes: list[int], rng) -> tuple[int, ...]:
     return tuple(reversed(codes))
 
 
+DRAFTER_ALL_MODES_UP_TO = 100_000
+
+
+def drafter_modes(asked: str, items: int, default: str) -> str:
+    """The drafter's ``modes`` for a stack on ``items`` items: ``asked`` unless "auto"; auto: every mode the bundle
+    has (empty) up to :data:`DRAFTER_ALL_MODES_UP_TO` items, else only ``default`` (the bundle's default mode, the
+    one ``auto`` drafts with): the retrieval and self drafters hold about 3.6 KB and 0.5 KB per item, and the
+    self-drafter searches the rows past the bundle's exactly (the synthetic items have no text: the retrieval
+    drafter skips them; docs/operations.md)."""
+    if asked != "auto":
+        return asked
+    return "" if items <= DRAFTER_ALL_MODES_UP_TO else default
+
+
 def stack_part(label: str, sids: np.ndarray, seen: np.ndarray, ids: list[str], bundle_dir: str, a) -> dict:
     """The four services on this catalogue (:class:`bench.harness.Stack`, a private ``redis-server``): the
     catalogue bulk-loaded into the stack's namespace first (the bundle's items with their texts, then the
     synthetic ones, recorded as the bundle's), each service's start until SERVING (``start_s``), then ``auto``
     through the gateway in a closed loop at a 30 ms budget on ``--stack-users`` seeded random test users:
     who served each answer (``served_by``) and the share of lists the GR model made or ranked
-    (``gr_ranked_share``)."""
+    (``gr_ranked_share``). The drafter loads :func:`drafter_modes` (``drafter_modes`` in the result; "" = all)."""
     import asyncio
     import re
     import tempfile
@@ -294,9 +309,10 @@ def stack_part(label: str, sids: np.ndarray, seen: np.ndarray, ids: list[str], b
     b = Bundle.load(bundle_dir)
     tmp = Path(tempfile.mkdtemp(prefix="specrec-catalogue-stack-"))
     redis = Redis(None, tmp, private=True)
+    modes = drafter_modes(a.stack_drafter_modes, len(sids), b.default_drafter() or "")
     stack = Stack(Path(bundle_dir).resolve(), redis, tmp / "logs", f"catalogue-{label}", threads=1,
-                  max_history=b.cfg.max_history)
-    out: dict = {"items": len(sids), "users": a.stack_users}
+                  max_history=b.cfg.max_history, env={"SPECREC_DRAFTER_MODES": modes})
+    out: dict = {"items": len(sids), "users": a.stack_users, "drafter_modes": modes}
     try:
         real, level_sizes = bundle_arrays(bundle_dir)
         synth = len(sids) - len(real)
@@ -327,7 +343,8 @@ def stack_part(label: str, sids: np.ndarray, seen: np.ndarray, ids: list[str], b
         closed = summarise(answers, np.zeros(len(users.ids)), len(users.ids), a.k)
         out["closed"] = {k: closed[k] for k in ("answered", "errors", "gr_ranked_share", "served_by", "p99_ms")
                          if k in closed}
-        say(f"{label}: started in " + ", ".join(f"{n} {t:.1f} s" for n, t in starts.items())
+        say(f"{label}: drafter modes {modes or 'all'}; started in "
+            + ", ".join(f"{n} {t:.1f} s" for n, t in starts.items())
             + f"; auto at 30 ms: GR-ranked {closed['gr_ranked_share']:.3f}, served by {closed['served_by']}")
     finally:
         stack.stop(say=say)
@@ -393,6 +410,17 @@ def markdown(res: dict) -> str:
                 f"{i['packed_mb']:.0f} / {i['pack_s']:.1f}", f"{i['follower_load_s']:.1f} / {i['follower_mb']:.0f}",
                 f"{i['delta_apply_ms']:.0f}"]) + " |")
         lines.append("")
+    if all("stack" in s for s in res["sizes"]):
+        cols = ["items", "drafter modes", "start s (each service)", "auto GR-ranked share at 30 ms", "served by"]
+        lines += ["## The stack", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+        for s in res["sizes"]:
+            st = s["stack"]
+            lines.append("| " + " | ".join([
+                f"{s['items']:,}", st["drafter_modes"] or "all",
+                ", ".join(f"{n} {t:.1f}" for n, t in st["start_s"].items()),
+                f"{st['closed']['gr_ranked_share']:.3f}", str(st["closed"].get("served_by", ""))]) + " |")
+        lines += ["", "The drafter serves once the bundle's rows are indexed; the rest are indexed in the background "
+                  "(docs/operations.md).", ""]
     return "\n".join(lines)
 
 
@@ -409,6 +437,8 @@ def main(argv=None) -> int:
     ap.add_argument("--parts", default="inprocess", help=f"what to measure, of {', '.join(PARTS)}")
     ap.add_argument("--upserts", type=int, default=200, help="timed one-item upserts per size (--parts itemset)")
     ap.add_argument("--stack-users", type=int, default=300, help="seeded random test users (--parts stack)")
+    ap.add_argument("--stack-drafter-modes", default="auto", help="the drafter's modes (SPECREC_DRAFTER_MODES; "
+                    "'' = all the bundle has); auto: all up to 100k items, else the bundle's default")
     ap.add_argument("--stack-timeout", type=float, default=900.0, help="seconds a service may take to start")
     ap.add_argument("--out", default=str(RESULTS_DIR))
     a = ap.parse_args(argv)

@@ -1,25 +1,36 @@
 """The drafter service: a thin adapter over the core drafters.
 
-It follows the catalogue: on every new item-set version the new rows are
-embedded (text, for the retrieval drafter; SID, for the self-drafter) and
-added to the faiss indexes, without a restart. Drafting runs on one compute
-thread; requests name the catalogue version they work on.
+It follows the catalogue: on every new item-set version the drafters point at it
+at once, and the new rows are embedded (text, for the retrieval drafter; SID,
+for the self-drafter) and added to the faiss indexes in the background, in
+chunks, without a restart. The service serves as soon as the bundle's rows are
+indexed: a catalogue of ten million items starts in seconds, its rows past the
+bundle's drafted once indexed (progress in the log and in
+``specrec_drafter_pending_items``). ``modes`` chooses the drafters loaded (the
+SASRec drafter indexes nothing: it drafts the rows it was trained on). Drafting
+runs on one compute thread, and so do the index appends, between drafts;
+requests name the catalogue version they work on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import torch
 from prometheus_client import Counter, Gauge
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from specrec.bundle import Bundle, sid_space_fingerprint
 from specrec.drafters.base import DraftRequest as CoreDraftRequest
+from specrec.drafters.retrieval import RetrievalDrafter
+from specrec.drafters.self_draft import SelfDrafter
+from specrec.drafters.vector import Batch, VectorDrafter
 from specrec.ids.embed import TextEmbedder
 from specrec_rpc.catalogue import CatalogueWatcher, Snapshot
 from specrec_rpc.errors import InvalidArgument, handle_errors, require
@@ -29,6 +40,9 @@ from specrec_rpc.settings import ServiceSettings
 from specrec_rpc.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
 
 INDEXED = Gauge("specrec_drafter_indexed_items", "Catalogue rows in the drafter index", ["mode"])
+PENDING = Gauge("specrec_drafter_pending_items", "Catalogue rows not indexed yet (not drafted until they are)",
+                ["mode"])
+MODES = ("sasrec", "retrieval", "self")
 DRAFTED = Counter("specrec_drafter_candidates", "Candidates returned", ["mode"])
 
 
@@ -59,6 +73,24 @@ class DrafterSettings(ServiceSettings):
                                 "(all-MiniLM-L6-v2, 88 MB) at start to embed the texts of items upserted since the "
                                 "bundle; off (a machine without that model): the other drafters serve, SASRec's unseen "
                                 "share drafted by none")
+    modes: str = Field("", description="the drafters to load, comma-separated ('sasrec', 'retrieval', 'self'; "
+                       "e.g. 'sasrec' for a catalogue of millions: it indexes nothing); a mode not loaded is refused "
+                       "(INVALID_ARGUMENT, `mode`). Empty: every mode the bundle has. Without 'retrieval' SASRec's "
+                       "unseen share is drafted by none. The retrieval and self drafters index the rows past the "
+                       "bundle's in the background (``index_chunk`` at a time, between drafts): a row is drafted "
+                       "once indexed; an item with neither text nor title is not indexed by retrieval (nothing to "
+                       "read: never drafted by it), the self-drafter drafts it from its SID")
+    index_chunk: int = Field(4096, ge=1, le=1_000_000, description="rows embedded and indexed per background step "
+                             "(each step's append waits for the draft in progress; a draft waits at most one append)")
+
+    @field_validator("modes")
+    @classmethod
+    def _modes(cls, v: str) -> str:
+        names = [m.strip() for m in v.split(",") if m.strip()]
+        bad = [m for m in names if m not in MODES]
+        if bad:
+            raise ValueError(f"unknown drafter mode(s) {bad} (expected some of {list(MODES)})")
+        return ",".join(dict.fromkeys(names))
 
 
 class DrafterService(Service):
@@ -71,6 +103,8 @@ class DrafterService(Service):
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="draft")
         self.drafters: dict = {}
         self.embedder = TextEmbedder()
+        self._wake = asyncio.Event()  # new rows to index
+        self._indexer: asyncio.Task | None = None
 
     async def start(self) -> None:
         torch.set_num_threads(self.s.threads)
@@ -98,57 +132,121 @@ class DrafterService(Service):
             self.log.info("drafter backends", **backends)  # SASRec's graph, or the model where it could not be built
         if self.default_mode not in self.drafters:
             raise ValueError(f"default mode {self.default_mode!r} is not available (have {sorted(self.drafters)})")
+        self.log.info("drafter serving", modes=sorted(self.drafters), default_mode=self.default_mode,
+                      rows=snap.itemset.n_rows, pending={m: d.pending() for m, d in self._indexed_modes().items()})
+        self._indexer = asyncio.create_task(self._index_loop())  # the rows past the bundle's, from now on
+        self._wake.set()
 
     def _build(self, snap: Snapshot) -> None:
-        """Drafters for the bundle's rows, then the snapshot's extra rows."""
+        """Drafters for the bundle's rows (the ``modes`` asked for, of those the bundle has), pointed at the
+        snapshot: its rows past the bundle's are pending, for the background indexer."""
         b = self.bundle
         base = b.itemset
-        n0 = len(b.catalogue)
-        if b.retrieval is not None and b.text_emb is not None and self.s.text_embedder:
+        have = {"retrieval": b.retrieval is not None and b.text_emb is not None and self.s.text_embedder,
+                "self": b.self_draft is not None, "sasrec": b.sasrec is not None}
+        want = [m for m in self.s.modes.split(",") if m]
+        missing = [m for m in want if not have[m]]
+        if missing:
+            why = {"retrieval": "a retrieval drafter and text embeddings (and text_embedder on)",
+                   "self": "a self-draft head", "sasrec": "a SASRec"}
+            raise ValueError(f"modes: {missing} not in bundle {self.s.bundle} (each needs "
+                             + "; ".join(f"{m}: {why[m]}" for m in missing) + ")")
+        load = set(want) if want else {m for m, ok in have.items() if ok}
+        if "retrieval" in load:
             self.drafters["retrieval"] = b.drafter("retrieval", base, text_share=self.s.text_share,
                                                    unseen_share=self.s.unseen_share)
-        if b.self_draft is not None:
+        if "self" in load:
             self.drafters["self"] = b.drafter("self", base)
-        if b.sasrec is not None:  # its unseen share from the retrieval drafter's text part (which follows new items)
+        if "sasrec" in load:  # its unseen share from the retrieval drafter's text part (which follows new items)
             self.drafters["sasrec"] = b.drafter("sasrec", base, unseen_share=self.s.unseen_share,
                                                 unseen_source=self.drafters.get("retrieval"))
         if not self.drafters:
             raise ValueError(f"bundle {self.s.bundle} has no drafters (run `specrec train-drafters`)")
-        self.default_mode = self.s.default_mode or b.default_drafter() or ""
-        self._rows = n0
+        best = b.default_drafter() or ""
+        if not self.s.default_mode and want and best not in self.drafters:
+            best = want[0]  # the bundle's best is not loaded: the first mode asked for
+        self.default_mode = self.s.default_mode or best
         self._follow(snap)
 
-    def _embed_new(self, snap: Snapshot) -> np.ndarray | None:
-        """Text embeddings of the rows added since the last version (None when there are none, or no
-        retrieval drafter reads them)."""
-        extra = range(self._rows, snap.itemset.n_rows)
-        if "retrieval" not in self.drafters or not len(extra):
-            return None
-        return self.embedder([snap.texts[r] or snap.titles[r] or snap.ids[r] for r in extra])
+    def _indexed_modes(self) -> dict[str, VectorDrafter]:
+        """The drafters with an index of their own (the rows they draft must be embedded first)."""
+        return {m: d for m, d in self.drafters.items() if isinstance(d, VectorDrafter)}
 
-    def _follow(self, snap: Snapshot, new_emb: np.ndarray | None = None) -> None:
-        """Index rows added since the last version (their text embeddings in ``new_emb``, computed by
-        :meth:`_embed_new` when not given); point the drafters at the new snapshot."""
-        if new_emb is None:
-            new_emb = self._embed_new(snap)
-        extra = snap.itemset.n_rows - self._rows
+    def _follow(self, snap: Snapshot) -> None:
+        """Point the drafters at ``snap`` (on the draft thread): its rows not indexed yet are not drafted until
+        the background indexer has added them."""
         for mode, d in self.drafters.items():
-            if mode == "retrieval":
-                d.add_items(snap.itemset, new_emb) if new_emb is not None else d.set_itemset(snap.itemset)
-            else:
-                d.add_items(snap.itemset) if extra > 0 else d.set_itemset(snap.itemset)
+            d.set_itemset(snap.itemset)
             INDEXED.labels(mode).set(len(d.vectors))
-        self._rows = max(self._rows, snap.itemset.n_rows)  # rows indexed so far (a snapshot may end earlier)
+            PENDING.labels(mode).set(d.pending() if isinstance(d, VectorDrafter) else 0)
         self.snap = snap
 
     async def _on_version(self, snap: Snapshot, old) -> None:
-        # the text encoder runs beside the drafts (tens of ms for a few texts), only the index update waits
-        # for the draft thread
-        new_emb = await asyncio.to_thread(self._embed_new, snap)
-        await asyncio.get_running_loop().run_in_executor(self.executor, self._follow, snap, new_emb)
+        await asyncio.get_running_loop().run_in_executor(self.executor, self._follow, snap)
+        self._wake.set()
         self.log.info("drafter follows catalogue", version=snap.version, rows=snap.itemset.n_rows)
 
+    def _encode(self, d: VectorDrafter, snap: Snapshot, stop: int) -> Batch:
+        """The next rows of ``d`` up to ``stop``, embedded (beside the drafts). The retrieval drafter reads an
+        item's text, else its title; an item with neither is not indexed (never drafted by it)."""
+        if isinstance(d, SelfDrafter):  # from SIDs
+            return d.encode(snap.itemset, stop)
+        assert isinstance(d, RetrievalDrafter)
+        start = d.indexed
+        texts = [snap.texts[r] or snap.titles[r] for r in range(start, stop)]
+        has = np.array([bool(t) for t in texts], bool)
+        with_text = [t for t in texts if t]
+        emb = self.embedder(with_text) if with_text else np.zeros((0, d.text_emb.shape[1]), np.float32)
+        return d.encode(emb, start, has)
+
+    async def _index_loop(self) -> None:
+        """Index the rows past each drafter's in chunks of ``index_chunk``, round-robin over the modes: embedded
+        in a worker thread beside the drafts, appended on the draft thread between them. Woken by every version
+        with new rows; logs its progress every 10 s and when a backlog is done."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                await self._index_backlog()
+            except Exception:  # noqa: BLE001 - an embedder or index failure: logged, tried again
+                self.log.exception("drafter indexing failed; trying again in 5 s")
+                await asyncio.sleep(5.0)
+                self._wake.set()
+
+    async def _index_backlog(self) -> None:
+        """Index every row pending in any mode (rows arriving meanwhile too)."""
+        loop = asyncio.get_running_loop()
+        chunk = self.s.index_chunk
+        modes = self._indexed_modes()
+        start = {m: d.indexed for m, d in modes.items()}
+        t0 = last = time.monotonic()
+        while True:
+            snap = self.snap
+            todo = {m: d for m, d in modes.items() if d.indexed < snap.itemset.n_rows}
+            if not todo:
+                break
+            for mode, d in todo.items():
+                batch = await asyncio.to_thread(self._encode, d, snap,
+                                                min(d.indexed + chunk, snap.itemset.n_rows))
+                await loop.run_in_executor(self.executor, d.extend, batch)
+                INDEXED.labels(mode).set(len(d.vectors))
+                PENDING.labels(mode).set(d.pending(self.snap.itemset))
+            if time.monotonic() - last >= 10.0:
+                last = time.monotonic()
+                self._log_progress("drafter indexing", modes, start, last - t0)
+        if any(d.indexed > start[m] for m, d in modes.items()):
+            self._log_progress("drafter indexed", modes, start, time.monotonic() - t0)
+
+    def _log_progress(self, what: str, modes: dict[str, VectorDrafter], start: dict[str, int], s: float) -> None:
+        self.log.info(what, seconds=round(s, 1), modes={
+            m: {"indexed": d.indexed, "pending": d.pending(self.snap.itemset), "not_drafted": d.skipped,
+                "rows_per_s": round((d.indexed - start[m]) / max(s, 1e-9))} for m, d in modes.items()})
+
     async def stop(self) -> None:
+        if self._indexer is not None:
+            self._indexer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._indexer
         await self.catalogue.stop()
         await self.channel.close()
         self.executor.shutdown(wait=True)

@@ -258,8 +258,7 @@ class ServiceProcs:
             for key in keys:
                 self._spawn(key, say, on_started)
                 t0[key] = time.time()
-            for key in keys:
-                self._wait_serving(key, t0[key], timeout, say)
+            self._wait_serving(t0, timeout, say)
         return self
 
     def start_one(self, name: str, timeout: float = 300.0, say: Callable[[str], None] = print,
@@ -267,7 +266,7 @@ class ServiceProcs:
         """Start (or restart, on the same port) one service process (``name``: a service, or a replica
         key such as ``verifier2``) and wait until it is SERVING."""
         p = self._spawn(name, say, on_started, append_log)
-        self._wait_serving(name, time.time(), timeout, say)
+        self._wait_serving({name: time.time()}, timeout, say)
         return p
 
     def _spawn(self, name: str, say: Callable[[str], None], on_started: Callable[[str, int], None] | None = None,
@@ -298,16 +297,19 @@ class ServiceProcs:
             + "); waiting for SERVING")
         return p
 
-    def _wait_serving(self, name: str, t0: float, timeout: float, say: Callable[[str], None]) -> None:
-        p = self.procs[name]
-        while True:
-            status = health_status(self.ports[name])
-            if status == "SERVING":
-                say(f"{name} SERVING after {time.time() - t0:.1f} s")
-                return
-            if p.poll() is not None or time.time() - t0 > timeout:
-                tail = self.log_path(name).read_text()[-2000:]
-                raise SystemExit(f"{name} did not become healthy (status {status}); log tail:\n{tail}")
+    def _wait_serving(self, t0: dict[str, float], timeout: float, say: Callable[[str], None]) -> None:
+        """Until every process of ``t0`` (key -> when it was started) is SERVING, polled side by side: each one's
+        "SERVING after" is its own start, not the wait for the ones before it."""
+        waiting = dict(t0)
+        while waiting:
+            for name, start in list(waiting.items()):
+                status = health_status(self.ports[name])
+                if status == "SERVING":
+                    say(f"{name} SERVING after {time.time() - start:.1f} s")
+                    del waiting[name]
+                elif self.procs[name].poll() is not None or time.time() - start > timeout:
+                    tail = self.log_path(name).read_text()[-2000:]
+                    raise SystemExit(f"{name} did not become healthy (status {status}); log tail:\n{tail}")
             time.sleep(0.1)
 
     def stop(self, say: Callable[[str], None] | None = None) -> None:

@@ -14,6 +14,11 @@ random test users: the unseen target is among the 10 unseen items most like
 the last three items of the history for about 10% of the users whose target
 is unseen, and among the 50 most like them for 34%, against 7% for the top 50
 of all items: ``python -m bench.unseen_text_reach``).
+
+An item with neither text nor title has nothing for it to read: such rows are looked at but not indexed
+(``draftable`` false, :meth:`RetrievalDrafter.encode` with ``has_text``; they hold one byte each), never
+drafted, and count for nothing in a history. Rows not looked at yet (pending) are neither drafted nor read in a
+history.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import torch
 from ..itemset import LocalItemSet
 from ..models.retrieval import RetrievalModel
 from .base import Draft, DraftRequest, topn_excluding
-from .vector import VectorDrafter, build_index
+from .vector import Batch, Rows, VectorDrafter, build_index
 
 
 class RetrievalDrafter(VectorDrafter):
@@ -35,7 +40,7 @@ class RetrievalDrafter(VectorDrafter):
     def __init__(self, model: RetrievalModel, text_emb: np.ndarray, itemset: LocalItemSet, exact_limit: int = 200_000,
                  text_share: float = 0.0, text_window: int = 3, unseen_share: float = 0.0):
         self.model = model.eval()
-        self.text_emb = torch.from_numpy(np.ascontiguousarray(text_emb, dtype=np.float32))
+        self._text = Rows(np.ascontiguousarray(text_emb, dtype=np.float32))
         with torch.inference_mode():
             vectors = self.model.item_vectors(self.text_emb).numpy()
         super().__init__(vectors, itemset, exact_limit)
@@ -44,8 +49,24 @@ class RetrievalDrafter(VectorDrafter):
             raise ValueError(f"text_share {text_share} and unseen_share {unseen_share}: each >= 0, at most 1 "
                              "together")
         self.unseen_share = float(unseen_share)
-        self._text_unit = self._normalise(self.text_emb.numpy())
+        self._unit = Rows(self._normalise(self._text.view))
         self.text_index = build_index(self._text_unit, exact_limit) if text_share > 0 else None
+
+    @property
+    def text_emb(self) -> torch.Tensor:
+        """[draftable rows indexed, text_dim]: their text embeddings, in row order (as :attr:`vectors`)."""
+        return torch.from_numpy(self._text.view)
+
+    @property
+    def _text_unit(self) -> np.ndarray:
+        return self._unit.view
+
+    def _readable(self, items: np.ndarray) -> np.ndarray:
+        """The items of a history the drafter can read: indexed, with text."""
+        items = np.asarray(items, dtype=np.int64)
+        draftable = self.draftable
+        items = items[items < len(draftable)]
+        return items[draftable[items]]
 
     @staticmethod
     def _normalise(x: np.ndarray) -> np.ndarray:
@@ -55,25 +76,37 @@ class RetrievalDrafter(VectorDrafter):
     def user_vectors(self, histories: Sequence[np.ndarray]) -> np.ndarray:
         h = self.model.cfg.max_history
         t = max(1, min(h, max(len(x) for x in histories)))
-        hist = torch.zeros(len(histories), t, self.text_emb.shape[1])
+        text = self.text_emb
+        hist = torch.zeros(len(histories), t, text.shape[1])
         keep = torch.zeros(len(histories), t, dtype=torch.bool)
         for i, items in enumerate(histories):
-            items = np.asarray(items, dtype=np.int64)[-t:]
+            items = self._readable(items)[-t:]
             if len(items):
-                hist[i, t - len(items) :] = self.text_emb[torch.from_numpy(items)]
+                hist[i, t - len(items) :] = text[torch.from_numpy(self.positions(items))]
                 keep[i, t - len(items) :] = True
         return self.model.user_vectors(hist, keep).numpy()
 
     def _text_queries(self, histories: Sequence[np.ndarray]) -> np.ndarray:
-        return self._normalise(np.stack([self._text_unit[np.asarray(h, dtype=np.int64)[-self.text_window:]].mean(0)
-                                         for h in histories]))
+        """The mean unit text embedding of each history's last ``text_window`` readable items (zero where it has
+        none: every item scores 0)."""
+        unit = self._text_unit
+        out = np.zeros((len(histories), unit.shape[1]), np.float32)
+        for i, h in enumerate(histories):
+            items = self._readable(h)[-self.text_window:]
+            if len(items):
+                out[i] = unit[self.positions(items)].mean(0)
+        return self._normalise(out)
 
     def _unseen_rows(self, itemset: LocalItemSet) -> np.ndarray:
-        """The active unseen rows of ``itemset`` (kept per snapshot: it changes only with the version)."""
+        """The active unseen rows of ``itemset`` that are indexed and have text (kept per snapshot and rows
+        indexed: it changes only with them)."""
+        draftable = self.draftable
         got = getattr(self, "_unseen_of", None)
-        if got is None or got[0] is not itemset:
-            got = self._unseen_of = (itemset, np.nonzero(itemset.active & ~itemset.seen)[0])
-        return got[1]
+        if got is None or got[0] is not itemset or got[1] != len(draftable):
+            n = min(len(draftable), itemset.n_rows)
+            rows = np.nonzero(itemset.active[:n] & ~itemset.seen[:n] & draftable[:n])[0]
+            got = self._unseen_of = (itemset, len(draftable), rows)
+        return got[2]
 
     def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         if not (self.text_share or self.unseen_share) or not requests:
@@ -118,7 +151,7 @@ class RetrievalDrafter(VectorDrafter):
         rows = unseen
         if r.prefixes is not None:
             rows = np.intersect1d(rows, self.itemset.items_with_prefixes(r.prefixes), assume_unique=True)
-        return topn_excluding(self._text_unit[rows] @ query, rows, n, taken)
+        return topn_excluding(self._text_unit[self.positions(rows)] @ query, rows, n, taken)
 
     def unseen_drafts(self, requests: Sequence[DraftRequest], counts: list[int],
                       taken: list[frozenset[int]]) -> list[Draft]:
@@ -137,28 +170,44 @@ class RetrievalDrafter(VectorDrafter):
 
     def _text_part(self, r: DraftRequest, query: np.ndarray, n: int, taken: frozenset[int]) -> Draft:
         """The ``n`` items (of all, seen or not) whose text is most like the query."""
-        itemset = self.itemset
+        itemset, unit, draftable = self.itemset, self._text_unit, self.draftable
         if r.prefixes is not None:
             rows = itemset.items_with_prefixes(r.prefixes)
-            rows = rows[itemset.active[rows]]
-            return topn_excluding(self._text_unit[rows] @ query, rows, n, taken)
-        want = min(len(self._text_unit), n + len(taken) + len(itemset.active) - int(itemset.active.sum()))
+            rows = rows[rows < len(draftable)]
+            rows = rows[itemset.active[rows] & draftable[rows]]
+            return topn_excluding(unit[self.positions(rows)] @ query, rows, n, taken)
+        want = min(len(unit), n + len(taken) + len(itemset.active) - int(itemset.active.sum()))
         assert self.text_index is not None  # n_text > 0 only with a text share
-        scores, rows = self.text_index.search(query[None], want)
+        scores, rows = self.index_search(self.text_index, query[None], want)
         ok = (rows[0] >= 0) & (rows[0] < len(itemset.active))  # rows past the snapshot's: not in it
         rows, scores = rows[0][ok], scores[0][ok]
-        act = itemset.active[rows]
+        act = itemset.active[rows] & draftable[rows]
         return topn_excluding(scores[act], rows[act], n, taken)
 
-    def add_items(self, itemset: LocalItemSet, new_text_emb: np.ndarray) -> None:
-        """Index catalogue rows appended in ``itemset`` from their text embeddings."""
-        new = torch.from_numpy(np.ascontiguousarray(new_text_emb, dtype=np.float32))
+    def encode(self, new_text_emb: np.ndarray, start: int | None = None, has_text: np.ndarray | None = None) -> Batch:
+        """The batch of rows ``start`` (default: the next one to index) on, from the text embeddings of those
+        with text (all, without ``has_text``; where ``has_text`` is false, no text nor title: never drafted).
+        Changes nothing (any thread, beside the drafts)."""
+        text = np.ascontiguousarray(new_text_emb, dtype=np.float32)
+        draftable = None if has_text is None else np.asarray(has_text, bool)
+        if draftable is not None and len(text) != int(draftable.sum()):
+            raise ValueError(f"{len(text)} text embeddings for {int(draftable.sum())} rows with text")
         with torch.inference_mode():
-            vec = self.model.item_vectors(new).numpy()
-        self.text_emb = torch.cat([self.text_emb, new])
-        unit = self._normalise(new.numpy())
-        with self._lock:
-            self._text_unit = np.concatenate([self._text_unit, unit])
-            if self.text_index is not None:
-                self.text_index.add(unit)
-        self.set_itemset(itemset, vec)
+            vec = self.model.item_vectors(torch.from_numpy(text)).numpy()
+        return Batch(self.indexed if start is None else start, vec, draftable, text)
+
+    def _append(self, batch: Batch) -> None:
+        if batch.text is None:
+            raise ValueError("the retrieval drafter indexes rows from their text embeddings (encode)")
+        unit = self._normalise(batch.text)
+        if self.text_index is not None:  # the draftable rows, as the item index (``positions`` maps both)
+            self.text_index.add(unit)
+        self._text.append(batch.text)
+        self._unit.append(unit)
+        super()._append(batch)
+
+    def add_items(self, itemset: LocalItemSet, new_text_emb: np.ndarray) -> None:
+        """Index catalogue rows appended in ``itemset`` from their text embeddings (those of the rows following
+        the indexed ones; rows left without one stay pending) and follow it."""
+        self.extend(self.encode(new_text_emb))
+        self.set_itemset(itemset)

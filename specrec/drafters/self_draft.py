@@ -12,7 +12,7 @@ from ..data.histories import history_codes
 from ..itemset import LocalItemSet
 from ..models.self_draft import SelfDraftHead
 from ..models.tiger import Tiger
-from .vector import VectorDrafter
+from .vector import Batch, VectorDrafter
 
 
 class SelfDrafter(VectorDrafter):
@@ -29,9 +29,15 @@ class SelfDrafter(VectorDrafter):
         hist = torch.from_numpy(history_codes(histories, self.gr.cfg.max_history, self.itemset.sids))
         return self.head.user_vectors(self.gr.encode(hist)).numpy()
 
-    def add_items(self, itemset: LocalItemSet) -> None:
-        """Index catalogue rows appended in ``itemset`` (vectors from their SIDs)."""
-        new = itemset.sids_t[len(self.vectors) :]
+    def encode(self, itemset: LocalItemSet, stop: int | None = None) -> Batch:
+        """The batch of ``itemset``'s rows from the next one to index up to ``stop`` (default: all), from their
+        SIDs. Changes nothing (any thread, beside the drafts)."""
+        start = self.indexed
         with torch.inference_mode():
-            vec = self.head.item_vectors(self.gr, new).numpy()
-        self.set_itemset(itemset, vec)
+            vec = self.head.item_vectors(self.gr, itemset.sids_t[start:stop]).numpy()
+        return Batch(start, vec)
+
+    def add_items(self, itemset: LocalItemSet) -> None:
+        """Index catalogue rows appended in ``itemset`` (vectors from their SIDs) and follow it."""
+        self.extend(self.encode(itemset))
+        self.set_itemset(itemset)

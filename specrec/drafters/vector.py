@@ -13,7 +13,14 @@ vectors for histories and one vector per catalogue row.
 - A history's user vector is computed once and remembered (LRU), so the
   rounds of one request pay for it once.
 - Excluded (already verified) and inactive (deleted) items are never returned.
-- ``add_items`` indexes new catalogue rows without a restart.
+- ``add_items`` indexes new catalogue rows without a restart; at scale in two steps, so that the costly one runs
+  beside the drafts: a subclass's ``encode`` computes a :class:`Batch` of the next rows' vectors (no state
+  changes, any thread), :meth:`VectorDrafter.extend` appends it (between drafts). Rows of the catalogue past
+  the indexed ones are *pending*: never drafted until indexed, and :meth:`VectorDrafter.set_itemset` follows a
+  version without waiting for them.
+- Rows looked at but not ``draftable`` (the retrieval drafter's items with no text) are never drafted and
+  hold nothing but their flag: ``vectors`` and the faiss index hold the draftable rows only, in row order
+  (:meth:`VectorDrafter.positions` maps rows to their places once a row was left out).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
@@ -76,36 +84,130 @@ def build_index(vectors: np.ndarray, exact_limit: int = 200_000, hnsw_m: int = 3
     return index
 
 
+class Rows:
+    """An array [n, ...] that grows by appending, in amortised O(rows) (capacity doubles): a
+    ten-million-row catalogue indexed in chunks copies each row a few times, not once per chunk. ``view`` is the
+    filled part; a view taken before an append stays valid (appends write past it, or into a new buffer)."""
+
+    def __init__(self, first: np.ndarray):
+        self._buf = np.ascontiguousarray(first)
+        self.view = self._buf
+
+    def __len__(self) -> int:
+        return len(self.view)
+
+    def append(self, more: np.ndarray) -> None:
+        n, k = len(self.view), len(more)
+        if n + k > len(self._buf):
+            buf = np.empty((max(n + k, 2 * len(self._buf), 1024), *self._buf.shape[1:]), self._buf.dtype)
+            buf[:n] = self.view
+            self._buf = buf
+        self._buf[n : n + k] = more
+        self.view = self._buf[: n + k]
+
+
+@dataclass
+class Batch:
+    """Catalogue rows ``start`` .. ``start + len(batch) - 1`` encoded (a drafter's ``encode``), for
+    :meth:`VectorDrafter.extend`. ``draftable``: per row, whether it may be drafted (None: all); ``vectors``
+    (and ``text``, the retrieval drafter's text embeddings): those of the draftable rows only, in order."""
+
+    start: int
+    vectors: np.ndarray
+    draftable: np.ndarray | None = None
+    text: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.vectors) if self.draftable is None else len(self.draftable)
+
+
 class VectorDrafter:
     name = "vector"
 
     def __init__(self, item_vectors: np.ndarray, itemset: LocalItemSet, exact_limit: int = 200_000):
-        self.vectors = np.ascontiguousarray(item_vectors, dtype=np.float32)
+        self._vectors = Rows(np.ascontiguousarray(item_vectors, dtype=np.float32))
+        self._draftable = Rows(np.ones(len(item_vectors), bool))
+        self.skipped = 0  # rows looked at that are not draftable (the service logs it)
+        self._index_rows: Rows | None = None  # the row at each position of ``vectors``; None: position = row
         self.itemset = itemset
         self.exact_limit = exact_limit
         self.index = build_index(self.vectors, exact_limit)
         self._lock = threading.Lock()
         self._users: OrderedDict[bytes, np.ndarray] = OrderedDict()
 
+    @property
+    def vectors(self) -> np.ndarray:
+        """[draftable rows indexed, d]: their vectors, in row order (row r's at ``positions([r])``), as in the
+        faiss index."""
+        return self._vectors.view
+
+    @property
+    def draftable(self) -> np.ndarray:
+        """[indexed] bool: the rows looked at that may be drafted."""
+        return self._draftable.view
+
+    @property
+    def indexed(self) -> int:
+        """Rows looked at (0 .. indexed - 1): each either in the index or never drafted; the rest are pending."""
+        return len(self._draftable)
+
+    def positions(self, rows: np.ndarray) -> np.ndarray:
+        """The places of ``rows`` (indexed and draftable) in :attr:`vectors` and the index."""
+        rows = np.asarray(rows, dtype=np.int64)
+        return rows if self._index_rows is None else np.searchsorted(self._index_rows.view, rows)
+
+    def pending(self, itemset: LocalItemSet | None = None) -> int:
+        """Rows of ``itemset`` (default: the one followed) not indexed yet: not drafted until they are."""
+        return max(0, (itemset or self.itemset).n_rows - self.indexed)
+
+    def index_search(self, index, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``index.search`` (an index of the draftable rows, in order), its positions mapped to rows (-1: none)."""
+        scores, pos = index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
+        rows = self._index_rows
+        if rows is None:
+            return scores, pos
+        view = rows.view
+        return scores, np.where(pos >= 0, view[pos.clip(0, max(len(view) - 1, 0))], -1)
+
     def user_vectors(self, histories: Sequence[np.ndarray]) -> np.ndarray:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def set_itemset(self, itemset: LocalItemSet, new_vectors: np.ndarray | None = None) -> None:
-        """Follow a new catalogue version: rows beyond the current ones are
-        appended to the index (their vectors given in ``new_vectors``)."""
+        """Follow a new catalogue version; ``new_vectors``: those of the rows following the indexed ones
+        (all of the version's new rows, or the first of them). Rows not indexed are pending."""
+        if new_vectors is not None:
+            self.extend(Batch(self.indexed, np.asarray(new_vectors, dtype=np.float32)))
+        self.itemset = itemset
+
+    def extend(self, batch: Batch) -> None:
+        """Index the rows of ``batch`` (the next ones: ``batch.start`` must be :attr:`indexed`). Not beside a
+        draft: the index is searched without the lock."""
         with self._lock:
-            extra = itemset.n_rows - len(self.vectors)
-            if extra > 0:
-                if new_vectors is None or len(new_vectors) != extra:
-                    raise ValueError(f"{extra} new catalogue rows need {extra} vectors")
-                new_vectors = np.ascontiguousarray(new_vectors, dtype=np.float32)
-                self.vectors = np.concatenate([self.vectors, new_vectors])
-                self.index.add(new_vectors)
-            self.itemset = itemset
+            if batch.start != self.indexed:
+                raise ValueError(f"batch of rows from {batch.start}: {self.indexed} rows are indexed, the next "
+                                 "batch must start there")
+            self._append(batch)
+
+    def _append(self, batch: Batch) -> None:
+        """Append ``batch`` (under the lock; subclasses add their own arrays, then call this)."""
+        vectors = np.ascontiguousarray(batch.vectors, dtype=np.float32)
+        draftable = np.ones(len(batch), bool) if batch.draftable is None else np.asarray(batch.draftable, bool)
+        if len(vectors) != int(draftable.sum()):
+            raise ValueError(f"{len(vectors)} vectors for a batch of {int(draftable.sum())} draftable rows")
+        if not draftable.all() and self._index_rows is None:
+            self._index_rows = Rows(np.arange(len(self.vectors)))  # positions are rows no more
+        if self._index_rows is not None:
+            self._index_rows.append(batch.start + np.nonzero(draftable)[0])
+        self.index.add(vectors)
+        self._vectors.append(vectors)
+        self.skipped += int(len(draftable) - draftable.sum())
+        self._draftable.append(draftable)  # last: ``indexed`` moves once everything else is in place
 
     def cached_user_vectors(self, histories: Sequence[np.ndarray]) -> np.ndarray:
-        """User vectors, remembered per history (guided re-drafting asks again every round)."""
-        keys = [np.asarray(h, dtype=np.int64).tobytes() for h in histories]
+        """User vectors, remembered per history and rows indexed (guided re-drafting asks again every round; a
+        history with a row pending reads it once it is indexed)."""
+        seen = np.int64(self.indexed).tobytes()
+        keys = [seen + np.asarray(h, dtype=np.int64).tobytes() for h in histories]
         with self._lock:
             missing = [i for i, k in enumerate(keys) if k not in self._users]
         if missing:
@@ -122,13 +224,16 @@ class VectorDrafter:
         if not requests:
             return []
         users = self.cached_user_vectors([r.history for r in requests])
-        itemset, vectors = self.itemset, self.vectors
+        with self._lock:  # one consistent view: the rows indexed so far
+            itemset, vectors, draftable = self.itemset, self.vectors, self.draftable
         out: list[Draft | None] = [None] * len(requests)
         free = [i for i, r in enumerate(requests) if r.prefixes is None]
         for i, r in enumerate(requests):
             if r.prefixes is not None:
                 rows = itemset.items_with_prefixes(r.prefixes)
-                out[i] = topn_excluding(vectors[rows] @ users[i], rows, r.n, r.exclude)
+                rows = rows[rows < len(draftable)]  # pending rows: not drafted yet
+                rows = rows[draftable[rows]]
+                out[i] = topn_excluding(vectors[self.positions(rows)] @ users[i], rows, r.n, r.exclude)
         if free:
             inactive = len(itemset.active) - int(itemset.active.sum())
             want = max(requests[i].n + len(requests[i].exclude) for i in free) + inactive
@@ -137,10 +242,10 @@ class VectorDrafter:
                 for i in free:
                     out[i] = Draft(np.zeros(0, np.int64), np.zeros(0, np.float32))
                 return cast("list[Draft]", out)
-            scores, rows = self.index.search(np.ascontiguousarray(users[free]), want)
+            scores, rows = self.index_search(self.index, users[free], want)
             for j, i in enumerate(free):
                 ok = (rows[j] >= 0) & (rows[j] < len(itemset.active))  # rows past the snapshot's: not in it
                 r_rows, r_scores = rows[j][ok], scores[j][ok]
-                act = itemset.active[r_rows]
+                act = itemset.active[r_rows] & draftable[r_rows]
                 out[i] = topn_excluding(r_scores[act], r_rows[act], requests[i].n, requests[i].exclude)
         return cast("list[Draft]", out)  # every request is one of the two kinds above

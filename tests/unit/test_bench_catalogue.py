@@ -49,3 +49,10 @@ def test_the_tables_figures(monkeypatch):
 def test_unknown_parts_are_refused():
     with pytest.raises(SystemExit, match="--parts"):
         cs.main(["--parts", "inprocess,gpu"])
+
+
+def test_the_stack_drafter_loads_the_modes_that_fit_the_size():
+    assert cs.drafter_modes("auto", 100_000, "sasrec") == ""  # every mode the bundle has
+    assert cs.drafter_modes("auto", 1_000_000, "sasrec") == "sasrec"  # the one auto drafts with
+    assert cs.drafter_modes("self", 10_000_000, "sasrec") == "self"  # as asked
+    assert cs.drafter_modes("", 10_000_000, "sasrec") == ""
