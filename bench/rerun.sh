@@ -11,7 +11,8 @@
 # unseen targets are lost, and the same users through the gateway), drafters, backends, profile (policies,
 # graphs, pass cost and floor), startup (cold and warm start), index (HNSW), cpu (the CPU time a fused request
 # costs each service), serving, overload (the load generator on a CPU of its own), soak (and what a write costs), chaos (faults of the services, of Redis and of the machine), scaleout,
-# catalogue (cost against catalogue size, 12k to 10M items: a few GB of memory and minutes at 10M), keys (which
+# catalogue (cost against catalogue size, 12k to 10M items, in process, the item set and the stack: about 15 GB of memory
+# and half an hour at 10M), keys (which
 # summary keys no step writes: bench.summary_keys), quick (a bundle rebuilt with recipes/beauty-quick.json, timed). Not in the default list, run only when named: gpu
 # (bench/device_check.sh, on a machine with an NVIDIA GPU). Every script of bench/ runs from a step, as a module
 # (python -m bench.<name>, from the repository root). Each step's output goes to $LOG/<step>.log; a line per
@@ -78,7 +79,7 @@ soak() {
 }
 chaos() { python -m bench.chaos --bundle "$BUNDLE" --rate 10 --budget-ms 100 --machine-budget-ms 30; }
 scaleout() { python -m bench.scaleout --bundle "$BUNDLE" --rates 10,20,30,40 --duration 10; }
-catalogue() { python -m bench.catalogue_scale --bundle "$BUNDLE" --sizes 12k,100k,1m,10m; }
+catalogue() { python -m bench.catalogue_scale --bundle "$BUNDLE" --sizes 12k,100k,1m,10m --parts inprocess,itemset,stack; }
 quick() {  # a newcomer's rebuild from the shipped data, timed, and its lists on all test users (issue 54)
   python -m bench.quick_recipe --recipe recipes/beauty-quick.json --data data/beauty
 }
