@@ -231,9 +231,16 @@ class CostModel:
             return None if got is None else got.tail()
 
     def relearn(self, policy: str) -> None:
-        """``policy``'s next request time replaces its estimates (a probe of a stale tier)."""
+        """``policy``'s next request time replaces its estimates (a probe of a stale tier), and its stages are
+        measured afresh: their estimates are dropped now, so the probe runs every stage (an unmeasured stage
+        costs nothing to :meth:`PolicyCosts.fits`; the deadline's cut still bounds it). Otherwise a stage whose
+        stale mean did not fit was skipped by every probe and never measured again: ``fused`` warmed up slow
+        (its round's mean from ten warm-up requests) answered its item drafter's list for 300 requests in a
+        row through the gateway at 30 ms (``bench.catalogue_scale``'s stack at 1M items: GR-ranked 0.00)."""
         with self._lock:
             self._relearn.add(policy)
+            for key in [key for key in self._stages if key[0] == policy]:
+                del self._stages[key]
 
     def last_tried(self, policy: str, now: float) -> float:
         """When ``auto`` last chose ``policy`` (``now`` the first time it asks)."""

@@ -132,7 +132,7 @@ class AutoPolicy(Policy):
                 return name
             if now - last >= cfg.probe_s and 0 < left and (cost <= 2 * left or n + 1 == len(tiers)):
                 costs.tried(name, now)
-                costs.relearn(name)  # its estimates are replaced by this request's time
+                costs.relearn(name)  # its estimates, its stages' too, are replaced by this request's
                 return name
         ahead, kept = serving.wait, serving.kept_back('beam', budget)
         raise Overloaded(

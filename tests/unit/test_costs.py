@@ -86,6 +86,22 @@ def test_request_costs_are_a_tail_and_a_relearn_replaces_them():
     assert eng.costs.tail("strict", 5) is None
 
 
+def test_a_relearn_drops_the_policys_stage_estimates_so_its_probe_runs_every_stage():
+    """A probe of a stale tier must measure its stages again: a stage whose stale mean does not fit would be
+    skipped by every probe (fused answering its drafter's list for good) and never measured again."""
+    costs = CostModel()
+    costs.observe_stage("fused", CostStage.ROUND, 0.5)
+    costs.observe_stage("beam", CostStage.ROUND, 0.5)
+    fused = costs.for_policy("fused", clock=lambda: 0.0)
+    deadline = Deadline(0.1)
+    assert not fused.fits(deadline, CostStage.ROUND)  # the stale, slow round does not fit 0.1 s
+    costs.relearn("fused")
+    assert fused.fits(deadline, CostStage.ROUND) and costs.stage("fused", CostStage.ROUND) is None
+    assert costs.stage("beam", CostStage.ROUND) == pytest.approx(0.5)  # another policy's are its own
+    fused.observe(CostStage.ROUND, 0.02)
+    assert costs.stage_mean("fused", CostStage.ROUND) == pytest.approx(0.02)
+
+
 def test_request_costs_are_kept_per_list_length_with_the_policy_across_k_until_one_is_measured():
     eng = make_engine(5)
     t = fake_clock(eng)
