@@ -72,7 +72,11 @@ WRITERS: dict[str, list[str]] = {
                  r"|replica_share_min|(fill_share|server_p99_ms|gr_ranked_share)_on_replica_kill)"],
     "quick": [r"\w+\.quick\.build(\.\w+)?\.minutes",
               r"\w+\.quick\.loo\.(fused|sasrec|beam)\.excl\.((recall|ndcg)@10|recall_ratio_vs_sasrec)"],
-    "catalogue": [r"catalogue\.\w+\.(tables_mb|trie_mb|build_s)", r"catalogue\.\w+\.(beam|nezha|fused)\.(p50|p99)_ms"],
+    "catalogue": [r"catalogue\.\w+\.(tables_mb|trie_mb|build_s)", r"catalogue\.\w+\.(beam|nezha|fused)\.(p50|p99)_ms",
+                  r"catalogue\.\w+\.itemset\.(load_s|redis_mb|bytes_per_item|upsert_p50_ms|upsert_p99_ms|mirror_load_s"
+                  r"|mirror_mb|pack_s|follower_load_s|follower_mb|delta_apply_ms)",
+                  r"catalogue\.\w+\.start_s\.(itemset|verifier|drafter|gateway)",
+                  r"catalogue\.\w+\.gateway\.auto\.gr_ranked_share_at_30ms"],
     "keys": [r"bench\.keys_without_writer"],
 }
 _ALL = re.compile("|".join(f"(?:{p})" for ps in WRITERS.values() for p in ps))

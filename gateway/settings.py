@@ -38,9 +38,9 @@ class GatewaySettings(ServiceSettings):
                                  "own event loop and threads; the kernel spreads connections over them); 0 or "
                                  "'auto': one per 4 usable cores (affinity, capped by the cgroup's CPU quota), at "
                                  "least one (specrec_rpc/processes.py)")
-    cut_early: bool = Field(True, description="fire the deadline's cut early by how late the event loop runs its "
-                            "timers (the tail of a 10 ms sleep's overshoot, plus a cut's own time), and plan auto's "
-                            "tiers to end before it: on a busy machine answers still leave by the deadline")
+    cut_early: bool = Field(True, description="fire the deadline's cut early by how late the event loop runs (the "
+                            "tail of how late it took up the answers its workers finished, plus a cut's own time), and "
+                            "plan auto's tiers to end before it: on a busy machine answers still leave by the deadline")
     reserve_ms: float = Field(6.0, ge=0.0, le=1000.0, description="verifier calls end this long before the deadline "
                               "(or twice the drafter's mean request time when more, plus the tail of the wait "
                               "behind the requests queued at the drafter; at most 80% of the budget), so the drafter "
