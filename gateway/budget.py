@@ -20,7 +20,7 @@ policies see of the gateway, :class:`specrec.policies.engine.Serving`):
   with what it has (the held list, else the catalogue's fill). With ``cut_early``
   the cut fires early by how late the event loop runs (:class:`.looplag.LoopLag`),
   at most :data:`CUT_SHARE` of the time left, and ``auto`` plans to end before it
-  (:meth:`Budget.cut_margin`; the estimate is learned here too, :meth:`Budget.start`:
+  (:meth:`Budget.cut_margin`; the estimate is learned here too, :meth:`Budget.observe_lateness`:
   this module is the one place to remove both, should a quiet machine's
   measurements show that with requests cancelled at the cut they are no longer needed);
 - every downstream call's gRPC timeout is the time left until its end plus
@@ -83,10 +83,6 @@ class Budget:
         self.loop_lag = LoopLag(costs)  # how late the event loop runs: what the early cut keeps back
 
     # -- the early cut's estimate, learned on the gateway's event loop ---------------------------------
-    def start(self) -> None:
-        """Its gauges published (:class:`.looplag.LoopLag`)."""
-        self.loop_lag.start()
-
     def observe_lateness(self, seconds: float) -> None:
         """How late the event loop took up an answer its worker finished (what the early cut keeps back)."""
         self.loop_lag.observe(seconds)

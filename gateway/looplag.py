@@ -17,7 +17,7 @@ tail of what the cut itself takes to build its answer
 ``floor_s``. On an idle machine that is a fraction of a millisecond.
 
 It learned from a task of its own before, one sleep of 10 ms after another:
-that cost the idle gateway 22 CPU ms a second (4 without it), about 0.6 ms of
+that cost the idle gateway 22 CPU ms a second (2-4 without it), about 0.6 ms of
 CPU per request on two cores (``bench.cpu_per_request``), and said nothing of
 the hand-off from a worker that every answer pays.
 """
@@ -44,16 +44,14 @@ class LoopLag:
     def observe(self, late_s: float) -> None:
         """An answer's time from its worker's end to the loop taking it up."""
         self.estimate.observe(max(0.0, late_s))
+        LOOP_LAG.set(self.margin())  # here, on the loop's thread: the estimates are not read from a scrape's
 
     def observe_cut(self, seconds: float) -> None:
         """A cut's time from its timer firing to its answer built."""
         self.cut.observe(max(0.0, seconds))
+        LOOP_LAG.set(self.margin())
 
     def margin(self) -> float:
         """Seconds the deadline's cut keeps back: the lateness's tail (0 before any answer), the cut's own tail
         (0 before any cut), plus ``floor_s``."""
         return (self.estimate.tail() or 0.0) + (self.cut.tail() or 0.0) + self.floor_s
-
-    def start(self) -> None:
-        """Publish the margin as a gauge (read when scraped)."""
-        LOOP_LAG.set_function(self.margin)

@@ -123,7 +123,6 @@ class GatewayService(Service):
         DEPENDENCY_UP.labels("drafter").set_function(lambda: 0.0 if self.drafter.is_down() else 1.0)
         DEPENDENCY_UP.labels("itemset").set_function(
             lambda: 1.0 if time.monotonic() - self.catalogue.last_ok < 5.0 else 0.0)
-        self.budget.start()
         await self._warmup()
 
     def _wait_for_backends(self) -> None:

@@ -25,11 +25,11 @@ def test_the_margin_is_the_tail_of_the_lateness_plus_the_floor():
     assert lag.margin() == pytest.approx(0.05 + 0.002 + 0.0005)
 
 
-def test_the_gauge_reads_the_margin_when_scraped():
+def test_the_gauge_follows_the_margin():
     from gateway.looplag import LOOP_LAG
 
     lag = LoopLag(CostModel(), floor_s=0.0)
-    lag.start()
     lag.observe(0.004)
-    scraped = LOOP_LAG.collect()[0].samples[0].value
-    assert scraped == pytest.approx(lag.margin()) and lag.margin() == pytest.approx(0.004)
+    assert LOOP_LAG._value.get() == pytest.approx(lag.margin()) and lag.margin() == pytest.approx(0.004)
+    lag.observe_cut(0.002)
+    assert LOOP_LAG._value.get() == pytest.approx(0.006)
