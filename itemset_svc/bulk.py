@@ -4,8 +4,8 @@ The catalogue comes as arrays (:class:`CatalogueArrays`: ids, SID codes
 ``[N, L]``, unseen flags, rows; titles and texts optional), so ten million
 items never become ten million Python objects at once: the checks (distinct
 ids and SIDs, codes in range) are numpy's, the prefix masks are counted with
-``np.unique`` per level, the fingerprint XORs sha256 digests as a uint64
-array, and the items, SIDs and masks are formatted and written chunk by
+``np.unique`` per level, the fingerprint is numpy over each chunk's packed
+ids and codes (:mod:`specrec_rpc.fingerprint`), and the items, SIDs and masks are formatted and written chunk by
 chunk (``chunk`` items per HSET, a few HSETs per pipelined round trip) into
 the version's own data keys (:mod:`.keys`). Then the meta with the content
 fingerprint, and the version is published like any write (:mod:`.publish`),
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from specrec_rpc.fingerprint import fingerprint_arrays, sid_strings
+from specrec_rpc.fingerprint import fingerprint_packed, sid_strings
 from specrec_rpc.packed import Columns, pack
 
 from .keys import EMPTY_FINGERPRINT, STAGING_TTL_S, Layout, Record
@@ -197,10 +197,10 @@ class CatalogueBulkLoad(VersionPublisher):
             texts = cat.texts[lo:hi] if cat.texts is not None else [""] * (hi - lo)
             recs = [item_json(r, s, u, ti, te)
                     for r, s, u, ti, te in zip(rows[lo:hi], sids, unseen.tolist(), titles, texts)]
-            fp = fingerprint_arrays(ids, sids, unseen.tolist(), fp)
-            p = self.pipe(transaction=False)
             packed = pack(Columns(cat.rows[lo:hi], cat.sids[lo:hi], unseen, ids, list(titles), list(texts)),
                           max_bytes=1 << 40)[0]
+            fp = fingerprint_packed(packed.ids, np.frombuffer(packed.id_ends, "<i8"), cat.sids[lo:hi], unseen, fp)
+            p = self.pipe(transaction=False)
             p.hset(k.dkey(new, "packed"), str(lo // step), packed.SerializeToString())
             for a in range(0, hi - lo, chunk):
                 b = min(a + chunk, hi - lo)

@@ -131,7 +131,9 @@ class CatalogueIntegrity:
         RESTORES.labels(store.ns).inc()
         self.log.error("catalogue restored from the item set's copy", reason=reason, lost_version=m.version,
                        version=version, items=len(cols))
-        m.renamed(version, m.fingerprint)  # the same content under a new name: followers need no new copy
+        # the same content under a new name: followers need no new copy (the fingerprint is the bulk load's: a
+        # mirror of a catalogue loaded before 0.3 held a SHA-256 one, and followers fetch once more for it)
+        m.renamed(version, await store.fingerprint(version))
         return True
 
     async def _wait_restored(self, timeout_s: float = 30.0) -> None:

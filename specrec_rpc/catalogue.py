@@ -35,7 +35,7 @@ from prometheus_client import Counter, Gauge
 from specrec.itemset import LocalItemSet
 
 from .errors import FailedPrecondition, Unavailable
-from .fingerprint import fingerprint, fingerprint_arrays, sid_strings
+from .fingerprint import EMPTY_FINGERPRINT, LEGACY_EMPTY, fingerprint, is_legacy
 from .packed import Columns, unpack
 from .v1 import itemset_pb2, itemset_pb2_grpc
 
@@ -60,20 +60,22 @@ class CatalogueMismatch(FailedPrecondition):
 
 
 def build_snapshot(version: str, level_sizes: list[int], items: list, expect_fingerprint: str = "",
-                   min_rows: int = 0) -> Snapshot:
+                   min_rows: int = 0, index: bool = True) -> Snapshot:
     """A snapshot from Item messages (:func:`build_snapshot_columns` does the work)."""
     L = len(level_sizes)
     cols = Columns(np.fromiter((it.row for it in items), np.int64, len(items)),
                    np.asarray([list(it.sid.codes) for it in items], dtype=np.int64).reshape(len(items), L),
                    np.fromiter((it.unseen for it in items), bool, len(items)), [it.item_id for it in items],
                    [it.title for it in items], [it.text for it in items])
-    return build_snapshot_columns(version, level_sizes, cols, expect_fingerprint, min_rows)
+    return build_snapshot_columns(version, level_sizes, cols, expect_fingerprint, min_rows, index)
 
 
 def build_snapshot_columns(version: str, level_sizes: list[int], cols: Columns, expect_fingerprint: str = "",
-                           min_rows: int = 0) -> Snapshot:
+                           min_rows: int = 0, index: bool = True) -> Snapshot:
     """A snapshot from items by column (a packed snapshot, :mod:`.packed`): numpy over the arrays, one pass
-    over the ids for the index, the content checked against ``expect_fingerprint``."""
+    over the ids for the index, the content checked against ``expect_fingerprint``. ``index`` False: no id ->
+    row index, titles or texts (all ""), for a service that reads rows only (the verifier: at ten million items
+    the index alone is 6 s of a copy and a GB); the ids stay, a delta's fingerprint reads them."""
     n = max(int(cols.rows.max(initial=-1)) + 1, min_rows)
     L = len(level_sizes)
     sids = np.zeros((n, L), dtype=np.int64)
@@ -82,19 +84,25 @@ def build_snapshot_columns(version: str, level_sizes: list[int], cols: Columns, 
     sids[cols.rows] = cols.codes
     seen[cols.rows] = ~cols.unseen
     active[cols.rows] = True
+    titles: Sequence[str]
+    texts: Sequence[str]
     if len(cols) == n and np.array_equal(cols.rows, np.arange(n)):  # every row, in order: the columns are it
         ids, titles, texts = list(cols.ids), list(cols.titles), list(cols.texts)
     else:
         ids, titles, texts = [""] * n, [""] * n, [""] * n
         for r, i, t, x in zip(cols.rows.tolist(), cols.ids, cols.titles, cols.texts):
             ids[r], titles[r], texts[r] = i, t, x
-    got = fingerprint_arrays(cols.ids, sid_strings(cols.codes), cols.unseen.tolist())
+    if not index:
+        titles = texts = RowStrings([], {}, n)
+    # in the announced fingerprint's scheme (a catalogue loaded before 0.3 keeps SHA-256 ones)
+    got = cols.fingerprint(LEGACY_EMPTY if expect_fingerprint and is_legacy(expect_fingerprint)
+                           else EMPTY_FINGERPRINT)
     if expect_fingerprint and got != expect_fingerprint:
         raise CatalogueMismatch(f"catalogue version {version}: content fingerprint {got} differs from the announced "
                                 f"{expect_fingerprint} (items lost or changed in transit)")
     itemset = LocalItemSet(sids, seen, list(level_sizes), version=version, active=active)
     _ = itemset.trie, itemset.order  # build now, not on the first request
-    return Snapshot(version, itemset, ids, titles, texts, {i: r for r, i in enumerate(ids) if i}, got)
+    return Snapshot(version, itemset, ids, titles, texts, {i: r for r, i in enumerate(ids) if i} if index else {}, got)
 
 
 def apply_delta(base: Snapshot, version: str, items: list, removed_rows: list[int],
@@ -304,8 +312,10 @@ class CatalogueWatcher:
 
     def __init__(self, channel: grpc.aio.Channel, poll_s: float = 0.5, keep: int = 3, timeout_s: float = 30.0,
                  expect_bundle: str = "", min_reload_s: float = 0.0, collect_every_s: float = 10.0,
-                 prepare: Callable[[Snapshot], object] | None = None):
+                 prepare: Callable[[Snapshot], object] | None = None, index: bool = True):
         self.stub = itemset_pb2_grpc.ItemSetStub(channel)
+        # False: the snapshots hold no id -> row index, titles or texts (build_snapshot_columns)
+        self.index = index
         # run on every fetched version off the event loop, before it is installed: what the service would
         # otherwise build on a request's path the first time it sees the version (the verifier's search tables)
         self.prepare = prepare
@@ -375,9 +385,10 @@ class CatalogueWatcher:
         # deleted items, which a full snapshot cannot show), so arrays indexed by row never shrink
         rows = since.itemset.n_rows if since is not None and level_sizes == since.level_sizes else 0
         if packed:
-            cols = await asyncio.to_thread(unpack, packed, len(level_sizes))
-            return await asyncio.to_thread(self._prepared, build_snapshot_columns, got, level_sizes, cols, fp, rows)
-        return await asyncio.to_thread(self._prepared, build_snapshot, got, level_sizes, items, fp, rows)
+            cols = await asyncio.to_thread(unpack, packed, len(level_sizes), self.index)
+            return await asyncio.to_thread(self._prepared, build_snapshot_columns, got, level_sizes, cols, fp, rows,
+                                           self.index)
+        return await asyncio.to_thread(self._prepared, build_snapshot, got, level_sizes, items, fp, rows, self.index)
 
     def _prepared(self, build: Callable[..., Snapshot], *args) -> Snapshot:
         snap = build(*args)

@@ -8,10 +8,11 @@ joins messages back into columns; both are numpy over the whole arrays, plus one
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from .fingerprint import EMPTY_FINGERPRINT, fingerprint_columns, fingerprint_packed
 from .v1 import itemset_pb2
 
 MAX_BYTES = 2 << 20  # per message, of the numbers and strings packed (gRPC's default limit is 4 MB)
@@ -27,9 +28,23 @@ class Columns:
     ids: list[str]
     titles: list[str]
     texts: list[str]
+    # the ids as they travelled (per message: the joined UTF-8 bytes and their ends), kept by :func:`unpack` so
+    # the fingerprint is computed without encoding every id again
+    packed_ids: list[tuple[bytes, np.ndarray]] = field(default_factory=list, repr=False)
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    def fingerprint(self, base: str = EMPTY_FINGERPRINT) -> str:
+        """The content fingerprint of these items XOR-ed into ``base`` (:mod:`.fingerprint`)."""
+        if not self.packed_ids:
+            return fingerprint_columns(self.ids, self.codes, self.unseen, base)
+        lo = 0
+        for buf, ends in self.packed_ids:
+            hi = lo + len(ends)
+            base = fingerprint_packed(buf, ends, self.codes[lo:hi], self.unseen[lo:hi], base)
+            lo = hi
+        return base
 
 
 def _strings(values: Sequence[str]) -> tuple[bytes, np.ndarray]:
@@ -79,17 +94,20 @@ def pack(cols: Columns, max_bytes: int = MAX_BYTES) -> list[itemset_pb2.PackedIt
     return out
 
 
-def unpack(messages: Sequence[itemset_pb2.PackedItems], levels: int) -> Columns:
-    """PackedItems messages (in order) -> one :class:`Columns`."""
+def unpack(messages: Sequence[itemset_pb2.PackedItems], levels: int, with_texts: bool = True) -> Columns:
+    """PackedItems messages (in order) -> one :class:`Columns` (``with_texts`` False: titles and texts left "")."""
     rows = [np.frombuffer(m.rows, "<i8") for m in messages]
     n = [len(r) for r in rows]
     codes = [np.frombuffer(m.codes, "<u2").reshape(k, levels) for m, k in zip(messages, n)]
     ids, titles, texts = [], [], []
+    packed_ids = [(m.ids, np.frombuffer(m.id_ends, "<i8")) for m, k in zip(messages, n) if k]
+    if any(len(e) != k for (_, e), k in zip(packed_ids, [k for k in n if k])):
+        packed_ids = []  # ids missing from a message: the fingerprint reads the (empty) strings instead
     for m, k in zip(messages, n):
         ids += _split(m.ids, m.id_ends, k)
-        titles += _split(m.titles, m.title_ends, k)
-        texts += _split(m.texts, m.text_ends, k)
+        titles += _split(m.titles, m.title_ends if with_texts else b"", k)
+        texts += _split(m.texts, m.text_ends if with_texts else b"", k)
     return Columns(np.concatenate(rows) if rows else np.zeros(0, np.int64),
                    np.concatenate(codes).astype(np.int64) if codes else np.zeros((0, levels), np.int64),
                    np.concatenate([np.frombuffer(m.unseen, np.uint8) for m in messages]).astype(bool)
-                   if messages else np.zeros(0, bool), ids, titles, texts)
+                   if messages else np.zeros(0, bool), ids, titles, texts, packed_ids)

@@ -124,7 +124,8 @@ class VerifierService(Service):
         # a new version's search tables are built with it, not by the first request that searches it
         self.catalogue = CatalogueWatcher(self.channel, expect_bundle=self.sid_space,
                                           min_reload_s=s.catalogue_min_reload_s,
-                                          prepare=lambda snap: snap.itemset.trie.search_tables(vmax))
+                                          prepare=lambda snap: snap.itemset.trie.search_tables(vmax),
+                                          index=False)  # it reads rows only: no id index, titles or texts
         await self.catalogue.start()
         self.batcher: Batcher = Batcher("verifier", self._compute, self.executor, s.max_batch,
                                         concurrency=s.compute_threads, hang_s=s.hang_s,

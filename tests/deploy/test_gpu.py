@@ -104,7 +104,7 @@ def test_onnx_runtimes_cuda_provider_stays_an_option(helm):
     s = _settings(env)
     assert (s.backend, s.require_gpu) == ("onnx", True)
     assert "SPECREC_VERIFIER_CUDA_GRAPH_BATCH_SIZES" not in env  # (the cuda backend's alone)
-    assert c["image"] == "registry.example.com/specrec:0.2.0-gpu-ort"
+    assert c["image"] == "registry.example.com/specrec:0.3.0-gpu-ort"
     assert "nodeSelector" not in dep["spec"]["template"]["spec"]  # the GPU limit alone places the pod
 
 

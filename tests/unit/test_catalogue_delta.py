@@ -37,6 +37,20 @@ def test_a_delta_equals_the_full_version():
     assert base.index == {"a": 0, "b": 1, "c": 2} and base.itemset.active.all()  # the base is untouched
 
 
+def test_a_snapshot_without_the_index_keeps_rows_ids_and_its_deltas():
+    """The verifier's snapshots (index=False): no id index, titles or texts; the same rows, trie and ids, and a
+    delta over one checks its fingerprint as the full one does."""
+    items = [item("a", 0, (1, 2, 0)), item("b", 1, (1, 3, 0)), item("c", 2, (4, 0, 1), True)]
+    full, bare = build_snapshot("e1.1", LEVELS, items), build_snapshot("e1.1", LEVELS, items, index=False)
+    assert bare.index == {} and list(bare.titles) == list(bare.texts) == ["", "", ""] and bare.ids == full.ids
+    assert bare.fingerprint == full.fingerprint and (bare.itemset.sids == full.itemset.sids).all()
+    new = [item("a", 0, (1, 2, 0)), item("b", 1, (5, 5, 0)), item("d", 3, (4, 0, 2), True)]
+    want = build_snapshot("e1.2", LEVELS, new, min_rows=4)
+    got = apply_delta(bare, "e1.2", [new[1], new[2]], [2], want.fingerprint)
+    assert got.fingerprint == want.fingerprint and got.ids == want.ids
+    assert got.itemset.contains(want.itemset.sids[want.itemset.active]).all()
+
+
 def test_an_item_moved_in_the_same_delta_stays_indexed():
     """b moves to row 2 and c takes b's old row: b keeps its new row in the index."""
     base = build_snapshot("e1.1", LEVELS, [item("a", 0, (1, 2, 0)), item("b", 1, (1, 3, 0))])
