@@ -99,6 +99,8 @@ class RecordTable(MutableMapping):
     def columns(self) -> Columns:
         """Every item by column, sorted by row (numpy over the base, the changed items appended)."""
         b = self.base
+        if not self.over and (len(b) < 2 or bool((b.rows[1:] > b.rows[:-1]).all())):
+            return Columns(b.rows, b.codes, b.unseen, b.ids, b.titles, b.texts)  # the base as it is (shared, read only)
         keep = np.fromiter((i not in self.over for i in b.ids), bool, len(b)) if self.over else np.ones(len(b), bool)
         new = [r for r in self.over.values() if r is not None]
         L = b.codes.shape[1]

@@ -148,6 +148,7 @@ class ItemSetServicer(itemset_pb2_grpc.ItemSetServicer):
         # the mirror to the next), and the chunks of the last versions served
         self._pb: dict[int, tuple[Record, common_pb2.Item]] = {}
         self._chunks: OrderedDict[tuple[str, int], list] = OrderedDict()
+        self._packing: dict[tuple[str, int], asyncio.Future] = {}  # packed snapshots being packed, by key
 
     def _item_pb(self, r: Record) -> common_pb2.Item:
         got = self._pb.get(id(r))
@@ -173,15 +174,24 @@ class ItemSetServicer(itemset_pb2_grpc.ItemSetServicer):
                 self._chunks.popitem(last=False)
         return self._chunks[key]
 
-    def _mirror_packed(self, version: str) -> list | None:
-        """:meth:`_mirror_chunks`, packed (kept for the last versions served, like the others)."""
+    async def _mirror_packed(self, version: str) -> list | None:
+        """:meth:`_mirror_chunks`, packed (kept for the last versions served, like the others). The columns are
+        taken on the event loop (where writes change the mirror), packed on a thread (seconds at ten million
+        items: the loop keeps answering health checks and polls), once for the followers that ask together."""
         m = self.svc.mirror
         if m is None or not m.exact or m.version != (version or m.version):  # "" asks for the current version
             return None
-        version = m.version
-        key = (version, -1)
+        key = (m.version, -1)
         if key not in self._chunks:
-            self._chunks[key] = _packed_chunks(*m.columns())
+            packing = self._packing.get(key)
+            if packing is None:
+                packing = self._packing[key] = asyncio.ensure_future(asyncio.to_thread(_packed_chunks, *m.columns()))
+            try:
+                chunks = await asyncio.shield(packing)
+            finally:
+                if packing.done():
+                    self._packing.pop(key, None)
+            self._chunks[key] = chunks
             while len(self._chunks) > 2:
                 self._chunks.popitem(last=False)
         return self._chunks[key]
@@ -325,7 +335,7 @@ class ItemSetServicer(itemset_pb2_grpc.ItemSetServicer):
         since = check_version("since", request.since)
         chunks = self._mirror_delta(version, since, size)
         if chunks is None:
-            chunks = self._mirror_packed(version) if request.packed else self._mirror_chunks(version, size)
+            chunks = await self._mirror_packed(version) if request.packed else self._mirror_chunks(version, size)
         if chunks is None:
             v, ls, records, fp = await self.read("Snapshot", version, lambda st: st.snapshot(version),
                                                  lambda m: m.snapshot())
