@@ -36,7 +36,7 @@ from specrec_rpc.errors import Unavailable
 from .bulk import CatalogueArrays
 from .keys import version_counter
 from .metrics import RESTORES
-from .mirror import Mirror, read_mirror
+from .mirror import Mirror, RecordTable, read_mirror
 from .settings import ItemSetSettings
 from .store import REDIS_DOWN, RedisCatalogue, WriteResult
 
@@ -64,6 +64,11 @@ class CatalogueIntegrity:
         if not info.version:
             return
         self.mirror = await read_mirror(self.live_store, info.version, info.bundle)
+        if isinstance(self.mirror.records, RecordTable):  # its id index on a thread: snapshots go out meanwhile
+            records = self.mirror.records
+            task = asyncio.ensure_future(asyncio.to_thread(lambda: records.pos))
+            self._refreshes.add(task)
+            task.add_done_callback(self._refreshes.discard)
 
     def mirror_write(self, res: WriteResult) -> None:
         """Apply a write this replica published to the mirror (its changes only). A write made from another

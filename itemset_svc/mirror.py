@@ -26,6 +26,7 @@ building one.
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Iterator, MutableMapping, Sequence
 from dataclasses import dataclass, field
@@ -47,7 +48,8 @@ class RecordTable(MutableMapping):
 
     def __init__(self, base: Columns, over: dict[str, Record | None] | None = None):
         self.base = base
-        self.pos = {i: j for j, i in enumerate(base.ids)}
+        self._pos: dict[str, int] | None = None
+        self._pos_lock = threading.Lock()
         self.over: dict[str, Record | None] = {}
         self._n = len(base)  # items held
         for i, r in (over or {}).items():
@@ -55,6 +57,17 @@ class RecordTable(MutableMapping):
                 self.pop(i, None)
             else:
                 self[i] = r
+
+    @property
+    def pos(self) -> dict[str, int]:
+        """item id -> its position in ``base``, built on first need (the item set builds it on a thread once
+        the mirror is read, :meth:`~.integrity.CatalogueIntegrity.refresh_mirror`): ten million ids take ~6 s
+        and a GB, and a mirror hands out snapshots without it, so followers need not wait for it."""
+        if self._pos is None:
+            with self._pos_lock:
+                if self._pos is None:
+                    self._pos = {i: j for j, i in enumerate(self.base.ids)}
+        return self._pos
 
     def _base(self, j: int) -> Record:
         b = self.base
