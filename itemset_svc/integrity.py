@@ -64,8 +64,13 @@ class CatalogueIntegrity:
         if not info.version:
             return
         self.mirror = await read_mirror(self.live_store, info.version, info.bundle)
-        if isinstance(self.mirror.records, RecordTable):  # its id index on a thread: snapshots go out meanwhile
-            records = self.mirror.records
+
+    def index_mirror(self) -> None:
+        """Build the mirror's id index (:attr:`RecordTable.pos`) on a thread, if it has none yet: called once the
+        followers' packed snapshot is made (the two would share one GIL), so they do not wait for it, and a
+        write or a read by id later finds it built."""
+        records = self.mirror.records if self.mirror is not None else None
+        if isinstance(records, RecordTable) and records._pos is None:
             task = asyncio.ensure_future(asyncio.to_thread(lambda: records.pos))
             self._refreshes.add(task)
             task.add_done_callback(self._refreshes.discard)

@@ -61,8 +61,8 @@ class RecordTable(MutableMapping):
     @property
     def pos(self) -> dict[str, int]:
         """item id -> its position in ``base``, built on first need (the item set builds it on a thread once
-        the mirror is read, :meth:`~.integrity.CatalogueIntegrity.refresh_mirror`): ten million ids take ~6 s
-        and a GB, and a mirror hands out snapshots without it, so followers need not wait for it."""
+        it has packed the followers' snapshot, :meth:`~.integrity.CatalogueIntegrity.index_mirror`): ten million
+        ids take ~6 s and a GB, and a mirror hands out snapshots without it, so followers need not wait for it."""
         if self._pos is None:
             with self._pos_lock:
                 if self._pos is None:

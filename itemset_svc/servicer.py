@@ -83,6 +83,8 @@ class ItemSet(Protocol):
 
     async def refresh_mirror(self) -> None: ...
 
+    def index_mirror(self) -> None: ...
+
     def mirror_write(self, res: WriteResult) -> None: ...
 
 
@@ -194,6 +196,7 @@ class ItemSetServicer(itemset_pb2_grpc.ItemSetServicer):
             self._chunks[key] = chunks
             while len(self._chunks) > 2:
                 self._chunks.popitem(last=False)
+            self.svc.index_mirror()
         return self._chunks[key]
 
     def _mirror_delta(self, version: str, since: str, size: int) -> list | None:
