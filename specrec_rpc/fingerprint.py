@@ -11,7 +11,8 @@ million items, where hashing each item with SHA-256 in Python took 1.1 s and
 the follower of a ten-million-item catalogue spent two thirds of its start
 checking it. A version's fingerprint keeps its base's scheme (a write XORs its
 changes in with the base's item hash), so a catalogue bulk-loaded before 0.3
-keeps its SHA-256 fingerprints (:func:`legacy_item_hash`), still checked, until
+keeps its SHA-256 fingerprints (the first 16 bytes of SHA-256 over
+"<id>\\x00<SID codes joined by dots>\\x00<0|1>" per item), still checked, until
 its next bulk load. Neither is a cryptographic commitment: they catch items
 lost or changed on their way, not forgery.
 """
@@ -37,11 +38,6 @@ _pow_cache = np.ones(1, np.uint64)
 def is_legacy(fp: str) -> bool:
     """Whether ``fp`` is a SHA-256 fingerprint (written before 0.3)."""
     return not fp.startswith(SCHEME)
-
-
-def legacy_item_hash(item_id: str, sid: Sequence[int], unseen: bool) -> int:
-    key = f"{item_id}\x00{'.'.join(str(int(c)) for c in sid)}\x00{int(bool(unseen))}"
-    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:16], "big")
 
 
 def _powers(n: int) -> np.ndarray:
@@ -111,7 +107,7 @@ def fingerprint_columns(ids: Sequence[str], codes: np.ndarray, unseen: np.ndarra
         return base
     codes = np.asarray(codes)
     unseen = np.asarray(unseen, bool)
-    if is_legacy(base):  # one SHA-256 per item (legacy_item_hash), the digests XOR-ed by numpy
+    if is_legacy(base):  # one SHA-256 per item, the digests XOR-ed by numpy
         digests = b"".join(hashlib.sha256(f"{i}\x00{s}\x00{int(u)}".encode()).digest()[:16]
                            for i, s, u in zip(ids, sid_strings(codes.reshape(len(ids), -1)), unseen.tolist()))
         acc = _xor_into(int(base, 16), np.frombuffer(digests, dtype=">u8").reshape(-1, 2))
