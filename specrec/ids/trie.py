@@ -53,47 +53,52 @@ class SidTrie:
         # where key * rows + row fits too, one plain sort of those (distinct, so the same order again, and
         # numpy's vectorised sort: 0.8 s for ten million items where the stable argsort took 2.2)
         full = mixed_radix(sids, self.level_sizes) if fits else None
-        if full is not None and space * max(len(sids), 1) < 2.0**62:
-            order = np.sort(full * len(sids) + np.arange(len(sids), dtype=np.int64)) % max(len(sids), 1)
+        n = len(sids)
+        full_sorted = None  # the keys in SID order, where they fit int64
+        if full is not None and space * max(n, 1) < 2.0**62:
+            srt = np.sort(full * n + np.arange(n, dtype=np.int64))
+            order, full_sorted = srt % max(n, 1), srt // max(n, 1)
         elif full is not None:
             order = np.argsort(full, kind="stable")
+            full_sorted = full[order]
         else:
             order = np.lexsort(sids.T[::-1])
-        s = sids[order]
+        cols = [np.take(sids[:, d], order) for d in range(self.depth)]  # each level's codes in SID order
         self.keys: list[torch.Tensor] = []  # per depth d: sorted edge keys parent*V_d+code
         self.ptr: list[torch.Tensor] = []  # per depth d: CSR pointer over parents, int32
         self.codes: list[torch.Tensor] = []  # per depth d: child code per edge, int32
-        parent = np.zeros(len(s), dtype=np.int64)  # node id of each SID's prefix at depth d
+        parent = np.zeros(n, dtype=np.int64)  # node id of each SID's prefix at depth d
         n_parents = 1
+        new = np.ones(n, dtype=bool)
         for d in range(self.depth):
-            # prefixes of length d+1 are unique (parent, code) pairs; s is sorted
-            pair = parent * self.level_sizes[d] + s[:, d]
-            new = np.ones(len(s), dtype=bool)
-            new[1:] = pair[1:] != pair[:-1]
-            edge_keys = pair[new]
-            child_of_row = np.cumsum(new) - 1
-            edge_parent = parent[new]
-            self.keys.append(torch.from_numpy(edge_keys.copy()))
+            # prefixes of length d+1 are unique (parent, code) pairs; the rows are in SID order
+            pair = parent * self.level_sizes[d]
+            pair += cols[d]
+            new = np.ones(n, dtype=bool)
+            np.not_equal(pair[1:], pair[:-1], out=new[1:])
+            at = np.flatnonzero(new)  # each prefix's first row
+            edge_keys = pair[at]
             if len(edge_keys) >= 2**31:
                 raise ValueError(f"{len(edge_keys)} prefixes at level {d}: more than int32 node ids hold")
-            self.codes.append(torch.from_numpy(s[new, d].astype(np.int32)))
-            counts = np.bincount(edge_parent, minlength=n_parents)
+            self.keys.append(torch.from_numpy(edge_keys))
+            self.codes.append(torch.from_numpy(cols[d][at].astype(np.int32)))
+            counts = np.bincount(parent[at], minlength=n_parents)
             ptr = np.zeros(n_parents + 1, dtype=np.int32)
             np.cumsum(counts, out=ptr[1:])
             self.ptr.append(torch.from_numpy(ptr))
-            parent = child_of_row
+            parent = np.cumsum(new) - 1  # each row's node at this depth: the parent of the next
             n_parents = len(edge_keys)
         # leaves (depth L) -> row of the original sids array: of a leaf several items share, the last (the
         # highest row), what :meth:`edited` keeps too
-        last = np.ones(len(s), dtype=bool)
+        last = np.ones(n, dtype=bool)
         last[:-1] = new[1:]
         self.leaf_item = torch.from_numpy(order[last])
-        self.n_duplicates = len(s) - n_parents
+        self.n_duplicates = n - n_parents
         # every full SID as one mixed-radix key, sorted (leaf ids are numbered in this order), so a complete
         # SID finds its leaf in one searchsorted instead of one per level (None where the keys overflow int64)
         self.full_keys: np.ndarray | None = None
-        if full is not None:
-            self.full_keys = full[order][new] if len(s) else np.zeros(0, dtype=np.int64)
+        if full_sorted is not None:
+            self.full_keys = full_sorted[new] if n else np.zeros(0, dtype=np.int64)
         self.dense: list[torch.Tensor | None] = [self._dense(d) for d in range(self.depth)]
         self._search_tables: dict[int, list[Level]] = {}
 
