@@ -94,9 +94,24 @@ def _xor_into(acc: int, digests: np.ndarray) -> int:
     return acc
 
 
-def _encoded(ids: Sequence[str]) -> tuple[bytes, np.ndarray]:
-    enc = [i.encode() for i in ids]
+def join_strings(values: Sequence[str]) -> tuple[bytes, np.ndarray]:
+    """Strings as their UTF-8 bytes joined and each one's end, int64 (how a packed message carries a column of
+    strings, :mod:`.packed`, and how :func:`item_digests` reads ids)."""
+    enc = [v.encode() for v in values]
     return b"".join(enc), np.cumsum(np.fromiter((len(e) for e in enc), np.int64, len(enc)), dtype=np.int64)
+
+
+def split_strings(buf: bytes, ends: np.ndarray, n: int) -> list[str]:
+    """:func:`join_strings` undone: ``n`` strings (``n`` empty ones when there are no ends)."""
+    if not len(ends):
+        return [""] * n
+    e = np.asarray(ends, np.int64).tolist()
+    starts = [0, *e[:-1]]
+    try:
+        s = buf.decode("ascii")  # the common case: character offsets are byte offsets
+        return [s[a:b] for a, b in zip(starts, e)]
+    except UnicodeDecodeError:
+        return [buf[a:b].decode() for a, b in zip(starts, e)]
 
 
 def fingerprint_columns(ids: Sequence[str], codes: np.ndarray, unseen: np.ndarray,
@@ -115,7 +130,7 @@ def fingerprint_columns(ids: Sequence[str], codes: np.ndarray, unseen: np.ndarra
     acc = int(base[len(SCHEME):], 16)
     for lo in range(0, len(ids), _CHUNK):
         hi = min(lo + _CHUNK, len(ids))
-        acc = _xor_into(acc, item_digests(*_encoded(ids[lo:hi]), codes[lo:hi], unseen[lo:hi]))
+        acc = _xor_into(acc, item_digests(*join_strings(ids[lo:hi]), codes[lo:hi], unseen[lo:hi]))
     return f"{SCHEME}{acc:032x}"
 
 
@@ -124,7 +139,7 @@ def fingerprint_packed(id_bytes: bytes, id_ends: np.ndarray, codes: np.ndarray, 
     """:func:`fingerprint_columns` of items whose ids are still packed (joined UTF-8 bytes and their ends, as a
     ``PackedItems`` message carries them): no Python string per item in the current scheme."""
     if is_legacy(base):
-        return fingerprint_columns(_split_ids(id_bytes, id_ends), codes, unseen, base)
+        return fingerprint_columns(split_strings(id_bytes, id_ends, len(id_ends)), codes, unseen, base)
     ends = np.asarray(id_ends, np.int64)
     acc = int(base[len(SCHEME):], 16)
     for lo in range(0, len(ends), _CHUNK):
@@ -133,11 +148,6 @@ def fingerprint_packed(id_bytes: bytes, id_ends: np.ndarray, codes: np.ndarray, 
         acc = _xor_into(acc, item_digests(id_bytes[off:int(ends[hi - 1])], ends[lo:hi] - off, codes[lo:hi],
                                           unseen[lo:hi]))
     return f"{SCHEME}{acc:032x}"
-
-
-def _split_ids(id_bytes: bytes, id_ends: np.ndarray) -> list[str]:
-    e = np.asarray(id_ends, np.int64).tolist()
-    return [id_bytes[a:b].decode() for a, b in zip([0, *e[:-1]], e)]
 
 
 def fingerprint(items: Iterable[tuple[str, Sequence[int], bool]], base: str = EMPTY_FINGERPRINT) -> str:

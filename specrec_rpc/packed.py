@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .fingerprint import EMPTY_FINGERPRINT, fingerprint_columns, fingerprint_packed
+from .fingerprint import EMPTY_FINGERPRINT, fingerprint_columns, fingerprint_packed, join_strings, split_strings
 from .v1 import itemset_pb2
 
 MAX_BYTES = 2 << 20  # per message, of the numbers and strings packed (gRPC's default limit is 4 MB)
@@ -47,23 +47,6 @@ class Columns:
         return base
 
 
-def _strings(values: Sequence[str]) -> tuple[bytes, np.ndarray]:
-    enc = [v.encode() for v in values]
-    return b"".join(enc), np.cumsum(np.fromiter((len(e) for e in enc), np.int64, len(enc)), dtype=np.int64)
-
-
-def _split(buf: bytes, ends: bytes, n: int) -> list[str]:
-    if not ends:
-        return [""] * n
-    e = np.frombuffer(ends, "<i8").tolist()
-    starts = [0, *e[:-1]]
-    try:
-        s = buf.decode("ascii")  # the common case: character offsets are byte offsets
-        return [s[a:b] for a, b in zip(starts, e)]
-    except UnicodeDecodeError:
-        return [buf[a:b].decode() for a, b in zip(starts, e)]
-
-
 def pack(cols: Columns, max_bytes: int = MAX_BYTES) -> list[itemset_pb2.PackedItems]:
     """``cols`` as PackedItems messages of about ``max_bytes`` each (at least one, empty when no item)."""
     n = len(cols)
@@ -82,12 +65,12 @@ def pack(cols: Columns, max_bytes: int = MAX_BYTES) -> list[itemset_pb2.PackedIt
     out = []
     for lo in range(0, n, step):
         hi = min(lo + step, n)
-        ids, id_ends = _strings(cols.ids[lo:hi])
+        ids, id_ends = join_strings(cols.ids[lo:hi])
         m = itemset_pb2.PackedItems(rows=rows[lo:hi].tobytes(), codes=codes[lo:hi].tobytes(),
                                     unseen=unseen[lo:hi].tobytes(), ids=ids, id_ends=id_ends.astype("<i8").tobytes())
         if any(cols.titles[lo:hi]) or any(cols.texts[lo:hi]):
-            titles, t_ends = _strings(cols.titles[lo:hi])
-            texts, x_ends = _strings(cols.texts[lo:hi])
+            titles, t_ends = join_strings(cols.titles[lo:hi])
+            texts, x_ends = join_strings(cols.texts[lo:hi])
             m.titles, m.title_ends, m.texts, m.text_ends = (titles, t_ends.astype("<i8").tobytes(), texts,
                                                             x_ends.astype("<i8").tobytes())
         out.append(m)
@@ -104,9 +87,9 @@ def unpack(messages: Sequence[itemset_pb2.PackedItems], levels: int, with_texts:
     if any(len(e) != k for (_, e), k in zip(packed_ids, [k for k in n if k])):
         packed_ids = []  # ids missing from a message: the fingerprint reads the (empty) strings instead
     for m, k in zip(messages, n):
-        ids += _split(m.ids, m.id_ends, k)
-        titles += _split(m.titles, m.title_ends if with_texts else b"", k)
-        texts += _split(m.texts, m.text_ends if with_texts else b"", k)
+        ids += split_strings(m.ids, np.frombuffer(m.id_ends, "<i8"), k)
+        titles += split_strings(m.titles, np.frombuffer(m.title_ends if with_texts else b"", "<i8"), k)
+        texts += split_strings(m.texts, np.frombuffer(m.text_ends if with_texts else b"", "<i8"), k)
     return Columns(np.concatenate(rows) if rows else np.zeros(0, np.int64),
                    np.concatenate(codes).astype(np.int64) if codes else np.zeros((0, levels), np.int64),
                    np.concatenate([np.frombuffer(m.unseen, np.uint8) for m in messages]).astype(bool)
