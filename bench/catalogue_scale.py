@@ -341,8 +341,16 @@ def stack_part(label: str, sids: np.ndarray, seen: np.ndarray, ids: list[str], b
         users = sample_users(b, a.stack_users, a.seed)
         answers = asyncio.run(closed_loop(stack.addr("gateway"), users, "auto", a.k, 30.0, len(users.ids)))
         closed = summarise(answers, np.zeros(len(users.ids)), len(users.ids), a.k)
-        out["closed"] = {k: closed[k] for k in ("answered", "errors", "gr_ranked_share", "served_by", "p99_ms")
-                         if k in closed}
+        keys = ("answered", "errors", "gr_ranked_share", "served_by", "budget_exit_share", "p50_ms", "p99_ms",
+                "max_ms", "server_p50_ms", "server_p99_ms", "overhead_p50_ms")
+        out["closed"] = {k: closed[k] for k in keys if k in closed}
+        if a.stack_probe:  # the named policy through the same stack, its budget wide: what it costs here
+            probe = asyncio.run(closed_loop(stack.addr("gateway"), users, a.stack_probe, a.k, 1000.0, len(users.ids)))
+            got = summarise(probe, np.zeros(len(users.ids)), len(users.ids), a.k)
+            out["probe"] = {"policy": a.stack_probe, **{k: got[k] for k in keys if k in got}}
+            say(f"{label}: {a.stack_probe} at 1 s: p50 {got['p50_ms']:.1f} ms, p99 {got['p99_ms']:.1f}, "
+                f"max {got['max_ms']:.1f} (the gateway's own p50 {got['overhead_p50_ms']:.1f}), "
+                f"served by {got['served_by']}")
         say(f"{label}: drafter modes {modes or 'all'}; started in "
             + ", ".join(f"{n} {t:.1f} s" for n, t in starts.items())
             + f"; auto at 30 ms: GR-ranked {closed['gr_ranked_share']:.3f}, served by {closed['served_by']}")
@@ -439,6 +447,8 @@ def main(argv=None) -> int:
     ap.add_argument("--stack-users", type=int, default=300, help="seeded random test users (--parts stack)")
     ap.add_argument("--stack-drafter-modes", default="auto", help="the drafter's modes (SPECREC_DRAFTER_MODES; "
                     "'' = all the bundle has); auto: all up to 100k items, else the bundle's default")
+    ap.add_argument("--stack-probe", default="", help="after auto, this policy through the same stack at a 1 s "
+                    "budget (its p50/p99 there: why auto chose as it did)")
     ap.add_argument("--stack-timeout", type=float, default=900.0, help="seconds a service may take to start")
     ap.add_argument("--out", default=str(RESULTS_DIR))
     a = ap.parse_args(argv)

@@ -111,8 +111,14 @@ class LocalItemSet:
         spans = [rows[x:y] for x, y in zip(a.tolist(), b.tolist()) if y > x]
         return np.unique(np.concatenate(spans)) if spans else np.zeros(0, dtype=np.int64)
 
-    def __len__(self) -> int:
+    @cached_property
+    def n_items(self) -> int:
+        """How many items are active, counted once: a snapshot's arrays do not change (a request asks, and at ten
+        million rows the count is ~8 ms)."""
         return int(self.active.sum())
+
+    def __len__(self) -> int:
+        return self.n_items
 
     @property
     def n_rows(self) -> int:
