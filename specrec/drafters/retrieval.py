@@ -176,7 +176,7 @@ class RetrievalDrafter(VectorDrafter):
             rows = rows[rows < len(draftable)]
             rows = rows[itemset.active[rows] & draftable[rows]]
             return topn_excluding(unit[self.positions(rows)] @ query, rows, n, taken)
-        want = min(len(unit), n + len(taken) + len(itemset.active) - int(itemset.active.sum()))
+        want = min(len(unit), n + len(taken) + itemset.n_rows - len(itemset))
         assert self.text_index is not None  # n_text > 0 only with a text share
         scores, rows = self.index_search(self.text_index, query[None], want)
         ok = (rows[0] >= 0) & (rows[0] < len(itemset.active))  # rows past the snapshot's: not in it

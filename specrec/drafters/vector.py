@@ -235,7 +235,7 @@ class VectorDrafter:
                 rows = rows[draftable[rows]]
                 out[i] = topn_excluding(vectors[self.positions(rows)] @ users[i], rows, r.n, r.exclude)
         if free:
-            inactive = len(itemset.active) - int(itemset.active.sum())
+            inactive = itemset.n_rows - len(itemset)  # (counted once per snapshot)
             want = max(requests[i].n + len(requests[i].exclude) for i in free) + inactive
             want = min(want, len(vectors))
             if max(requests[i].n for i in free) <= 0:  # nothing asked (a drafter whose other shares take all)
