@@ -35,6 +35,7 @@ from specrec.ids.embed import TextEmbedder
 from specrec_rpc.catalogue import CatalogueWatcher, Snapshot
 from specrec_rpc.errors import InvalidArgument, handle_errors, require
 from specrec_rpc.processes import Processes
+from specrec_rpc.rowindex import rows_of
 from specrec_rpc.server import Service, make_channel
 from specrec_rpc.settings import ServiceSettings
 from specrec_rpc.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
@@ -112,8 +113,9 @@ class DrafterService(Service):
         self.channel = make_channel(self.s.itemset_addr, self.s, aio=True)
         # a catalogue of another bundle (another SID space) is refused: the service waits NOT_SERVING for its own
         self.sid_space = sid_space_fingerprint(self.s.bundle)
+        # the drafters read the SID order (a prefix's items), never the trie: none is built
         self.catalogue = CatalogueWatcher(self.channel, expect_bundle=self.sid_space,
-                                          min_reload_s=self.s.catalogue_min_reload_s)
+                                          min_reload_s=self.s.catalogue_min_reload_s, trie=False)
         snap = await self.catalogue.start()
         await asyncio.to_thread(self._build, snap)
         if "retrieval" in self.drafters:  # it embeds the texts of new items
@@ -273,7 +275,7 @@ class Servicer(drafter_pb2_grpc.DrafterServicer):
             f = f"queries[{qi}]"
             require(1 <= q.n <= s.max_n, f"{f}.n", f"must be 1..{s.max_n}")
             require(len(q.history) <= s.max_history, f"{f}.history", f"at most {s.max_history} items")
-            hist = np.array([snap.index[i] for i in q.history if i in snap.index], dtype=np.int64)
+            hist = np.array([r for r in rows_of(snap.index, q.history) if r is not None], dtype=np.int64)
             require(len(hist) > 0, f"{f}.history", "no item of the history is in the catalogue")
             prefixes = None
             if q.prefixes:
@@ -284,7 +286,7 @@ class Servicer(drafter_pb2_grpc.DrafterServicer):
                 prefixes = np.array([list(p.codes) for p in q.prefixes], dtype=np.int64)
                 if (prefixes < 0).any() or (prefixes >= np.asarray(snap.level_sizes[:plen])).any():
                     raise InvalidArgument(f"{f}.prefixes", "code out of range")
-            exclude = frozenset(snap.index[i] for i in q.exclude if i in snap.index)
+            exclude = frozenset(r for r in rows_of(snap.index, q.exclude) if r is not None)
             core.append(CoreDraftRequest(hist, q.n, prefixes, exclude))
         drafter = svc.drafters[mode]
         drafts = await asyncio.get_running_loop().run_in_executor(svc.executor, drafter.draft, core)

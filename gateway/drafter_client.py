@@ -17,6 +17,7 @@ from specrec.drafters.base import Draft, DraftRequest
 from specrec.fusion import DEFAULTS, FEATURES, Combiner, Fusion
 from specrec.policies.errors import DependencyDown
 from specrec_rpc.catalogue import Snapshot
+from specrec_rpc.rowindex import rows_of
 from specrec_rpc.v1 import common_pb2, drafter_pb2
 
 from .calls import call
@@ -141,7 +142,7 @@ class RemoteDrafter:
         assert active is not None  # LocalItemSet fills it in
         out = []
         for d in r.drafts:
-            rows = [index.get(i, -1) for i in d.item_ids]
+            rows = rows_of(index, d.item_ids, -1)
             keep = [j for j, row in enumerate(rows) if row >= 0 and active[row]]  # another version's ids skipped
             if len(keep) == len(rows):
                 out.append(Draft(np.asarray(rows, dtype=np.int64), np.asarray(d.scores, dtype=np.float32)))

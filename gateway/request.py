@@ -21,6 +21,7 @@ from specrec.deadline import Deadline
 from specrec.policies import POLICIES, RecRequest
 from specrec_rpc.catalogue import Snapshot
 from specrec_rpc.errors import InvalidArgument, require
+from specrec_rpc.rowindex import rows_of
 
 from .budget import request_deadline
 from .settings import GatewaySettings
@@ -133,7 +134,7 @@ def _rows(r, snap: Snapshot, f) -> tuple[np.ndarray, list[str]]:
     """The history's active item rows in ``snap``, and the ids it ignores (unknown or inactive)."""
     active = snap.itemset.active
     assert active is not None  # LocalItemSet fills it in
-    known = [(i, snap.index.get(i)) for i in r.history]
+    known = list(zip(r.history, rows_of(snap.index, r.history)))
     ignored = [i for i, x in known if x is None or not active[x]]
     rows = np.asarray([x for _, x in known if x is not None and active[x]], dtype=np.int64)
     require(

@@ -15,7 +15,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from .ids.trie import SidTrie, mixed_radix, splice
+from .ids.trie import SidTrie, key_order, mixed_radix, splice
 
 
 class ItemSet(Protocol):
@@ -75,9 +75,13 @@ class LocalItemSet:
         if trie is not None and trie.full_keys is not None and not trie.n_duplicates:
             return trie.leaf_item.numpy(), trie.full_keys  # the trie's leaves are these, in this order: shared
         rows = np.nonzero(self.active)[0]
-        keys = self.sid_keys(self.sids[rows])
-        o = np.argsort(keys, kind="stable")
-        return rows[o], keys[o]
+        o, keys = key_order(self.sid_keys(self.sids[rows]), self.space)
+        return rows[o], keys
+
+    @property
+    def space(self) -> float:
+        """How many SIDs the level sizes allow (the mixed-radix keys' bound)."""
+        return float(np.prod(np.asarray(self.level_sizes, dtype=np.float64)))
 
     def sid_keys(self, sids: np.ndarray) -> np.ndarray:
         return mixed_radix(np.asarray(sids, dtype=np.int64), self.level_sizes)
@@ -140,15 +144,16 @@ class LocalItemSet:
                 version: str) -> LocalItemSet:
         """A new snapshot of the arrays given, this one's with ``rows`` changed (a new SID, added, or made
         inactive; every other row as here, rows only ever appended). Where this one has built its
-        :attr:`trie` and :attr:`order`, the new one's are derived from them (:meth:`SidTrie.edited`, and the
-        order's sorted keys spliced), the same as built from scratch at the cost of a few copies: what a
-        follower pays for a catalogue version that changes a few of millions of items. Otherwise (not built
-        here, a code space wider than int64, more than 1,024 rows changed and a quarter of the items) they
-        are built when first used."""
+        :attr:`order`, the new one's is derived from it (the sorted keys spliced), and so is its :attr:`trie`
+        where this one has built one (:meth:`SidTrie.edited`), the same as built from scratch at the cost of a
+        few copies: what a follower pays for a catalogue version that changes a few of millions of items.
+        Otherwise (no order built here, a code space wider than int64, more than 1,024 rows changed and a
+        quarter of the items) they are built when first used; a trie not built here is not built for the new
+        one either until first used (a drafter reads the order alone)."""
         new = LocalItemSet(sids, seen, self.level_sizes, version, active)
         rows = np.unique(np.asarray(rows, dtype=np.int64))
         trie = self.__dict__.get("trie")
-        if (trie is None or "order" not in self.__dict__ or trie.full_keys is None
+        if ("order" not in self.__dict__ or self.space >= 2.0**62 or (trie is not None and trie.full_keys is None)
                 or len(rows) > max(1024, len(self) // 4)):
             return new
         was = rows[rows < self.n_rows]
@@ -168,7 +173,8 @@ class LocalItemSet:
         at = _position(R, K, ck, now)
         K2 = splice(K, drop, at, ck)
         R2 = splice(R, drop, at, now)
-        new.__dict__["trie"] = trie.edited(gk, ck, K2, R2)
+        if trie is not None:
+            new.__dict__["trie"] = trie.edited(gk, ck, K2, R2)
         new.__dict__["order"] = (R2, K2)  # with no duplicated SIDs, the trie's leaf arrays themselves
         return new
 

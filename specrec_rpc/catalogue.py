@@ -11,7 +11,7 @@ version is asked for as a delta over the one held (``since``): the item set
 sends only the changed items when it knows the writes between them, and the
 watcher applies them to a copy of its arrays (:func:`apply_delta`) instead of
 indexing every item again: the strings and the id index lay the changed rows
-over the older version's (:class:`RowStrings`, :class:`IdIndex`), the trie and
+over the older version's (:mod:`.rowindex`), the trie and
 the SID order are the older version's edited, so a version that changes one
 item of ten million costs a follower a few hundred ms of copies. The last
 ``keep`` versions stay available so a request pinned to a version is served
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import operator
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +36,7 @@ from specrec.itemset import LocalItemSet
 from .errors import FailedPrecondition, Unavailable
 from .fingerprint import EMPTY_FINGERPRINT, LEGACY_EMPTY, fingerprint, is_legacy
 from .packed import Columns, unpack
+from .rowindex import IdIndex, RowStrings, id_index
 from .v1 import itemset_pb2, itemset_pb2_grpc
 
 
@@ -47,7 +47,9 @@ class Snapshot:
     ids: Sequence[str]  # by row ("" for rows not in this version): a list, or a RowStrings (a delta's version)
     titles: Sequence[str]
     texts: Sequence[str]
-    index: Mapping[str, int] = field(default_factory=dict)  # item id -> row: a dict, or a delta's IdIndex
+    # item id -> row: a dict, a HashIndex past rowindex.HASHED_INDEX_FROM rows, or a delta's IdIndex (rowindex.rows_of
+    # looks up many at once)
+    index: Mapping[str, int] = field(default_factory=dict)
     fingerprint: str = ""  # content fingerprint (specrec_rpc.fingerprint), checked against the items
 
     @property
@@ -60,22 +62,23 @@ class CatalogueMismatch(FailedPrecondition):
 
 
 def build_snapshot(version: str, level_sizes: list[int], items: list, expect_fingerprint: str = "",
-                   min_rows: int = 0, index: bool = True) -> Snapshot:
+                   min_rows: int = 0, index: bool = True, trie: bool = True) -> Snapshot:
     """A snapshot from Item messages (:func:`build_snapshot_columns` does the work)."""
     L = len(level_sizes)
     cols = Columns(np.fromiter((it.row for it in items), np.int64, len(items)),
                    np.asarray([list(it.sid.codes) for it in items], dtype=np.int64).reshape(len(items), L),
                    np.fromiter((it.unseen for it in items), bool, len(items)), [it.item_id for it in items],
                    [it.title for it in items], [it.text for it in items])
-    return build_snapshot_columns(version, level_sizes, cols, expect_fingerprint, min_rows, index)
+    return build_snapshot_columns(version, level_sizes, cols, expect_fingerprint, min_rows, index, trie)
 
 
 def build_snapshot_columns(version: str, level_sizes: list[int], cols: Columns, expect_fingerprint: str = "",
-                           min_rows: int = 0, index: bool = True) -> Snapshot:
+                           min_rows: int = 0, index: bool = True, trie: bool = True) -> Snapshot:
     """A snapshot from items by column (a packed snapshot, :mod:`.packed`): numpy over the arrays, one pass
     over the ids for the index, the content checked against ``expect_fingerprint``. ``index`` False: no id ->
     row index, titles or texts (all ""), for a service that reads rows only (the verifier: at ten million items
-    the index alone is 6 s of a copy and a GB); the ids stay, a delta's fingerprint reads them."""
+    the index alone is 6 s of a copy and a GB); the ids stay, a delta's fingerprint reads them. ``trie`` False:
+    the SID order is built, the trie only if something asks for it (the drafter reads the order alone)."""
     n = max(int(cols.rows.max(initial=-1)) + 1, min_rows)
     L = len(level_sizes)
     sids = np.zeros((n, L), dtype=np.int64)
@@ -100,9 +103,16 @@ def build_snapshot_columns(version: str, level_sizes: list[int], cols: Columns, 
     if expect_fingerprint and got != expect_fingerprint:
         raise CatalogueMismatch(f"catalogue version {version}: content fingerprint {got} differs from the announced "
                                 f"{expect_fingerprint} (items lost or changed in transit)")
-    itemset = LocalItemSet(sids, seen, list(level_sizes), version=version, active=active)
-    _ = itemset.trie, itemset.order  # build now, not on the first request
-    return Snapshot(version, itemset, ids, titles, texts, {i: r for r, i in enumerate(ids) if i} if index else {}, got)
+    itemset = _built(LocalItemSet(sids, seen, list(level_sizes), version=version, active=active), trie)
+    return Snapshot(version, itemset, ids, titles, texts, id_index(ids, active) if index else {}, got)
+
+
+def _built(itemset: LocalItemSet, trie: bool) -> LocalItemSet:
+    """``itemset`` with its SID order, and with ``trie`` its trie, built now, not on the first request."""
+    if trie:
+        _ = itemset.trie
+    _ = itemset.order
+    return itemset
 
 
 def apply_delta(base: Snapshot, version: str, items: list, removed_rows: list[int],
@@ -153,132 +163,11 @@ def apply_delta(base: Snapshot, version: str, items: list, removed_rows: list[in
     if expect_fingerprint and got != expect_fingerprint:
         raise CatalogueMismatch(f"catalogue version {version} as a delta over {base.version}: content fingerprint "
                                 f"{got} differs from the announced {expect_fingerprint}")
-    itemset = old.changed(sids, seen, active, np.asarray(touched, dtype=np.int64), version)
-    _ = itemset.trie, itemset.order  # build now, not on the first request
-    return Snapshot(version, itemset, RowStrings.over(base.ids, ids_c, n), RowStrings.over(base.titles, titles_c, n),
-                    RowStrings.over(base.texts, texts_c, n), IdIndex.over(base.index, index_c), got)
-
-
-#: a version's strings and index lay the changes since the list or dict they share over it, one dict deep, until
-#: there are more than OVERLAY_MIN of them and more than 1/OVERLAY_SHARE of the rows: then that version copies them
-#: whole (at ten million items, about a second once every 156,000 changed items; each version in between merges
-#: the changes' dicts, tens of ms at most)
-OVERLAY_MIN, OVERLAY_SHARE = 4096, 64
-
-
-class RowStrings(Sequence[str]):
-    """A catalogue version's strings by row (ids, titles, texts; rows past the shared list read ""): the list of
-    an older version, shared, with this version's changed rows laid over it (row -> string). A version built
-    by delta (:func:`apply_delta`) copies ten million strings only once in many versions."""
-
-    __slots__ = ("_base", "_changed", "_n")
-
-    def __init__(self, base: list[str], changed: dict[int, str], n: int):
-        self._base, self._changed, self._n = base, changed, n
-
-    @staticmethod
-    def over(seq: Sequence[str], changes: dict[int, str], n: int) -> RowStrings:
-        """``seq`` (a list or a :class:`RowStrings`) with ``changes`` laid over it, ``n`` rows long."""
-        if isinstance(seq, RowStrings):
-            base, changed = seq._base, {**seq._changed, **changes}
-        else:
-            base, changed = seq if isinstance(seq, list) else list(seq), changes
-        if len(changed) > max(OVERLAY_MIN, len(base) // OVERLAY_SHARE):
-            whole = base[:n] + [""] * (n - len(base))
-            for r, v in changed.items():
-                whole[r] = v
-            return RowStrings(whole, {}, n)
-        return RowStrings(base, changed, n)
-
-    def __len__(self) -> int:
-        return self._n
-
-    def __getitem__(self, r):  # type: ignore[override]
-        if isinstance(r, slice):
-            return [self[i] for i in range(*r.indices(self._n))]
-        r = operator.index(r)
-        if r < 0:
-            r += self._n
-        if not 0 <= r < self._n:
-            raise IndexError(f"row {r} out of range (0..{self._n - 1})")
-        v = self._changed.get(r)
-        if v is not None:
-            return v
-        return self._base[r] if r < len(self._base) else ""
-
-    def __iter__(self):
-        if not self._changed:
-            yield from self._base
-            yield from [""] * (self._n - len(self._base))
-            return
-        get = self._changed.get
-        for r, v in enumerate(self._base):  # never longer than _n: rows are only appended
-            w = get(r)
-            yield v if w is None else w
-        for r in range(len(self._base), self._n):
-            yield get(r, "")
-
-    def __eq__(self, other) -> bool:
-        if isinstance(other, (list, RowStrings)):
-            return len(self) == len(other) and all(a == b for a, b in zip(self, other))
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]
-
-
-class IdIndex(Mapping[str, int]):
-    """A catalogue version's item id -> row: the dict of an older version, shared, with this version's changed
-    ids laid over it (id -> row, None: no longer an item), as :class:`RowStrings` lays rows over a list."""
-
-    __slots__ = ("_base", "_changed", "_len")
-
-    def __init__(self, base: dict[str, int], changed: dict[str, int | None], n: int):
-        self._base, self._changed, self._len = base, changed, n
-
-    @staticmethod
-    def over(index: Mapping[str, int], changes: dict[str, int | None]) -> IdIndex:
-        """``index`` (a dict or an :class:`IdIndex`) with ``changes`` laid over it."""
-        n = len(index) + sum((v is not None) - (k in index) for k, v in changes.items())
-        if isinstance(index, IdIndex):
-            base, changed = index._base, {**index._changed, **changes}
-        else:
-            base, changed = index if isinstance(index, dict) else dict(index), changes
-        if len(changed) > max(OVERLAY_MIN, len(base) // OVERLAY_SHARE):
-            whole = base.copy()
-            for k, v in changed.items():
-                if v is None:
-                    whole.pop(k, None)
-                else:
-                    whole[k] = v
-            return IdIndex(whole, {}, n)
-        return IdIndex(base, changed, n)
-
-    def __getitem__(self, key: str) -> int:
-        if key in self._changed:
-            v = self._changed[key]
-            if v is None:
-                raise KeyError(key)
-            return v
-        return self._base[key]
-
-    def get(self, key, default=None):  # type: ignore[override]
-        if key in self._changed:
-            v = self._changed[key]
-            return default if v is None else v
-        return self._base.get(key, default)
-
-    def __contains__(self, key) -> bool:
-        if key in self._changed:
-            return self._changed[key] is not None
-        return key in self._base
-
-    def __len__(self) -> int:
-        return self._len
-
-    def __iter__(self):
-        changed = self._changed
-        yield from (k for k in self._base if k not in changed)
-        yield from (k for k, v in changed.items() if v is not None)
+    itemset = _built(old.changed(sids, seen, active, np.asarray(touched, dtype=np.int64), version),
+                     "trie" in old.__dict__)
+    new_ids = RowStrings.over(base.ids, ids_c, n)
+    return Snapshot(version, itemset, new_ids, RowStrings.over(base.titles, titles_c, n),
+                    RowStrings.over(base.texts, texts_c, n), IdIndex.over(base.index, index_c, new_ids), got)
 
 
 Listener = Callable[[Snapshot, Snapshot | None], Awaitable[None] | None]
@@ -312,10 +201,12 @@ class CatalogueWatcher:
 
     def __init__(self, channel: grpc.aio.Channel, poll_s: float = 0.5, keep: int = 3, timeout_s: float = 30.0,
                  expect_bundle: str = "", min_reload_s: float = 0.0, collect_every_s: float = 10.0,
-                 prepare: Callable[[Snapshot], object] | None = None, index: bool = True):
+                 prepare: Callable[[Snapshot], object] | None = None, index: bool = True, trie: bool = True):
         self.stub = itemset_pb2_grpc.ItemSetStub(channel)
         # False: the snapshots hold no id -> row index, titles or texts (build_snapshot_columns)
         self.index = index
+        # False: the snapshots build no trie (the SID order only, all the drafter reads; 3-4 s of a copy at 10M)
+        self.trie = trie
         # run on every fetched version off the event loop, before it is installed: what the service would
         # otherwise build on a request's path the first time it sees the version (the verifier's search tables)
         self.prepare = prepare
@@ -387,8 +278,9 @@ class CatalogueWatcher:
         if packed:
             cols = await asyncio.to_thread(unpack, packed, len(level_sizes), self.index)
             return await asyncio.to_thread(self._prepared, build_snapshot_columns, got, level_sizes, cols, fp, rows,
-                                           self.index)
-        return await asyncio.to_thread(self._prepared, build_snapshot, got, level_sizes, items, fp, rows, self.index)
+                                           self.index, self.trie)
+        return await asyncio.to_thread(self._prepared, build_snapshot, got, level_sizes, items, fp, rows, self.index,
+                                       self.trie)
 
     def _prepared(self, build: Callable[..., Snapshot], *args) -> Snapshot:
         snap = build(*args)

@@ -106,21 +106,33 @@ async def test_versions_dropped_from_the_watcher_are_collected(monkeypatch):
 
 
 @settings(max_examples=60, deadline=None)
-@given(seed=st.integers(0, 100_000), n=st.integers(1, 30), steps=st.integers(1, 5), small=st.booleans())
-def test_chained_random_deltas_equal_the_full_versions(seed, n, steps, small):
+@given(seed=st.integers(0, 100_000), n=st.integers(1, 30), steps=st.integers(1, 5), small=st.booleans(),
+       hashed=st.booleans())
+def test_chained_random_deltas_equal_the_full_versions(seed, n, steps, small, hashed):
     """Random deltas (items replaced with new SIDs, moved, added, removed, SIDs shared), one over the other as
     a follower applies them: each snapshot equals the one built from every item of its version, its trie
-    and order array for array; with ``small`` the overlays are collapsed into whole copies on the way."""
+    and order array for array; with ``small`` the overlays are collapsed into whole copies on the way; with
+    ``hashed`` the id index is the one of big catalogues (a HashIndex, merged when collapsed)."""
     from unittest import mock
 
-    import specrec_rpc.catalogue as cat
+    import specrec_rpc.rowindex as ri
+
+    with mock.patch.object(ri, "HASHED_INDEX_FROM", 0 if hashed else ri.HASHED_INDEX_FROM):
+        chain_random_deltas(seed, n, steps, small, hashed)
+
+
+def chain_random_deltas(seed, n, steps, small, hashed):
+    from unittest import mock
+
+    import specrec_rpc.rowindex as ri
 
     rng = np.random.default_rng(seed)
     live = {f"i{j}": item(f"i{j}", j, [int(rng.integers(0, v)) for v in LEVELS], bool(rng.random() < 0.3))
             for j in range(n)}
     rows = n
     snap = build_snapshot("e.1", LEVELS, list(live.values()))
-    with mock.patch.object(cat, "OVERLAY_MIN", 2 if small else cat.OVERLAY_MIN):
+    assert isinstance(snap.index, ri.HashIndex) == hashed
+    with mock.patch.object(ri, "OVERLAY_MIN", 2 if small else ri.OVERLAY_MIN):
         for step in range(steps):
             changed, removed = [], []
             for _ in range(int(rng.integers(1, 4))):
@@ -151,7 +163,8 @@ def test_chained_random_deltas_equal_the_full_versions(seed, n, steps, small):
             want = build_snapshot(f"e.{step + 2}", LEVELS, sorted(live.values(), key=lambda x: x.row), min_rows=rows)
             snap = apply_delta(snap, f"e.{step + 2}", changed, removed, want.fingerprint)
             assert snap.index == want.index and dict(snap.index) == want.index and len(snap.index) == len(want.index)
-            assert all(snap.index.get(i) == want.index.get(i) for i in [*want.index, "nope"])
+            asked = [*want.index, "nope"]
+            assert [snap.index.get(i) for i in asked] == ri.rows_of(snap.index, asked) == ri.rows_of(want.index, asked)
             assert snap.ids == want.ids and snap.titles == want.titles and snap.texts == want.texts
             assert [snap.ids[r] for r in range(rows)] == want.ids and snap.ids[-1] == want.ids[-1]
             assert np.array_equal(snap.itemset.active, want.itemset.active)

@@ -54,23 +54,33 @@ def random_change(rng, s: LocalItemSet, sizes: list[int], k: int, grow: int, dup
 
 @settings(max_examples=150, deadline=None)
 @given(seed=st.integers(0, 100_000), n=st.integers(0, 40), steps=st.integers(1, 4), dup=st.sampled_from([0.0, 0.3]),
-       dense_limit=st.sampled_from([1 << 25, 12, 40]))
-def test_an_edited_itemset_equals_one_built_from_scratch(seed, n, steps, dup, dense_limit):
+       dense_limit=st.sampled_from([1 << 25, 12, 40]), trie=st.booleans())
+def test_an_edited_itemset_equals_one_built_from_scratch(seed, n, steps, dup, dense_limit, trie):
+    """With ``trie`` False only the order was built (a drafter's snapshot): it is spliced, no trie is built."""
     with mock.patch.object(trie_mod, "DENSE_LIMIT", dense_limit):  # small: levels go dense and back as nodes come
-        edits_equal_builds(seed, n, steps, dup)
+        edits_equal_builds(seed, n, steps, dup, trie)
 
 
-def edits_equal_builds(seed: int, n: int, steps: int, dup: float) -> None:
+def edits_equal_builds(seed: int, n: int, steps: int, dup: float, trie: bool = True) -> None:
     rng = np.random.default_rng(seed)
     sizes = [int(v) for v in rng.integers(1, 5, size=rng.integers(1, 5))]
     sids = np.stack([rng.integers(0, v, n) for v in sizes], 1) if n else np.zeros((0, len(sizes)), np.int64)
     s = LocalItemSet(sids, np.ones(n, bool), sizes, "1", rng.random(n) < 0.9)
-    _ = s.trie, s.order
+    if trie:
+        _ = s.trie
+    _ = s.order
     for step in range(steps):  # edits of edits, as a follower's versions chain
         sids, seen, active, rows = random_change(rng, s, sizes, int(rng.integers(0, 6)), int(rng.integers(0, 3)), dup)
         got = s.changed(sids, seen, active, rows, str(step + 2))
-        assert "trie" in got.__dict__  # edited, not left to a build from scratch
+        assert ("trie" in got.__dict__) == trie and "order" in got.__dict__  # edited, not left to a build from scratch
         want = LocalItemSet(sids.copy(), seen, sizes, str(step + 2), active.copy())
+        if not trie:  # the order spliced equals the one built without a trie, and the one a trie shares
+            bare = LocalItemSet(sids.copy(), seen, sizes, str(step + 2), active.copy())
+            _ = want.trie
+            for x, y, z in zip(got.order, bare.order, want.order, strict=True):
+                assert np.array_equal(x, y) and np.array_equal(x, z)
+            s = got
+            continue
         assert_same(got, want)
         queries = np.concatenate([sids, np.zeros((1, len(sizes)), np.int64)])
         assert np.array_equal(got.lookup(queries), want.lookup(queries))
