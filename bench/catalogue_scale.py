@@ -419,17 +419,25 @@ def markdown(res: dict) -> str:
                 f"{i['delta_apply_ms']:.0f}"]) + " |")
         lines.append("")
     if all("stack" in s for s in res["sizes"]):
-        cols = ["items", "drafter modes", "start s (each service)", "auto GR-ranked share at 30 ms", "served by"]
+        cols = ["items", "drafter modes", "start s (each service)", "auto GR-ranked share at 30 ms", "served by",
+                "auto p50 / p99 ms", "probe at 1 s: p50 / p99 ms (gateway's own p50)"]
         lines += ["## The stack", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
         for s in res["sizes"]:
             st = s["stack"]
             lines.append("| " + " | ".join([
                 f"{s['items']:,}", st["drafter_modes"] or "all",
                 ", ".join(f"{n} {t:.1f}" for n, t in st["start_s"].items()),
-                f"{st['closed']['gr_ranked_share']:.3f}", str(st["closed"].get("served_by", ""))]) + " |")
+                f"{st['closed']['gr_ranked_share']:.3f}", str(st["closed"].get("served_by", "")),
+                f"{st['closed']['p50_ms']:.1f} / {st['closed']['p99_ms']:.1f}", _probe(st.get("probe"))]) + " |")
         lines += ["", "The drafter serves once the bundle's rows are indexed; the rest are indexed in the background "
                   "(docs/operations.md).", ""]
     return "\n".join(lines)
+
+
+def _probe(p: dict | None) -> str:
+    if not p:
+        return ""
+    return f"{p['policy']}: {p['p50_ms']:.1f} / {p['p99_ms']:.1f} ({p['overhead_p50_ms']:.1f})"
 
 
 def main(argv=None) -> int:
@@ -503,6 +511,8 @@ def main(argv=None) -> int:
             entry["stack"] = stack_part(label, sids, seen, ids, a.bundle, a)
             share = entry["stack"]["closed"]["gr_ranked_share"]
             keys[f"catalogue.{label}.gateway.auto.gr_ranked_share_at_30ms"] = share
+            if probe := entry["stack"].get("probe"):
+                keys[f"catalogue.{label}.gateway.{probe['policy']}.p50_ms_at_1s"] = probe["p50_ms"]
             for name, t in entry["stack"]["start_s"].items():
                 keys[f"catalogue.{label}.start_s.{name}"] = t
         keys[f"catalogue.{label}.tables_mb"], keys[f"catalogue.{label}.build_s"] = fig["tables_mb"], fig["build_s"]

@@ -79,7 +79,7 @@ soak() {
 }
 chaos() { python -m bench.chaos --bundle "$BUNDLE" --rate 10 --budget-ms 100 --machine-budget-ms 30; }
 scaleout() { python -m bench.scaleout --bundle "$BUNDLE" --rates 10,20,30,40 --duration 10; }
-catalogue() { python -m bench.catalogue_scale --bundle "$BUNDLE" --sizes 12k,100k,1m,10m --parts inprocess,itemset,stack; }
+catalogue() { python -m bench.catalogue_scale --bundle "$BUNDLE" --sizes 12k,100k,1m,10m --parts inprocess,itemset,stack --stack-probe fused; }
 quick() {  # a newcomer's rebuild from the shipped data, timed, and its lists on all test users (issue 54)
   python -m bench.quick_recipe --recipe recipes/beauty-quick.json --data data/beauty
 }
