@@ -76,7 +76,8 @@ WRITERS: dict[str, list[str]] = {
                   r"catalogue\.\w+\.itemset\.(load_s|redis_mb|bytes_per_item|upsert_p50_ms|upsert_p99_ms|mirror_load_s"
                   r"|mirror_mb|pack_s|follower_load_s|follower_mb|delta_apply_ms)",
                   r"catalogue\.\w+\.start_s\.(itemset|verifier|drafter|gateway)",
-                  r"catalogue\.\w+\.gateway\.auto\.gr_ranked_share_at_30ms"],
+                  r"catalogue\.\w+\.gateway\.auto\.gr_ranked_share_at_30ms",
+                  r"catalogue\.\w+\.gateway\.\w+\.p50_ms_at_1s"],
     "keys": [r"bench\.keys_without_writer"],
 }
 _ALL = re.compile("|".join(f"(?:{p})" for ps in WRITERS.values() for p in ps))
