@@ -70,7 +70,7 @@ class CatalogueIntegrity:
         followers' packed snapshot is made (the two would share one GIL), so they do not wait for it, and a
         write or a read by id later finds it built."""
         records = self.mirror.records if self.mirror is not None else None
-        if isinstance(records, RecordTable) and records._pos is None:
+        if isinstance(records, RecordTable) and not records.indexed:
             task = asyncio.ensure_future(asyncio.to_thread(lambda: records.pos))
             self._refreshes.add(task)
             task.add_done_callback(self._refreshes.discard)

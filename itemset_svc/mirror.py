@@ -60,6 +60,11 @@ class RecordTable(MutableMapping):
                 self[i] = r
 
     @property
+    def indexed(self) -> bool:
+        """Whether :attr:`pos` is built."""
+        return self._pos is not None
+
+    @property
     def pos(self) -> dict[str, int]:
         """item id -> its position in ``base``, built on first need (the item set builds it on a thread once
         it has packed the followers' snapshot, :meth:`~.integrity.CatalogueIntegrity.index_mirror`): ten million

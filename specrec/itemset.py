@@ -15,7 +15,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from .ids.trie import SidTrie, key_order, mixed_radix, splice
+from .ids.trie import KEY_BOUND, SidTrie, key_order, mixed_radix, sid_space, splice
 
 
 class ItemSet(Protocol):
@@ -75,13 +75,8 @@ class LocalItemSet:
         if trie is not None and trie.full_keys is not None and not trie.n_duplicates:
             return trie.leaf_item.numpy(), trie.full_keys  # the trie's leaves are these, in this order: shared
         rows = np.nonzero(self.active)[0]
-        o, keys = key_order(self.sid_keys(self.sids[rows]), self.space)
+        o, keys = key_order(self.sid_keys(self.sids[rows]), sid_space(self.level_sizes))
         return rows[o], keys
-
-    @property
-    def space(self) -> float:
-        """How many SIDs the level sizes allow (the mixed-radix keys' bound)."""
-        return float(np.prod(np.asarray(self.level_sizes, dtype=np.float64)))
 
     def sid_keys(self, sids: np.ndarray) -> np.ndarray:
         return mixed_radix(np.asarray(sids, dtype=np.int64), self.level_sizes)
@@ -118,7 +113,7 @@ class LocalItemSet:
     @cached_property
     def n_items(self) -> int:
         """How many items are active, counted once: a snapshot's arrays do not change (a request asks, and at ten
-        million rows the count is ~8 ms)."""
+        million rows the count is ~4 ms)."""
         return int(self.active.sum())
 
     def __len__(self) -> int:
@@ -153,8 +148,8 @@ class LocalItemSet:
         new = LocalItemSet(sids, seen, self.level_sizes, version, active)
         rows = np.unique(np.asarray(rows, dtype=np.int64))
         trie = self.__dict__.get("trie")
-        if ("order" not in self.__dict__ or self.space >= 2.0**62 or (trie is not None and trie.full_keys is None)
-                or len(rows) > max(1024, len(self) // 4)):
+        if ("order" not in self.__dict__ or sid_space(self.level_sizes) >= KEY_BOUND
+                or (trie is not None and trie.full_keys is None) or len(rows) > max(1024, len(self) // 4)):
             return new
         was = rows[rows < self.n_rows]
         was = was[self.active[was]]
