@@ -257,6 +257,7 @@ def test_the_early_cut_learns_how_late_the_loop_takes_up_an_answer(snap):
         return "answer"
 
     fake.run_policy = run_policy
+    fake._work = lambda *a: GatewayService._work(fake, *a)
     valid = validate(req(budget_ms=1000), settings(), snap, time.monotonic())
     assert budget.cut_margin(1.0) == 0.0  # nothing learned yet
 
@@ -287,6 +288,7 @@ def test_a_request_abandoned_while_it_queues_never_runs_and_stops_counting_as_lo
                                  budget=types.SimpleNamespace(cut_margin=lambda left: 0.0,
                                                                 observe_lateness=lambda s: None))
     fake.run_policy = lambda run: ran.append(run) if run.begin() else None  # run_policy's first step
+    fake._work = lambda *a: GatewayService._work(fake, *a)
     valid = validate(req(budget_ms=1000), settings(), snap, time.monotonic())  # no deadline passes here
 
     async def main():
@@ -333,7 +335,8 @@ def test_a_request_cut_at_its_deadline_is_cancelled_so_nothing_runs_on_for_it(en
     fake = types.SimpleNamespace(pool=ThreadPoolExecutor(1), queue=queue, log=None, run_policy=run_policy,
                                  budget=types.SimpleNamespace(cut_margin=lambda left: 0.0, observe_cut=lambda s: None),
                                  engine=lambda snap: eng)
-    fake._cut = lambda run, fut: GatewayService._cut(fake, run, fut)
+    fake._cut = lambda run: GatewayService._cut(fake, run)
+    fake._work = lambda *a: GatewayService._work(fake, *a)
     valid = validate(req(budget_ms=60), settings(respond_ms=0.0), snap, time.monotonic())
 
     async def main():
