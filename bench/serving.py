@@ -16,9 +16,10 @@ Phases:
 
 1. ``offline``: beam search in this process on the same users (K = 10, width
    K): the reference Recall@10 of every pass rule;
-2. ``overhead``: per policy, closed loop, one request at a time, in-process and
-   through the gateway interleaved, with a generous budget (so budgets never
-   act): gateway p50 minus in-process p50;
+2. ``overhead``: per policy, closed loop, one request at a time, in-process,
+   then through the gateway (two passes: never beside each other), with a
+   generous budget (so budgets never act): the gateway's own time, and its
+   p50 minus in-process p50;
 3. ``closed``: per policy, closed loop at the budget (``--budget-ms``):
    Recall/NDCG@10 of the answers, the share of answers holding catalogue fill
    and made only of fill, budget exits, the policy that served, p50/p95/p99;
@@ -291,7 +292,7 @@ def write_results(out: Path, res: dict, policies: list[str], budget_ms: float) -
         "## Overhead of the gRPC path (closed loop, one request at a time, 1 s budget)\n",
         "overhead: the gateway's total (`stats.total_ms`) less the callees' own server time on the critical path "
         "(their `x-server-ms`); gap: the caller's p50 through the gateway less the same policy's p50 in this "
-        "process.\n",
+        "process (a pass of its own, before the gateway's).\n",
         markdown_table(
             [{"policy": p, **o} for p, o in res["overhead"].items()],
             ["policy", "n", "inprocess_p50_ms", "gateway_p50_ms", "gateway_server_p50_ms", "overhead_p50_ms",
