@@ -14,8 +14,9 @@ items (no training interactions, no text). Per size, in this process:
   each level's form (``forms``: ``d`` dense, ``c`` CSR);
 - **policies**: ``beam``, ``nezha`` and ``fused`` on an engine over that catalogue (the bundle's default backend,
   ONNX Runtime, one thread, and its SASRec drafter), each request K = 10 for the same ``--users`` seeded random
-  leave-one-out test histories, ``--rounds`` times, policies interleaved per request after a warm-up (graphs
-  exported and loaded): p50 and p99 ms (``exclude_history``: the default off, as the gateway's, or on with
+  leave-one-out test histories, ``--rounds`` times, every size's engine built first and the sizes and policies
+  interleaved per request after a warm-up (graphs exported and loaded), so that drift of the machine moves every
+  size alike: p50 and p99 ms (``exclude_history``: the default off, as the gateway's, or on with
   ``--exclude-history``). The synthetic items have neither SASRec vectors nor text, so ``fused``'s candidates
   are the real items SASRec knows; what grows for it is the item set.
 
@@ -124,27 +125,32 @@ def engine_over(bundle, backend, itemset):
     return Engine(LocalVerifier(backend, bundle.nezha_head, bundle.model), itemset, bundle.cfg.max_history, drafter)
 
 
-def time_policies(engine, rows: list[np.ndarray], policies, k: int, rounds: int, exclude: bool) -> dict:
-    """Each policy on every history ``rounds`` times (interleaved per request, after one warm round) -> policy ->
-    {p50_ms, p99_ms, n, lists of the first round}."""
+def time_policies(engines: dict, rows: list[np.ndarray], policies, k: int, rounds: int, exclude: bool) -> dict:
+    """Each policy on every history ``rounds`` times over each catalogue's engine (``engines``: label -> engine),
+    after one warm round, interleaved per request: a history's requests go to every catalogue and policy in turn,
+    so that a machine whose speed drifts during the run moves every size's figures alike (measured one size after
+    another, the same step put 10M at 0.71-0.75x and 1.43-1.46x of 12k in two runs an hour apart) -> label ->
+    policy -> {p50_ms, p99_ms, n, lists of the first round}."""
     from specrec.policies import RecRequest, make_policy
 
-    pols = {p: make_policy(p, engine) for p in policies}
-    ms: dict[str, list[float]] = {p: [] for p in policies}
-    lists: dict[str, list[list[int]]] = {p: [] for p in policies}
+    pols = {label: {p: make_policy(p, eng) for p in policies} for label, eng in engines.items()}
+    ms: dict = {label: {p: [] for p in policies} for label in engines}
+    lists: dict = {label: {p: [] for p in policies} for label in engines}
     for rnd in range(rounds + 1):
         for h in rows:
-            for p, pol in pols.items():
-                req = RecRequest(np.asarray(h, dtype=np.int64), k, exclude_history=exclude)
-                t0 = time.perf_counter()
-                res = pol.run([req])[0]
-                dt = (time.perf_counter() - t0) * 1e3
-                if rnd == 0:
-                    lists[p].append([int(x) for x in res.items[:k]])
-                else:
-                    ms[p].append(dt)
-    return {p: {"p50_ms": pct(ms[p], 50), "p99_ms": pct(ms[p], 99), "n": len(ms[p]), "lists": lists[p]}
-            for p in policies}
+            for label, by_policy in pols.items():
+                for p, pol in by_policy.items():
+                    req = RecRequest(np.asarray(h, dtype=np.int64), k, exclude_history=exclude)
+                    t0 = time.perf_counter()
+                    res = pol.run([req])[0]
+                    dt = (time.perf_counter() - t0) * 1e3
+                    if rnd == 0:
+                        lists[label][p].append([int(x) for x in res.items[:k]])
+                    else:
+                        ms[label][p].append(dt)
+        say(f"round {rnd} of {rounds} timed" if rnd else "warm round done")
+    return {label: {p: {"p50_ms": pct(ms[label][p], 50), "p99_ms": pct(ms[label][p], 99), "n": len(ms[label][p]),
+                        "lists": lists[label][p]} for p in policies} for label in engines}
 
 
 def itemset_part(label: str, sids: np.ndarray, seen: np.ndarray, ids: list[str], level_sizes: list[int], a) -> dict:
@@ -482,6 +488,7 @@ def main(argv=None) -> int:
                  "policies": policies, "sizes": []}
     keys: dict = {}
     real = len(b.sids)
+    sizes = []  # per size: its entry, its SIDs and seen flags, and its item set while the in-process part needs it
     for n in sorted(parse_size(s) for s in a.sizes.split(",")):
         label = label_of(n, real)
         say(f"{label}: drawing {max(0, n - real):,} synthetic SIDs")
@@ -491,16 +498,25 @@ def main(argv=None) -> int:
         itemset, fig = build_tables(sids, seen, b.cfg.level_sizes, vmax)
         say(f"{label}: {fig['items']:,} items, tables {fig['forms']} {fig['tables_mb']:.1f} MB, trie "
             f"{fig['trie_mb']:.1f} MB, built in {fig['build_s']:.2f} s")
-        entry = {"label": label, **fig}
-        if "inprocess" in parts:
-            entry["policies"] = time_policies(engine_over(b, backend, itemset), users.rows, policies, a.k, a.rounds,
-                                              a.exclude_history)
+        keys[f"catalogue.{label}.tables_mb"], keys[f"catalogue.{label}.build_s"] = fig["tables_mb"], fig["build_s"]
+        keys[f"catalogue.{label}.trie_mb"] = fig["trie_mb"]
+        sizes.append(({"label": label, **fig}, sids, seen, itemset if "inprocess" in parts else None))
+        del itemset
+    if "inprocess" in parts:  # every size at once, its requests interleaved with the others' (time_policies)
+        timed = time_policies({e["label"]: engine_over(b, backend, it) for e, _, _, it in sizes}, users.rows,
+                              policies, a.k, a.rounds, a.exclude_history)
+        for entry, _, _, _ in sizes:
+            label = entry["label"]
+            entry["policies"] = timed[label]
             say(f"{label}: " + ", ".join(f"{p} {v['p50_ms']:.2f}/{v['p99_ms']:.2f} ms"
                                          for p, v in entry["policies"].items()))
             for p, v in entry["policies"].items():
                 keys[f"catalogue.{label}.{p}.p50_ms"], keys[f"catalogue.{label}.{p}.p99_ms"] = v["p50_ms"], v["p99_ms"]
-        del itemset  # what the parts below start hold their own copies (ten million items: gigabytes each)
-        gc.collect()
+        del timed
+    sizes = [(entry, sids, seen) for entry, sids, seen, _ in sizes]  # the parts below start their own copies
+    gc.collect()
+    for entry, sids, seen in sizes:
+        label = entry["label"]
         if "itemset" in parts:
             ids = list(b.catalogue.ids) + [f"synthetic-{i}" for i in range(len(sids) - real)]
             entry["itemset"] = itemset_part(label, sids, seen, ids, list(b.cfg.level_sizes), a)
@@ -515,9 +531,8 @@ def main(argv=None) -> int:
                 keys[f"catalogue.{label}.gateway.{probe['policy']}.p50_ms_at_1s"] = probe["p50_ms"]
             for name, t in entry["stack"]["start_s"].items():
                 keys[f"catalogue.{label}.start_s.{name}"] = t
-        keys[f"catalogue.{label}.tables_mb"], keys[f"catalogue.{label}.build_s"] = fig["tables_mb"], fig["build_s"]
-        keys[f"catalogue.{label}.trie_mb"] = fig["trie_mb"]
         res["sizes"].append(entry)
+        gc.collect()
     res["title"] = f"{b.name}: {res['users']}; {res['machine']}"
     out = Path(a.out)
     if "inprocess" in parts:

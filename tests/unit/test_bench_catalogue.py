@@ -56,3 +56,27 @@ def test_the_stack_drafter_loads_the_modes_that_fit_the_size():
     assert cs.drafter_modes("auto", 1_000_000, "sasrec") == "sasrec"  # the one auto drafts with
     assert cs.drafter_modes("self", 10_000_000, "sasrec") == "self"  # as asked
     assert cs.drafter_modes("", 10_000_000, "sasrec") == ""
+
+
+def test_sizes_and_policies_are_timed_in_turn_per_request(monkeypatch):
+    """Every history goes to each catalogue's engine and each policy in turn, round after round (a drifting machine
+    moves every size alike); the warm round's lists are kept, and only the later rounds timed."""
+    import types
+
+    import specrec.policies
+
+    calls = []
+
+    def make_policy(name, engine):
+        def run(reqs):
+            calls.append((int(reqs[0].history[0]), engine, name))
+            return [types.SimpleNamespace(items=np.asarray([engine == "10m", 7]))]
+        return types.SimpleNamespace(run=run)
+
+    monkeypatch.setattr(specrec.policies, "make_policy", make_policy)
+    rows = [np.asarray([3]), np.asarray([5])]
+    out = cs.time_policies({"12k": "12k", "10m": "10m"}, rows, ["beam", "fused"], 2, 2, False)
+    one_round = [(h, size, p) for h in (3, 5) for size in ("12k", "10m") for p in ("beam", "fused")]
+    assert calls == one_round * 3  # the warm round, then two timed ones
+    assert out["12k"]["beam"]["n"] == 4 and out["10m"]["fused"]["n"] == 4
+    assert out["10m"]["beam"]["lists"] == [[1, 7], [1, 7]] and out["12k"]["fused"]["lists"] == [[0, 7], [0, 7]]
