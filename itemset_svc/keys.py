@@ -118,6 +118,16 @@ class Layout:
         """The layout of a version written as an overlay over this one."""
         return Layout(self.data, (version, *self.layers))
 
+    def live(self, stored: Sequence[str]) -> Layout:
+        """This layout less the overlays already folded into its data, given the stored versions (oldest first).
+        A pruning folds the next version's overlay into the data (:data:`.publish._FOLD`) but the metas of the
+        versions after it still name that overlay; an overlay is live while its version is stored and newer than
+        the oldest stored one (whose overlay the last pruning folded, or which has data of its own). A new
+        version is laid over its base's live overlays only: named on, folded ones made every version's reads and
+        writes slower than the last's (one-item upserts from 7 ms to 33 ms p50 over 600 writes at 12k items)."""
+        live = set(stored[1:])
+        return Layout(self.data, tuple(v for v in self.layers if v in live))
+
     def keys(self, keys: Keys, name: str) -> list[str]:
         """The keys a field ``name`` is read from, in order: the overlays, newest first, then the data."""
         return [*(keys.vkey(v, name) for v in self.layers), keys.dkey(self.data, name)]

@@ -336,7 +336,9 @@ class VersionPublisher:
                                              f"or configure one")
                 st = Staged(await self._new_version(), base, level_sizes)
                 try:
-                    lay = (await self.layout(base)).over(st.version) if base else Layout(st.version)
+                    lay = Layout(st.version)
+                    if base:  # over the base's overlays that are not folded into its data yet
+                        lay = (await self.layout(base)).live(await self.stored_versions()).over(st.version)
                     await self._stage(st.version, lay, op, base, source)
                     result = await apply(st)
                     if result is None:

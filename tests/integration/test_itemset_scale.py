@@ -115,6 +115,10 @@ async def test_a_write_stages_only_what_it_changes_and_pruning_folds(store, redi
             # the data is the oldest stored version's content
             lay = await store.layout(stored[0])
             assert lay.layers == ()
+            # a version lies over its base's overlays that were not folded when it was written (at most the one
+            # folded by its own write's pruning), never over older ones: those would pile up, one a write, and every
+            # read and write would look through them all
+            assert set((await store.layout(res.version)).layers) <= set(stored)
             assert await r.hlen(store.keys.dkey(lay.data, "items")) == len(expect[stored[0]])
         # a reader that kept an old layout (its overlays since folded) still reads right
         stale = store._layouts.copy()
