@@ -242,6 +242,22 @@ def rss_mb(pid: int) -> float | None:
     return None
 
 
+#: the kernel's counters of what can stall every process at once: reclaim and compaction of memory (transparent
+#: huge pages), major page faults, swap-ins
+STALL_COUNTERS = ("allocstall_normal", "compact_stall", "compact_fail", "thp_fault_alloc", "thp_fault_fallback",
+                  "pgmajfault", "pswpin")
+
+
+def kernel_stalls() -> dict[str, int]:
+    """:data:`STALL_COUNTERS` as ``/proc/vmstat`` has them now ({} where it cannot be read): what a step subtracts
+    from a later reading to tell whether a slow stretch was the machine's."""
+    try:
+        rows = (line.split() for line in Path("/proc/vmstat").read_text().splitlines())
+        return {k: int(v) for k, v in rows if k in STALL_COUNTERS}
+    except (OSError, ValueError):
+        return {}
+
+
 #: the gateway's own latency histogram: every Recommend its handler ran, from the server's interceptor to the
 #: answer (auto's own refusals included; the calls the interceptor sheds at its concurrency limit are not observed)
 RPC_LATENCY = "specrec_rpc_latency_seconds"
