@@ -2,8 +2,9 @@
 
 A write (upsert, delete, rollback; :mod:`.writes`) stages version ``n``: its
 meta names the base's data and the base's layers not yet folded into it
-(:meth:`.keys.Layout.live`) with its own overlay on top (:mod:`.keys`), the changes are written to that overlay only (what a write
-costs is what it changes, whatever the catalogue's size), and one Lua script
+(:meth:`.keys.Layout.live`) with its own overlay on top (:mod:`.keys`), the
+changes are written to that overlay only (what a write costs is what it
+changes, whatever the catalogue's size), and one Lua script
 checks that the current pointer still names the base (else the write is
 retried on the new base), makes the staged keys persistent, swaps
 ``current``, adds ``n`` to ``versions`` and publishes. Readers that resolved
