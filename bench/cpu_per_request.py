@@ -112,7 +112,8 @@ def markdown(res: dict) -> str:
              f"before, {res['load_after']:.1f} after). {res['users']}; {m['sent']} closed-loop requests through the "
              f"gateway, one at a time, budget {res['budget_ms']:g} ms: {m['answered']} answered, "
              f"{m['served_by_policy_share']:.2f} of them by {m['policy']} itself, "
-             f"{m['wall_ms_per_request']:.1f} ms of wall time per request.\n",
+             f"{m['wall_ms_per_request']:.1f} ms of wall time per request. The stack's placement: "
+             f"{res.get('placement', 'shared')} (`SPECREC_STACK_PLACEMENT`).\n",
              "CPU time (user + system) of every process of a service during the requests, over the requests sent; "
              "idle: the same with no request, per second, not subtracted.\n",
              "| service | processes | CPU ms per request | idle CPU ms per s |", "|---|---|---|---|"]
@@ -139,6 +140,7 @@ def main(argv=None) -> int:
                  "k": a.k, "budget_ms": a.budget_ms, "load_before": os.getloadavg()[0]}
     try:
         stack.start(a.startup_timeout, say=say)
+        res["placement"] = stack.procs.placement
         res["measured"] = measure(stack, users, a.policy, a.k, a.budget_ms, len(users.ids), a.idle_s)
     finally:
         stack.stop(say=say)

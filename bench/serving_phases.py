@@ -251,5 +251,7 @@ def place_generator(stack, cpu: int, services: str) -> tuple[str, dict] | None:
     before = confine([os.getpid()], gen)
     if services == "rest":
         before.update(confine(pids, rest))
-    where = "every CPU" if services == "all" else f"CPU {sorted(rest)}"
+    placed = getattr(stack.procs, "cpus", None)  # the stack's own placement (SPECREC_STACK_PLACEMENT)
+    where = (f"CPU {sorted(rest)}" if services == "rest" else "every CPU" if not placed else
+             "the stack's placement (" + ", ".join(f"{n} CPU {sorted(c)}" for n, c in placed.items()) + ")")
     return f"open loop: the load generator on CPU {sorted(gen)}, the services on {where}", before

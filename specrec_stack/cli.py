@@ -19,7 +19,7 @@ from pathlib import Path
 
 from specrec.bundle import sid_space_fingerprint
 
-from .localstack import ServiceProcs, find_or_start_redis, port_open, stop_pid
+from .localstack import PLACEMENTS, ServiceProcs, find_or_start_redis, port_open, stop_pid
 
 ROOT = Path(__file__).resolve().parents[1]
 STATE = ROOT / "runs" / "stack"
@@ -93,7 +93,7 @@ def cmd_up(a) -> int:
     namespace = a.namespace or f"specrec-local-{sid_space_fingerprint(bundle)[:8]}"
     _say(f"namespace: {namespace}")
     ServiceProcs(bundle, redis_url, namespace, STATE / "logs", ports=PORTS, metrics_ports=METRICS,
-                 token=token).start(a.timeout, say=_say, on_started=started)
+                 token=token, placement=a.placement).start(a.timeout, say=_say, on_started=started)
     (STATE / "token").write_text(token)
     _say(f"all four services SERVING, {time.time() - t_start:.0f} s after start; write token in runs/stack/token")
     _demo(bundle, a.requests, a.budget_ms)
@@ -201,6 +201,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "that fits, the fused list where it does; a request that cannot finish answers on the budget with "
                     "the best list it holds, flagged)")
     st.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for each service")
+    st.add_argument("--placement", choices=PLACEMENTS, default=None,
+                    help="shared: every service on every CPU; split: the verifier on the upper half of the CPUs, the "
+                    "rest on the lower half (default: $SPECREC_STACK_PLACEMENT, else shared)")
     st.set_defaults(func=lambda a: cmd_up(a) if a.action == "up" else cmd_down(a))
 
     r = sub.add_parser("recommend", help="one Recommend call through the gateway")

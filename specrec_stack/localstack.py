@@ -18,6 +18,14 @@ everything stopped at the end):
         delete_namespace(url, "bench-1234")
         stop_process(redis_proc)
 
+Where the services run (``SPECREC_STACK_PLACEMENT``, :func:`placement`): ``shared`` (the default) lets every
+service run on every CPU; ``split`` gives the verifier the upper half of the usable CPUs and the other three
+services the lower half, so the verifier's passes no longer evict the gateway's and the drafter's code and data
+from the caches of the core they run on. On two cores, one request at a time, split cost a fused request less
+CPU time in the gateway and the drafter (11-26% and 6-25% less, four runs side by side) and less wall time; it is
+not the default because the verifier then has half the cores for its bursts (open loop, its tail rose; figures:
+bench/results/HISTORY.md, thirteenth session).
+
 Redis, in this order: the URL given (``$REDIS_URL``; it must answer), else a
 server answering on 127.0.0.1:6379, else a private ``redis-server`` (no
 persistence) on the given port or a free one.
@@ -47,6 +55,21 @@ ORDER = ("itemset", "verifier", "drafter", "gateway")  # start order; stopped in
 STAGES = (("itemset", "verifier", "drafter", "gateway"),)
 MODULES = {"itemset": "itemset_svc", "drafter": "drafter_svc", "verifier": "verifier_svc", "gateway": "gateway"}
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
+PLACEMENTS = ("shared", "split")  # the first is the default
+
+
+def placement(mode: str, cpus: list[int]) -> dict[str, set[int]]:
+    """The CPUs each service's processes may run on under ``mode`` (:data:`PLACEMENTS`), of ``cpus`` (the usable
+    ones, ascending): shared confines none; split gives the verifier the upper half (the larger, for an odd
+    count: it costs a request most) and the item set, the drafter and the gateway the rest. {} (no service
+    confined) for shared or fewer than two CPUs; ValueError for another mode."""
+    if mode not in PLACEMENTS:
+        raise ValueError(f"SPECREC_STACK_PLACEMENT: {mode!r} is none of {', '.join(PLACEMENTS)}")
+    if mode == "shared" or len(cpus) < 2:
+        return {}
+    cut = len(cpus) // 2
+    rest, own = set(cpus[:cut]), set(cpus[cut:])
+    return {"verifier": own, **{name: rest for name in ORDER if name != "verifier"}}
 
 
 def port_open(host: str, port: int) -> bool:
@@ -180,6 +203,11 @@ def stop_process(p: subprocess.Popen | None, timeout: float = 15.0) -> None:
         p.wait()
 
 
+def _span(cpus: set[int]) -> str:
+    lo, hi = min(cpus), max(cpus)
+    return f"{lo}-{hi}" if len(cpus) == hi - lo + 1 and hi > lo else ",".join(map(str, sorted(cpus)))
+
+
 def service_env(bundle: Path, redis_url: str, namespace: str, token: str, ports: dict[str, int],
                 metrics_ports: dict[str, int], max_history: int | None = None, log_json: bool = True,
                 base: dict | None = None) -> dict[str, str]:
@@ -229,8 +257,16 @@ class ServiceProcs:
     env: dict[str, str] = field(default_factory=dict)  # extra variables (e.g. SPECREC_VERIFIER_THREADS)
     replicas: dict[str, int] = field(default_factory=dict)  # more than one process of a service (drafter, verifier)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    # where each service runs (:func:`placement`); None: ``SPECREC_STACK_PLACEMENT`` in ``env`` or this
+    # environment, else the default
+    placement: str | None = None
+    cpus: dict[str, set[int]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
+        mode = self.placement or self.env.get("SPECREC_STACK_PLACEMENT") or os.environ.get(
+            "SPECREC_STACK_PLACEMENT") or PLACEMENTS[0]
+        self.placement = mode
+        self.cpus = placement(mode, sorted(os.sched_getaffinity(0)))
         self.ports = dict(self.ports) if self.ports else {n: free_port() for n in ORDER}
         self.metrics_ports = dict(self.metrics_ports) if self.metrics_ports else {n: 0 for n in ORDER}
         for name, n in self.replicas.items():  # replica i > 1 is keyed name + str(i)
@@ -290,11 +326,17 @@ class ServiceProcs:
                 start_new_session=True,
             )
         self.procs[name] = p
+        cpus = self.cpus.get(service)
+        if cpus:  # at once, before the interpreter has started a thread: its threads and processes inherit the mask
+            try:
+                os.sched_setaffinity(p.pid, cpus)
+            except ProcessLookupError:
+                pass  # gone already: _wait_serving reports it with its log
         if on_started:
             on_started(name, p.pid)
         m = self.metrics_ports.get(name, 0)
         say(f"started {name} (pid {p.pid}, port {self.ports[name]}" + (f", metrics :{m}" if m else "")
-            + "); waiting for SERVING")
+            + (f", CPUs {_span(cpus)}" if cpus else "") + "); waiting for SERVING")
         return p
 
     def _wait_serving(self, t0: dict[str, float], timeout: float, say: Callable[[str], None]) -> None:

@@ -2,7 +2,8 @@
 :mod:`specrec_rpc.processes`), in the local stack as ``specrec stack up`` runs it (``ServiceProcs``), over a real
 Redis and real gRPC: both processes of each group answer calls on the group's port (their metrics, which the
 group's parent serves labelled by process, count them), and stopping the stack stops every process; a group
-whose parent is killed outright stops as well."""
+whose parent is killed outright stops as well. The stack runs with the split placement
+(``SPECREC_STACK_PLACEMENT``): every process of each service, a group's too, runs on the CPUs placed for it."""
 
 from __future__ import annotations
 
@@ -60,13 +61,20 @@ def test_two_processes_on_one_port_each_answer_and_stop_with_the_stack(redis_url
     procs = ServiceProcs(fused_bundle_dir, redis_url, ns, tmp_path / "logs", metrics_ports=metrics, max_history=8,
                          env={"SPECREC_GATEWAY_PROCESSES": "2", "SPECREC_DRAFTER_PROCESSES": "2",
                               "SPECREC_GATEWAY_WARMUP_REQUESTS": "1", "SPECREC_VERIFIER_THREADS": "1",
-                              "SPECREC_VERIFIER_WARMUP_K": "[10]"})
+                              "SPECREC_VERIFIER_WARMUP_K": "[10]", "SPECREC_STACK_PLACEMENT": "split"})
     pids: dict[str, list[int]] = {}
     try:
         procs.start(timeout=300, say=lambda _m: None)
         for name in ("gateway", "drafter"):
             pids[name] = group_pids(procs.procs[name].pid)
             assert len(pids[name]) == 3, f"{name}: the parent and two processes, found {pids[name]}"
+        assert procs.placement == "split"
+        if len(os.sched_getaffinity(0)) >= 2:  # split confines nothing on one CPU
+            cpus = sorted(os.sched_getaffinity(0))
+            assert procs.cpus["verifier"] == set(cpus[len(cpus) // 2:])
+            for name in ("itemset", "verifier", "drafter", "gateway"):
+                for pid in group_pids(procs.procs[name].pid):
+                    assert os.sched_getaffinity(pid) == procs.cpus[name], (name, pid)
         ids = serving_bundle.catalogue.ids
         rng = np.random.default_rng(0)
 
