@@ -336,7 +336,8 @@ def parse(argv):
                     help="the open loop's load generator (this process) on this CPU of its own during phase 4 (-1: the "
                     "last usable CPU; -2: not placed)")
     ap.add_argument("--services-cpus", choices=("all", "rest"), default="all",
-                    help="during phase 4 the services run on every CPU (all: they may share the generator's), or on "
+                    help="during phase 4 the services run where the stack placed them (all: every CPU unless "
+                    "SPECREC_STACK_PLACEMENT=split; they may share the generator's), or on "
                     "the CPUs the generator leaves (rest: on a 2-core machine, one)")
     ap.add_argument("--protocol", choices=("loo", "temporal"), default="loo",
                     help="the split the test users come from; temporal: the bundle's cut-off, recall of the users "

@@ -235,7 +235,8 @@ async def open_loop(target: str, users: Users, policy: str, k: int, budget_ms: f
 
 def place_generator(stack, cpu: int, services: str) -> tuple[str, dict] | None:
     """The open loop's generator (this process, every thread) on a CPU of its own (``cpu``; -1: the last usable;
-    -2: not placed), the services on every CPU (``services`` "all") or on the rest ("rest") -> (a line saying
+    -2: not placed), the services where the stack placed them (``services`` "all": every CPU, unless
+    ``SPECREC_STACK_PLACEMENT`` split them) or on the rest ("rest") -> (a line saying
     where, what :func:`bench.cpus.restore` takes), None when not placed or the machine has one CPU."""
     from bench.cpus import confine, split, usable
 
