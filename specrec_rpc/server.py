@@ -332,14 +332,22 @@ def release_free_memory() -> bool:
     the top of the heap: 25-30 ms of the kernel zapping pages on the thread that freed, in the gateway
     0.4 s and in the drafter 7 s after SERVING (perf, 10M items, 2 cores): a request answered past its
     deadline, and ``auto`` learned a tail that fused no longer fitted."""
-    import ctypes
-
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):  # not glibc
+    trim = _glibc("malloc_trim")
+    if trim is None:
         return False
     trim(0)
     return True
+
+
+def _glibc(name: str):
+    """The C library's function ``name``, None where it has none (not glibc: musl has no mallopt or malloc_trim
+    to speak of)."""
+    import ctypes
+
+    try:
+        return getattr(ctypes.CDLL(None), name)
+    except (OSError, AttributeError):
+        return None
 
 
 class Runner:
@@ -481,7 +489,6 @@ def tune_allocator(environ: dict | None = None) -> dict[str, int]:
     3 runs of 7 served GR-ranked lists for 0.997 of answers and 4 for 0.28-0.45 (a request or two stalled 20-25 ms
     past its deadline taught `auto` a tail that fused no longer fitted); without them 0.993 in 3 runs of 3,
     each service SERVING a few seconds later (its start-up arrays fault 4 KB pages)."""
-    import ctypes
     import os
 
     env = os.environ if environ is None else environ
@@ -497,10 +504,8 @@ def tune_allocator(environ: dict | None = None) -> dict[str, int]:
 
         _set_madvise_hugepage(False)
         huge["NUMPY_MADVISE_HUGEPAGE"] = 0
-    try:
-        libc = ctypes.CDLL(None)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc (musl has no mallopt to speak of)
+    mallopt = _glibc("mallopt")
+    if mallopt is None:
         return huge
     done = dict(huge)
     for var, (param, value) in want.items():
