@@ -38,6 +38,7 @@ from specrec_rpc.processes import Processes
 from specrec_rpc.rowindex import rows_of
 from specrec_rpc.server import Service, make_channel
 from specrec_rpc.settings import ServiceSettings
+from specrec_rpc.tensors import TensorError, from_msg, to_msg
 from specrec_rpc.v1 import common_pb2, drafter_pb2, drafter_pb2_grpc
 
 INDEXED = Gauge("specrec_drafter_indexed_items", "Catalogue rows in the drafter index", ["mode"])
@@ -257,6 +258,19 @@ class DrafterService(Service):
         drafter_pb2_grpc.add_DrafterServicer_to_server(Servicer(self), server)
 
 
+def _rows(m, field: str, snap: Snapshot) -> np.ndarray:
+    """Catalogue rows (int32 [n]) a caller resolved in its version, as int64 (rows are never reused, so a row of
+    its version is this one's too). A negative row is refused; rows past this drafter's catalogue (items added in
+    a version it does not follow yet) are left out, as unknown ids are."""
+    try:
+        a = from_msg(m, field, dtype="int32", ndim=1)
+    except TensorError as e:
+        raise InvalidArgument(field, str(e).split(": ", 1)[-1]) from None
+    if a.size and int(a.min()) < 0:
+        raise InvalidArgument(field, "negative row")
+    return a[a < snap.itemset.n_rows].astype(np.int64)
+
+
 class Servicer(drafter_pb2_grpc.DrafterServicer):
     def __init__(self, svc: DrafterService):
         self.svc = svc
@@ -270,13 +284,20 @@ class Servicer(drafter_pb2_grpc.DrafterServicer):
         snap = svc.snap  # the drafter answers from its current version (rows and ids are stable across versions)
         require(1 <= len(request.queries) <= s.max_queries, "queries", f"1..{s.max_queries} queries")
         L = len(snap.level_sizes)
-        core = []
+        core, answer_rows = [], []
         for qi, q in enumerate(request.queries):
             f = f"queries[{qi}]"
             require(1 <= q.n <= s.max_n, f"{f}.n", f"must be 1..{s.max_n}")
             require(len(q.history) <= s.max_history, f"{f}.history", f"at most {s.max_history} items")
-            hist = np.array([r for r in rows_of(snap.index, q.history) if r is not None], dtype=np.int64)
-            require(len(hist) > 0, f"{f}.history", "no item of the history is in the catalogue")
+            by_rows = q.HasField("history_rows")
+            if by_rows:  # the caller resolved them in its version: bounds checked, nothing more
+                require(len(q.history_rows.shape) == 1 and 0 < q.history_rows.shape[0] <= s.max_history,
+                        f"{f}.history_rows", f"1..{s.max_history} rows")
+                hist = _rows(q.history_rows, f"{f}.history_rows", snap)
+                require(len(hist) > 0, f"{f}.history_rows", "no row of the history is in the catalogue")
+            else:
+                hist = np.array([r for r in rows_of(snap.index, q.history) if r is not None], dtype=np.int64)
+                require(len(hist) > 0, f"{f}.history", "no item of the history is in the catalogue")
             prefixes = None
             if q.prefixes:
                 lens = {len(p.codes) for p in q.prefixes}
@@ -286,19 +307,27 @@ class Servicer(drafter_pb2_grpc.DrafterServicer):
                 prefixes = np.array([list(p.codes) for p in q.prefixes], dtype=np.int64)
                 if (prefixes < 0).any() or (prefixes >= np.asarray(snap.level_sizes[:plen])).any():
                     raise InvalidArgument(f"{f}.prefixes", "code out of range")
-            exclude = frozenset(r for r in rows_of(snap.index, q.exclude) if r is not None)
+            if q.HasField("exclude_rows"):
+                exclude = frozenset(_rows(q.exclude_rows, f"{f}.exclude_rows", snap).tolist())
+            else:
+                exclude = frozenset(r for r in rows_of(snap.index, q.exclude) if r is not None)
             core.append(CoreDraftRequest(hist, q.n, prefixes, exclude))
+            answer_rows.append(by_rows)
         drafter = svc.drafters[mode]
         drafts = await asyncio.get_running_loop().run_in_executor(svc.executor, drafter.draft, core)
         snap = svc.snap  # may have moved on while drafting: it knows every row drafted
         ids, sids = snap.ids, snap.itemset.sids
         out = []
-        for d in drafts:
-            rows = d.items.tolist()
-            DRAFTED.labels(mode).inc(len(rows))
-            out.append(drafter_pb2.Draft(
-                item_ids=[ids[r] for r in rows], scores=d.scores.tolist(),
-                sids=[common_pb2.Sid(codes=sids[r].tolist()) for r in rows] if request.with_sids else None))
+        drafted = DRAFTED.labels(mode)
+        for d, by_rows in zip(drafts, answer_rows):
+            drafted.inc(len(d.items))
+            with_sids = [common_pb2.Sid(codes=c) for c in sids[d.items].tolist()] if request.with_sids else None
+            if by_rows:
+                out.append(drafter_pb2.Draft(rows=to_msg(d.items.astype(np.int32)), row_scores=to_msg(d.scores),
+                                             sids=with_sids))
+            else:
+                out.append(drafter_pb2.Draft(item_ids=[ids[r] for r in d.items.tolist()], scores=d.scores.tolist(),
+                                             sids=with_sids))
         return drafter_pb2.DraftResponse(drafts=out, version=snap.version, mode=mode)
 
     @handle_errors

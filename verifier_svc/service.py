@@ -32,6 +32,7 @@ import torch
 from prometheus_client import Gauge
 
 from specrec.bundle import Bundle, sid_space_fingerprint
+from specrec.data.histories import history_codes
 from specrec.decoding.searches import SEARCHES
 from specrec.decoding.searches import Search as WholeSearch
 from specrec.verifier import DeviceFailure, LocalVerifier, SelectRule, Session, SessionStateError
@@ -290,6 +291,13 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
         self._check_codes(a, field)
         return torch.from_numpy(np.array(a))
 
+    def _row_codes(self, m, field: str, rows: int, snap: Snapshot) -> torch.Tensor:
+        """Candidates given as catalogue rows [R, M] -> their SIDs [R, M, L] from this verifier's catalogue."""
+        a = self._rows(m, field, snap, 2)
+        require(a.shape[0] == rows, field, f"expected {rows} rows (the session's), got {a.shape[0]}")
+        require(1 <= a.shape[1] <= self.svc.s.max_candidates, field, f"1..{self.svc.s.max_candidates} per row")
+        return torch.from_numpy(snap.itemset.sids[a])
+
     def _width(self, width: int, field: str = "width") -> int:
         require(1 <= width <= self.svc.s.max_width, field, f"must be 1..{self.svc.s.max_width}")
         return width
@@ -326,14 +334,40 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
         self._check_codes(a[None], field)
         return snap.itemset.trie.excluding(np.array(a))
 
+    def _rows(self, m, field: str, snap: Snapshot, ndim: int, pad: bool = False) -> np.ndarray:
+        """Catalogue rows of ``snap`` (int32, ``ndim`` dimensions; -1 where ``pad``): their bounds checked, nothing
+        more (the caller resolved them in this version; rows are never reused)."""
+        try:
+            a = from_msg(m, field, dtype="int32", ndim=ndim)
+        except TensorError as e:
+            raise InvalidArgument(field, str(e).split(": ", 1)[-1]) from None
+        if a.size and (int(a.max()) >= snap.itemset.n_rows or int(a.min()) < (-1 if pad else 0)):
+            raise InvalidArgument(field, f"row out of range (catalogue version {snap.version} has "
+                                         f"{snap.itemset.n_rows} rows)")
+        return a
+
+    def _history_rows(self, m, snap: Snapshot, field: str = "ref.history_rows") -> np.ndarray:
+        """``m.history_rows`` [R, H] -> the model's input [R, window, L]: the rows' SIDs from this verifier's
+        copy of the catalogue, left-padded with rows of -1."""
+        rows = self._rows(m.history_rows, field, snap, 2, pad=True)
+        require(1 <= rows.shape[0] <= self.svc.s.max_batch * 8, field,
+                f"1..{self.svc.s.max_batch * 8} histories per call")
+        require(1 <= rows.shape[1] <= self.svc.max_history, field, f"history length must be 1..{self.svc.max_history}")
+        require(bool((rows >= 0).any(1).all()), field, "every history needs at least one item")
+        return history_codes(rows, self.svc.max_history, snap.itemset.sids)
+
     async def _ref(self, ref) -> tuple[Session | EncodeJob, Snapshot, int]:
         """The session a call works on: an existing one, or an :class:`EncodeJob` to run with the call."""
         if ref.session:
             e: Entry = self.svc.sessions.get(ref.session)  # SessionNotFound: FAILED_PRECONDITION, SESSION_LOST
             return e.session, e.snap, e.session.n
-        require(ref.HasField("history_sids"), "ref", "needs a session or history_sids")
-        h = self._hist(ref.history_sids, "ref.history_sids")
-        snap = await self.svc.catalogue.get(ref.version)
+        if ref.HasField("history_rows"):
+            snap = await self.svc.catalogue.get(ref.version)
+            h = self._history_rows(ref, snap)
+        else:
+            require(ref.HasField("history_sids"), "ref", "needs a session, history_rows or history_sids")
+            h = self._hist(ref.history_sids, "ref.history_sids")
+            snap = await self.svc.catalogue.get(ref.version)
         return EncodeJob(h), snap, len(h)
 
     def _session_id(self, job, ref, snap: Snapshot) -> str:
@@ -349,8 +383,9 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
     # -- RPCs ---------------------------------------------------------------------------------
     @handle_errors
     async def Encode(self, request, context):
-        h = self._hist(request.history_sids, "history_sids")
         snap = await self.svc.catalogue.get(request.version)
+        h = (self._history_rows(request, snap, "history_rows") if request.HasField("history_rows")
+             else self._hist(request.history_sids, "history_sids"))
         sess = await self.svc.run(EncodeJob(h), context)
         return verifier_pb2.EncodeResponse(session=self.svc.sessions.add(sess, snap), version=snap.version, n=sess.n)
 
@@ -399,12 +434,17 @@ class Servicer(verifier_pb2_grpc.VerifierServicer):
             raise Unimplemented(lacks)
         target, snap, n = await self._ref(request.ref)
         widths = self._widths(search, request.widths)
-        for name in request.tensors:
-            require(name in search.args, f"tensors[{name}]", f"{search.name} takes {list(search.args) or 'none'}")
+        for kind, given in (("tensors", request.tensors), ("row_tensors", request.row_tensors)):
+            for name in given:
+                require(name in search.args, f"{kind}[{name}]", f"{search.name} takes {list(search.args) or 'none'}")
         args = {}
         for name in search.args:
-            require(name in request.tensors, f"tensors[{name}]", f"{search.name} needs it")
-            args[name] = self._codes(request.tensors[name], f"tensors[{name}]", n)
+            if name in request.row_tensors:
+                require(name not in request.tensors, f"row_tensors[{name}]", "given in tensors too")
+                args[name] = self._row_codes(request.row_tensors[name], f"row_tensors[{name}]", n, snap)
+            else:
+                require(name in request.tensors, f"tensors[{name}]", f"{search.name} needs it")
+                args[name] = self._codes(request.tensors[name], f"tensors[{name}]", n)
         rule = None
         if request.HasField("rule"):
             require(search.steps, "rule", f"{search.name} has no beam steps to pick")

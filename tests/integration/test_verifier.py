@@ -291,7 +291,7 @@ async def test_a_lone_call_does_not_wait_for_a_batch(vstack, vbundle_dir):
     """Opportunistic batching: an idle verifier computes a lone call at once (no batching window)."""
     b = Bundle.load(vbundle_dir)
     svc: VerifierService = vstack.runners["verifier"].service
-    assert not svc.batcher.busy and svc.batcher.queue.empty()
+    assert not svc.batcher.busy and not svc.batcher.queue
     before_wait = metric("specrec_verifier_queue_wait_seconds_sum", batcher="verifier")
     before_n = metric("specrec_verifier_queue_wait_seconds_count", batcher="verifier")
     before_jobs = metric("specrec_verifier_batch_size_sum", batcher="verifier")
@@ -366,6 +366,47 @@ async def test_bad_requests_name_the_field(vstack):
     with pytest.raises(grpc.aio.AioRpcError) as ei:
         await search(stub, "beam", ref(enc.session), rule=verifier_pb2.SelectRule(kind="fuzzy"), width=3)
     assert ei.value.code() == IA and "rule.kind" in ei.value.details()
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_rows_of_the_catalogue_stand_for_their_sids(vstack, vbundle_dir):
+    """The gateway sends catalogue rows, not SIDs: a history as rows (``history_rows``, left-padded with -1) and a
+    search's candidates as rows (``row_tensors``) answer exactly what their SIDs answer, the verifier reading
+    them from its own copy of the catalogue; a row outside it, a negative candidate, an input given both ways or
+    a history of padding alone is INVALID_ARGUMENT naming the field."""
+    b = Bundle.load(vbundle_dir)
+    stub = vstack.verifier
+    IA = grpc.StatusCode.INVALID_ARGUMENT
+    history, cand = [4, 2, 8, 9], np.arange(3, 15)
+    rows = np.full((1, b.cfg.max_history), -1, np.int32)
+    rows[0, -len(history):] = history
+    by_rows = await stub.Search(verifier_pb2.SearchRequest(
+        ref=verifier_pb2.SessionRef(history_rows=to_msg(rows)), search="rank",
+        row_tensors={"sids": to_msg(cand.astype(np.int32)[None])}))
+    by_sids = await search(stub, "rank", ref(hist=hist_tensor(b, [history])),
+                           {"sids": to_msg(torch.from_numpy(b.sids[cand])[None])})
+    assert torch.equal(out(by_rows, "token_logp"), out(by_sids, "token_logp"))
+    enc = await stub.Encode(verifier_pb2.EncodeRequest(history_rows=to_msg(rows[:, -len(history):])))
+    kept = await search(stub, "beam", ref(enc.session), width=5)
+    assert torch.equal(out(kept, "codes"), out(await search(stub, "beam", ref(hist=hist_tensor(b, [history])),
+                                                            width=5), "codes"))
+    n = len(b.catalogue)
+    bad = [(verifier_pb2.SessionRef(history_rows=to_msg(np.array([[1, n]], np.int32))), {}, "ref.history_rows"),
+           (verifier_pb2.SessionRef(history_rows=to_msg(np.array([[-1, -1]], np.int32))), {}, "at least one item"),
+           (verifier_pb2.SessionRef(history_rows=to_msg(np.array([[1, 2]], np.int64))), {}, "dtype"),
+           (verifier_pb2.SessionRef(history_rows=to_msg(rows)), {"sids": to_msg(np.array([[0, -1]], np.int32))},
+            "row_tensors[sids]")]
+    for r, row_tensors, frag in bad:
+        with pytest.raises(grpc.aio.AioRpcError) as ei:
+            await stub.Search(verifier_pb2.SearchRequest(ref=r, search="rank", row_tensors=row_tensors or {
+                "sids": to_msg(cand.astype(np.int32)[None])}))
+        assert ei.value.code() == IA and frag in ei.value.details(), ei.value.details()
+    with pytest.raises(grpc.aio.AioRpcError) as ei:
+        await stub.Search(verifier_pb2.SearchRequest(
+            ref=verifier_pb2.SessionRef(history_rows=to_msg(rows)), search="rank",
+            tensors={"sids": to_msg(torch.from_numpy(b.sids[cand])[None])},
+            row_tensors={"sids": to_msg(cand.astype(np.int32)[None])}))
+    assert ei.value.code() == IA and "row_tensors[sids]" in ei.value.details() and "too" in ei.value.details()
 
 
 @pytest.mark.asyncio(loop_scope="session")
