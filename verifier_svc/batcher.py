@@ -1,13 +1,15 @@
 """Opportunistic batching across concurrent callers (Triton's default).
 
-A job that arrives while the model is idle is computed at once, alone; jobs
+A job that arrives while the model is idle is computed at once, alone (its
+caller's :meth:`Batcher.submit` hands it to the compute thread itself); jobs
 that arrive during a computation queue up and go together into the next one
-(up to ``max_batch``). Nothing waits for a batch to fill and nothing polls.
+(up to ``max_batch``), handed over by the computation's end. Nothing waits for
+a batch to fill and nothing polls.
 Jobs whose deadline passed or whose caller gave up while queued are dropped,
 never computed (they fail with :class:`Expired`). Batches run on compute
 threads, so the event loop stays free for gRPC: ``concurrency`` batches at
-once (default one), each taken by whichever compute loop is free, so with two a
-job that arrives while one batch computes starts at once on the other thread.
+once (default one), so with two a job that arrives while one batch computes
+starts at once on the other thread.
 A caller's jobs never overlap (each waits for its answer), so concurrent batches
 touch disjoint sessions.
 
@@ -24,9 +26,11 @@ left behind, and nothing is computed again.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
+from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -58,6 +62,12 @@ class Pending(Generic[J]):
 
 
 class Batcher(Generic[J, R]):
+    """Jobs of concurrent callers, computed on ``executor`` in batches of up to ``max_batch``, ``concurrency``
+    batches at once. Driven from the event loop by callbacks, not tasks: a job that finds a compute slot free goes
+    to the executor from its caller's own :meth:`submit` (no queue, no batching task between them: a lone call
+    costs one hand-off to the compute thread and one back), and a batch that ends hands the jobs queued meanwhile
+    to the executor from its completion callback."""
+
     def __init__(self, name: str, run_batch: Callable[[list[J]], list[R]], executor: Executor, max_batch: int = 64,
                  concurrency: int = 1, hang_s: float = 0.0,
                  on_failure: Callable[[DeviceFailure], None] = lambda failure: None):
@@ -69,19 +79,24 @@ class Batcher(Generic[J, R]):
         self.hang_s = hang_s  # a batch computing longer is a hung device (0: no watchdog)
         self.on_failure = on_failure
         self.failed: DeviceFailure | None = None  # set once, when the device failed: nothing is computed again
-        self.queue: asyncio.Queue[Pending[J]] = asyncio.Queue()
+        self.queue: deque[Pending[J]] = deque()  # jobs waiting for a compute slot
         self.busy = 0  # batches computing now
-        self._computing: dict[int, tuple[float, list[Pending[J]]]] = {}  # compute loop -> (its batch's start, jobs)
+        self._slots = list(range(concurrency))  # compute slots free now
+        self._computing: dict[int, tuple[float, list[Pending[J]]]] = {}  # slot -> (its batch's start, its jobs)
         self._tasks: list[asyncio.Task] = []
+        self._stopped = False
         # every series exists from the start (at 0): a rate is data, not "no data", before the first event
         BATCH_SIZE.labels(name), QUEUE_WAIT.labels(name), EXPIRED.labels(name)
+        self._batch_size, self._queue_wait = BATCH_SIZE.labels(name), QUEUE_WAIT.labels(name)
 
     def start(self) -> None:
-        self._tasks = [asyncio.create_task(self._loop(n)) for n in range(self.concurrency)]
+        self._stopped = False
         if self.hang_s > 0:
             self._tasks.append(asyncio.create_task(self._watchdog()))
 
     async def stop(self) -> None:
+        """No batch starts after this; one computing finishes on its thread, its callers no longer waited for."""
+        self._stopped = True
         for t in self._tasks:
             t.cancel()
         for t in self._tasks:
@@ -89,54 +104,71 @@ class Batcher(Generic[J, R]):
                 await t
             except asyncio.CancelledError:
                 pass
+        self._tasks = []
 
     @property
     def depth(self) -> int:
         """Jobs waiting, plus one per batch computing."""
-        return self.queue.qsize() + self.busy
+        return len(self.queue) + self.busy
 
     async def submit(self, job: J, deadline: float | None) -> R:
         if self.failed is not None:
             raise self.failed
-        fut = asyncio.get_running_loop().create_future()
-        self.queue.put_nowait(Pending(job, deadline, fut))
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self.queue.append(Pending(job, deadline, fut))
+        self._dispatch(loop)
         return await fut
 
-    async def _loop(self, n: int) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            pending = [await self.queue.get()]
-            while len(pending) < self.max_batch and not self.queue.empty():
-                pending.append(self.queue.get_nowait())
+    def _dispatch(self, loop: asyncio.AbstractEventLoop) -> None:
+        """On the loop: while a compute slot is free, the jobs queued (up to ``max_batch``) go to the executor as
+        one batch."""
+        while self._slots and self.queue and not self._stopped:
+            pending = [self.queue.popleft() for _ in range(min(self.max_batch, len(self.queue)))]
             if self.failed is not None:
                 self._fail(self.failed, pending)
                 continue
+            slot = self._slots.pop()
             self.busy += 1
-            self._computing[n] = (time.monotonic(), pending)
-            try:
-                live, results = await loop.run_in_executor(self.executor, self._run, pending)
-            except Exception as exc:  # the whole batch failed: every caller learns why
-                live, results = pending, [exc] * len(pending)
-            finally:
-                self.busy -= 1
-                self._computing.pop(n, None)
-            failure = self.failed or next(
-                (f for r in results if isinstance(r, BaseException) and (f := device_failure(r)) is not None), None)
-            if failure is not None:  # nothing this device computed is trusted, nor is anything computed on it again
-                self._fail(failure, pending)
-                continue
-            done = {id(p) for p in live}
-            for p in pending:
-                if id(p) not in done:
-                    EXPIRED.labels(self.name).inc()
-                    if not p.future.done():
-                        p.future.set_exception(Expired(f"{self.name}: deadline passed while queued"))
-            for p, r in zip(live, results):
+            self._computing[slot] = (time.monotonic(), pending)
+            done = self.executor.submit(self._run, pending)
+            done.add_done_callback(functools.partial(self._computed, loop, slot, pending))
+
+    def _computed(self, loop: asyncio.AbstractEventLoop, slot: int, pending: list[Pending[J]],
+                  done: Future) -> None:
+        """On the compute thread, as a batch ends: its results go to the loop."""
+        try:
+            loop.call_soon_threadsafe(self._finish, loop, slot, pending, done)
+        except RuntimeError:  # the loop closed (the service stopped): nobody waits for the answers
+            pass
+
+    def _finish(self, loop: asyncio.AbstractEventLoop, slot: int, pending: list[Pending[J]], done: Future) -> None:
+        """On the loop: a batch's results to its callers (a device failure fails everything), then the next batch."""
+        self.busy -= 1
+        self._computing.pop(slot, None)
+        self._slots.append(slot)
+        try:
+            live, results = done.result()
+        except Exception as exc:  # the whole batch failed: every caller learns why
+            live, results = pending, [exc] * len(pending)
+        failure = self.failed or next(
+            (f for r in results if isinstance(r, BaseException) and (f := device_failure(r)) is not None), None)
+        if failure is not None:  # nothing this device computed is trusted, nor is anything computed on it again
+            self._fail(failure, pending)
+            return
+        done_ids = {id(p) for p in live}
+        for p in pending:
+            if id(p) not in done_ids:
+                EXPIRED.labels(self.name).inc()
                 if not p.future.done():
-                    if isinstance(r, BaseException):
-                        p.future.set_exception(r)
-                    else:
-                        p.future.set_result(r)
+                    p.future.set_exception(Expired(f"{self.name}: deadline passed while queued"))
+        for p, r in zip(live, results):
+            if not p.future.done():
+                if isinstance(r, BaseException):
+                    p.future.set_exception(r)
+                else:
+                    p.future.set_result(r)
+        self._dispatch(loop)
 
     async def _watchdog(self) -> None:
         """Every ``hang_s / 4`` (at most every second): a batch computing longer than ``hang_s`` is a hung device."""
@@ -155,9 +187,8 @@ class Batcher(Generic[J, R]):
         if self.failed is None:
             self.failed = failure
         kept = self.failed
-        jobs = [*pending, *(p for _, ps in list(self._computing.values()) for p in ps)]
-        while not self.queue.empty():
-            jobs.append(self.queue.get_nowait())
+        jobs = [*pending, *(p for _, ps in list(self._computing.values()) for p in ps), *self.queue]
+        self.queue.clear()
         for p in jobs:
             if not p.future.done():
                 p.future.set_exception(kept)
@@ -169,8 +200,8 @@ class Batcher(Generic[J, R]):
         now = time.monotonic()
         live = [p for p in pending if (p.deadline is None or now < p.deadline) and not p.future.cancelled()]
         for p in live:
-            QUEUE_WAIT.labels(self.name).observe(now - p.arrived)
+            self._queue_wait.observe(now - p.arrived)
         if not live:
             return [], []
-        BATCH_SIZE.labels(self.name).observe(len(live))
+        self._batch_size.observe(len(live))
         return live, self.run_batch([p.job for p in live])
