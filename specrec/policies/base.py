@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from functools import cached_property
 from typing import ClassVar, final
 
 import numpy as np
@@ -78,9 +79,10 @@ class Policy(ABC):
         self.config = config if config is not None else self.Config(**params)
         self.online = online or engine.learned(self.name)
 
-    @property
+    @cached_property
     def costs(self) -> PolicyCosts:
-        """This policy's costs in the engine's cost model (its budget hook)."""
+        """This policy's costs in the engine's cost model (its budget hook; made once: the engine's model and
+        clock are the policy's for its life)."""
         return self.engine.costs.for_policy(self.name, self.engine.clock)
 
     def missing(self) -> str | None:
@@ -117,25 +119,37 @@ class Policy(ABC):
             down = True
             raise
         finally:  # a request that ran late still teaches what it cost; one whose dependency was down does not
-            self.online.requests += 1
-            # a batch is as slow as its longest list: its time counts for its largest K
-            k = max((r.k for r in requests), default=0)
-            # the time to find a replica gone is the fault's, not the policy's: counted, a few of them (a
-            # connect timeout each) would hold its tail above the budget long after the fault (the breaker,
-            # the replicas' ejection and ``auto``'s skip of a tier that is down deal with the fault itself)
-            if not down and not _handed_on(batch.results, self.name):
-                self.costs.observe_request((eng.clock() - t0) / max(1, len(requests)), k)
+            self.learn(batch.results, requests, eng.clock() - t0, down)
         results = [res for res in batch.results if res is not None]
         if len(results) < len(batch.results):
             raise RuntimeError(f"{self.name} left {len(batch.results) - len(results)} requests without a result")
         for res in results:
-            if not res.served_by:  # a delegating policy's results were recorded by the policy that made them
-                res.served_by = self.name
-                eng.metrics.record(self.name, res.stats)
-            if not res.degraded and not res.stats.rounds and res.sources and all(src == "fill" for src in res.sources):
-                # no round ran (the first did not fit the budget), so no model scored anything: flagged
-                res.degraded = f"catalogue fill: {res.served_by} scored no item (exit {res.stats.exit_reason or '?'})"
+            self.label(res)
         return results
+
+    def learn(self, results: Sequence[RecResult | None], requests: Sequence[RecRequest], seconds: float,
+              down: bool) -> None:
+        """What a run of ``requests`` taking ``seconds`` teaches (the end of :meth:`run`, and of a caller that runs
+        the policy's phases itself, the gateway's event loop): the request count, and its cost at its largest K."""
+        self.online.requests += 1
+        # a batch is as slow as its longest list: its time counts for its largest K
+        k = max((r.k for r in requests), default=0)
+        # the time to find a replica gone is the fault's, not the policy's: counted, a few of them (a
+        # connect timeout each) would hold its tail above the budget long after the fault (the breaker,
+        # the replicas' ejection and ``auto``'s skip of a tier that is down deal with the fault itself)
+        if not down and not _handed_on(results, self.name):
+            self.costs.observe_request(seconds / max(1, len(requests)), k)
+
+    def label(self, res: RecResult) -> RecResult:
+        """A result as :meth:`run` answers it: who served it (recorded in the engine's metrics), and a list of
+        fill alone flagged."""
+        if not res.served_by:  # a delegating policy's results were recorded by the policy that made them
+            res.served_by = self.name
+            self.engine.metrics.record(self.name, res.stats)
+        if not res.degraded and not res.stats.rounds and res.sources and all(src == "fill" for src in res.sources):
+            # no round ran (the first did not fit the budget), so no model scored anything: flagged
+            res.degraded = f"catalogue fill: {res.served_by} scored no item (exit {res.stats.exit_reason or '?'})"
+        return res
 
     @abstractmethod
     def _run(self, batch: LiveBatch) -> None:

@@ -7,9 +7,11 @@ Scores are the drafter's (inner products), not log-probabilities.
 
 from __future__ import annotations
 
-from ..drafters.base import DraftRequest
+from ..drafters.base import Draft, DraftRequest
 from .base import Policy, PolicyConfig, register
 from .batch import LiveBatch, Stage
+from .metrics import RequestStats
+from .requests import RecRequest, RecResult
 
 
 class DrafterConfig(PolicyConfig):
@@ -30,15 +32,17 @@ class DrafterPolicy(Policy):
         eng = self.engine
         assert eng.drafter is not None  # missing() said so before run() called this
         with Stage(eng.clock, batch.stats, "draft"):
-            drafts = eng.drafter.draft([DraftRequest(r.history, r.k, exclude=r.excluded(),
-                                                     deadline=r.deadline) for r in batch.requests])
+            drafts = eng.drafter.draft([self.asks(r) for r in batch.requests])
         for j, _, req, st in batch.rows():
-            d = drafts[j]
-            st.rounds = 1
-            st.exit_reason = "complete"
-            batch.finish(
-                j,
-                self._result(
-                    req.k, d.items.tolist(), d.scores.tolist(), ["draft"] * len(d.items), st, exclude=batch.exclude
-                ),
-            )
+            batch.finish(j, self.answer(req, st, drafts[j], batch.exclude))
+
+    @staticmethod
+    def asks(req: RecRequest) -> DraftRequest:
+        """What the item drafter is asked for ``req``."""
+        return DraftRequest(req.history, req.k, exclude=req.excluded(), deadline=req.deadline)
+
+    def answer(self, req: RecRequest, st: RequestStats, d: Draft, exclude: frozenset[int] = frozenset()) -> RecResult:
+        """The drafter's list of ``d`` (the gateway's event loop answers with the same)."""
+        st.rounds = 1
+        st.exit_reason = "complete"
+        return self._result(req.k, d.items.tolist(), d.scores.tolist(), ["draft"] * len(d.items), st, exclude=exclude)

@@ -83,19 +83,29 @@ class Ladder:
             self._policies[key] = (eng, policy)
         return policy
 
-    def _no_time(self, eng: Engine, req: RecRequest) -> bool:
+    def no_time(self, eng: Engine, req: RecRequest) -> bool:
         """Less time left than one call needs to come back: no call is worth starting."""
         return req.deadline is not None and (req.deadline.cancelled or req.deadline.left(eng.clock()) < self.grace_s)
 
     def answer(self, name: str, params: dict, eng: Engine, req: RecRequest) -> RecResult:
         """``name`` (already admitted) answers, or the best fallback still available does."""
-        if self._no_time(eng, req):
+        if self.no_time(eng, req):
             return catalogue_only(eng, req, "no time left for any call")  # no call could come back in time
         if name != "drafter" and not self.breaker.allow():
             return self.fallback(eng, req, "verifier", "verifier breaker open (recent failures)")
         try:
             res = self.policy(eng, name, params).run([req])[0]
-        except DependencyDown as e:
+        except (DependencyDown, BudgetExceeded) as e:
+            return self.failed(eng, req, e)
+        except Unsupported:  # the policy cannot run on these parts (found out during the call): no verdict
+            self.breaker.settle()
+            raise
+        return self.verdict(eng, req, res)
+
+    def failed(self, eng: Engine, req: RecRequest, e: DependencyDown | BudgetExceeded) -> RecResult:
+        """The answer when the policy raised ``e`` (a dependency down, or out of time), the verdict on the
+        verifier given."""
+        if isinstance(e, DependencyDown):
             self.on_down(e)
             if e.which == "verifier" and e.code == "UNIMPLEMENTED":  # a part its bundle lacks, not a failure
                 self.breaker.settle()
@@ -107,15 +117,15 @@ class Ladder:
                 if e.unreachable:
                     self.drafter.failed()
             return self.fallback(eng, req, e.which, str(e))
-        except Unsupported:  # the policy cannot run on these parts (found out during the call): no verdict
-            self.breaker.settle()
-            raise
-        except BudgetExceeded as e:
-            # a budget too small is not a fault of the service: the breaker is left as it is
-            self.breaker.settle()
-            if e.which == "drafter":  # the budget is spent: no time for a verifier answer either
-                return catalogue_only(eng, req, f"drafter did not answer in time ({e})")
-            return self.fallback(eng, req, "verifier", f"verifier did not answer in time ({e})")
+        # a budget too small is not a fault of the service: the breaker is left as it is
+        self.breaker.settle()
+        if e.which == "drafter":  # the budget is spent: no time for a verifier answer either
+            return catalogue_only(eng, req, f"drafter did not answer in time ({e})")
+        return self.fallback(eng, req, "verifier", f"verifier did not answer in time ({e})")
+
+    def verdict(self, eng: Engine, req: RecRequest, res: RecResult) -> RecResult:
+        """The policy answered ``res``: the verdict on the verifier (a list it answered around the verifier's
+        failure, ``res.fault``, counts as that failure)."""
         return self._held(eng, req, res) if res.fault is not None else self._verdict(res)
 
     def _verdict(self, res: RecResult) -> RecResult:
@@ -146,7 +156,7 @@ class Ladder:
         order = {"verifier": ["drafter"], "verifier part": ["beam", "drafter"]}.get(down, ["beam", "nezha"])
         reasons = [why]
         for name in order:
-            if self._no_time(eng, req):
+            if self.no_time(eng, req):
                 reasons.append("no time left for a fallback")  # nothing could come back in time
                 break
             if down == "drafter" and self.breaker.is_open():

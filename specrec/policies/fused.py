@@ -24,6 +24,8 @@ fallback is in hand.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import numpy as np
 import torch
 from pydantic import Field
@@ -52,6 +54,19 @@ class FusedConfig(PolicyConfig):
         "latency, and per request about 1.5 ms more CPU in the gateway and 2-4 ms more in the verifier)")
 
 
+@dataclass
+class FusedRound:
+    """One request's round between the phases of :class:`FusedPolicy` (:meth:`~FusedPolicy.begin`'s answer): the
+    request, its stats, the items it must not get back, what the item drafter is asked, and whether the GR's pass
+    no longer fits after the draft."""
+
+    req: RecRequest
+    stats: RequestStats
+    exclude: frozenset[int]
+    draft: DraftRequest
+    late: bool
+
+
 @register
 class FusedPolicy(Policy):
     name = "fused"
@@ -75,60 +90,91 @@ class FusedPolicy(Policy):
         share = self.config.unseen_share
         return float(getattr(self.engine.drafter, "unseen_share", 0.0) or 0.0) if share is None else share
 
+    # -- the phases of one request (the in-process batch below and the gateway's event loop run the same) --------
+    def begin(self, req: RecRequest, st: RequestStats, exclude: frozenset[int] = frozenset()) -> FusedRound | RecResult:
+        """Before drafting: the catalogue's fill (flagged) when not even a draft fits the budget, else what to ask
+        the item drafter (and whether a GR pass fits after it)."""
+        if not self.costs.fits(req.deadline, CostStage.DRAFT):
+            st.exit_reason = "budget"
+            return self._result(req.k, [], [], [], st, exclude=exclude)
+        fusion = self.fusion()
+        assert fusion is not None  # missing() said so before a caller got here
+        st.rounds = 1
+        n = self.config.candidates or fusion.candidates(req.k)
+        return FusedRound(req, st, exclude, DraftRequest(req.history, n, None, req.excluded(), req.deadline),
+                          late=not self.costs.fits(req.deadline, CostStage.ROUND))
+
+    def drafted(self, rnd: FusedRound, draft: Draft) -> RecResult | None:
+        """The draft in hand: the item drafter's own list (flagged) when no GR pass fits; else None, and a caller
+        that cuts the request at its deadline holds that list to answer with."""
+        if rnd.late:
+            return self._drafter_list(rnd, draft, "no time for the GR's pass", "budget")
+        if rnd.req.deadline is not None:
+            st_then = rnd.stats.copy()
+            rnd.req.deadline.hold(lambda: self._drafter_list(replace(rnd, stats=st_then.copy()), draft,
+                                                             "the GR's pass still running at the deadline", "budget"))
+        return None
+
+    def ranked(self, rnd: FusedRound, draft: Draft, token_logp: np.ndarray) -> RecResult:
+        """The fused list: the candidates ranked by both models (``token_logp`` [n, L]: the GR's pass over their
+        SIDs), the item drafter's unseen places kept."""
+        fusion = self.fusion()
+        assert fusion is not None
+        k = rnd.req.k
+        items, scores = fusion.rank(draft.items, token_logp, draft.scores, self.engine.itemset.is_unseen(draft.items),
+                                    k, self._reserved(k))
+        rnd.stats.exit_reason = "fused"
+        return self._result(k, items, scores, ["draft"] * len(items), rnd.stats, exclude=rnd.exclude)
+
+    def unranked(self, rnd: FusedRound, draft: Draft, e: BudgetExceeded | DependencyDown) -> RecResult:
+        """The GR's pass failed or ran late: the item drafter's list in hand is the answer (flagged, the failure in
+        its ``fault`` for the ladder's verdict on the verifier)."""
+        ran_late = isinstance(e, BudgetExceeded)
+        res = self._drafter_list(rnd, draft, f"the GR's pass failed ({e})", "budget" if ran_late else "degraded")
+        res.fault = e
+        return res
+
     def _run(self, batch: LiveBatch) -> None:
         eng = self.engine
-        fusion = self.fusion()
-        assert fusion is not None and eng.drafter is not None  # missing() said so before run() called this
-        self._exit_late(batch, CostStage.DRAFT, lambda j: self._result(  # not even a draft fits: flagged fill
-            batch.requests[batch.active[j]].k, [], [], [], batch.stats[batch.active[j]], exclude=batch.exclude))
+        assert eng.drafter is not None  # missing() said so before run() called this
+        rounds: dict[int, FusedRound] = {}
+        for j, _, req, st in batch.rows():
+            began = self.begin(req, st, batch.exclude)
+            if isinstance(began, RecResult):  # not even a draft fits: flagged fill
+                batch.finish(j, began)
+            else:
+                rounds[j] = began
+        batch.drop([j for j in range(len(batch.active)) if j not in rounds])
         if not batch.active:
             return
         t0 = eng.clock()
-        late = [j for j, _, r, _ in batch.rows() if not self.costs.fits(r.deadline, CostStage.ROUND)]
-        for st in batch.active_stats:
-            st.rounds = 1
-        if self.config.encode_early and len(late) < len(batch.active):
+        todo = list(rounds.values())
+        if self.config.encode_early and not all(r.late for r in todo):
             eng.verifier.prepare(batch.open_session)  # a remote verifier encodes while the item drafter drafts
-        reqs = [DraftRequest(req.history, self.config.candidates or fusion.candidates(req.k), None, req.excluded(),
-                             req.deadline)
-                for _, _, req, _ in batch.rows()]
         with Stage(eng.clock, batch.active_stats, "draft") as t:
-            drafts = eng.drafter.draft(reqs)
+            drafts = eng.drafter.draft([r.draft for r in todo])
         self.costs.observe(CostStage.DRAFT, t.seconds)
-        if late:  # no time for the GR's pass: the item drafter's own list, said so
-            rows = list(batch.rows())
-            for j in late:
-                _, _, req, st = rows[j]
-                batch.finish(j, self._drafter_list(req, drafts[j], st, batch.exclude, "no time for the GR's pass",
-                                                   "budget"))
-            batch.drop(late)
-            drafts = [d for j, d in enumerate(drafts) if j not in late]
-            if not batch.active:
-                return
-        _, _, req0, st0 = next(batch.rows())
-        if len(drafts) == 1 and req0.deadline is not None:  # the item drafter's list is in hand: a caller cut
-            # at its deadline answers with it
-            d0, st_then, excl = drafts[0], st0.copy(), batch.exclude
-            req0.deadline.hold(lambda: self._drafter_list(req0, d0, st_then.copy(), excl,
-                                                          "the GR's pass still running at the deadline", "budget"))
+        answered = []
+        for j, (rnd, d) in enumerate(zip(todo, drafts)):
+            res = self.drafted(rnd, d)
+            if res is not None:  # no time for the GR's pass: the item drafter's own list, said so
+                batch.finish(j, res)
+                answered.append(j)
+        batch.drop(answered)
+        todo = [r for j, r in enumerate(todo) if j not in answered]
+        drafts = [d for j, d in enumerate(drafts) if j not in answered]
+        if not batch.active:
+            return
         try:
             token_logp = self._score(batch, drafts)
         except (BudgetExceeded, DependencyDown) as e:  # the drafts in hand are the item drafter's list: the answer
             if len(drafts) != 1 or (isinstance(e, DependencyDown) and e.which != "verifier"):
                 raise
-            ran_late = isinstance(e, BudgetExceeded)
-            res = self._drafter_list(req0, drafts[0], st0, batch.exclude, f"the GR's pass failed ({e})",
-                                     "budget" if ran_late else "degraded")
-            res.fault = e  # the fallback ladder's verdict on the verifier reads it
-            batch.finish(0, res)
+            batch.finish(0, self.unranked(todo[0], drafts[0], e))
             batch.drop([0])
             return
-        for j, _, req, st in list(batch.rows()):
-            d = drafts[j]
-            items, scores = fusion.rank(d.items, token_logp[j], d.scores, eng.itemset.is_unseen(d.items), req.k,
-                                        self._reserved(req.k))
-            st.exit_reason = "fused"
-            batch.finish(j, self._result(req.k, items, scores, ["draft"] * len(items), st, exclude=batch.exclude))
+        for j, (rnd, d) in enumerate(zip(todo, drafts)):
+            batch.finish(j, self.ranked(rnd, d, token_logp[j]))
         batch.drop(list(range(len(batch.active))))
         self.costs.observe(CostStage.ROUND, eng.clock() - t0)
 
@@ -154,13 +200,13 @@ class FusedPolicy(Policy):
         charge(batch.active_stats)
         return [token[j, : len(d.items)].numpy() for j, d in enumerate(drafts)]
 
-    def _drafter_list(self, req: RecRequest, d: Draft, st: RequestStats, exclude: frozenset[int], why: str,
-                      exit_reason: str) -> RecResult:
+    def _drafter_list(self, rnd: FusedRound, d: Draft, why: str, exit_reason: str) -> RecResult:
         """The item drafter's own list of ``d`` (:meth:`~specrec.drafters.base.Draft.top`: what the ``drafter``
         policy answers), flagged; ``exit_reason`` budget (no time for the GR's pass) or degraded (it failed)."""
-        own = d.top(req.k, self._reserved(req.k), self.engine.itemset.is_unseen(d.items))
+        k, st = rnd.req.k, rnd.stats
+        own = d.top(k, self._reserved(k), self.engine.itemset.is_unseen(d.items))
         st.exit_reason = exit_reason
-        res = self._result(req.k, own.items, own.scores, ["draft"] * len(own.items), st, exclude=exclude)
+        res = self._result(k, own.items, own.scores, ["draft"] * len(own.items), st, exclude=rnd.exclude)
         res.served_by, res.degraded = "drafter", f"{exit_reason}: {why}, the item drafter's list"
         self.engine.metrics.record("drafter", st)
         return res
