@@ -87,10 +87,10 @@ _CURRENT: contextvars.ContextVar[RequestCalls | None] = contextvars.ContextVar("
 
 
 @contextmanager
-def request_calls(metadata=()) -> Iterator[Hops]:
+def request_calls(metadata=(), hops: Hops | None = None) -> Iterator[Hops]:
     """Within: this thread's calls are one request's (``metadata`` forwarded with each; their hops recorded in
-    what it yields)."""
-    calls = RequestCalls(tuple(metadata))
+    ``hops``, or a new record, which it yields)."""
+    calls = RequestCalls(tuple(metadata), hops if hops is not None else Hops())
     token = _CURRENT.set(calls)
     try:
         yield calls.hops

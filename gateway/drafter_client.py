@@ -17,7 +17,7 @@ from specrec.drafters.base import Draft, DraftRequest
 from specrec.fusion import DEFAULTS, FEATURES, Combiner, Fusion
 from specrec.policies.errors import DependencyDown
 from specrec_rpc.catalogue import Snapshot
-from specrec_rpc.rowindex import rows_of
+from specrec_rpc.tensors import from_msg, to_msg
 from specrec_rpc.v1 import common_pb2, drafter_pb2
 
 from .calls import call
@@ -112,12 +112,7 @@ class RemoteDrafter:
     def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         from specrec_rpc.replicas import NoReplica
 
-        ids = self.snap.ids
-        queries = [drafter_pb2.DraftQuery(
-            history=[ids[r] for r in q.history.tolist()], n=q.n,
-            prefixes=[common_pb2.Sid(codes=p.tolist()) for p in q.prefixes] if q.prefixes is not None else None,
-            exclude=[ids[r] for r in q.exclude]) for q in requests]
-        req = drafter_pb2.DraftRequest(queries=queries, version=self.snap.version, mode=self.mode)
+        req = draft_message(requests, self.snap, self.mode)
         deadline = _earliest(requests)
         tried: set[str] = set()
         for attempt in (0, 1):
@@ -138,16 +133,30 @@ class RemoteDrafter:
                 tried.add(replica.address)
                 if attempt:
                     raise
-        index, active = self.snap.index, self.snap.itemset.active
-        assert active is not None  # LocalItemSet fills it in
-        out = []
-        for d in r.drafts:
-            rows = rows_of(index, d.item_ids, -1)
-            keep = [j for j, row in enumerate(rows) if row >= 0 and active[row]]  # another version's ids skipped
-            if len(keep) == len(rows):
-                out.append(Draft(np.asarray(rows, dtype=np.int64), np.asarray(d.scores, dtype=np.float32)))
-            else:
-                scores = list(d.scores)
-                out.append(Draft(np.asarray([rows[j] for j in keep], dtype=np.int64),
-                                 np.asarray([scores[j] for j in keep], dtype=np.float32)))
-        return out
+        return drafts_of(r, self.snap)
+
+
+def draft_message(requests: Sequence[DraftRequest], snap: Snapshot, mode: str) -> drafter_pb2.DraftRequest:
+    """The ``Draft`` call for ``requests`` (their items are rows of ``snap``): histories and exclusions as rows
+    (int32), so the drafter reads them as they are and answers rows too."""
+    queries = [drafter_pb2.DraftQuery(
+        history_rows=to_msg(np.asarray(q.history, dtype=np.int32)), n=q.n,
+        prefixes=[common_pb2.Sid(codes=p) for p in q.prefixes.tolist()] if q.prefixes is not None else None,
+        exclude_rows=to_msg(np.fromiter(q.exclude, dtype=np.int32, count=len(q.exclude))) if q.exclude else None)
+        for q in requests]
+    return drafter_pb2.DraftRequest(queries=queries, version=snap.version, mode=mode)
+
+
+def drafts_of(resp: drafter_pb2.DraftResponse, snap: Snapshot) -> list[Draft]:
+    """The drafts of a ``Draft`` answer by rows, less the rows ``snap`` does not hold active (a drafter a version
+    ahead or behind: an item added since, or removed)."""
+    active = snap.itemset.active
+    assert active is not None  # LocalItemSet fills it in
+    out = []
+    for d in resp.drafts:
+        rows = from_msg(d.rows, "rows", dtype="int32", ndim=1).astype(np.int64)
+        scores = np.array(from_msg(d.row_scores, "row_scores", dtype="float32", ndim=1))
+        keep = rows < len(active)
+        keep[keep] = active[rows[keep]]
+        out.append(Draft(rows, scores) if keep.all() else Draft(rows[keep], scores[keep]))
+    return out

@@ -18,7 +18,7 @@ tail of what the cut itself takes to build its answer
 
 It learned from a task of its own before, one sleep of 10 ms after another:
 that cost the idle gateway 22 CPU ms a second (2-4 without it), about 0.6 ms of
-CPU per request on two cores (``bench.cpu_per_request``), and said nothing of
+CPU per request on two cores (``bench.request_path``), and said nothing of
 the hand-off from a worker that every answer pays.
 """
 

@@ -24,6 +24,7 @@ from specrec_rpc.errors import InvalidArgument, require
 from specrec_rpc.rowindex import rows_of
 
 from .budget import request_deadline
+from .calls import Hops
 from .settings import GatewaySettings
 
 
@@ -56,6 +57,7 @@ class Admitted:
     params: dict[str, Any]  # the request's parameters when it runs the policy asked, else none
     state: str = "queued"  # -> "running" (a worker took it) or "abandoned" (its caller left while it queued)
     cut_margin: float = 0.0  # seconds before the deadline the gateway's cut fires (how late its event loop runs)
+    hops: Hops = field(default_factory=Hops)  # its downstream calls' times (the caller's, and each callee's own)
     done_at: float = 0.0  # when its worker finished (time.monotonic()): the loop's lateness is measured from here
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
@@ -121,13 +123,22 @@ def _params(r, s: GatewaySettings, policy: str, f) -> dict[str, Any]:
             params[key] = json.loads(raw)
         except json.JSONDecodeError:
             params[key] = raw
-    try:
-        POLICIES[policy].Config(**params)
-    except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"]) or "?"
-        raise InvalidArgument(f("params." + loc), err["msg"]) from None
+    key = (policy, repr(sorted(params.items())))
+    if key not in _CHECKED:  # the policy's config checks each distinct set of parameters once
+        try:
+            POLICIES[policy].Config(**params)
+        except ValidationError as e:
+            err = e.errors()[0]
+            loc = ".".join(str(x) for x in err["loc"]) or "?"
+            raise InvalidArgument(f("params." + loc), err["msg"]) from None
+        if len(_CHECKED) > 1024:  # requests with ever new parameters: start again
+            _CHECKED.clear()
+        _CHECKED.add(key)
     return params
+
+
+#: (policy, its parameters) that its config accepted
+_CHECKED: set[tuple[str, str]] = set()
 
 
 def _rows(r, snap: Snapshot, f) -> tuple[np.ndarray, list[str]]:

@@ -9,7 +9,8 @@
   copy of this context so the trace span and log bindings follow): the policy
   or its fallback ladder answers;
 - respond: the items and the stats, and the request's log line when it was
-  degraded, shed or failed (:mod:`.requestlog`).
+  degraded, shed or failed (:mod:`.requestlog`); its metrics once the answer has
+  left (:meth:`.service.GatewayService.record`, on the loop's next turn).
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from specrec_rpc.server import Admission
 from specrec_rpc.v1 import common_pb2, recommender_pb2, recommender_pb2_grpc
 
 from .budget import caller_deadline
-from .metrics import BUDGET_MISSES, RECS
 from .request import Admitted, ValidRequest, validate
 from .requestlog import RequestLog
 from .settings import GatewaySettings
@@ -50,6 +50,8 @@ class Gateway(Protocol):
 
     async def serve(self, run: Admitted, ctx: contextvars.Context | None = None) -> RecResult: ...
 
+    def record(self, run: Admitted, res: RecResult, total_ms: float) -> None: ...
+
 
 def respond(valid: ValidRequest, res: RecResult, t0: float) -> recommender_pb2.RecommendResponse:
     """The answer on the wire: items (id, SID, score, title, unseen, source) and the stats."""
@@ -59,7 +61,6 @@ def respond(valid: ValidRequest, res: RecResult, t0: float) -> recommender_pb2.R
         score=float(sc), title=snap.titles[r], unseen=not bool(it.seen[r]), source=src)
         for r, sc, src in zip(res.items.tolist(), res.scores.tolist(), res.sources)]
     st, degraded, policy = res.stats, res.degraded, valid.policy
-    RECS.labels(policy, res.served_by, st.exit_reason or "", str(bool(degraded)).lower()).inc()
     stats = recommender_pb2.RecommendStats(
         policy=policy, served_by=res.served_by, rounds=st.rounds, drafted=st.draft_items, accepted=st.accepted_items,
         draft_tokens=st.draft_tokens, accepted_tokens=st.accepted_tokens, verifier_calls=st.verifier_calls,
@@ -68,8 +69,6 @@ def respond(valid: ValidRequest, res: RecResult, t0: float) -> recommender_pb2.R
         degraded=bool(degraded), degraded_reason=degraded, total_ms=(time.monotonic() - t0) * 1000.0,
         request_id=valid.rid)
     stats.ignored_history.extend(valid.ignored)
-    if stats.total_ms > valid.budget_ms:
-        BUDGET_MISSES.labels(policy).inc()
     return recommender_pb2.RecommendResponse(items=items, stats=stats)
 
 
@@ -104,7 +103,10 @@ class Servicer(recommender_pb2_grpc.RecommenderServicer):
         except Overloaded as e:
             raise ResourceExhausted(f"overloaded: {e}") from None
         res = await self.svc.serve(run, contextvars.copy_context())
-        return respond(valid, res, t0)
+        resp = respond(valid, res, t0)
+        # its metrics on the loop's next turn, once the answer has left
+        asyncio.get_running_loop().call_soon(self.svc.record, run, res, resp.stats.total_ms)
+        return resp
 
     @handle_errors
     async def Recommend(self, request: recommender_pb2.RecommendRequest,

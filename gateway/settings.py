@@ -33,7 +33,11 @@ class GatewaySettings(ServiceSettings):
     max_batch: int = Field(256, ge=1, le=10_000, description="most requests in one RecommendBatch")
     drafter_mode: str = Field("", description="item drafter mode for fused, specgr and drafter ('' = the drafter's "
                               "default: sasrec where the bundle has a fusion)")
-    workers: int = Field(16, ge=1, le=1024, description="threads running policy loops")
+    workers: int = Field(16, ge=1, le=1024, description="threads running policy loops (every policy but those "
+                         "fast_path serves on the event loop)")
+    fast_path: bool = Field(True, description="serve fused and drafter, the lists auto serves most, on the event "
+                            "loop with asyncio stubs (no worker thread, no blocking call); off: in worker threads "
+                            "like every other policy (gateway/fastpath.py)")
     processes: Processes = Field(0, ge=0, le=1024, description="gateway processes sharing the port (each with its "
                                  "own event loop and threads; the kernel spreads connections over them); 0 or "
                                  "'auto': one per 4 usable cores (affinity, capped by the cgroup's CPU quota), at "

@@ -30,6 +30,7 @@ also notice changes that DNS alone would hide.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import socket
 import threading
@@ -50,6 +51,7 @@ class Replica:
     calls: int = 0  # requests picked onto it (for the scale-out benchmark)
     ejected: bool = False  # out of rotation after a call found it unreachable, until its health check answers
     lock: threading.Lock = field(default_factory=threading.Lock)
+    aio: tuple | None = None  # (loop, channel, stub) for calls from an event loop, made there when first asked
 
     def __enter__(self) -> Replica:
         with self.lock:
@@ -87,11 +89,14 @@ def resolve_dns(hostport: str) -> list[str]:
 
 
 class Replicas:
-    """The replicas of one service, as blocking stubs (the gateway's policy threads use them)."""
+    """The replicas of one service, as blocking stubs (the gateway's policy threads use them) and, with
+    ``make_aio_channel``, as asyncio stubs too (:meth:`aio_stub`: the policies the gateway runs on its event loop)."""
 
     def __init__(self, target: str, make_stub: Callable[[grpc.Channel], object],
-                 make_channel: Callable[[str], grpc.Channel], refresh_s: float = 5.0, probe_s: float = 0.5):
+                 make_channel: Callable[[str], grpc.Channel], refresh_s: float = 5.0, probe_s: float = 0.5,
+                 make_aio_channel: Callable[[str], grpc.aio.Channel] | None = None):
         self.target, self.make_stub, self.make_channel = target, make_stub, make_channel
+        self.make_aio_channel = make_aio_channel
         self.kind, self.rest = parse_target(target)
         self.refresh_s, self.probe_s = refresh_s, probe_s
         self._prober: threading.Thread | None = None
@@ -124,7 +129,7 @@ class Replicas:
                 ch = self.make_channel(a)
                 self.replicas[a] = Replica(a, ch, self.make_stub(ch))
             for a in gone:
-                self.replicas.pop(a).channel.close()
+                _close(self.replicas.pop(a))
         if gone or added:
             self.log.info("replicas", addresses=sorted(self.replicas), added=added, gone=gone)
 
@@ -206,6 +211,26 @@ class Replicas:
             )
         return options[rr % len(options)]
 
+    def aio_stub(self, replica: Replica):
+        """``replica``'s stub for calls from the running event loop (its channel made on that loop when first
+        asked; one per replica, beside the blocking one)."""
+        made = replica.aio
+        if made is None:
+            assert self.make_aio_channel is not None, "Replicas made without make_aio_channel"
+            channel = self.make_aio_channel(replica.address)
+            made = replica.aio = (asyncio.get_running_loop(), channel, self.make_stub(channel))
+        return made[2]
+
+    async def close_aio(self) -> None:
+        """Close the asyncio channels made on the running loop (before the loop ends; :meth:`close` the rest)."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            made = [r for r in self.replicas.values() if r.aio is not None and r.aio[0] is loop]
+        for r in made:
+            assert r.aio is not None
+            channel, r.aio = r.aio[1], None
+            await channel.close()
+
     def shares(self) -> dict[str, int]:
         return {a: r.calls for a, r in self.replicas.items()}
 
@@ -215,8 +240,20 @@ class Replicas:
             self._watcher.stop()
         with self._lock:
             for r in self.replicas.values():
-                r.channel.close()
+                _close(r)
             self.replicas.clear()
+
+
+def _close(replica: Replica) -> None:
+    """Close a replica's channels (its asyncio channel on its own loop, if that still runs)."""
+    replica.channel.close()
+    if replica.aio is not None:
+        loop, channel, _ = replica.aio
+        replica.aio = None
+        try:
+            loop.call_soon_threadsafe(lambda: loop.create_task(channel.close()))
+        except RuntimeError:  # the loop is closed: nothing left to close it on
+            pass
 
 
 def wait_serving(replicas: Replicas, timeout_s: float, poll_s: float = 0.2) -> list[str]:
