@@ -9,8 +9,8 @@
 # Steps: quality (GR + SASRec, TIGER protocol and --exclude-history, all test users; the fusion curve; the learning curve),
 # policies (K=10/50, 500 random test users, the cost model), temporal (bundles/beauty-temporal, where its
 # unseen targets are lost, and the same users through the gateway), drafters, backends, profile (policies,
-# graphs, pass cost and floor), startup (cold and warm start), index (HNSW), cpu (the CPU time a fused request
-# costs each service), serving, overload (the load generator on a CPU of its own), soak (and what a write costs), chaos (faults of the services, of Redis and of the machine), scaleout,
+# graphs, pass cost and floor), startup (cold and warm start), index (HNSW), path (the request path against the same
+# work in process, the CPU a fused request costs each service), serving, overload (the load generator on a CPU of its own), soak (and what a write costs), chaos (faults of the services, of Redis and of the machine), scaleout,
 # catalogue (cost against catalogue size, 12k to 10M items, in process, the item set and the stack: about 15 GB of memory
 # and half an hour at 10M), keys (which
 # summary keys no step writes: bench.summary_keys), quick (a bundle rebuilt with recipes/beauty-quick.json, timed). Not in the default list, run only when named: gpu
@@ -67,7 +67,9 @@ profile() {
   python -m bench.profile_graphs --bundle "$BUNDLE" --k 10
   python -m bench.pass_cost --bundle "$BUNDLE"
 }
-cpu() { python -m bench.cpu_per_request --bundle "$BUNDLE" --requests 300; }  # CPU ms per fused request, per service
+# the request path: the same users in process and through the stack (their ratio), CPU ms per fused request per
+# service against a bare gRPC front making the same two calls, the bare round trip and each hop above its callee
+path() { python -m bench.request_path --bundle "$BUNDLE" --requests 300; }
 serving() {
   python -m bench.serving --bundle "$BUNDLE" --policies auto,fused,beam,strict,nezha,specgr,drafter \
     --open-policies auto --rates 30,60 --duration 10 --requests 300 --overhead-requests 100
@@ -88,7 +90,7 @@ gpu() {  # needs an NVIDIA GPU (exits 3 without one): only when named; on the de
   python -m bench.gpu_check --merge bench/results/gpu
 }
 
-ALL=(quality policies temporal drafters backends profile startup index cpu serving overload soak chaos scaleout catalogue quick keys)
+ALL=(quality policies temporal drafters backends profile startup index path serving overload soak chaos scaleout catalogue quick keys)
 EXTRA=(gpu)
 STEPS=("$@")
 [ ${#STEPS[@]} -eq 0 ] && STEPS=("${ALL[@]}")

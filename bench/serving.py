@@ -42,7 +42,8 @@ offered rate, per policy) into ``--out``, the summary keys
 GR-ranked: a list the GR model made or ranked, not the item drafter's own, no catalogue fill, as
 ``bench.loadgen.model_answer`` counts them), ``gateway.fused.fused_share_at_<B>ms`` (the fused policy's own lists,
 not degraded), ``gateway.<policy>.overhead_p50_ms`` (the gateway's total less its callees' own server time on the
-critical path, one request at a time), ``gateway.auto.gr_ranked_share_open_<R>rps`` (open loop),
+critical path, one request at a time), ``gateway.auto.gr_ranked_share_open_<R>rps`` (open loop) and
+``gateway.auto.client_p99_ms_open_<R>rps`` (its p99 at the caller, from each request's scheduled send),
 ``gateway.auto.recall_ratio_vs_fused_at_<B>ms`` (auto's answers' R@10 over the fused policy's in this process on
 the same users),
 ``gateway.auto.recall_ratio_at_<B>ms`` and ``gateway.auto.all_fill_share_at_<B>ms``,
@@ -169,6 +170,7 @@ def summary_of(res: dict, policies: list[str], budget_ms: float) -> dict:
     for r in res["open"]:  # how much of auto's open-loop answers the GR made or ranked, per offered rate
         if r["policy"] == "auto":
             summary[f"gateway.auto.gr_ranked_share_open_{r['offered_rps']:g}rps"] = r["gr_ranked_share"]
+            summary[f"gateway.auto.client_p99_ms_open_{r['offered_rps']:g}rps"] = r["p99_ms"]
     return summary
 
 

@@ -53,12 +53,15 @@ WRITERS: dict[str, list[str]] = {
     "startup": [r"verifier\.cold_start_s", r"stack\.(warm_start_s|cold_start_one_by_one_s)",
                 r"onnx\.(build_s|graphs_mb)", r"stack\.warm_start\.\w+_s"],
     "index": [r"drafter\.hnsw\.(recall@50|speedup)"],
-    "cpu": [r"(gateway|drafter|verifier)\.fused\.cpu_ms_per_request"],
+    "path": [r"(gateway|drafter|verifier)\.fused\.cpu_ms_per_request", r"gateway\.bare_front\.cpu_ms_per_request",
+             r"verifier\.fused\.inprocess_cpu_ms_per_request", r"gateway\.(fused|beam)\.stack_over_inprocess_p(50|99)",
+             r"gateway\.(fused|beam)\.lists_equal_inprocess", r"gateway\.bare_round_trip_p50_ms",
+             r"gateway\.fused\.hop_ms_p50\.(client_gateway|gateway_drafter|gateway_verifier)"],
     "serving": [r"gateway\.(auto|beam|strict|nezha|specgr|fused|drafter)\.(overhead_p50_ms|p50_ms|p99_ms_at_\d+ms"
                 r"|server_p99_ms_at_\d+ms|budget_exit_share_at_\d+ms|gr_ranked_share_at_\d+ms)",
                 r"gateway\.fused\.fused_share_at_\d+ms",
                 r"gateway\.auto\.(max_rps_p99_\d+ms|recall_ratio_at_\d+ms|all_fill_share_at_\d+ms"
-                r"|recall_ratio_vs_fused_at_\d+ms|gr_ranked_share_open_\d+rps)"],
+                r"|recall_ratio_vs_fused_at_\d+ms|gr_ranked_share_open_\d+rps|client_p99_ms_open_\d+rps)"],
     "overload": [r"serving\.capacity_rps", r"serving\.overload_[\d.]+x\.(achieved_rps|client_p99_ms|error_share"
                  r"|generator_lag_p99_ms|model_answer_share|offered_rps|server_p99_ms|shed_share|void|goodput_rps"
                  r"|goodput_ratio)"],

@@ -22,7 +22,7 @@ Where the services run (``SPECREC_STACK_PLACEMENT``, :func:`placement`): ``share
 service run on every CPU; ``split`` gives the verifier the upper half of the usable CPUs and the other three
 services the lower half, so the verifier's passes no longer evict the gateway's and the drafter's code and data
 from the caches of the core they run on. On two cores, one request at a time, split cost a fused request less
-CPU time in the gateway and the drafter (11-26% and 6-25% less, ``bench.cpu_per_request`` twice each) and less
+CPU time in the gateway and the drafter (11-26% and 6-25% less, CPU per fused request per service, twice each) and less
 wall time; it is not the default because the verifier then has half the cores for its bursts (fused's p99 at
 30 ms rose; figures: bench/results/HISTORY.md, thirteenth session).
 

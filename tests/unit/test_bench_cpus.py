@@ -138,3 +138,13 @@ def test_the_hog_ends_when_its_parent_is_gone():
     if not ended:
         os.kill(pid, signal.SIGKILL)  # a failing test leaves nothing behind
     assert ended
+
+
+def test_the_cpu_class_names_what_the_cpu_computes_in():
+    from bench.request_path import cpu_class
+
+    assert cpu_class({"avx2", "fma"}) == "AVX2 only"
+    assert cpu_class({"avx2", "avx512f", "avx512_vnni"}) == "AVX-512"
+    assert cpu_class({"avx2", "avx512f", "amx_tile", "amx_bf16"}) == "AMX"
+    assert cpu_class({"sse4_2"}) == "no AVX2"
+    assert cpu_class() in ("AVX2 only", "AVX-512", "AMX", "no AVX2")  # this machine's, from /proc/cpuinfo
