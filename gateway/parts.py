@@ -36,6 +36,8 @@ class VerifierParts:
         self._known: dict[str, Parts] = {}
         self._asked: dict[str, float] = {}  # address -> when it was last asked (time.monotonic())
         self._lock = threading.Lock()
+        self._changes = 0  # bumped whenever what a replica offers is learned or forgotten
+        self._current: tuple[tuple[str, ...], int, Parts] | None = None  # (replicas, _changes, what they offer)
         self.log = structlog.get_logger("verifier-parts")
 
     def describe_all(self) -> dict[str, Parts]:
@@ -48,9 +50,16 @@ class VerifierParts:
     def current(self) -> Parts:
         """What every replica offers; a replica not described yet is asked in the background (at most every
         ``retry_s``) and counts as offering everything meanwhile."""
+        replicas = list(self.replicas.replicas.items())
+        key = tuple(a for a, _ in replicas)
+        with self._lock:  # every request asks (admission, the policies): the answer is kept while nothing changes
+            if self._current is not None and self._current[:2] == (key, self._changes):
+                return self._current[2]
+            changes = self._changes
         out = Parts()
         now = time.monotonic()
-        for address, replica in list(self.replicas.replicas.items()):
+        unknown = False
+        for address, replica in replicas:
             with self._lock:
                 parts = self._known.get(address)
                 ask = parts is None and now - self._asked.get(address, -math.inf) >= self.retry_s
@@ -61,6 +70,11 @@ class VerifierParts:
                                  daemon=True).start()
             if parts is not None:
                 out = out & parts
+            else:
+                unknown = True
+        if not unknown:  # (a replica not described yet is asked again on a later request)
+            with self._lock:
+                self._current = (key, changes, out)
         return out
 
     def lacks(self, address: str, part: str) -> None:
@@ -69,6 +83,7 @@ class VerifierParts:
             was = self._known.get(address, Parts())
             if getattr(was, part):
                 self._known[address] = Parts(**{**vars(was), part: False})
+                self._changes += 1
                 self.log.info("verifier lacks a part", replica=address, part=part)
 
     def forget(self, address: str) -> None:
@@ -77,6 +92,7 @@ class VerifierParts:
         with self._lock:
             self._known.pop(address, None)
             self._asked.pop(address, None)
+            self._changes += 1
 
     def _describe(self, replica) -> None:
         with self._lock:
@@ -89,5 +105,6 @@ class VerifierParts:
             parts = Parts(distilled_drafter=resp.distilled_drafter, draft_head=resp.draft_head)
             with self._lock:
                 self._known[replica.address] = parts
+                self._changes += 1
             self.log.info("verifier parts", replica=replica.address, sid_space=resp.sid_space, api=resp.api,
                           **vars(parts))

@@ -248,7 +248,7 @@ def test_the_early_cut_learns_how_late_the_loop_takes_up_an_answer(snap):
     costs = CostModel()
     queue = QueueModel(costs, 0.006, Cooldown(1.0))
     budget = Budget(settings(), queue, costs, lambda dependency: False)
-    fake = types.SimpleNamespace(pool=ThreadPoolExecutor(1), queue=queue, budget=budget)
+    fake = types.SimpleNamespace(pool=ThreadPoolExecutor(1), queue=queue, budget=budget, fast=None)
 
     def run_policy(run):
         run.begin()
@@ -284,7 +284,7 @@ def test_a_request_abandoned_while_it_queues_never_runs_and_stops_counting_as_lo
 
     queue = QueueModel(CostModel(), 0.006, Cooldown(1.0))
     gate, ran = threading.Event(), []
-    fake = types.SimpleNamespace(pool=ThreadPoolExecutor(1), queue=queue,
+    fake = types.SimpleNamespace(pool=ThreadPoolExecutor(1), queue=queue, fast=None,
                                  budget=types.SimpleNamespace(cut_margin=lambda left: 0.0,
                                                                 observe_lateness=lambda s: None))
     fake.run_policy = lambda run: ran.append(run) if run.begin() else None  # run_policy's first step
@@ -332,7 +332,7 @@ def test_a_request_cut_at_its_deadline_is_cancelled_so_nothing_runs_on_for_it(en
         stopped.wait(5.0)
         queue.done(run.resource)
 
-    fake = types.SimpleNamespace(pool=ThreadPoolExecutor(1), queue=queue, log=None, run_policy=run_policy,
+    fake = types.SimpleNamespace(pool=ThreadPoolExecutor(1), queue=queue, log=None, run_policy=run_policy, fast=None,
                                  budget=types.SimpleNamespace(cut_margin=lambda left: 0.0, observe_cut=lambda s: None),
                                  engine=lambda snap: eng)
     fake._cut = lambda run: GatewayService._cut(fake, run)
