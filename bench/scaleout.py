@@ -42,7 +42,7 @@ from bench.harness import (
     sayer,
 )
 from bench.serving_phases import best_rate, offline_beam, open_loop, passes, summarise
-from specrec.eval.results import markdown_table
+from specrec.terminal import markdown_table
 from specrec_rpc.processes import free_port
 from specrec_stack.localstack import ServiceProcs
 
