@@ -241,6 +241,7 @@ class Group:
         finally:
             if metrics is not None:
                 metrics.shutdown()
+                metrics.server_close()
 
     def _say(self, event: str, level: str = "info", **kw) -> None:
         if self.log is not None:
