@@ -24,9 +24,12 @@ _.intercept_service
 # http.server's request handler hooks (the metrics port of a group of processes, specrec_rpc/processes.py)
 _.do_GET
 _.log_message
+# tqdm's hooks, overridden by specrec.terminal.LineProgress: tqdm calls moveto(n) and clear(nolock=...) by name
+_.moveto
+_.nolock
 # PEP 562: Python calls a module's __getattr__ for a name it lacks (specrec/__init__.py's lazy exports)
 _.__getattr__
-# the public Python API the README documents (``rec.recommend_batch``); tests call it, nothing inside does
+# the public Python API docs/api.md documents (``rec.recommend_batch``); tests call it, nothing inside does
 _.recommend_batch
 # SidReport's fields: read through as_dict() (its __dict__) into the bundle's metadata and the training log
 _.unique_prefixes

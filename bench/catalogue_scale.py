@@ -288,7 +288,7 @@ def drafter_modes(asked: str, items: int, default: str) -> str:
     has (empty) up to :data:`DRAFTER_ALL_MODES_UP_TO` items, else only ``default`` (the bundle's default mode, the
     one ``auto`` drafts with): the retrieval and self drafters hold about 3.6 KB and 0.5 KB per item, and the
     self-drafter searches the rows past the bundle's exactly (the synthetic items have no text: the retrieval
-    drafter skips them; docs/operations.md)."""
+    drafter skips them; docs/catalogue.md)."""
     if asked != "auto":
         return asked
     return "" if items <= DRAFTER_ALL_MODES_UP_TO else default
@@ -443,7 +443,7 @@ def markdown(res: dict) -> str:
                 f"{st['closed']['p50_ms']:.1f} / {st['closed']['p99_ms']:.1f} / {st['closed']['max_ms']:.1f}",
                 _kernel(st["closed"].get("kernel")), _probe(st.get("probe"))]) + " |")
         lines += ["", "The drafter serves once the bundle's rows are indexed; the rest are indexed in the background "
-                  "(docs/operations.md).", ""]
+                  "(docs/catalogue.md).", ""]
     return "\n".join(lines)
 
 

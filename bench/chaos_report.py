@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from bench.harness import fmt, machine_of
-from specrec.eval.results import markdown_table, paragraph
+from specrec.eval.results import paragraph
+from specrec.terminal import markdown_table
 
 
 def plot(recs: list[dict], windows: list[tuple[str, float, float]], t_base: float, budgets_ms: list[float],

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterable
+from pathlib import Path
 
 __all__ = ["Hog", "affinity", "confine", "cpu_seconds", "restore", "split", "threads_of", "usable"]
 
@@ -102,7 +103,7 @@ def cpu_seconds(pid: int) -> float | None:
     """The CPU time a process has used, all its threads, user and system (``/proc/<pid>/stat``); None when it
     cannot be read."""
     try:
-        stat = open(f"/proc/{pid}/stat").read()
+        stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": the state is field 3 of proc(5)

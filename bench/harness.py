@@ -386,7 +386,8 @@ def machine_line(in_process: bool = False) -> str:
     (``in_process``: a benchmark that runs no stack says so, and the load average it started under)."""
     cpu = platform.processor() or platform.machine()
     try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
     if in_process:

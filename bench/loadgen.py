@@ -217,6 +217,7 @@ def in_process(target: str, users_file: Path, rate: float, seconds: float, budge
         if gen.poll() is None:
             gen.terminate()
             gen.wait(timeout=10)
+        gen.stdout.close()
         for name, sp in spies:  # py-spy writes its file when interrupted
             if sp.poll() is None:
                 sp.send_signal(signal.SIGINT)

@@ -67,7 +67,8 @@ from bench.harness import (
     server_figures,
 )
 from bench.loadgen import CAPACITY_BUDGET_MS, add_load_args, in_process, measured_capacity, model_answer, py_spy
-from specrec.eval.results import markdown_table, paragraph
+from specrec.eval.results import paragraph
+from specrec.terminal import markdown_table
 from specrec_rpc.processes import group_pids
 
 #: this benchmark's section of the results README

@@ -44,11 +44,11 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
 
     import torch
-    from tqdm import tqdm
 
     from specrec.bundle import Bundle, bundle_split
     from specrec.policies import make_policy
     from specrec.policies.requests import RecRequest
+    from specrec.terminal import progress_bar
 
     torch.set_num_threads(a.threads)
     bundle = Bundle.load(a.bundle)
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
         pol.run([RecRequest(np.asarray(hists[0]), a.k)])  # warm-up
         stages, walls, rounds = defaultdict(list), [], []
         prof = cProfile.Profile() if label == a.profile else None
-        for h in tqdm(hists, desc=label, leave=False):
+        for h in progress_bar(hists, desc=label, leave=False):
             t0 = time.perf_counter()
             if prof:
                 prof.enable()

@@ -42,7 +42,7 @@ from bench.harness import (
     sayer,
 )
 from bench.serving_phases import best_rate, offline_beam, open_loop, passes, summarise
-from specrec.eval.results import markdown_table
+from specrec.terminal import markdown_table
 from specrec_rpc.processes import free_port
 from specrec_stack.localstack import ServiceProcs
 
@@ -51,7 +51,8 @@ say = sayer("scaleout")
 
 def calls(metrics_port: int) -> float:
     """Calls a verifier answered, every method (its Prometheus counter; a request's calls all go to one replica)."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
+        text = r.read().decode()
     total = 0.0
     for line in text.splitlines():
         if line.startswith("specrec_rpc_requests_total{") and "grpc.health" not in line:

@@ -92,7 +92,8 @@ from bench.serving_phases import (
     place_generator,
     summarise,
 )
-from specrec.eval.results import markdown_table, paragraph
+from specrec.eval.results import paragraph
+from specrec.terminal import markdown_table
 
 RETIRED_KEYS = ("gateway.specgr.max_rps_p99_30ms", "gateway.specgr.p99_ms_at_20rps", "gateway.beam.p99_ms_at_20rps",
                 "gateway.beam.grpc_overhead_p50_ms", "gateway.specgr.grpc_overhead_p50_ms",

@@ -141,9 +141,8 @@ def overhead(bundle, target: str, users: Users, policy: str, k: int, n: int, war
     own before the gateway's: run beside each request, this process's search took the two cores' caches from the
     services and added 0.56 ms to the gateway's own p50 (3.60 against 3.04 ms, fused, the same stack, 300 requests
     each way in alternating blocks, HISTORY.md 2026-12-05)."""
-    from tqdm.auto import tqdm
-
     from specrec.policies import RecRequest, make_policy
+    from specrec.terminal import progress_bar
     from specrec_rpc.client import Client
 
     eng = bundle.engine(drafter=bundle.default_drafter())
@@ -162,7 +161,7 @@ def overhead(bundle, target: str, users: Users, policy: str, k: int, n: int, war
     with Client(target, timeout_s=10.0) as c:
         for i in range(warmup):
             c.recommend(users.ids[i], k=k, policy=policy, budget_ms=budget_ms)
-        for i in tqdm(range(m), desc=f"overhead {policy}", unit="req", leave=False):
+        for i in progress_bar(range(m), desc=f"overhead {policy}", unit="req", leave=False):
             t0 = time.perf_counter()
             resp = c.recommend(users.ids[i], k=k, policy=policy, budget_ms=budget_ms)
             gw.append((time.perf_counter() - t0) * 1000.0)
@@ -218,9 +217,10 @@ async def open_loop(target: str, users: Users, policy: str, k: int, budget_ms: f
                     warmup: float, seed: int) -> tuple[list[dict], int, float]:
     """Poisson arrivals at ``rate`` for warmup + duration seconds (:func:`bench.loadgen.poisson`, in this
     process); answers of the measured part, requests sent in it, and the achieved rate of answers."""
-    from tqdm.auto import tqdm
+    from specrec.terminal import progress_bar
 
-    bar = tqdm(total=round(rate * (warmup + duration)), desc=f"{policy} @ {rate:g} rps", unit="req", leave=False)
+    bar = progress_bar(total=round(rate * (warmup + duration)), desc=f"{policy} @ {rate:g} rps", unit="req",
+                       leave=False)
     results, _, start = await poisson(
         target, users.ids, rate=rate, duration=warmup + duration, policy=policy, k=k, budget_ms=budget_ms, seed=seed,
         timeout_s=2.0, user_prefix="bench", start_delay_s=0.1, on_record=lambda r: bar.update(),

@@ -40,7 +40,8 @@ from bench.harness import (
     sayer,
 )
 from bench.loadgen import add_load_args, in_process, measured_capacity
-from specrec.eval.results import markdown_table, paragraph
+from specrec.eval.results import paragraph
+from specrec.terminal import markdown_table
 
 #: this benchmark's section of the results README
 README_OWNER = "bench.soak"

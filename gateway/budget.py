@@ -27,7 +27,7 @@ policies see of the gateway, :class:`specrec.policies.engine.Serving`):
   :data:`GRACE_S`, so a call started just in time can still answer.
 
 The settings (``respond_ms``, ``reply_margin_ms``, ``reserve_ms``,
-``cut_early``) are the knobs; ``docs/operations.md`` ("The budget") says what
+``cut_early``) are the knobs; ``docs/degraded-modes.md`` ("Budget") says what
 each one does.
 """
 

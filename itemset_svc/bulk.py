@@ -134,9 +134,9 @@ class CatalogueBulkLoad(VersionPublisher):
         new = await self._new_version(new_epoch)
         bar = None
         if progress:
-            from tqdm.auto import tqdm
+            from specrec.terminal import progress_bar
 
-            bar = tqdm(total=len(cat), unit="item", desc=f"loading version {new}")
+            bar = progress_bar(total=len(cat), unit="item", desc=f"loading version {new}")
         try:
             await self._stage(new, Layout(new), "load", cur)
             await self._load_items(new, cat, level_sizes, chunk, bar)

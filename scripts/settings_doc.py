@@ -1,8 +1,8 @@
-"""The settings tables of docs/operations.md, generated from the services' pydantic settings
+"""The settings tables of docs/settings.md, generated from the services' pydantic settings
 (one place: the ``Field`` descriptions), so the document cannot drift from the code. A script, not a module of
 ``specrec_rpc``: it reads all four services' settings, so it sits above them.
 
-    python scripts/settings_doc.py          # rewrite the tables in docs/operations.md
+    python scripts/settings_doc.py          # rewrite the tables in docs/settings.md
     python scripts/settings_doc.py --check  # exit 1 when they are out of date (tests run this)
 """
 
@@ -14,7 +14,7 @@ import re
 import sys
 from pathlib import Path
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "operations.md"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "settings.md"
 BEGIN, END = "<!-- settings: begin (python scripts/settings_doc.py) -->", "<!-- settings: end -->"
 
 

@@ -46,7 +46,7 @@ def write_demo_histories(bundle_dir: str | Path, split, n: int = 50, seed: int =
     from .data.splits import sample_examples
 
     ex = sample_examples(split.test, n, seed)
-    ids = [json.loads(line)["item_id"] for line in open(Path(bundle_dir) / "items.jsonl")]
+    ids = [json.loads(line)["item_id"] for line in (Path(bundle_dir) / "items.jsonl").read_text().splitlines()]
     rows = ex.histories()
     demo = [{"history": [ids[r] for r in h], "target": ids[int(t)]} for h, t in zip(rows, ex.target)]
     p = Path(bundle_dir) / DEMO_HISTORIES

@@ -272,12 +272,13 @@ class Recommender:
     def recommend_batch(self, histories: Iterable[Sequence[str]], k: int = 10, policy: str = "auto",
                         budget_ms: float | None = 30.0, progress: bool = True, exclude_history: bool = False,
                         **params) -> list[Recommendation]:
-        """:meth:`recommend` for each history, in order (each with its own budget), with a tqdm progress bar."""
-        from tqdm.auto import tqdm
+        """:meth:`recommend` for each history, in order (each with its own budget), with a progress bar
+        (tqdm's in a terminal, plain lines in a log: :func:`specrec.terminal.progress_bar`)."""
+        from .terminal import progress_bar
 
         histories = list(histories)
         return [self.recommend(h, k, policy, budget_ms, exclude_history, **params)
-                for h in tqdm(histories, desc=f"recommend ({policy})", unit="req", disable=not progress)]
+                for h in progress_bar(histories, desc=f"recommend ({policy})", unit="req", disable=not progress)]
 
     # -- catalogue updates -----------------------------------------------------------------
     def upsert(self, item: dict | None = None, **fields) -> RecommendedItem:

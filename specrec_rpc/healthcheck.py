@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -23,7 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 def _channel(target: str, ca: str | None, cert: str | None, key: str | None, server_name: str):
     if not ca:
         return grpc.insecure_channel(target)
-    read = lambda p: open(p, "rb").read() if p else None  # noqa: E731
+    read = lambda p: Path(p).read_bytes() if p else None  # noqa: E731
     creds = grpc.ssl_channel_credentials(read(ca), read(key), read(cert))
     opts = [("grpc.ssl_target_name_override", server_name)] if server_name else []
     return grpc.secure_channel(target, creds, options=opts)

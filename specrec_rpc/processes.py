@@ -15,7 +15,7 @@ reaches one process, and many clients (or a client with several channels) reach 
 
 The shares are those of a stack that shares one machine (``specrec stack up``, compose): of the CPU a fused
 request costs the whole stack, the verifier's compute takes more than half, the gateway about a quarter and the
-drafter about a sixth (``python -m bench.request_path``; figures in docs/operations.md, "Processes"), so a 2- or
+drafter about a sixth (``python -m bench.request_path``; figures in docs/scaling.md, "Processes"), so a 2- or
 4-core machine runs one process of each (a second would only contend with the verifier's threads), 8 cores two
 gateway processes, 16 cores four gateway and two drafter processes. A pod that has its cores to itself (the
 chart) sets ``processes`` to its CPU limit instead.
@@ -241,6 +241,7 @@ class Group:
         finally:
             if metrics is not None:
                 metrics.shutdown()
+                metrics.server_close()
 
     def _say(self, event: str, level: str = "info", **kw) -> None:
         if self.log is not None:

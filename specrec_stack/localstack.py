@@ -107,9 +107,9 @@ def find_or_start_redis(url: str | None, *, workdir: Path, log_path: Path | None
                          "(apt-get install -y redis-server, or set REDIS_URL)")
     port = port or free_port()
     workdir.mkdir(parents=True, exist_ok=True)
-    out = open(log_path, "w") if log_path else subprocess.DEVNULL
-    p = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                          "--dir", str(workdir)], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(log_path or os.devnull, "w") as out:  # the child keeps a descriptor of its own
+        p = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                              "--dir", str(workdir)], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"redis://127.0.0.1:{port}/0"
     deadline = time.monotonic() + 15
     while not redis_ping(url):

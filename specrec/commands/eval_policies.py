@@ -27,8 +27,9 @@ def _policy_params(items: list[str]) -> dict[str, dict]:
 def run_policies(a: argparse.Namespace, bundle, split, ex, exclude=None) -> int:
     """Side-by-side comparison of policies on the same requests (interleaved, batch 1)."""
     from ..eval.compare import compare_policies, comparison_table, plot_stages, summary_keys
-    from ..eval.results import markdown_table, update_summary, write_json
+    from ..eval.results import update_summary, write_json
     from ..policies import make_policy
+    from ..terminal import markdown_table, print_table
 
     names = [p.strip() for p in a.policies.split(",") if p.strip()]
     if "beam" not in names:
@@ -62,10 +63,7 @@ def run_policies(a: argparse.Namespace, bundle, split, ex, exclude=None) -> int:
     if a.json:
         print(json.dumps(out, indent=2, default=str))
     else:
-        from rich.console import Console
-        from rich.markdown import Markdown
-
-        Console().print(Markdown(markdown_table(rows, cols)))
+        print_table(rows, cols)
     if a.save:
         tag = "_excl" if exclude is not None else ""  # never mixed with the TIGER-protocol figures
         # drafter shares other than the bundle's are an experiment: files and keys of their own

@@ -92,7 +92,8 @@ def run(a: argparse.Namespace) -> int:
     if a.policies:
         return run_policies(a, bundle, split, ex, exclude)
     from ..eval.evaluate import beam_ranker, run_ranker, sasrec_ranker, summarise
-    from ..eval.results import markdown_table, update_summary, write_json
+    from ..eval.results import update_summary, write_json
+    from ..terminal import markdown_table
 
     ks = sorted({int(k) for k in a.ks.split(",")})
     width = a.width or max(ks)
@@ -139,18 +140,12 @@ def run(a: argparse.Namespace) -> int:
 
 
 def _print_table(res, ks) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    """The figures per group (all of them whole, in a terminal or a pipe: :func:`specrec.terminal.print_table`)."""
+    from ..terminal import print_table
 
-    t = Table(title=f"{res.name}: {res.n} requests")
-    t.add_column("group")
-    for k in ks:
-        t.add_column(f"R@{k}", justify="right")
-    for k in ks:
-        t.add_column(f"N@{k}", justify="right")
     groups = [("overall", res.overall), *res.groups.items()]
-    for g, m in groups:
-        t.add_row(g, *[f"{m[f'recall@{k}']:.4f}" for k in ks], *[f"{m[f'ndcg@{k}']:.4f}" for k in ks])
-    c = Console()
-    c.print(t)
-    c.print(f"latency per request: p50 {res.latency['p50_ms']:.2f} ms  p99 {res.latency['p99_ms']:.2f} ms")
+    rows = [{"group": g, **{f"R@{k}": m[f"recall@{k}"] for k in ks}, **{f"N@{k}": m[f"ndcg@{k}"] for k in ks}}
+            for g, m in groups]
+    cols = ["group", *[f"R@{k}" for k in ks], *[f"N@{k}" for k in ks]]
+    print_table(rows, cols, title=f"{res.name}: {res.n} requests")
+    print(f"latency per request: p50 {res.latency['p50_ms']:.2f} ms  p99 {res.latency['p99_ms']:.2f} ms")

@@ -18,10 +18,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from ..data.splits import Examples, Split
 from ..policies import RecRequest
+from ..terminal import progress_bar
 from .evaluate import EvalResult, summarise
 
 
@@ -47,7 +47,7 @@ def compare_policies(policies: dict, ex: Examples, k: int, progress: bool = True
         eng.metrics.reset()
     runs = {n: Run(np.full((len(ex), k), -1, dtype=np.int64), np.zeros(len(ex))) for n in policies}
     stages: dict[str, defaultdict[str, float]] = {n: defaultdict(float) for n in policies}
-    for i in tqdm(range(len(ex)), desc="requests", disable=not progress, leave=False):
+    for i in progress_bar(range(len(ex)), desc="requests", disable=not progress, leave=False):
         req = RecRequest(np.asarray(hists[i], dtype=np.int64), k, exclude_history=excl)
         names = list(policies)
         for name in names[i % len(names):] + names[: i % len(names)]:  # rotated: no policy always runs first

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from ..data.splits import Examples, Split
+from ..terminal import progress_bar
 from .metrics import metrics_from_ranks, percentiles_ms, target_ranks
 
 Ranker = Callable[..., np.ndarray]  # (histories, k[, exclude]) -> [R, k] items
@@ -56,8 +56,8 @@ def run_ranker(
     hists = ex.histories()
     ranked = np.full((len(ex), k), -1, dtype=np.int64)
     secs = np.zeros(len(ex))
-    for s in tqdm(range(0, len(ex), batch_size), desc=desc, disable=not progress, leave=False,
-                  total=(len(ex) + batch_size - 1) // batch_size):
+    for s in progress_bar(range(0, len(ex), batch_size), desc=desc, disable=not progress, leave=False,
+                          total=(len(ex) + batch_size - 1) // batch_size):
         batch = hists[s : s + batch_size]
         t0 = time.perf_counter()
         out = ranker(batch, k) if exclude is None else ranker(batch, k, exclude[s : s + batch_size])
@@ -92,7 +92,7 @@ def compare(
         for h in hists[:warmup]:
             rank([h], k)
     out = {name: (np.full((len(ex), k), -1, dtype=np.int64), np.zeros(len(ex))) for name in rankers}
-    for i in tqdm(range(len(ex)), desc="requests", disable=not progress, leave=False):
+    for i in progress_bar(range(len(ex)), desc="requests", disable=not progress, leave=False):
         for name, rank in rankers.items():
             t0 = time.perf_counter()
             lst = np.asarray(rank([hists[i]], k))[0][:k]

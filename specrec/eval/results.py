@@ -1,4 +1,5 @@
-"""Committed benchmark results: JSON + markdown tables and the flat summary.
+"""Committed benchmark results: JSON, the results README's sections and the flat summary (their Markdown
+tables: :func:`specrec.terminal.markdown_table`).
 
 ``bench/results/summary.json`` is one flat JSON object of headline figures
 with dotted keys; every benchmark updates only its own keys.
@@ -38,18 +39,6 @@ def write_json(name: str, obj: dict, directory: Path | None = None) -> Path:
     p = directory / f"{name}.json"
     p.write_text(json.dumps(obj, indent=2, default=_clean) + "\n")
     return p
-
-
-def markdown_table(rows: list[dict], columns: list[str], fmt: str = "{:.4f}") -> str:
-    def cell(v):
-        if isinstance(v, float):
-            return "n/a" if math.isnan(v) else fmt.format(v)
-        return str(v)
-
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for r in rows:
-        lines.append("| " + " | ".join(cell(r.get(c, "")) for c in columns) + " |")
-    return "\n".join(lines) + "\n"
 
 
 def readme_section(path: Path, owner: str, body: str, retire: tuple[str, ...] = ()) -> None:

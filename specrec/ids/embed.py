@@ -80,13 +80,14 @@ class MiniLM:
     def encode(self, texts: Sequence[str], batch_size: int = 128, progress: bool = False) -> np.ndarray:
         import torch
         import torch.nn.functional as F
-        from tqdm import tqdm
+
+        from ..terminal import progress_bar
 
         out = np.zeros((len(texts), DIM), np.float32)
         order = np.argsort([-len(t) for t in texts], kind="stable")  # batches of similar lengths pad less
         starts = range(0, len(texts), batch_size)
         with torch.inference_mode():
-            for a in tqdm(starts, desc="embedding", disable=not progress or len(starts) < 2, leave=False):
+            for a in progress_bar(starts, desc="embedding", disable=not progress or len(starts) < 2, leave=False):
                 idx = order[a : a + batch_size]
                 enc = self.tokenizer.encode_batch([texts[i] for i in idx])
                 ids = torch.tensor([e.ids for e in enc])

@@ -36,7 +36,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel, Field
-from tqdm.auto import tqdm
 
 from ..backends import Backend
 from ..data.splits import Examples, sample_examples
@@ -44,6 +43,7 @@ from ..decoding.beam import beam_search
 from ..decoding.tree import build_tree, read_level
 from ..ids.trie import SidTrie
 from ..models.tiger import Tiger
+from ..terminal import progress_bar
 
 
 class AlignConfig(BaseModel):
@@ -86,7 +86,7 @@ def target_beams(gr: Tiger, ex: Examples, sids: torch.Tensor, trie: SidTrie, k: 
     be = Backend(gr)
     codes, alive = [], []
     with torch.inference_mode():
-        for s in tqdm(range(0, len(ex), batch_size), desc="target beams", disable=not progress, leave=False):
+        for s in progress_bar(range(0, len(ex), batch_size), desc="target beams", disable=not progress, leave=False):
             enc = be.encode(history_batch(sids, ex.history[s : s + batch_size]))
             b = beam_search(be, enc, trie, k)
             codes.append(b.codes.numpy())

@@ -33,7 +33,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from pydantic import BaseModel, Field
-from tqdm.auto import tqdm
 
 from ..data.splits import Examples, Split, sample_examples
 from ..decoding.searches import SearchState
@@ -43,6 +42,7 @@ from ..ids.trie import SidTrie
 from ..models.hotpath import FusedHotPath
 from ..models.sid_mlp import SidMlpConfig, SidMlpDrafter
 from ..models.tiger import Tiger
+from ..terminal import progress_bar
 from .batches import history_batch
 from .device import on_device, resolve_device, to_device
 
@@ -160,8 +160,8 @@ def teacher_frontier(gr: Tiger, ex: Examples, sids: np.ndarray, trie: SidTrie, w
     sids_t = torch.from_numpy(np.ascontiguousarray(sids, dtype=np.int64)).to(dev)
     batch_size = batch_size or frontier_batch(dev)
     parts: list = []
-    for s in tqdm(range(0, len(ex), batch_size), desc=f"target frontier (width {width})", disable=not progress,
-                  leave=False):
+    for s in progress_bar(range(0, len(ex), batch_size), desc=f"target frontier (width {width})",
+                          disable=not progress, leave=False):
         h0, root, levels, _ = target_frontier(fused, tables, history_batch(sids_t, ex.history[s : s + batch_size]),
                                               width)
         parts.append((h0.cpu().numpy().astype(np.float16), root.cpu().numpy().astype(np.float16),
@@ -286,7 +286,8 @@ def own_prefixes(drafter: SidMlpDrafter, fused: FusedHotPath, tables, sids_t: to
     codes_l: list = [[] for _ in range(L - 1)]
     alive_l: list = [[] for _ in range(L - 1)]
     logp_l: list = [[] for _ in range(L - 1)]
-    for s in tqdm(range(0, len(ex), batch_size), desc="drafter's own prefixes", disable=not progress, leave=False):
+    for s in progress_bar(range(0, len(ex), batch_size), desc="drafter's own prefixes", disable=not progress,
+                          leave=False):
         sl = slice(s, s + batch_size)
         h0 = to_device(fr.h0[sl], dev).float()
         root = to_device(fr.root[sl], dev).float()
@@ -377,8 +378,9 @@ def _distill(gr: Tiger, split: Split, sids: np.ndarray, cfg: DistillConfig, mcfg
         rng = np.random.default_rng(cfg.seed * 7919 + epoch)
         order = rng.permutation(len(fr))
         acc.zero_()
-        for step, s in enumerate(tqdm(range(0, len(order), cfg.batch_size), desc=f"distil {epoch + 1}/{cfg.epochs}",
-                                      disable=not progress, leave=False)):
+        for step, s in enumerate(progress_bar(range(0, len(order), cfg.batch_size),
+                                              desc=f"distil {epoch + 1}/{cfg.epochs}", disable=not progress,
+                                              leave=False)):
             idx = np.sort(order[s : s + cfg.batch_size])
             loss = batch_loss(fr, idx, rng)
             if own is not None:

@@ -20,7 +20,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from pydantic import BaseModel
-from tqdm.auto import tqdm
 
 from ..data.splits import PAD, Examples, Split
 from ..decoding.searches.head import nezha_beam_search
@@ -28,6 +27,7 @@ from ..models.nezha_head import NezhaHead
 from ..models.retrieval import RetrievalConfig, RetrievalModel
 from ..models.self_draft import SelfDraftHead
 from ..models.tiger import EncoderState, Tiger
+from ..terminal import progress_bar
 from .align import (
     AlignConfig,
     coverage,
@@ -69,7 +69,7 @@ def train_loop(params, cfg: DrafterTrainConfig, n_train: int, lengths: np.ndarra
         batches = bucketed_batches(lengths, cfg.batch_size, rng, 50)
         # the loss sum stays on the device (float64: the same sum as Python floats'), read once an epoch
         t0, acc = time.time(), torch.zeros((), dtype=torch.float64, device=params[0].device)
-        for idx in tqdm(batches, desc=f"{desc} {epoch + 1}/{cfg.epochs}", disable=not progress, leave=False):
+        for idx in progress_bar(batches, desc=f"{desc} {epoch + 1}/{cfg.epochs}", disable=not progress, leave=False):
             loss = step_fn(idx)
             opt.zero_grad(set_to_none=True)
             loss.backward()

@@ -25,12 +25,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from ..bundle import Bundle
 from ..data.splits import sample_examples
 from ..drafters.base import DraftRequest
 from ..fusion import Fusion, Scored, choose, recall_ndcg
+from ..terminal import progress_bar
 
 #: the list length the choice and the labels are measured at
 K = 10
@@ -46,7 +46,7 @@ def score_users(bundle: Bundle, ex, exclude: list[np.ndarray], n: int, backend=N
     itemset = bundle.itemset
     hists = ex.histories()
     out: list[Scored] = []
-    for s in tqdm(range(0, len(ex), batch_size), desc="scoring validation users", disable=not progress):
+    for s in progress_bar(range(0, len(ex), batch_size), desc="scoring validation users", disable=not progress):
         idx = range(s, min(len(ex), s + batch_size))
         drafts = drafter.draft([DraftRequest(np.asarray(hists[i], np.int64), n, None,
                                              frozenset(np.asarray(exclude[i]).tolist())) for i in idx])
@@ -74,7 +74,7 @@ def served_recall(bundle: Bundle, policy: str, ex, exclude: list[np.ndarray], pr
     eng = bundle.engine(drafter=None, backend=backend)
     pol = make_policy(policy, eng)
     hits = 0
-    for i in tqdm(range(len(ex)), desc=f"{policy} on validation users", disable=not progress, leave=False):
+    for i in progress_bar(range(len(ex)), desc=f"{policy} on validation users", disable=not progress, leave=False):
         res = pol.run([RecRequest(np.asarray(exclude[i], np.int64), K, exclude_history=True)])[0]
         hits += int(int(ex.target[i]) in res.items[:K].tolist())
     return hits / max(1, len(ex))

@@ -37,11 +37,11 @@ from typing import Any
 import numpy as np
 import torch
 from pydantic import BaseModel
-from tqdm.auto import tqdm
 
 from ..data.splits import PAD, Examples, sample_examples
 from ..ids.trie import SidTrie
 from ..models.tiger import Tiger, TigerConfig
+from ..terminal import progress_bar
 from . import checkpoint as ckpt
 from .batches import bucketed_batches, causal_chunks
 from .device import autocast, cpu_copy, resolve_device, rng_state, set_rng_state, to_device
@@ -338,8 +338,8 @@ class Trainer:
         model_params: list[torch.Tensor] = list(self.model.parameters())
         t_start = time.time()
         self._saved_at = t_start
-        bar = tqdm(total=self.total_steps, initial=self.step, disable=not progress, unit="step", smoothing=0.05,
-                   desc="training")
+        bar = progress_bar(total=self.total_steps, initial=self.step, disable=not progress, unit="step", smoothing=0.05,
+                           desc="training")
         while self.epoch < self.max_epochs and self.bad_epochs < c.patience:
             rng = np.random.default_rng(c.seed * 100003 + self.epoch)
             batches = bucketed_batches(lengths, c.batch_size, rng, c.bucket_chunk)

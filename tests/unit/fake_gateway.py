@@ -50,5 +50,6 @@ def fake_gateway(drafter_every: int = 0) -> Iterator[tuple[int, int]]:
         yield port, mport
     finally:
         http.shutdown()
+        http.server_close()
         thread.join(5)
         server.stop(None)

@@ -83,6 +83,7 @@ def test_scraped_from_a_metrics_port_as_the_services_serve_it():
         got = scrape_histogram(f"http://127.0.0.1:{port}/metrics")
     finally:
         server.shutdown()
+        server.server_close()
         thread.join(5)
     assert got == histogram_of(generate_latest(reg).decode()) and got.count == 10
     assert got.bucket_of(0.5) == pytest.approx((0.002, 0.005))

@@ -87,6 +87,7 @@ class FakeApi:
 
     def close(self) -> None:
         self.server.shutdown()
+        self.server.server_close()
 
 
 def test_ready_addresses_skip_endpoints_that_are_not_ready():

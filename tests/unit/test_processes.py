@@ -113,6 +113,7 @@ def test_the_groups_metrics_port_serves_every_process_labelled():
     finally:
         for s in servers:
             s.shutdown()
+            s.server_close()
 
 
 def test_a_group_whose_process_fails_to_start_exits_1():

@@ -1,4 +1,4 @@
-"""specrec.Recommender: the in-process API (doctests of its module and of the README section), its answers
+"""specrec.Recommender: the in-process API (doctests of its module and of docs/api.md's section), its answers
 against the policies' own, upserts, and input errors."""
 
 from __future__ import annotations
@@ -41,13 +41,13 @@ def test_module_doctest(monkeypatch):
     assert res.attempted >= 8 and res.failed == 0, res
 
 
-def test_readme_python_api_doctest(monkeypatch):
-    text = (ROOT / "README.md").read_text()
-    m = re.search(r"### In-process, from Python\n(.*?)\n## ", text, re.S)
-    assert m, "README.md lost its 'In-process, from Python' section"
+def test_docs_python_api_doctest(monkeypatch):
+    text = (ROOT / "docs" / "api.md").read_text()
+    m = re.search(r"\n## In-process, from Python\n(.*?)\n## ", text, re.S)
+    assert m, "docs/api.md lost its 'In-process, from Python' section"
     monkeypatch.chdir(ROOT)
     parser = doctest.DocTestParser()
-    test = parser.get_doctest(m.group(1), {}, "README.md", str(ROOT / "README.md"), 0)
+    test = parser.get_doctest(m.group(1), {}, "docs/api.md", str(ROOT / "docs" / "api.md"), 0)
     assert len(test.examples) >= 4
     runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     runner.run(test)
