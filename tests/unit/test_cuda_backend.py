@@ -51,6 +51,29 @@ def _same_beams(a, b):
     assert (a.token_logp - b.token_logp).nan_to_num(0, 0, 0).abs().max() < TOL
 
 
+@torch.inference_mode()
+def test_a_backend_never_moves_another_backends_modules(parts):
+    """Two backends on two devices over the same bundle's drafter (as ``bench/gpu_check.py`` builds the CUDA backend,
+    then the CPU reference): each computes with weights of its own, and the bundle's drafter stays where it was.
+    CPU proxy of the GPU failure (issue 65, 1): the "meta" device stands in for CUDA. When the hot path kept the
+    drafter itself, the CPU backend's first use moved the CUDA backend's drafter back to the CPU (``.to`` moves a
+    module's parameters in place), and its captured graphs read freed device memory."""
+    m, head, drafter, sids = parts
+    before = {n: p.clone() for n, p in drafter.state_dict().items()}
+    on_meta = Backend(m, head, device="meta", drafter=drafter)
+    assert all(p.device.type == "meta" for p in on_meta.fused.parameters())
+    on_cpu = Backend(m, head, drafter=drafter)
+    trie = SidTrie(sids, m.cfg.level_sizes)
+    drafted = on_cpu.search("draft", on_cpu.encode(_hist(sids, [5])), trie, (4,))  # the CPU backend in use
+    assert drafted.codes.shape[0] == 1
+    assert all(p.device.type == "meta" for p in on_meta.fused.parameters())
+    assert all(p.device.type == "cpu" for p in drafter.parameters())
+    assert all(torch.equal(p, before[n]) for n, p in drafter.state_dict().items())
+    assert on_meta.fused.drafter is not drafter and on_cpu.fused.drafter is not drafter
+    shared = {p.data_ptr() for p in on_cpu.fused.parameters()} & {p.data_ptr() for p in drafter.parameters()}
+    assert not shared
+
+
 def test_buckets_and_chunks():
     assert [bucket(n, SIZES) for n in (1, 2, 3, 4)] == [1, 2, 4, 4]
     with pytest.raises(ValueError, match="largest bucket"):
