@@ -5,6 +5,7 @@ included), and ``--merge``, which publishes only clean captured runs (issue 65).
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 from pathlib import Path
@@ -142,6 +143,14 @@ def test_a_signal_in_a_phase_writes_what_was_measured_and_stops_the_run(tmp_path
     assert "Interrupted" in (tmp_path / "gpu_check.md").read_text()
 
 
+def test_the_device_scripts_limit_is_the_phases_budgets_and_the_slack():
+    script = (ROOT / "bench" / "device_check.sh").read_text()
+    limit = float(re.search(r"RUN_LIMIT_S=\$\{RUN_LIMIT_S:-(\d+)\}", script).group(1))
+    assert limit == sum(gpu_check.BUDGET_S.values()) + gpu_check.RUN_SLACK_S
+    assert limit + 30 <= 8 * 60  # the whole run, the carried packages installed first, inside 8 minutes
+    assert list(gpu_check.BUDGET_S) == list(gpu_check.PHASES) and gpu_check.PHASES[0] == "cuda_tests"
+
+
 # -- publishing ------------------------------------------------------------------------------------------------------
 def a_result(path: Path, phases=gpu_check.PHASES, errors=None, device="NVIDIA H100 80GB HBM3", eager=0,
              dry_run=False, value=1.0) -> Path:
@@ -195,3 +204,23 @@ def test_merge_takes_each_phase_from_the_last_run_that_ran_it(tmp_path, results)
     other = a_result(tmp_path / "h200", phases=("train",), device="NVIDIA H200")
     with pytest.raises(SystemExit, match="different GPUs"):
         gpu_check.merge([first, other])
+
+
+def test_what_the_device_run_carries_brings_what_it_needs():
+    """Every package a carried one requires (on the GPU machine's Python 3.12, Linux; extras aside) is carried too, at
+    the version this checkout runs: the carried pydantic needs a typing-extensions newer than the GPU image may have."""
+    from importlib.metadata import requires, version
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    script = (ROOT / "bench" / "device_check.sh").read_text()
+    carried = {canonicalize_name(w) for w in re.search(r"^WHEELS=\(([^)]*)\)", script, re.MULTILINE).group(1).split()}
+    there = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
+             "platform_system": "Linux", "platform_machine": "x86_64", "implementation_name": "cpython", "extra": ""}
+    for name in sorted(carried):
+        for line in requires(name) or []:
+            req = Requirement(line)
+            if req.marker is None or req.marker.evaluate(there):
+                assert canonicalize_name(req.name) in carried, f"{name} needs {req}, which is not carried"
+                assert version(req.name) in req.specifier, f"{name} needs {req}; this checkout runs {version(req.name)}"
