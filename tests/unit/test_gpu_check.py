@@ -224,3 +224,10 @@ def test_what_the_device_run_carries_brings_what_it_needs():
             if req.marker is None or req.marker.evaluate(there):
                 assert canonicalize_name(req.name) in carried, f"{name} needs {req}, which is not carried"
                 assert version(req.name) in req.specifier, f"{name} needs {req}; this checkout runs {version(req.name)}"
+
+
+def test_the_procedure_page_gives_each_phases_budget():
+    doc = (ROOT / "docs" / "gpu-check.md").read_text()
+    for phase, budget in gpu_check.BUDGET_S.items():
+        assert f"| `{phase}` | {budget:g} |" in doc, phase
+    assert f"at {sum(gpu_check.BUDGET_S.values()) + gpu_check.RUN_SLACK_S:g} s" in doc
