@@ -161,7 +161,7 @@ class GraphRunner:
         with self.lock:
             gone = [k for k in self.graphs if stale(k)]
             for k in gone:
-                del self.graphs[k]
+                self.buffer_bytes -= tensor_bytes(self.graphs.pop(k).inputs)
             return len(gone)
 
     def run(self, key: tuple, fn: GraphFn, feeds: Sequence[Feed], rows: int, out_axes: Sequence[int],

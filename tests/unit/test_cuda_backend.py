@@ -356,7 +356,9 @@ def test_the_pool_holds_what_its_segments_hold():
 def test_the_stand_in_counts_its_static_buffers():
     runner = GraphRunner(torch.device("cpu"), capture=False)
     runner.run(("double", 8), lambda t: (t * 2,), [Feed(torch.zeros(5, 32768))], 5, (0,), (True,))
-    assert runner.memory_mb() == pytest.approx(1.0)  # 8 rows x 32768 float32
+    runner.run(("triple", 4), lambda t: (t * 3,), [Feed(torch.zeros(3, 32768))], 3, (0,), (True,))
+    assert runner.memory_mb() == pytest.approx(1.5)  # 8 + 4 rows x 32768 float32
+    assert runner.drop(lambda key: key[0] == "triple") == 1 and runner.memory_mb() == pytest.approx(1.0)
 
 
 def test_an_error_in_the_call_itself_is_raised_and_nothing_is_kept():
