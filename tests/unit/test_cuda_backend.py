@@ -302,7 +302,7 @@ class _CudaStandIn:
                          ("_get_device_index", lambda *a, **k: 0), ("empty_cache", lambda: None)):
             monkeypatch.setattr(torch.cuda, name, fn)
         monkeypatch.setattr(torch._C, "_host_emptyCache", lambda: None, raising=False)
-        monkeypatch.setattr(torch.cuda.graph, "default_capture_stream", None)
+        monkeypatch.setattr(torch.cuda.graph, "default_capture_stream", None, raising=False)
 
     def runner(self) -> GraphRunner:
         """A runner that takes the capture path on the CPU's tensors."""
