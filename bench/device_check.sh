@@ -15,6 +15,7 @@
 #                                           what travels, and refuses (saying by how much) when that passes
 #                                           LIMIT_MIB. From a fresh clone it sets the checkout up first
 #                                           (scripts/setup.sh, the README's command) where that was not done.
+#                                           --prepare --keep-tree sets nothing aside and allows the tool's 64 MiB.
 #   bash bench/device_check.sh              on the GPU machine (the device tool: carry [".device"]); its files in
 #                                           $OUT; extra arguments go to bench.gpu_check (a rerun: --phases train)
 #   bash bench/device_check.sh --restore    here, after the device calls: puts back what --prepare set aside
@@ -108,7 +109,7 @@ prepare() {
   tar -C "$stage" -cf - site rpc_v1 bin | nice xz --x86 --lzma2=preset=9e -T1 >"$DEV/carry.tar.xz"
   printf '%s\n' "${pins[@]}" >"$DEV/packages.txt"
   for w in "${DEVICE_LEAVES[@]}"; do
-    [[ -e $w ]] || continue
+    [[ -e $w && $KEEP_TREE == 0 ]] || continue
     mkdir -p "$ASIDE/$(dirname "$w")" && mv "$w" "$ASIDE/$w" && echo "set aside $w (in $ASIDE/: bash bench/device_check.sh --restore puts it back)"
   done
   local carried travels
@@ -158,8 +159,13 @@ sys.exit(0 if rc == 143 and res["interrupted"] and {"cuda_tests", "inprocess", "
 PY
 }
 
+KEEP_TREE=0
 case "${1:-}" in
-  --prepare) prepare; exit 0 ;;
+  --prepare)
+    if [[ "${2:-}" == "--keep-tree" ]]; then  # nothing set aside (should the device tool refuse a tree with tracked
+      KEEP_TREE=1 LIMIT_MIB=64                # files missing): about 60.4 MiB, under the tool's own limit alone
+    fi
+    prepare; exit 0 ;;
   --restore) restore; exit 0 ;;
   --cpu)
     shift
