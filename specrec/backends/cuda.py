@@ -23,7 +23,9 @@ padded to the whole window changes the order of some sums).
 
 Every device operation runs under the runner's lock: the graphs share one memory pool and the tables' buffers,
 and a single GPU computes one batch at a time anyway; concurrent callers' jobs reach it batched (the verifier's
-batcher), each batch padded to its bucket.
+batcher), each batch padded to its bucket. A whole search holds the lock from its first graph to its value (``strict``
+selects the rows its drafts missed on the device between its two graphs), so a capture, which holds it too, never
+runs beside a search's device work.
 
 ``capture=False`` (the default off a GPU) is the stand-in CI tests on the CPU: the same buckets, padding, static
 buffers, tables and chunks, the graphs' functions run eagerly over the static buffers.
@@ -194,6 +196,12 @@ class CudaBackend(Backend):
         eager = list(EAGER_FUNCTIONS) + sorted({str(k[0]) for k in self.runner.eager})
         return {"backend": self.name, "device": str(self.device), **self.runner.describe(),
                 "batch_sizes": list(self.sizes), "eager": eager}
+
+    def search(self, name: str, enc: EncoderState, trie, widths: tuple[int, ...] = (),
+               args: dict[str, torch.Tensor] | None = None):
+        """:meth:`Backend.search`, under the runner's lock from its first graph to its value."""
+        with self.runner.lock:
+            return super().search(name, enc, trie, widths, args)
 
     # -- graphs --------------------------------------------------------------------------------------------
     def _graphed(self, key: tuple, fn, feeds: list[Feed], out_axes: Sequence[int],

@@ -14,6 +14,13 @@ from real inputs (the first call's, repeated along the row axis), and every row 
 own, so a padding row only ever holds some earlier request's valid data and nothing reads what it gives.
 Calls of more rows than the largest bucket run in chunks of it.
 
+A capture runs under that lock too, on a stream of its own, in CUDA's thread-local capture mode: another thread's
+device work (a batch being assembled, a search's selects) is not refused while it runs, and the thread's current
+stream is restored however the capture ends (:func:`_capturing`; ``torch.cuda.graph`` leaves the thread on its
+capture stream when ``capture_end`` raises). The graphs' memory is what they hold, counted from the allocator's
+own segments (:func:`pool_bytes`): their static input buffers and the shared pool their outputs and intermediates
+live in.
+
 ``capture=False`` is the stand-in that CI runs on the CPU: the same buffers, buckets, copies and chunks, with
 the function run eagerly over the static buffers instead of a replay. A key whose capture fails (an operation a
 graph cannot hold) runs eagerly on the device from then on, and :attr:`GraphRunner.eager` says why.
@@ -24,7 +31,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +49,44 @@ def bucket(n: int, sizes: Sequence[int]) -> int:
         if s >= n:
             return s
     raise ValueError(f"{n} rows do not fit the largest bucket ({sizes[-1]})")
+
+
+def pool_bytes(segments: Iterable[dict], pool: Sequence[int], device: int) -> int:
+    """Device memory a graph pool holds: the sizes of the caching allocator's segments
+    (``torch.cuda.memory_snapshot()``) that belong to ``pool`` on ``device``. A sum of what is reserved now: it never
+    counts another pool's memory or what ``empty_cache`` gave back, and is never negative."""
+    want = tuple(pool)
+    return sum(int(s["total_size"]) for s in segments
+               if tuple(s.get("segment_pool_id", ())) == want and int(s.get("device", device)) == device)
+
+
+def tensor_bytes(xs: Iterable[torch.Tensor]) -> int:
+    return sum(x.numel() * x.element_size() for x in xs)
+
+
+@contextmanager
+def _on_stream(stream, device: torch.device) -> Iterator[None]:
+    """The block's device work on ``stream`` (on ``device``); the thread's current stream set back however the block
+    ends (``torch.cuda.graph`` does not: when ``capture_end`` raises, it leaves the thread on its capture stream)."""
+    before = torch.cuda.current_stream(device)
+    torch.cuda.set_stream(stream)
+    try:
+        yield
+    finally:
+        torch.cuda.set_stream(before)
+
+
+@contextmanager
+def _capturing(graph, stream, device: torch.device, pool) -> Iterator[None]:
+    """Capture the block's device work into ``graph`` on ``stream``, in thread-local capture mode (only this
+    thread's unsafe calls are refused: another thread's device work goes on), the capture ended and the stream
+    set back however the block ends."""
+    with torch.cuda.device(device) if device.type == "cuda" else nullcontext(), _on_stream(stream, device):
+        graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+        try:
+            yield
+        finally:
+            graph.capture_end()
 
 
 def chunks(n: int, largest: int) -> list[tuple[int, int]]:
@@ -88,29 +134,34 @@ class GraphRunner:
         self.graphs: dict[tuple, Graph] = {}
         self.eager: dict[tuple, str] = {}  # keys that run eagerly -> why
         self.capture_s = 0.0  # seconds spent capturing, all keys together
-        self.memory_bytes = 0  # device memory the captures took (their buffers and the pool's growth)
+        self.buffer_bytes = 0  # the graphs' static input buffers (the stand-in's too)
+        self.pool_bytes = 0  # the shared pool, as the allocator held it after the latest capture
         self.captured_after_start = 0  # keys captured by a call, not by the warm-up (each a slow call)
         self.started = False  # set by the owner once its warm-up is done
         self.lock = threading.RLock()
         self.pool = torch.cuda.graph_pool_handle() if capture else None
+        self._capture_stream: torch.cuda.Stream | None = None  # made on the first capture
 
     def __len__(self) -> int:
         return len(self.graphs)
 
     def memory_mb(self) -> float:
-        """Device memory the graphs took: what the device's reserved memory grew by while they were made (their
-        static buffers and the shared pool; 0 on the CPU)."""
-        return self.memory_bytes / 2**20
+        """Memory the graphs hold: their static input buffers and the pool their captures allocated in (the
+        stand-in: its buffers alone)."""
+        return (self.buffer_bytes + self.pool_bytes) / 2**20
 
-    def _reserved(self) -> int:
-        return torch.cuda.memory_reserved(self.device) if self.device.type == "cuda" else 0
+    def _pool_bytes(self) -> int:
+        if self.pool is None:
+            return 0
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        return pool_bytes(torch.cuda.memory_snapshot(), self.pool, index)
 
     def drop(self, stale: Callable[[tuple], bool]) -> int:
         """Forget the graphs whose key is ``stale`` (they read buffers that were replaced) -> how many."""
         with self.lock:
             gone = [k for k in self.graphs if stale(k)]
             for k in gone:
-                del self.graphs[k]
+                self.buffer_bytes -= tensor_bytes(self.graphs.pop(k).inputs)
             return len(gone)
 
     def run(self, key: tuple, fn: GraphFn, feeds: Sequence[Feed], rows: int, out_axes: Sequence[int],
@@ -144,7 +195,6 @@ class GraphRunner:
         capture failed (the key then runs eagerly, and :attr:`eager` says why). The function runs eagerly over
         the buffers first: an error there is the call's own (bad input), raised to the caller, nothing kept."""
         bucket_rows = _bucket_of(key)
-        before = self._reserved()
         start = time.perf_counter()
         inputs = [_grown(f.tensor.to(self.device), f.axis, bucket_rows) for f in feeds]
         outputs, graph = fn(*inputs), None
@@ -156,7 +206,9 @@ class GraphRunner:
                 log.warning("graph %s runs eagerly: %s", key, self.eager[key])
                 return None
         self.capture_s += time.perf_counter() - start
-        self.memory_bytes += self._reserved() - before
+        self.buffer_bytes += tensor_bytes(inputs)
+        if graph is not None:
+            self.pool_bytes = self._pool_bytes()
         if self.started:
             self.captured_after_start += 1
             log.warning("graph %s made by a call after the warm-up (that call was slow)", key)
@@ -166,15 +218,19 @@ class GraphRunner:
 
     def _capture(self, fn: GraphFn, inputs: list[torch.Tensor]):
         """Capture ``fn(*inputs)`` into the shared pool after two more eager runs on a side stream (lazy
-        initialisation, such as cuBLAS's workspaces, must not happen inside a capture)."""
+        initialisation, such as cuBLAS's workspaces, must not happen inside a capture); see :func:`_capturing`."""
+        current = torch.cuda.current_stream(self.device)
         side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
+        side.wait_stream(current)
+        with _on_stream(side, self.device):
             for _ in range(2):
                 fn(*inputs)
-        torch.cuda.current_stream(self.device).wait_stream(side)
+        current.wait_stream(side)
+        torch.cuda.synchronize(self.device)
+        if self._capture_stream is None:
+            self._capture_stream = torch.cuda.Stream(self.device)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        with _capturing(graph, self._capture_stream, self.device, self.pool):
             outputs = fn(*inputs)
         return graph, outputs
 

@@ -54,6 +54,7 @@ level's children as a dense table or CSR arrays, read by one function).
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from typing import NamedTuple, cast
@@ -186,7 +187,9 @@ class FusedHotPath(nn.Module):
         self.head_b = nn.Parameter(b, requires_grad=False)
         self.register_buffer("offsets", torch.tensor(cfg.offsets(), dtype=torch.int64), persistent=False)
         self.head = _FusedHead(head, model) if head is not None else None
-        self.drafter = drafter.eval().requires_grad_(False) if drafter is not None else None
+        # a copy, as every weight above is: a backend moves its hot path to its device (``.to``), which moves a
+        # module's parameters in place, and the caller's drafter is shared (the bundle hands one to every backend)
+        self.drafter = copy.deepcopy(drafter).eval().requires_grad_(False) if drafter is not None else None
 
     # -- pieces -----------------------------------------------------------------------------
     def _attend(self, q, k_t, v, bias):

@@ -13,7 +13,9 @@ replicas answer; it must not take a healthy device out for the request's fault.
 - None, the device is fine: the call's own failure, left to the caller. Out of memory (``torch.OutOfMemoryError``,
   ``CUBLAS_STATUS_ALLOC_FAILED``: a batch too large for what is free; the next one may fit), an invalid
   argument or configuration, a parameter or feature cuBLAS/cuDNN does not support (the CUDA runtime reports these
-  without breaking the context: a bug of one call's shapes), a bad request (``ValueError``, of which the
+  without breaking the context: a bug of one call's shapes), an error of a CUDA graph's capture ("operation not
+  permitted when stream is capturing" and the like: a capture in another thread refused the call, or the call
+  invalidated it; the context is intact), a bad request (``ValueError``, of which the
   services' ``InvalidArgument`` is one: validated before the device sees it), and every error that names no
   device at all (a shape mismatch, tensors on two devices: bugs, not failures).
 
@@ -40,7 +42,8 @@ _DEVICE = re.compile(
 #: CUDA errors that leave the device usable: the call's own failure (see the module's docstring)
 _NOT_THE_DEVICE = re.compile(
     r"out of memory|ALLOC_FAILED|invalid argument|invalid configuration|invalid value|"
-    r"_STATUS_(?:NOT_SUPPORTED|BAD_PARAM\w*|INVALID_VALUE|ARCH_MISMATCH)|not supported",
+    r"_STATUS_(?:NOT_SUPPORTED|BAD_PARAM\w*|INVALID_VALUE|ARCH_MISMATCH)|not supported|"
+    r"captur(?:e|ed|ing)\b",  # a stream capture's errors (cudaErrorStreamCapture*, cudaErrorCapturedEvent)
     re.IGNORECASE,
 )
 _OOM = tuple(t for t in (getattr(torch, "OutOfMemoryError", None), getattr(torch.cuda, "OutOfMemoryError", None))

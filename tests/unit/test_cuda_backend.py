@@ -2,13 +2,15 @@
 buckets, padding, static buffers, chunks and device tables with the graphs' functions run eagerly, and every
 search equals the eager backend's; on a GPU (skipped here without one) the captured graphs equal eager CUDA."""
 
+import threading
+
 import numpy as np
 import pytest
 import torch
 
 from specrec.backends import Backend, make_backend
 from specrec.backends.cuda import DEFAULT_BATCH_SIZES, CudaBackend, candidate_bucket, rank_buckets
-from specrec.backends.graphs import Feed, GraphRunner, bucket, chunks
+from specrec.backends.graphs import Feed, GraphRunner, bucket, chunks, pool_bytes
 from specrec.decoding.beam import beam_search
 from specrec.decoding.searches.head import nezha_beam_search
 from specrec.ids import SidTrie
@@ -49,6 +51,29 @@ def _same_beams(a, b):
     assert torch.equal(a.alive, b.alive)
     assert (a.scores - b.scores).nan_to_num(0, 0, 0).abs().max() < TOL
     assert (a.token_logp - b.token_logp).nan_to_num(0, 0, 0).abs().max() < TOL
+
+
+@torch.inference_mode()
+def test_a_backend_never_moves_another_backends_modules(parts):
+    """Two backends on two devices over the same bundle's drafter (as ``bench/gpu_check.py`` builds the CUDA backend,
+    then the CPU reference): each computes with weights of its own, and the bundle's drafter stays where it was.
+    CPU proxy of the GPU failure (issue 65, 1): the "meta" device stands in for CUDA. When the hot path kept the
+    drafter itself, the CPU backend's first use moved the CUDA backend's drafter back to the CPU (``.to`` moves a
+    module's parameters in place), and its captured graphs read freed device memory."""
+    m, head, drafter, sids = parts
+    before = {n: p.clone() for n, p in drafter.state_dict().items()}
+    on_meta = Backend(m, head, device="meta", drafter=drafter)
+    assert all(p.device.type == "meta" for p in on_meta.fused.parameters())
+    on_cpu = Backend(m, head, drafter=drafter)
+    trie = SidTrie(sids, m.cfg.level_sizes)
+    drafted = on_cpu.search("draft", on_cpu.encode(_hist(sids, [5])), trie, (4,))  # the CPU backend in use
+    assert drafted.codes.shape[0] == 1
+    assert all(p.device.type == "meta" for p in on_meta.fused.parameters())
+    assert all(p.device.type == "cpu" for p in drafter.parameters())
+    assert all(torch.equal(p, before[n]) for n, p in drafter.state_dict().items())
+    assert on_meta.fused.drafter is not drafter and on_cpu.fused.drafter is not drafter
+    shared = {p.data_ptr() for p in on_cpu.fused.parameters()} & {p.data_ptr() for p in drafter.parameters()}
+    assert not shared
 
 
 def test_buckets_and_chunks():
@@ -127,6 +152,38 @@ def test_a_graph_is_made_once_per_key_and_counted_after_the_warm_up(pair):
     assert d["eager"] == ["step", "tree", "head_hidden"]
 
 
+class _CountingLock:
+    """A re-entrant lock that counts how often it was taken from free (its outermost acquisitions)."""
+
+    def __init__(self):
+        self._lock, self.depth, self.taken = threading.RLock(), 0, 0
+
+    def __enter__(self):
+        self._lock.acquire()
+        self.taken += self.depth == 0
+        self.depth += 1
+        return self
+
+    def __exit__(self, *exc):
+        self.depth -= 1
+        self._lock.release()
+
+
+@torch.inference_mode()
+def test_a_whole_search_holds_the_runners_lock_from_start_to_end(pair):
+    """CPU proxy of issue 65, 7: ``strict`` with one draft misses rows, so its value takes two graphs and device
+    selects between them; the lock (which every capture holds) is taken once for all of it. When it was taken per
+    graph, a capture in another thread could start between the two, and this search's selects failed with
+    "operation not permitted when stream is capturing"."""
+    ref, be, sids = pair
+    trie = SidTrie(sids, ref.cfg.level_sizes)
+    enc = be.encode(_hist(sids, [7, 3, 1]))
+    be.runner.lock = lock = _CountingLock()  # type: ignore[assignment]
+    drafted = be.search("strict", enc, trie, (4, 1))
+    assert not np.asarray(drafted.covered).all()  # a row was finished by ``resume``: a second graph
+    assert lock.taken == 1 and lock.depth == 0
+
+
 @torch.inference_mode()
 def test_tables_follow_the_catalogue_its_views_and_its_growth(parts):
     """A request's view without some items reads the catalogue's tables with its cut lists (the tables' buffers
@@ -203,6 +260,105 @@ def test_a_key_whose_capture_fails_runs_eagerly_and_says_why():
     assert torch.equal(out[0], x * 2)
     assert "capture failed" in runner.eager[("double", 4)] and len(runner) == 0
     assert torch.equal(runner.run(("double", 4), lambda t: (t * 2,), [Feed(x)], 3, (0,), (True,))[0], x * 2)
+
+
+class _CudaStandIn:
+    """torch.cuda's streams, graphs and allocator snapshot as a CPU stand-in: a current stream per thread, graphs
+    that run the captured work eagerly (``capture_end`` raising where ``fail`` says so), the segments of a snapshot.
+    Installed over ``torch.cuda`` for one test (with the private ``_get_device_index`` and ``_host_emptyCache`` that
+    ``torch.cuda.stream`` and ``torch.cuda.graph`` call, so that a runner built on those runs here as well)."""
+
+    POOL = (7, 1)
+
+    def __init__(self, monkeypatch, fail: bool = False, segments: list | None = None):
+        local = threading.local()
+        stand_in = self
+
+        class Stream:
+            def __init__(self, device=None, name: str = "made"):
+                self.device, self.name = torch.device("cuda", 0), name
+
+            def wait_stream(self, other):
+                pass
+
+        class Graph:
+            def capture_begin(self, *pool, **kw):
+                stand_in.modes.append(kw.get("capture_error_mode", "global"))
+
+            def capture_end(self):
+                if fail:
+                    raise RuntimeError("CUDA error: operation failed due to a previous error during capture")
+
+            def replay(self):
+                pass
+
+        self.modes: list[str] = []
+        self.default = Stream(name="default")
+        self.current = lambda device=None: getattr(local, "stream", self.default)
+        for name, fn in (("Stream", Stream), ("CUDAGraph", Graph), ("current_stream", self.current),
+                         ("set_stream", lambda s: setattr(local, "stream", s)),
+                         ("synchronize", lambda device=None: None), ("current_device", lambda: 0),
+                         ("memory_snapshot", lambda *a, **k: list(segments or [])),
+                         ("_get_device_index", lambda *a, **k: 0), ("empty_cache", lambda: None)):
+            monkeypatch.setattr(torch.cuda, name, fn)
+        monkeypatch.setattr(torch._C, "_host_emptyCache", lambda: None, raising=False)
+        monkeypatch.setattr(torch.cuda.graph, "default_capture_stream", None, raising=False)
+
+    def runner(self) -> GraphRunner:
+        """A runner that takes the capture path on the CPU's tensors."""
+        runner = GraphRunner(torch.device("cpu"), capture=False)
+        runner.capture, runner.pool = True, self.POOL
+        return runner
+
+
+def test_a_failed_capture_leaves_the_threads_stream_as_it_was(monkeypatch):
+    """CPU proxy (torch.cuda stood in for, :class:`_CudaStandIn`) of issue 65, 5: a capture whose ``capture_end``
+    raises (CUDA's answer to an invalidated capture) leaves this thread on the stream it was on, and the key runs
+    eagerly and says why. ``torch.cuda.graph`` set the stream back only after ``capture_end`` returned, so every
+    later call of the thread ran on the dead capture stream."""
+    cuda = _CudaStandIn(monkeypatch, fail=True)
+    runner = cuda.runner()
+    x = torch.arange(6.0).view(3, 2)
+    out = runner.run(("double", 4), lambda t: (t * 2,), [Feed(x)], 3, (0,), (True,))
+    assert cuda.current() is cuda.default
+    assert torch.equal(out[0], x * 2) and "capture failed" in runner.eager[("double", 4)] and len(runner) == 0
+
+
+def test_captures_use_the_thread_local_mode_and_count_what_they_hold(monkeypatch):
+    """CPU proxy (:class:`_CudaStandIn`) of issue 65, 6 and 7: a capture in thread-local mode (a global one refuses
+    every other thread's device work while it runs: a serving replica's batches failed with "operation not
+    permitted when stream is capturing"), the thread's stream set back, and the graphs' memory counted as what the
+    allocator holds in their pool plus their static buffers (the reserved memory's difference around a capture
+    missed what ``empty_cache`` gave back, and could go negative)."""
+    mib = 2**20
+    segments = [{"device": 0, "segment_pool_id": _CudaStandIn.POOL, "total_size": 4 * mib},
+                {"device": 0, "segment_pool_id": (0, 0), "total_size": 64 * mib},  # the ordinary pool
+                {"device": 1, "segment_pool_id": _CudaStandIn.POOL, "total_size": 8 * mib}]  # another device
+    cuda = _CudaStandIn(monkeypatch, segments=segments)
+    runner = cuda.runner()
+    x = torch.zeros(3, 1024, 64)  # 768 KiB; its bucket of 4 rows: 1 MiB of static buffer
+    out = runner.run(("double", 4), lambda t: (t * 2,), [Feed(x)], 3, (0,), (True,))
+    assert cuda.modes == ["thread_local"] and cuda.current() is cuda.default
+    assert out[0].shape == x.shape and len(runner) == 1 and not runner.eager
+    assert runner.memory_mb() == pytest.approx(4 + 1)
+
+
+def test_the_pool_holds_what_its_segments_hold():
+    mib = 2**20
+    seg = [{"device": 0, "segment_pool_id": (3, 0), "total_size": 2 * mib},
+           {"device": 0, "segment_pool_id": (3, 0), "total_size": 20 * mib},
+           {"device": 0, "segment_pool_id": (0, 0), "total_size": 100 * mib},
+           {"device": 1, "segment_pool_id": (3, 0), "total_size": 50 * mib}]
+    assert pool_bytes(seg, (3, 0), 0) == 22 * mib and pool_bytes(seg, (3, 0), 1) == 50 * mib
+    assert pool_bytes([], (3, 0), 0) == 0 and pool_bytes(seg, (9, 9), 0) == 0
+
+
+def test_the_stand_in_counts_its_static_buffers():
+    runner = GraphRunner(torch.device("cpu"), capture=False)
+    runner.run(("double", 8), lambda t: (t * 2,), [Feed(torch.zeros(5, 32768))], 5, (0,), (True,))
+    runner.run(("triple", 4), lambda t: (t * 3,), [Feed(torch.zeros(3, 32768))], 3, (0,), (True,))
+    assert runner.memory_mb() == pytest.approx(1.5)  # 8 + 4 rows x 32768 float32
+    assert runner.drop(lambda key: key[0] == "triple") == 1 and runner.memory_mb() == pytest.approx(1.0)
 
 
 def test_an_error_in_the_call_itself_is_raised_and_nothing_is_kept():

@@ -47,6 +47,13 @@ FINE = [
     IndexError("index out of range in self"),
     RuntimeError("The size of tensor a (20) must match the size of tensor b (16) at non-singleton dimension 1"),
     KeyError("search"),
+    # a graph capture in another thread refused this call, or was invalidated by it: no CUDA context is broken
+    # (a replica once took itself out for good on the first of these)
+    torch.AcceleratorError("CUDA error: operation not permitted when stream is capturing\nCUDA kernel errors "
+                           "might be asynchronously reported at some other API call"),
+    RuntimeError("CUDA error: operation failed due to a previous error during capture"),
+    RuntimeError("CUDA error: operation would make the legacy stream depend on a capturing blocking stream"),
+    RuntimeError("CUDA error: dependency created on uncaptured work in another stream"),
 ]
 
 
