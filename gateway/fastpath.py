@@ -78,6 +78,7 @@ class Gateway(Protocol):
 
     def engine(self, snap: Snapshot) -> Engine: ...
 
+
 #: the policies served here (the others run on the worker pool, :meth:`.service.GatewayService.run_policy`)
 SERVED = ("fused", "drafter")
 

@@ -400,9 +400,10 @@ class GatewayService(Service):
         """A request's metrics, once its answer has left (the servicer calls it on the loop's next turn): every
         stage's time, each hop's overhead, the answer by policy and outcome, and a budget missed."""
         valid, st, hops = run.request, res.stats, run.hops
-        for method, ms in hops.server_ms.items():
-            HOP_OVERHEAD.labels(method).observe(max(0.0, hops.caller_ms[method] - ms) / 1000.0)
-        for stage, ms in st.stage_ms.items():
+        # copies: a request cut at its deadline may still have a worker adding to its hops
+        for method, ms in list(hops.server_ms.items()):
+            HOP_OVERHEAD.labels(method).observe(max(0.0, hops.caller_ms.get(method, ms) - ms) / 1000.0)
+        for stage, ms in list(st.stage_ms.items()):
             STAGE.labels(valid.policy, stage).observe(ms / 1000.0)
         RECS.labels(valid.policy, res.served_by, st.exit_reason or "", str(bool(res.degraded)).lower()).inc()
         if total_ms > valid.budget_ms:
