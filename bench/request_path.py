@@ -49,6 +49,7 @@ from bench.harness import (
     command_line,
     fmt,
     machine_line,
+    machine_of,
     no_nan,
     publish,
     raise_on_signals,
@@ -57,8 +58,11 @@ from bench.harness import (
     sample_users,
     sayer,
 )
+from specrec.eval.results import paragraph
 
 say = sayer("path")
+#: this benchmark's section of the results README (``<!-- bench.request_path: begin -->`` ... ``end``)
+README_OWNER = "bench.request_path"
 SERVICES = ("gateway", "drafter", "verifier", "itemset")
 
 
@@ -282,6 +286,38 @@ def markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def readme_body(res: dict) -> str:
+    """This benchmark's section of the results README: the ratios, the CPU against its references, the round
+    trips (every column: ``request_path.md``)."""
+    m, k = res["measured"], keys_of(res)
+    f = m["policies"].get("fused", {})
+    rows = [f"| {p} | {fmt(r['inprocess_p50_ms'], '.2f')} / {fmt(r['inprocess_p99_ms'], '.2f')} | "
+            f"{fmt(r['stack_p50_ms'], '.2f')} / {fmt(r['stack_p99_ms'], '.2f')} | "
+            f"**{fmt(r['stack_over_inprocess_p50'], '.2f')}** / **{fmt(r['stack_over_inprocess_p99'], '.2f')}** | "
+            f"{fmt(r['lists_equal_inprocess'], '.3f')} |" for p, r in m["policies"].items()]
+    cpu = ""
+    if f:
+        c = f["cpu_ms_per_request"]
+        cpu = paragraph(
+            f"CPU ms per fused request: gateway **{fmt(c['gateway'], '.2f')}** against a bare gRPC front making the "
+            f"same two calls {fmt(k['gateway.bare_front.cpu_ms_per_request'], '.2f')} "
+            f"({fmt(c['gateway'] / k['gateway.bare_front.cpu_ms_per_request'], '.2f')}x); verifier "
+            f"**{fmt(c['verifier'], '.2f')}** against the same encode and scoring pass in process "
+            f"{fmt(k['verifier.fused.inprocess_cpu_ms_per_request'], '.2f')} "
+            f"({fmt(c['verifier'] / k['verifier.fused.inprocess_cpu_ms_per_request'], '.2f')}x); drafter "
+            f"{fmt(c['drafter'], '.2f')}, item set {fmt(c['itemset'], '.2f')}. A bare round trip "
+            f"{fmt(m['bare_round_trip_p50_ms'], '.2f')} ms; each hop above its callee's own time: "
+            + ", ".join(f"{h.replace('_', ' to ')} {fmt(v, '.2f')}" for h, v in f["hop_ms_p50"].items()) + " ms.")
+    return "\n".join([
+        "## The request path: in process and through the stack (`bench.request_path`, `gateway.*.stack_over_*`)\n",
+        paragraph(f"Run: {res['run']}. {machine_of(res)}, CPU class **{res['cpu_class']}**. {res['users']}, K = "
+                  f"{res['k']}, one request at a time, blocks of {res['block']} users alternating in process and "
+                  "through the gateway. Every column: [`request_path.md`](request_path.md)."), "",
+        f"Command (step `path`): `{res['command']}`", "",
+        "| policy | in process p50 / p99 ms | stack p50 / p99 ms | stack / in process, p50 / p99 | same lists |",
+        "|---|---|---|---|---|", *rows, "", cpu])
+
+
 def parse(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -327,7 +363,7 @@ def main(argv=None) -> int:
         stack.stop(say=say)
     res["load_after"] = os.getloadavg()[0]
     keys = keys_of(res)
-    publish(Path(a.out), "request_path", res, markdown(res), keys)
+    publish(Path(a.out), "request_path", res, markdown(res), keys, readme=(README_OWNER, readme_body(res)))
     print(json.dumps(no_nan(keys), indent=2))
     return 0
 
