@@ -15,6 +15,8 @@ docker-compose: the v1 command (Debian package ``docker-compose``) on PATH, or
 prometheus, promtool: Debian's ``prometheus`` package, on PATH, or
 ``$SPECREC_PROMETHEUS`` / ``$SPECREC_PROMTOOL``.
 
+podman and podman-compose (Debian's packages, with runc, netavark, aardvark-dns and debootstrap): on PATH.
+
 Each finder returns None when the tool cannot be had; the tests then skip
 with a message saying what to install -- except under ``SPECREC_CI=1`` (set by
 ``.ci/run``, which installs every tool), where a missing tool fails the test.
@@ -145,6 +147,24 @@ def prometheus_tool(name: str) -> str | None:
         return None
     try:
         ok = subprocess.run([binary, "--version"], capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        ok = False
+    return binary if ok else None
+
+
+PODMAN_HINT = ("apt-get install podman podman-compose runc netavark aardvark-dns debootstrap (Debian's packages; "
+               "docs/containers.md)")
+
+
+@lru_cache(maxsize=1)
+def podman() -> str | None:
+    """``podman``, when it and ``podman-compose`` both answer, or None."""
+    binary, compose = shutil.which("podman"), shutil.which("podman-compose")
+    if binary is None or compose is None:
+        return None
+    try:
+        ok = all(subprocess.run(cmd, capture_output=True, timeout=60).returncode == 0
+                 for cmd in ([binary, "--version"], [compose, "version"]))
     except (OSError, subprocess.SubprocessError):
         ok = False
     return binary if ok else None
