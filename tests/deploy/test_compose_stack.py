@@ -34,6 +34,8 @@ from pathlib import Path
 import grpc
 import pytest
 
+from . import tools
+
 ROOT = Path(__file__).resolve().parents[2]
 BUNDLE = ROOT / "bundles" / "beauty-loo"
 SERVICES = ("itemset", "drafter", "verifier", "gateway")
@@ -87,22 +89,11 @@ class Stack:
         return "\n".join(self.log.read_text().splitlines()[-n:])
 
 
-def _engine_env() -> dict[str, str]:
-    """This environment, plus the CONTAINERS_CONF that scripts/engine-env.sh writes where podman's defaults fail."""
-    p = subprocess.run(["bash", "-c", '. scripts/engine-env.sh >/dev/null && printf %s "${CONTAINERS_CONF-}"'],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stderr
-    env = dict(os.environ)
-    if p.stdout:
-        env["CONTAINERS_CONF"] = p.stdout
-    return env
-
-
 @pytest.fixture(scope="module")
 def stack(podman, tmp_path_factory) -> Iterator[Stack]:
     project = f"specrec-test-{os.getpid()}"
     gateway, itemset, token = _free_port(), _free_port(), secrets.token_hex(16)
-    env = {**_engine_env(),
+    env = {**tools.podman_env(),
            "SPECREC_COMPOSE_PROJECT": project,
            "SPECREC_COMPOSE_FILES": "tests/deploy/compose.test.yml",
            "SPECREC_GATEWAY_PORT": f"127.0.0.1:{gateway}",
