@@ -1,4 +1,4 @@
-"""The deployment tests' tools (:mod:`.tools`): the helm binary and the docker-compose command, or a skip (a
+"""The deployment tests' tools (:mod:`.tools`): the helm binary, the docker-compose command and podman, or a skip (a
 developer's machine) or a failure (CI) saying what to install."""
 
 from __future__ import annotations
@@ -22,3 +22,11 @@ def compose() -> list[str]:
     if cmd is None:
         tools.missing(f"no docker-compose: {tools.COMPOSE_HINT}")
     return cmd
+
+
+@pytest.fixture(scope="session")
+def podman() -> str:
+    binary = tools.podman()
+    if binary is None:
+        tools.missing(f"no podman and podman-compose: {tools.PODMAN_HINT}")
+    return binary

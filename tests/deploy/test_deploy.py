@@ -1309,10 +1309,15 @@ def test_compose_tls_certificates_work(compose, tmp_path):
 # -------------------------------------------------------------- Dockerfiles
 
 def dockerfile_stages(dockerfile: Path) -> tuple[dict[str, str], list[str]]:
+    """(the ARG defaults, the base image of every stage that does not start from an earlier stage, resolved)."""
     text = dockerfile.read_text()
     args = dict(re.findall(r"^ARG (\w+)=(\S+)", text, re.M))
-    froms = re.findall(r"^FROM (\S+)", text, re.M)
-    return args, [re.sub(r"\$\{(\w+)\}", lambda m: args.get(m.group(1), m.group(0)), f) for f in froms]
+    froms, stages = [], set()
+    for image, name in re.findall(r"^FROM (\S+)(?: AS (\S+))?", text, re.M):
+        if image not in stages:
+            froms.append(re.sub(r"\$\{(\w+)\}", lambda m: args.get(m.group(1), m.group(0)), image))
+        stages.add(name)
+    return args, froms
 
 
 @pytest.mark.parametrize("name", ["Dockerfile", "Dockerfile.gpu"])
@@ -1331,16 +1336,30 @@ def test_dockerfile_structure(name):
     uid = re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], user[-1]).split(":")[0]
     assert uid.isdigit() and int(uid) != 0, f"USER {user[-1]} is not a numeric non-root uid"
     assert re.search(r"^COPY bundles/ /app/bundles/$", final, re.M), "bundle not baked in"
-    assert "COPY --from=build /opt/venv /opt/venv" in final
+    assert re.search(r"^COPY --from=(build|deps) /opt/venv /opt/venv$", final, re.M)
     assert "python -m specrec_rpc.codegen" in text
     assert "-c /tmp/constraints.txt" in text
     assert 'ENTRYPOINT ["specrec-entrypoint"]' in final
     # no BuildKit-only syntax: docker-compose v1 builds with the classic builder
     assert "<<" not in text and "--mount=" not in text and "--chmod" not in text and "--link" not in text
     if name == "Dockerfile":
-        assert 'torch==${TORCH_VERSION}' in text and args["TORCH_VERSION"] == "2.13.0"
+        # the CPU wheel, asked for by its local version (never PyPI's CUDA build, whatever the indexes offer); PyTorch's
+        # CPU index by default, an extra index (empty: the builder's pip configuration finds the wheel)
+        assert '"torch==${TORCH_VERSION}+cpu"' in text and args["TORCH_VERSION"] == "2.13.0"
         assert args["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
-        assert froms[-1].startswith("python:3.11")
+        assert '${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"}' in text
+        assert set(froms) == {froms[-1]} and froms[-1].startswith("python:3.11"), froms  # one base, a build argument
+        # any Python base: Debian's python3 package has no `python` until a venv is on PATH
+        assert "RUN python3 -m venv /opt/venv" in text
+        # the builder's pip settings reach the build as arguments, unset by default
+        for v in ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "PIP_FIND_LINKS", "PIP_CONFIG_FILE"):
+            assert re.search(rf"^ARG {v}$", text, re.M), v
+        # the graphs from the core library and the bundles alone (a change to the services reuses them)
+        graphs = text[text.index(" AS graphs"):text.index(" AS runtime")]
+        assert re.findall(r"^COPY (\S+)", graphs, re.M) == ["specrec/", "bundles/"], graphs
+        assert "export-onnx --bundle /app/bundles/beauty-loo" in graphs
+        assert "COPY --from=graphs /app/bundles/beauty-loo/onnx/ /app/bundles/beauty-loo/onnx/" in final
+        assert "pip check" in text
 
 
 def test_constraints_pin_the_dependencies():

@@ -157,8 +157,9 @@ def _compose_settings(env: dict, service: str):
     cls = {"itemset": ItemSetSettings, "drafter": DrafterSettings, "verifier": VerifierSettings,
            "gateway": GatewaySettings}[service]
     prefix = f"SPECREC_{service.upper()}_"
-    ours = {k: str(v) for k, v in env.items() if k.startswith(prefix)}
-    unknown = [k for k in ours if k[len(prefix):].lower() not in cls.model_fields]
+    unknown = [k for k in env if k.startswith(prefix) and k[len(prefix):].lower() not in cls.model_fields]
+    # a variable without a value (`NAME:`) passes the shell's through: unset there, unset in the container
+    ours = {k: str(v) for k, v in env.items() if k.startswith(prefix) and v is not None}
     assert not unknown, f"{service}: variables no setting reads: {unknown}"
     saved = {k: os.environ.pop(k) for k in list(os.environ) if k.startswith("SPECREC_")}
     try:

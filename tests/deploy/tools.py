@@ -15,6 +15,8 @@ docker-compose: the v1 command (Debian package ``docker-compose``) on PATH, or
 prometheus, promtool: Debian's ``prometheus`` package, on PATH, or
 ``$SPECREC_PROMETHEUS`` / ``$SPECREC_PROMTOOL``.
 
+podman and podman-compose (Debian's packages, with runc, debootstrap, catatonit and CNI's dnsname plugin): on PATH.
+
 Each finder returns None when the tool cannot be had; the tests then skip
 with a message saying what to install -- except under ``SPECREC_CI=1`` (set by
 ``.ci/run``, which installs every tool), where a missing tool fails the test.
@@ -148,3 +150,35 @@ def prometheus_tool(name: str) -> str | None:
     except (OSError, subprocess.SubprocessError):
         ok = False
     return binary if ok else None
+
+
+PODMAN_HINT = ("apt-get install podman podman-compose runc debootstrap catatonit "
+               "golang-github-containernetworking-plugin-dnsname (Debian's packages; docs/containers.md)")
+
+
+@lru_cache(maxsize=1)
+def podman() -> str | None:
+    """``podman``, when it and ``podman-compose`` both answer, or None."""
+    binary, compose = shutil.which("podman"), shutil.which("podman-compose")
+    if binary is None or compose is None:
+        return None
+    try:
+        ok = all(subprocess.run(cmd, capture_output=True, timeout=60).returncode == 0
+                 for cmd in ([binary, "--version"], [compose, "version"]))
+    except (OSError, subprocess.SubprocessError):
+        ok = False
+    return binary if ok else None
+
+
+def podman_env() -> dict[str, str]:
+    """This process's environment plus the CONTAINERS_CONF that scripts/engine-env.sh writes where podman's
+    defaults fail (the one scripts/images.sh and scripts/compose.sh use), for the tests' own podman commands."""
+    root = Path(__file__).resolve().parents[2]
+    p = subprocess.run(["bash", "-c", '. scripts/engine-env.sh >/dev/null && printf %s "${CONTAINERS_CONF-}"'],
+                       cwd=root, capture_output=True, text=True, timeout=120)
+    if p.returncode != 0:
+        raise RuntimeError(f"scripts/engine-env.sh: {p.stderr}")
+    env = dict(os.environ)
+    if p.stdout:
+        env["CONTAINERS_CONF"] = p.stdout
+    return env
