@@ -54,7 +54,7 @@ from specrec_rpc.v1 import verifier_pb2, verifier_pb2_grpc
 from .batcher import Batcher, Expired
 from .faults import Faults
 from .sessions import Entry, SessionNotFound, SessionStore
-from .settings import VerifierSettings, backend_options, on_gpu
+from .settings import VerifierSettings, backend_options, computes_on_loop, on_gpu
 
 __all__ = ["VerifierService", "VerifierSettings"]
 
@@ -128,9 +128,12 @@ class VerifierService(Service):
                                           prepare=lambda snap: snap.itemset.trie.search_tables(vmax),
                                           index=False)  # it reads rows only: no id index, titles or texts
         await self.catalogue.start()
-        self.batcher: Batcher = Batcher("verifier", self._compute, self.executor, s.max_batch,
+        on_loop = computes_on_loop(s, backend)
+        self.batcher: Batcher = Batcher("verifier", self._compute, None if on_loop else self.executor, s.max_batch,
                                         concurrency=s.compute_threads, hang_s=s.hang_s,
                                         on_failure=self._device_failed)
+        self.log.info("compute", on_loop=on_loop, threads=s.threads,
+                      compute_threads=1 if on_loop else s.compute_threads)
         self.batcher.start()
         self._gc = asyncio.create_task(self._expire_sessions())
         await self._warmup()

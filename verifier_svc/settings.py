@@ -37,6 +37,11 @@ class VerifierSettings(ServiceSettings):
     compute_threads: int = Field(1, ge=1, le=64, description="batches computed at once (each on its own thread, "
                                  "threads intra-op threads each); a job that arrives while every thread computes waits "
                                  "and is batched with the others")
+    compute_on_loop: bool | None = Field(
+        None, description="compute the batches on the event loop's own thread instead of a compute thread (no "
+        "hand-off between threads: ~0.25 ms of CPU a call less on 2 cores; nothing else runs while a batch computes, "
+        "and no hang_s watchdog: for a CPU, whose compute does not hang as a lost GPU's does). Unset: on the loop "
+        "when the backend computes on the CPU with one compute thread and no hang is injected (fault_hang_after)")
     max_batch: int = Field(64, ge=1, le=4096, description="most jobs computed in one batch")
     session_ttl_s: float = Field(
         30.0, gt=0, le=3600, description="an idle session is forgotten after this many seconds"
@@ -82,6 +87,14 @@ def backend_options(s: VerifierSettings) -> dict:
     if s.backend == "cuda":
         return {"device": s.device, "batch_sizes": tuple(s.cuda_graph_batch_sizes)}
     return {"device": s.device}
+
+
+def computes_on_loop(s: VerifierSettings, backend) -> bool:
+    """Whether the batches compute on the event loop's thread (``compute_on_loop``, or by default where nothing
+    needs them off it: a CPU backend, one compute thread, no hang injected)."""
+    if s.compute_on_loop is not None:
+        return s.compute_on_loop
+    return s.compute_threads == 1 and not s.fault_hang_after and not on_gpu(backend)
 
 
 def on_gpu(backend) -> bool:

@@ -81,6 +81,29 @@ async def test_fused_ranks_by_both_models_as_in_process_and_auto_tries_it_first(
 
 
 @pytest.mark.asyncio(loop_scope="session")
+async def test_the_drafter_drafts_on_its_loop_unless_an_append_holds_the_drafters(stack, monkeypatch):
+    """A draft runs on the drafter's event loop thread when the drafters are free (no hand-off), and on the draft
+    thread, after it, while an index append (or a version followed) holds them: the same draft either way."""
+    import asyncio
+    import threading
+
+    from specrec.bundle import Bundle
+
+    svc = stack.runners["drafter"].service
+    drafter = svc.drafters["sasrec"]
+    real, threads = drafter.draft, []
+    monkeypatch.setattr(drafter, "draft", lambda reqs: threads.append(threading.current_thread().name) or real(reqs))
+    h = histories(Bundle.load(stack.bundle), 1, seed=2)[0]
+    ask = drafter_pb2.DraftRequest(queries=[drafter_pb2.DraftQuery(history=h, n=10)])
+    free = await stack.drafter.Draft(ask)
+    svc.lock.acquire()  # an append under way (on the draft thread, in the service)
+    asyncio.get_running_loop().call_later(0.05, svc.lock.release)
+    held = await stack.drafter.Draft(ask)
+    assert threads[0] == threading.current_thread().name and threads[1].startswith("draft")
+    assert list(free.drafts[0].item_ids) == list(held.drafts[0].item_ids)
+
+
+@pytest.mark.asyncio(loop_scope="session")
 async def test_fused_and_drafter_run_on_the_event_loop_as_the_worker_path_would(stack, monkeypatch):
     """The lists auto serves most run on the gateway's event loop (no worker thread takes them: the worker path's
     run_policy is never called), with the early encode the same, and with the fast path off (every policy on a

@@ -238,13 +238,17 @@ async def test_one_search_rpc_answers_every_search_as_the_verifier_in_process(vs
 
 @pytest.mark.asyncio(loop_scope="session")
 async def test_concurrent_requests_are_batched(vstack, vbundle_dir):
+    """With compute threads (compute_on_loop off: a GPU's verifier, or more than one compute thread), calls that
+    arrive while they compute are batched (on the loop's thread, what arrives together: tests/unit/test_batcher.py)."""
     b = Bundle.load(vbundle_dir)
     be = b.backend("eager")
-    stub = vstack.verifier
+    await vstack.start_one("verifier", replica="2", compute_on_loop=False)
+    stub = verifier_pb2_grpc.VerifierStub(grpc.aio.insecure_channel(vstack.addr("verifier2")))
     hs = [hist_tensor(b, [[i, i + 1]]) for i in range(24)]
     # the compute threads are held busy while the 24 calls arrive (on a loaded machine they could otherwise
     # trickle in one by one, each computed alone), so they wait in the batcher's queue together
-    svc = vstack.runners["verifier"].service
+    svc = vstack.runners["verifier2"].service
+    assert svc.batcher.executor is not None
     gate = threading.Event()
     arrived = 0
     submit = svc.batcher.submit
@@ -284,6 +288,7 @@ async def test_concurrent_requests_are_batched(vstack, vbundle_dir):
         want = score_sids(be, e, cand.expand(24, -1, -1)).token_logp
     for i, s in enumerate(scores):
         assert torch.allclose(to_torch(s.token_logp)[0], want[i], atol=1e-4)
+    await vstack.stop_one("verifier2")
 
 
 @pytest.mark.asyncio(loop_scope="session")
@@ -311,13 +316,17 @@ async def test_a_lone_call_does_not_wait_for_a_batch(vstack, vbundle_dir):
 
 @pytest.mark.asyncio(loop_scope="session")
 async def test_expired_requests_are_dropped_not_computed(vstack, vbundle_dir):
+    """(With a compute thread: one that computes on the loop's own thread drops them the same way,
+    tests/unit/test_batcher.py.)"""
     b = Bundle.load(vbundle_dir)
-    svc: VerifierService = vstack.runners["verifier"].service
+    await vstack.start_one("verifier", replica="2", compute_on_loop=False)
+    svc: VerifierService = vstack.runners["verifier2"].service
+    stub = verifier_pb2_grpc.VerifierStub(grpc.aio.insecure_channel(vstack.addr("verifier2")))
     before = metric("specrec_verifier_expired_total", batcher="verifier")
     # occupy the compute thread, then send requests whose deadline passes while they queue
     busy = asyncio.get_running_loop().run_in_executor(svc.executor, time.sleep, 0.3)
     h = to_msg(hist_tensor(b, [[1, 2, 3]]))
-    calls = [vstack.verifier.Encode(verifier_pb2.EncodeRequest(history_sids=h), timeout=0.05) for _ in range(5)]
+    calls = [stub.Encode(verifier_pb2.EncodeRequest(history_sids=h), timeout=0.05) for _ in range(5)]
     res = await asyncio.gather(*calls, return_exceptions=True)
     await busy
     assert all(isinstance(r, grpc.aio.AioRpcError) and r.code() == grpc.StatusCode.DEADLINE_EXCEEDED for r in res)
@@ -325,6 +334,7 @@ async def test_expired_requests_are_dropped_not_computed(vstack, vbundle_dir):
     while metric("specrec_verifier_expired_total", batcher="verifier") - before < 1:  # counted once dropped
         assert time.monotonic() - t0 < 5.0, "no queued job was dropped as expired"
         await asyncio.sleep(0.05)
+    await vstack.stop_one("verifier2")
 
 
 @pytest.mark.asyncio(loop_scope="session")

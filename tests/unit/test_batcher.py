@@ -93,3 +93,29 @@ def test_concurrency_computes_that_many_batches_at_once(concurrency):
 
     out = run(go())
     assert out == (["together", "together"] if concurrency == 2 else ["alone", "alone"])
+
+
+def test_without_an_executor_batches_compute_on_the_loops_thread_with_what_arrived_together():
+    """No hand-off to another thread: a lone job computes on the event loop's own thread, and jobs submitted in
+    the same turn of the loop (before their batch is due) go together; an expired one is not computed."""
+    threads, batches = [], []
+
+    def run_batch(jobs):
+        threads.append(threading.get_ident())
+        batches.append(list(jobs))
+        return [j * 10 for j in jobs]
+
+    async def go():
+        b = Batcher("t", run_batch, None)
+        b.start()
+        assert await b.submit(1, None) == 10
+        together = await asyncio.gather(*(b.submit(j, None) for j in (2, 3, 4)))
+        late = asyncio.ensure_future(b.submit(5, time.monotonic() - 1.0))
+        with pytest.raises(Expired):
+            await late
+        await b.stop()
+        return threading.get_ident(), together
+
+    loop_thread, together = run(go())
+    assert together == [20, 30, 40] and batches == [[1], [2, 3, 4]]
+    assert threads == [loop_thread, loop_thread]
