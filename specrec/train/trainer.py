@@ -32,7 +32,7 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -89,6 +89,12 @@ class TrainConfig(BaseModel):
     checkpoint_minutes: float | None = None  # a checkpoint whenever this many minutes passed (mid-epoch too) and
     #                                          at the end; None: at the end of every epoch
     checkpoint_part_mib: float | None = None  # checkpoints larger than this many MiB are written in parts
+    # which weights the run keeps: "valid" the best by validation (early stopping); "last" no validation at all
+    # (a refit on every interaction but the test ones, :mod:`specrec.train.refit`): the weights at the end,
+    # ``last_weights`` "raw" or "ema" (the moving average), as the run it mirrors chose on validation
+    select: Literal["valid", "last"] = "valid"
+    last_weights: Literal["raw", "ema"] = "raw"
+    stop_after: int | None = None  # end after this many epochs of a schedule planned for ``epochs`` (None: all)
 
 
 class Trainer:
@@ -204,7 +210,8 @@ class Trainer:
 
     @property
     def max_epochs(self) -> int:
-        return self.planned_epochs if self.planned_epochs is not None else self.cfg.epochs
+        planned = self.planned_epochs if self.planned_epochs is not None else self.cfg.epochs
+        return planned if self.cfg.stop_after is None else min(planned, self.cfg.stop_after)
 
     def _plan(self) -> None:
         """With a time budget: the number of epochs (at most ``epochs``) that fit in it, from the mean cost
@@ -395,14 +402,16 @@ class Trainer:
                                    "device": str(dev)}
             self.elapsed_s += train_s
             first_plan = c.budget_minutes is not None and self.planned_epochs is None
-            if first_plan or self.epoch % c.valid_every == 0 or self.epoch >= self.max_epochs:
+            if c.select == "last":
+                self._keep_last(rec)
+            elif first_plan or self.epoch % c.valid_every == 0 or self.epoch >= self.max_epochs:
                 self._validate(rec)
             self.elapsed_s += rec.get("valid_s", 0.0) + rec.get("test_s", 0.0)
             rec["minutes"] = round(self.elapsed_s / 60.0, 2)
             self.history.append(rec)
             if c.budget_minutes is not None:
                 self._plan()
-                if self.epoch >= self.max_epochs and "valid_s" not in rec:  # the plan ends here: validate it
+                if self.epoch >= self.max_epochs and "valid_s" not in rec and c.select == "valid":  # the plan ends
                     self._validate(rec)
                     self.elapsed_s += rec.get("valid_s", 0.0) + rec.get("test_s", 0.0)
                     rec["minutes"] = round(self.elapsed_s / 60.0, 2)
@@ -441,6 +450,18 @@ class Trainer:
         """[B, T] item indices (-1 = none) -> [B, T, L] codes (rows of -1)."""
         out = self.sids_dev[items.clamp(min=0)]
         return torch.where((items < 0).unsqueeze(-1), torch.full_like(out, -1), out)
+
+    def _keep_last(self, rec: dict) -> None:
+        """No validation (``select`` "last"): the weights of this epoch, raw or their moving average, are the
+        run's (written with the next checkpoint)."""
+        which = self.cfg.last_weights if self.ema is not None else "raw"
+        state = self.ema if which == "ema" and self.ema is not None else self.model
+        self.best_epoch, self.bad_epochs = self.epoch, 0
+        if not self.rank:
+            self._best_state = {k: v.detach().to("cpu", copy=True) for k, v in state.state_dict().items()}
+        rec["best"] = which
+        self.log(f"epoch {self.epoch}: loss {rec['loss']:.4f}  ({rec['train_s']:.0f}s train; no validation: the "
+                 f"{which} weights kept)")
 
     def _validate(self, rec: dict) -> None:
         """Validate the weights (and their EMA); keep the best as best_model.pt (with the next checkpoint)."""
