@@ -24,11 +24,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gr-epochs", type=int, default=2, help="continue: the GR's epochs")
     p.add_argument("--sasrec-epochs", type=int, default=2, help="continue: SASRec's epochs")
     p.add_argument("--lr-scale", type=float, default=0.3, help="continue: times each model's learning rate")
+    p.add_argument("--keep-chosen", metavar="DIR", help="first copy the bundle with its chosen models here (a bundle "
+                   "of its own, ONNX graphs apart), to compare on test users with the refit ones")
     add_device_args(p, scale=False)
     p.set_defaults(func=run)
 
 
 def run(a: argparse.Namespace) -> int:
     run_dir = a.run_dir or str(Path(a.bundle).resolve().parent / "refit")
-    refit_module.refit(a.bundle, run_dir, a.mode, a.gr_epochs, a.sasrec_epochs, a.lr_scale, device=training_device(a))
+    refit_module.refit(a.bundle, run_dir, a.mode, a.gr_epochs, a.sasrec_epochs, a.lr_scale,
+                       device=training_device(a), keep_chosen=a.keep_chosen)
     return 0

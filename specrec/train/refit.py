@@ -57,9 +57,11 @@ def sasrec_choice(meta: dict) -> int:
 
 def refit(bundle_dir: str | Path, run_dir: str | Path, mode: Mode = "retrain", gr_epochs: int = 2,
           sasrec_epochs: int = 2, lr_scale: float = 0.3, device: str = "cpu", progress: bool = True,
-          log: Callable[[str], None] = print) -> dict:
+          log: Callable[[str], None] = print, keep_chosen: str | Path | None = None) -> dict:
     """Refit the GR model and the SASRec of the bundle at ``bundle_dir`` on every interaction but the test ones
-    (GR checkpoints in ``run_dir``: a re-run goes on from them) and save it in place. -> its ``refit`` record."""
+    (GR checkpoints in ``run_dir``: a re-run goes on from them) and save it in place; ``keep_chosen``: first copy
+    the bundle as it is (the chosen models, ONNX graphs apart) there, so that test users can be asked what the
+    refit changed (``python -m bench.valid_test``). -> its ``refit`` record."""
     from ..bundle import Bundle, bundle_split, round_to_half
     from ..data.splits import refit_split
     from ..train.baseline import train_sasrec
@@ -76,6 +78,10 @@ def refit(bundle_dir: str | Path, run_dir: str | Path, mode: Mode = "retrain", g
         raise SystemExit(f"{bundle_dir}: no record of the GR's training (bundle.json `train`) to mirror")
     ds, split = bundle_split(bundle)
     full = refit_split(split)
+    if keep_chosen is not None:
+        keep = Path(keep_chosen)
+        shutil.rmtree(keep, ignore_errors=True)
+        bundle.save(keep)  # the chosen models as they are, a bundle of their own (its data path from there)
     log(f"refit ({mode}): {len(split.train)} training targets + {len(split.valid)} validation targets = "
         f"{len(full.train)}; test unchanged ({len(split.test)})")
     orig = TrainConfig(**bundle.meta["train"])

@@ -87,5 +87,9 @@ def test_refit_trains_both_models_again_on_the_validation_targets_and_nothing_ch
     _build(tmp_path, {**recipe, "refit": ["--mode", "continue", "--gr-epochs", "1", "--sasrec-epochs", "1"]})
     built = json.loads((chosen_dir / "bundle.json").read_text())
     assert built["refit"]["mode"] == "continue" and "refit" in built["build"]["stages"]
+    kept = Bundle.load(tmp_path / "run" / "chosen")  # the chosen models, kept beside the refit bundle
+    assert "refit" not in kept.meta and "train" in kept.meta
+    assert all(torch.equal(p, q) for p, q in zip(kept.model.state_dict().values(), chosen.model.state_dict().values()))
+    assert kept.data_path is not None and Bundle.load(chosen_dir).data_path == kept.data_path
     with pytest.raises(SystemExit, match="already refit"):
         _build(tmp_path, {**recipe, "sasrec": [*TINY_SASREC, "--dropout", "0.2"], "refit": []})
