@@ -15,9 +15,12 @@ seeded sample of ``--beam-users``. With ``--without-last`` the test users again,
 recent item (the validation target), which separates what a model makes of that item from the rest.
 
 The ratios come with a paired bootstrap interval over users (:func:`specrec.eval.metrics.paired_bootstrap`).
-Keys (``NAME.<protocol>.``): ``{fused,sasrec,gr_reranked,beam}.excl.{valid,test}.{recall,ndcg}@10``,
-``fused.excl.{valid,test}.recall_ratio_vs_sasrec``, ``fused.excl.valid_test_gap`` (|test ratio - validation
-ratio|). Writes ``valid_test_<NAME>.{json,md,png}``.
+With ``--served`` the test users are also scored by ``--bundle`` (``test_chosen``: what the refit changed).
+
+Keys (``NAME.<protocol>.``): ``{fused,sasrec,gr_reranked,beam}.excl.<split>.{recall,ndcg}@10`` and
+``fused.excl.<split>.recall_ratio_vs_sasrec`` for each split measured (``valid``, ``test``, ``test_chosen``,
+``test_without_last``), ``fused.excl.valid_test_gap`` (|test ratio - validation ratio|). Writes
+``valid_test_<NAME>.{json,md,png}``.
 """
 
 from __future__ import annotations
@@ -109,6 +112,8 @@ def measure(a) -> dict:
                  "default": chosen.meta.get("fusion", {}).get("default"), "refit": served.meta.get("refit"),
                  "users": a.users, "seed": a.seed, "beam_users": a.beam_users, "splits": {}}
     todo = [("valid", chosen, split.valid, False), ("test", served, split.test, False)]
+    if a.served and served is not chosen:  # what test users say of the chosen models, not refit
+        todo.append(("test_chosen", chosen, split.test, False))
     if a.without_last:
         todo.append(("test_without_last", served, split.test, True))
     for name, bundle, ex, drop in todo:
@@ -129,8 +134,7 @@ def measure(a) -> dict:
 def keys_of(res: dict) -> dict:
     pre = f"{res['name']}.{res['protocol']}"
     keys: dict = {}
-    for split in ("valid", "test"):
-        figs = res["splits"][split]
+    for split, figs in res["splits"].items():
         for lst in ("fused", "sasrec", "gr_reranked", "beam"):
             for m in ("recall@10", "ndcg@10"):
                 if lst in figs:
@@ -169,7 +173,8 @@ def plot(res: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    styles = {"valid": ("tab:blue", "--"), "test": ("tab:red", "-"), "test_without_last": ("tab:grey", ":")}
+    styles = {"valid": ("tab:blue", "--"), "test": ("tab:red", "-"), "test_chosen": ("tab:orange", "-."),
+              "test_without_last": ("tab:grey", ":")}
     for name, f in res["splits"].items():
         color, ls = styles.get(name, ("black", "-"))
         ax.plot([c["weight"] for c in f["curve"]], [c["recall_ratio"] for c in f["curve"]], ls, color=color,
