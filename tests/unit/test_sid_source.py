@@ -84,3 +84,15 @@ def test_specrec_train_on_ids_only_data_says_its_ids_came_from_sasrec(tmp_path):
     assert meta["sid_source"] == "sasrec" and meta["sid_source_info"]["model"] == "sasrec"
     texts = [json.loads(x)["text"] for x in (tmp_path / "run" / "bundle" / "items.jsonl").read_text().splitlines()]
     assert all(t.startswith("item ") for t in texts)  # what a text model would have read
+
+
+def test_an_ids_only_copy_keeps_the_sequences_and_no_text(tmp_path):
+    from bench.ids_only import write_ids_only
+    from tests.conftest import beauty_dir
+
+    n = write_ids_only(beauty_dir(), tmp_path / "ids")
+    copy, real = load_dataset(tmp_path / "ids"), load_dataset(beauty_dir())
+    assert n == real.n_items and copy.catalogue.ids == real.catalogue.ids
+    assert copy.catalogue.described_share() == 0.0 and real.catalogue.described_share() > 0.99
+    assert all(np.array_equal(a.items, b.items) for a, b in zip(copy.sequences, real.sequences))
+    assert resolve_sid_source(copy) == "sasrec" and resolve_sid_source(real) == "text"
