@@ -59,7 +59,8 @@ def run(a: argparse.Namespace) -> int:
                        warmup_steps=warmup_steps or a.warmup_steps, patience=a.patience,
                        valid_limit=a.valid_limit or None, seed=a.seed, bf16=gpu if a.bf16 is None else a.bf16,
                        ema=a.ema, valid_every=a.valid_every, workers=a.workers, threads=a.threads,
-                       window_stride=a.window_stride, budget_minutes=a.budget_minutes, curve_limit=a.curve_limit,
+                       window_stride=a.window_stride, history_dropout=a.history_dropout,
+                       budget_minutes=a.budget_minutes, curve_limit=a.curve_limit,
                        init_from=a.init_from, teacher=a.teacher, distill_weight=a.distill_weight,
                        distill_temp=a.distill_temp, device=device, batch_scale=a.batch_scale,
                        checkpoint_minutes=every, checkpoint_part_mib=a.checkpoint_part_mib)

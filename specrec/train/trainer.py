@@ -78,6 +78,9 @@ class TrainConfig(BaseModel):
     workers: int = 1  # data-parallel training processes
     threads: int | None = None  # torch threads in all (default: all cores), split between workers
     window_stride: int | None = None  # causal chunks overlap: a new chunk every this many targets (None = max_history)
+    # causal encoder: each input item of a training chunk is dropped with this probability (its position masked,
+    # every target kept), so a target is also taught from a history without its most recent item (0: off)
+    history_dropout: float = 0.0
     budget_minutes: float | None = None  # after the first epoch, plan the epochs (and the cosine) to fill this budget
     curve_limit: int = 0  # test users (a seeded random sample) scored at each validation for the learning curve only
     init_from: str | None = None  # a bundle whose GR weights (same model config but TRAINING_ONLY) start the run
@@ -199,7 +202,11 @@ class Trainer:
         return SasrecTeacher(src.sasrec.to(self.device), self.sids_dev, self.mcfg.level_sizes, self.cfg.distill_temp)
 
     def _sequence_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """The causal chunk's loss: cross-entropy of the true next items, mixed with the teacher's soft targets."""
+        """The causal chunk's loss: cross-entropy of the true next items, mixed with the teacher's soft targets;
+        with ``history_dropout`` some input items dropped (masked as padding) while every target is kept."""
+        p = self.cfg.history_dropout
+        if p > 0 and self.model.training:
+            x = x.masked_fill((torch.rand(x.shape, device=x.device) < p) & (x >= 0), -1)
         if self.teacher is None:
             return self.model.forward_sequences(self._codes(x), self._codes(y))
         hidden, tgt = self.model.sequence_hidden(self._codes(x), self._codes(y))
