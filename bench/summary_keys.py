@@ -84,10 +84,11 @@ WRITERS: dict[str, list[str]] = {
               r"\w+\.quick\.loo\.fused\.excl\.(valid_recall_ratio_vs_sasrec|valid_test_gap)",
               r"\w+\.quick\.loo\.default_is_fused",
               # bench.valid_test: each candidate of issue 66 (the protocol, the refit) on validation and test users
-              r"\w+\.quick\.\w+\.loo\.(fused|sasrec|gr_reranked|beam)\.excl"
+              r"\w+\.(quick|served)\.\w+\.loo\.(fused|sasrec|gr_reranked|beam)\.excl"
               r"\.(valid|test|test_chosen|test_without_last)\.(recall|ndcg)@10",
-              r"\w+\.quick\.\w+\.loo\.fused\.excl\.(valid|test|test_chosen|test_without_last)\.recall_ratio_vs_sasrec",
-              r"\w+\.quick\.\w+\.loo\.fused\.excl\.valid_test_gap"],
+              r"\w+\.(quick|served)\.\w+\.loo\.fused\.excl\.(valid|test|test_chosen|test_without_last)"
+              r"\.recall_ratio_vs_sasrec",
+              r"\w+\.(quick|served)\.\w+\.loo\.fused\.excl\.valid_test_gap"],
     "catalogue": [r"catalogue\.\w+\.(tables_mb|trie_mb|build_s)", r"catalogue\.\w+\.(beam|nezha|fused)\.(p50|p99)_ms",
                   r"catalogue\.\w+\.itemset\.(load_s|redis_mb|bytes_per_item|upsert_p50_ms|upsert_p99_ms|mirror_load_s"
                   r"|mirror_mb|pack_s|follower_load_s|follower_mb|delta_apply_ms)",

@@ -11,8 +11,9 @@ each split (or a seeded ``--users`` sample), history excluded, scored as ``tune-
 code of their SIDs, float32): SASRec's own list (the ``drafter`` policy's), the fused list as the bundle serves it
 (its weight, normalisation, candidates, combiner), the GR alone ranking the same candidates, and the fused/SASRec
 R@10 ratio at every weight of the grid (reported, never chosen here); the GR's own beam search (width 10) on a
-seeded sample of ``--beam-users``. With ``--without-last`` the test users again, each history without its most
-recent item (the validation target), which separates what a model makes of that item from the rest.
+seeded sample of ``--beam-users``. With ``--without-last`` the test users again, scored by ``--bundle``, each history
+without its most recent item (the validation target), which separates what the chosen models make of that item
+from the rest.
 
 The ratios come with a paired bootstrap interval over users (:func:`specrec.eval.metrics.paired_bootstrap`).
 With ``--served`` the test users are also scored by ``--bundle`` (``test_chosen``: what the refit changed).
@@ -114,8 +115,8 @@ def measure(a) -> dict:
     todo = [("valid", chosen, split.valid, False), ("test", served, split.test, False)]
     if a.served and served is not chosen:  # what test users say of the chosen models, not refit
         todo.append(("test_chosen", chosen, split.test, False))
-    if a.without_last:
-        todo.append(("test_without_last", served, split.test, True))
+    if a.without_last:  # the chosen models' test users again, each history without the validation target
+        todo.append(("test_without_last", chosen, split.test, True))
     for name, bundle, ex, drop in todo:
         ex = sample_examples(ex, a.users, a.seed)
         full = ex.full_histories(ds.sequences)
