@@ -53,10 +53,16 @@ def test_refit_trains_both_models_again_on_the_validation_targets_and_nothing_ch
     from specrec.bundle import Bundle
     from specrec.train.refit import refit
 
-    recipe = {"gr": TINY_GR, "sasrec": TINY_SASREC, "drafters": None, "fusion": None, "refit": None, "graphs": None}
+    fusion = ["--users", "80", "--drafts", "20", "--combiner-hidden", "4"]
+    recipe = {"gr": TINY_GR, "sasrec": TINY_SASREC, "drafters": None, "fusion": fusion, "refit": None, "graphs": None}
     _build(tmp_path, recipe)
     chosen_dir = tmp_path / "run" / "bundle"
     chosen = Bundle.load(chosen_dir)
+    decided = chosen.meta["fusion"]["default"]  # tune-fusion's decision, with its figures and reason
+    assert decided["list"] in ("fused", "drafter") and decided["users"] in (80, 40) and decided["why"]  # 40: a combiner
+    assert chosen.fusion is not None and chosen.fusion.default == decided["list"]
+    r = decided["recall@10"]
+    assert r["diff_lo"] <= r["diff"] <= r["diff_hi"] and (decided["list"] == "fused") == (r["diff_lo"] > 0)
     for mode in ("retrain", "continue"):
         d = tmp_path / mode / "bundle"
         shutil.copytree(chosen_dir, d)
