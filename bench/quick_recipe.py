@@ -9,8 +9,11 @@ The build starts from nothing in ``--out`` (removed first unless ``--resume``): 
 ``specrec eval --policies beam,fused,drafter --k 10 --exclude-history`` over every test user (``--sample N`` for a
 seeded sample), written to a scratch folder so that the served bundle's keys are untouched. Keys (``NAME`` the
 recipe's file name with dots, e.g. ``beauty.quick``): ``NAME.build.minutes`` and ``NAME.build.<stage>.minutes``,
-``NAME.loo.{fused,sasrec,beam}.excl.{recall,ndcg}@10`` and ``NAME.loo.fused.excl.recall_ratio_vs_sasrec``
-(SASRec's list is the ``drafter`` policy's, the list ``fused`` ranks).
+``NAME.loo.{fused,sasrec,beam,served}.excl.{recall,ndcg}@10`` (``served``: the list ``auto`` serves by default),
+``NAME.loo.{fused,served}.excl.{recall,ndcg}_ratio_vs_sasrec`` (SASRec's list is the ``drafter`` policy's, the list
+``fused`` ranks), the validation figures of the chosen models (``tune-fusion``'s, bundle.json ``fusion.valid``)
+``NAME.loo.{fused,sasrec}.excl.valid.{recall,ndcg}@10`` and ``NAME.loo.fused.excl.valid_recall_ratio_vs_sasrec``,
+``NAME.loo.fused.excl.valid_test_gap`` (|test ratio - validation ratio|) and ``NAME.loo.default_is_fused``.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ from pathlib import Path
 from bench.harness import ROOT, command_line, fmt, machine_line, publish, run_line, sayer
 
 say = sayer("quick_recipe", clock=True)
-LISTS = {"fused": "fused", "sasrec": "drafter", "beam": "beam"}  # key name -> the policy that makes that list
+#: key name -> the policy that makes that list (served: the list auto serves by default, without a deadline)
+LISTS = {"fused": "fused", "sasrec": "drafter", "beam": "beam", "served": "auto"}
 
 
 def parse(argv):
@@ -36,6 +40,8 @@ def parse(argv):
     ap.add_argument("--data", default="data/beauty")
     ap.add_argument("--protocol", default="loo")
     ap.add_argument("--out", default=None, help="the build folder (default: runs/<recipe name>)")
+    ap.add_argument("--name", default=None, help="the keys' prefix (default: the recipe's file name with dots, "
+                    "e.g. beauty.quick)")
     ap.add_argument("--resume", action="store_true", help="go on from --out instead of building from nothing")
     ap.add_argument("--sample", type=int, default=None, help="test users (default: all)")
     ap.add_argument("--results", default=str(ROOT / "bench" / "results"))
@@ -45,7 +51,7 @@ def parse(argv):
 def main(argv=None) -> int:
     a = parse(argv)
     recipe = Path(a.recipe)
-    name = recipe.stem.replace("-", ".")
+    name = a.name or recipe.stem.replace("-", ".")
     out = Path(a.out or ROOT / "runs" / recipe.stem)
     if out.exists() and not a.resume:
         shutil.rmtree(out)
@@ -59,12 +65,12 @@ def main(argv=None) -> int:
     say(f"built in {build['minutes']:.1f} min by its record ({wall:.1f} min wall): "
         + ", ".join(f"{s} {r['minutes']:.1f}" for s, r in build["stages"].items()))
     scratch = Path(tempfile.mkdtemp(prefix="specrec-quick-"))
-    ev = ["eval", "--bundle", str(out / "bundle"), "--policies", "beam,fused,drafter", "--k", "10",
+    ev = ["eval", "--bundle", str(out / "bundle"), "--policies", ",".join(LISTS.values()), "--k", "10",
           "--exclude-history", "--json", "--results-dir", str(scratch)]
     if a.sample:
         ev += ["--sample", str(a.sample), "--seed", "0"]
-    res = subprocess.run([sys.executable, "-m", "specrec.cli", *ev], cwd=ROOT, check=True, capture_output=True,
-                         text=True)
+    res = subprocess.run([sys.executable, "-m", "specrec.cli", *ev], cwd=ROOT, check=True, stdout=subprocess.PIPE,
+                         text=True)  # its progress on stderr, as it goes
     table = json.loads(res.stdout[res.stdout.index("{"):])
     keys: dict = {f"{name}.build.minutes": build["minutes"]}
     for stage, rec in build["stages"].items():
@@ -73,9 +79,24 @@ def main(argv=None) -> int:
         overall = table["policies"][policy]["overall"]
         for m in ("recall@10", "ndcg@10"):
             keys[f"{name}.{a.protocol}.{key}.excl.{m}"] = overall[m]
-    sasrec = keys[f"{name}.{a.protocol}.sasrec.excl.recall@10"]
-    keys[f"{name}.{a.protocol}.fused.excl.recall_ratio_vs_sasrec"] = (
-        keys[f"{name}.{a.protocol}.fused.excl.recall@10"] / sasrec if sasrec else None)
+    pre = f"{name}.{a.protocol}"
+    for key in ("fused", "served"):  # against the bundle's own SASRec (the drafter's list)
+        for m, ratio in (("recall@10", "recall_ratio_vs_sasrec"), ("ndcg@10", "ndcg_ratio_vs_sasrec")):
+            own = keys[f"{pre}.sasrec.excl.{m}"]
+            keys[f"{pre}.{key}.excl.{ratio}"] = keys[f"{pre}.{key}.excl.{m}"] / own if own else None
+    meta = json.loads((out / "bundle" / "bundle.json").read_text())
+    fusion = meta.get("fusion", {})
+    default = fusion.get("default") or {}
+    keys[f"{pre}.default_is_fused"] = None if not default else float(default["list"] == "fused")
+    for key, lst in (("fused", "fused"), ("sasrec", "drafter")):  # validation: the chosen models (tune-fusion)
+        for m in ("recall@10", "ndcg@10"):
+            keys[f"{pre}.{key}.excl.valid.{m}"] = fusion.get("valid", {}).get(lst, {}).get(m)
+    v_f, v_s = keys[f"{pre}.fused.excl.valid.recall@10"], keys[f"{pre}.sasrec.excl.valid.recall@10"]
+    keys[f"{pre}.fused.excl.valid_recall_ratio_vs_sasrec"] = v_f / v_s if v_f is not None and v_s else None
+    t_ratio = keys[f"{pre}.fused.excl.recall_ratio_vs_sasrec"]
+    v_ratio = keys[f"{pre}.fused.excl.valid_recall_ratio_vs_sasrec"]
+    keys[f"{pre}.fused.excl.valid_test_gap"] = (abs(t_ratio - v_ratio) if t_ratio is not None and v_ratio is not None
+                                                else None)
     users = table["n"]
     md = [f"# {name}: a bundle rebuilt from the shipped data with {recipe}", "",
           f"`{command_line('bench.quick_recipe', argv)}`", "", f"{run_line()}; {machine_line()}.", "",
@@ -86,7 +107,20 @@ def main(argv=None) -> int:
            "--exclude-history`):", "", "| list | R@10 | N@10 |", "|---|---|---|"]
     md += [f"| {key} | {fmt(keys[f'{name}.{a.protocol}.{key}.excl.recall@10'], '.4f')} | "
            f"{fmt(keys[f'{name}.{a.protocol}.{key}.excl.ndcg@10'], '.4f')} |" for key in LISTS]
-    md += ["", f"fused / SASRec R@10: {fmt(keys[f'{name}.{a.protocol}.fused.excl.recall_ratio_vs_sasrec'], '.3f')}"]
+    md += ["", "Against the bundle's own SASRec (its `drafter` list), on validation users (the chosen models, "
+           "`tune-fusion`'s figures: each user's fused list by the fusion chosen on the other half) and on test "
+           "users (the served models" + (", refit on every interaction but the test ones: " + meta["refit"]["summary"]
+                                        if meta.get("refit") else "") + "):", "",
+           "| figure | validation | test |", "|---|---|---|",
+           f"| fused / SASRec R@10 | {fmt(keys[f'{pre}.fused.excl.valid_recall_ratio_vs_sasrec'], '.3f')} | "
+           f"{fmt(keys[f'{pre}.fused.excl.recall_ratio_vs_sasrec'], '.3f')} |",
+           "| served (auto's default list) / SASRec R@10 | | "
+           f"{fmt(keys[f'{pre}.served.excl.recall_ratio_vs_sasrec'], '.3f')} |",
+           f"| served / SASRec N@10 | | {fmt(keys[f'{pre}.served.excl.ndcg_ratio_vs_sasrec'], '.3f')} |", "",
+           f"valid_test_gap (fused/SASRec R@10, |test - validation|): "
+           f"**{fmt(keys[f'{pre}.fused.excl.valid_test_gap'], '.3f')}**", "",
+           f"auto's default list: `{default.get('list', 'not decided')}`"
+           + (f" ({default['why']})" if default else "")]
     publish(Path(a.results), f"quick_recipe_{recipe.stem}", {"build": build, "eval": table, "keys": keys,
                                                             "wall_minutes": wall}, "\n".join(md) + "\n", keys)
     print("\n".join(md))

@@ -33,14 +33,19 @@ WRITERS: dict[str, list[str]] = {
                 r"beauty\.loo\.fused\.excl\.best_recall_ratio_any_weight",
                 # bench.generalisation: the step from validation to test, and where the GR's ranking loses
                 r"beauty\.loo\.(gr|sasrec)\.nll_step_valid_to_test",
-                r"beauty\.loo\.gr_reranked\.top10_share_ratio_vs_sasrec\.(valid|test|test_without_last_item)"],
+                r"beauty\.loo\.gr_reranked\.top10_share_ratio_vs_sasrec\.(valid|test|test_without_last_item)",
+                # specrec eval --policies beam,fused,drafter --exclude-history: against the drafter's own list
+                r"beauty\.loo\.(fused|served)\.excl\.(recall|ndcg)_ratio_vs_sasrec",
+                r"beauty\.loo\.(fused|drafter)\.excl\.valid\.(recall|ndcg)@10",
+                r"beauty\.loo\.fused\.excl\.valid_test_gap"],
     "policies": [rf"beauty\.loo\.{_P}(\.k50)?\.(recall|ndcg)@\d+",  # beam's: the quality step's (all users)
                  rf"beauty\.loo\.{_P}(\.k50)?\.(speedup_vs_beam|recall_ratio_vs_beam|recall@10_ratio_vs_beam"
                  r"|equal_to_beam|no_fallback_share|drafted_level_coverage|whole_frontier_share|item_acceptance"
                  r"|token_acceptance)",
                  r"beauty\.loo\.(beam|strict|nezha|specgr|fused|drafter)(\.k50)?\.speedup_vs_eager",
                  r"beauty\.loo\.(beam|strict|nezha|specgr|fused|drafter)(\.k50)?(\.excl)?\.p99_ms",
-                 r"beauty\.loo\.beam(\.k50)?\.equal_to_eager", r"beauty\.loo\.policies(\.k50)?\.users"],
+                 r"beauty\.loo\.beam(\.k50)?\.equal_to_eager", r"beauty\.loo\.policies(\.k50)?\.users",
+                 r"beauty\.loo\.(fused|served)(\.k50)?\.(recall|ndcg)_ratio_vs_sasrec"],
     "temporal": [r"beauty\.temporal\.(beam|fused|drafter)(\.unseen0)?\.(in_sample_|unseen_)?(recall|ndcg)@50",
                  r"beauty\.temporal\.policies(\.unseen0)?\.users",
                  r"gateway\.temporal\.(budget_ms|users)",
@@ -74,7 +79,16 @@ WRITERS: dict[str, list[str]] = {
     "scaleout": [r"scaleout\.(errors_on_replica_kill|max_rps_p99_one_replica|max_rps_p99_two_replicas"
                  r"|replica_share_min|(fill_share|server_p99_ms|gr_ranked_share)_on_replica_kill)"],
     "quick": [r"\w+\.quick\.build(\.\w+)?\.minutes",
-              r"\w+\.quick\.loo\.(fused|sasrec|beam)\.excl\.((recall|ndcg)@10|recall_ratio_vs_sasrec)"],
+              r"\w+\.quick\.loo\.(fused|sasrec|beam|served)\.excl\.((recall|ndcg)@10|(recall|ndcg)_ratio_vs_sasrec)",
+              r"\w+\.quick\.loo\.(fused|sasrec)\.excl\.valid\.(recall|ndcg)@10",
+              r"\w+\.quick\.loo\.fused\.excl\.(valid_recall_ratio_vs_sasrec|valid_test_gap)",
+              r"\w+\.quick\.loo\.default_is_fused",
+              # bench.valid_test: each candidate of issue 66 (the protocol, the refit) on validation and test users
+              r"\w+\.(quick|served)\.\w+\.loo\.(fused|sasrec|gr_reranked|beam)\.excl"
+              r"\.(valid|test|test_chosen|test_without_last)\.(recall|ndcg)@10",
+              r"\w+\.(quick|served)\.\w+\.loo\.fused\.excl\.(valid|test|test_chosen|test_without_last)"
+              r"\.recall_ratio_vs_sasrec",
+              r"\w+\.(quick|served)\.\w+\.loo\.fused\.excl\.valid_test_gap"],
     "catalogue": [r"catalogue\.\w+\.(tables_mb|trie_mb|build_s)", r"catalogue\.\w+\.(beam|nezha|fused)\.(p50|p99)_ms",
                   r"catalogue\.\w+\.itemset\.(load_s|redis_mb|bytes_per_item|upsert_p50_ms|upsert_p99_ms|mirror_load_s"
                   r"|mirror_mb|pack_s|follower_load_s|follower_mb|delta_apply_ms)",

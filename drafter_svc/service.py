@@ -367,5 +367,6 @@ class Servicer(drafter_pb2_grpc.DrafterServicer):
                 weight=fusion.weight, norm=fusion.norm, drafts=fusion.drafts, valid_recall=dict(fusion.valid),
                 combiner=None if fusion.combiner is None else drafter_pb2.Combiner(
                     features=fusion.combiner.features, inputs=fusion.combiner.inputs, hidden=fusion.combiner.hidden,
-                    weights=fusion.combiner.flat())),
+                    weights=fusion.combiner.flat()),
+                default_list=fusion.default or ""),
             modes=sorted(svc.drafters), sid_space=svc.sid_space)

@@ -14,7 +14,7 @@ import structlog
 
 from specrec.deadline import Deadline
 from specrec.drafters.base import Draft, DraftRequest
-from specrec.fusion import DEFAULTS, FEATURES, Combiner, Fusion
+from specrec.fusion import DEFAULT_LISTS, DEFAULTS, FEATURES, Combiner, Fusion
 from specrec.policies.errors import DependencyDown
 from specrec_rpc.catalogue import Snapshot
 from specrec_rpc.tensors import from_msg, to_msg
@@ -51,11 +51,12 @@ class DrafterInfo:
             f = d.fusion if d.HasField("fusion") else None
             fusion = None if f is None else Fusion(f.weight, f.norm or DEFAULTS["norm"],  # type: ignore[arg-type]
                                                    f.drafts or DEFAULTS["drafts"], dict(f.valid_recall),
-                                                   _combiner(f))
+                                                   _combiner(f), _default_list(f.default_list))
             with self._lock:
                 self.unseen_share, self.fusion = float(d.unseen_share), fusion
             self.log.info("drafter described", replica=replica.address, mode=d.mode, unseen_share=self.unseen_share,
-                          fusion=None if fusion is None else {**fusion.as_dict(), "valid": dict(fusion.valid)})
+                          fusion=None if fusion is None else {**fusion.as_dict(), "valid": dict(fusion.valid),
+                                                              "default": fusion.default})
             return True
         return False
 
@@ -74,6 +75,18 @@ def _earliest(requests: Sequence[DraftRequest]) -> Deadline | None:
     """The draft call's deadline: its requests' earliest (None when none has one)."""
     deadlines = [q.deadline for q in requests if q.deadline is not None]
     return min(deadlines, key=lambda d: d.at) if deadlines else None
+
+
+def _default_list(name: str) -> str | None:
+    """The list a drafter said ``auto`` serves by default (None: it said none, or one this gateway does not know,
+    which it then orders by the validation figures alone, and says so)."""
+    if not name:
+        return None
+    if name not in DEFAULT_LISTS:
+        structlog.get_logger("drafter-info").warning("default list not known: auto orders by validation figures",
+                                                     default_list=name)
+        return None
+    return name
 
 
 def _combiner(f) -> Combiner | None:

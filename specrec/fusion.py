@@ -57,6 +57,10 @@ class Fusion:
     valid: Mapping[str, float] = field(default_factory=dict, compare=False, hash=False)
     # the learned score that replaces the weighted mix (None: the mix)
     combiner: Combiner | None = None
+    # the list ``auto`` serves by default, "fused" or "drafter", as ``tune-fusion`` decided on validation users
+    # (``fusion.default`` in bundle.json: the fused list only where it beat the drafter's own list by more than
+    # chance); None: not told (then ``auto`` orders its tiers by ``valid`` alone)
+    default: str | None = field(default=None, compare=False, hash=False)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.weight <= 1.0:
@@ -65,6 +69,8 @@ class Fusion:
             raise ValueError(f"fusion norm {self.norm!r}: 'raw' or 'z'")
         if self.drafts < 1:
             raise ValueError(f"fusion drafts {self.drafts}: at least 1")
+        if self.default not in (None, *DEFAULT_LISTS):
+            raise ValueError(f"fusion default list {self.default!r}: one of {DEFAULT_LISTS}")
 
     def score(self, gr: np.ndarray, item: np.ndarray) -> np.ndarray:
         """The fused score of one request's candidates from ``gr`` [n] (the GR's log p(SID), :func:`gr_logp`) and
@@ -113,8 +119,14 @@ class Fusion:
             return None
         valid = {LEGACY_LABELS.get(name, name): float(v["recall@10"])
                  for name, v in meta.get("valid", {}).items() if "recall@10" in v and name not in NOT_SERVED}
+        default = (meta.get("default") or {}).get("list")
         return Fusion(float(meta["weight"]), meta.get("norm", DEFAULTS["norm"]),
-                      int(meta.get("drafts", DEFAULTS["drafts"])), valid, Combiner.of(meta.get("combiner")))
+                      int(meta.get("drafts", DEFAULTS["drafts"])), valid, Combiner.of(meta.get("combiner")),
+                      default)
+
+
+#: the lists ``auto`` may serve by default (``Fusion.default``): the fused list, or the item drafter's own
+DEFAULT_LISTS = ("fused", "drafter")
 
 
 #: validation figures of lists no policy serves (kept in bundle.json for the record, never a label)

@@ -18,15 +18,55 @@ from .ids.semantic import SemanticIds
 from .models.tiger import TigerConfig
 from .train.trainer import TrainConfig, Trainer
 
+#: where an item's semantic ID comes from (``specrec train --sid-source``): its text, or the item embedding SASRec
+#: learns from the interactions; ``auto``: the text where at least :data:`TEXT_SHARE` of the items have one
+SID_SOURCES = ("auto", "text", "sasrec")
+TEXT_SHARE = 0.5
+
+
+def resolve_sid_source(ds: Dataset, source: str = "auto") -> str:
+    """``text`` or ``sasrec`` for ``source`` on ``ds``: ``auto`` takes the text where at least :data:`TEXT_SHARE`
+    of the items have one (an item without is ``item <id>`` to the text model: a code that says nothing), else
+    what the interactions say of the items."""
+    if source not in SID_SOURCES:
+        raise ValueError(f"sid source {source!r}: one of {SID_SOURCES}")
+    if source != "auto":
+        return source
+    return "text" if ds.catalogue.described_share() >= TEXT_SHARE else "sasrec"
+
+
+def sasrec_item_embeddings(ds: Dataset, split: Split, epochs: int = 20, seed: int = 0, progress: bool = True,
+                           log: Callable[[str], None] = print) -> tuple[np.ndarray, dict]:
+    """Item embeddings learnt from the interactions alone, for data without item texts: a SASRec (the baseline's
+    defaults, :mod:`specrec.train.baseline`) trained on the split's training sequences, its best epoch by
+    validation NDCG@10, and its item embedding table (the one its scores are inner products with) L2-normalised,
+    as the text embeddings are. -> ([n_items, d] float32, what was trained)."""
+    from .models.sasrec import SASRecConfig
+    from .train.baseline import train_sasrec
+    from .train.drafters import DrafterTrainConfig
+
+    t0 = time.time()
+    cfg = SASRecConfig(n_items=ds.n_items, max_history=split.max_history)
+    tcfg = DrafterTrainConfig(epochs=epochs, batch_size=128, lr=1e-3, patience=5, seed=seed)
+    model, rep = train_sasrec(split, [s.items for s in ds.sequences], ds.n_items, cfg, tcfg, log=log,
+                              progress=progress)
+    emb = model.item.weight[1:].detach().float().numpy()
+    emb = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+    info = {"model": "sasrec", "d_model": cfg.d_model, "epochs": len(rep["epochs"]),
+            "best_valid_ndcg@10": rep["best_valid_ndcg@10"], "minutes": round((time.time() - t0) / 60.0, 1)}
+    return emb.astype(np.float32), info
+
 
 def fit_semantic_ids(
     ds: Dataset, split: Split, embedder: Callable | None = None, seed: int = 0,
-    n_levels: int = 3, codebook_size: int = 256, collision_size: int = 256,
+    n_levels: int = 3, codebook_size: int = 256, collision_size: int = 256, emb: np.ndarray | None = None,
 ) -> tuple[SemanticIds, np.ndarray, dict]:
     """Fit RQ codebooks on the items seen in training, then give every item a
-    SID: seen items first (catalogue order), unseen ones inductively after."""
-    embedder = embedder or TextEmbedder(progress=True)
-    emb = embedder(ds.catalogue.texts)
+    SID: seen items first (catalogue order), unseen ones inductively after.
+    ``emb`` [n_items, d]: the items' embeddings (default: their texts' by ``embedder``)."""
+    if emb is None:
+        embedder = embedder or TextEmbedder(progress=True)
+        emb = embedder(ds.catalogue.texts)
     seen = split.seen
     sem = SemanticIds.fit(emb[seen], n_levels, codebook_size, collision_size, seed=seed)
     sids = np.zeros((ds.n_items, n_levels + 1), dtype=np.int64)
@@ -68,11 +108,16 @@ def build(
     embedder: Callable | None = None,
     log: Callable[[str], None] = print,
     sids_from: str | Path | None = None,
+    sid_source: str = "auto",
+    sid_sasrec_epochs: int = 20,
 ) -> Bundle:
     """Split, semantic IDs, train, and write ``out/bundle``. ``sids_from`` (a
     bundle of the same dataset) reuses its semantic IDs and text embeddings
     instead of fitting new ones, so that a retrained model keeps the item
-    codes its drafters and item-set store already use."""
+    codes its drafters and item-set store already use. ``sid_source``: what the
+    semantic IDs quantise (:func:`resolve_sid_source`: the items' texts, or
+    where the data has none, the item embeddings a SASRec learns from the
+    training interactions, :func:`sasrec_item_embeddings`)."""
     t_build = time.time()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -91,8 +136,17 @@ def build(
         if list(src.cfg.level_sizes) != list(model_cfg.level_sizes):
             raise ValueError(f"{sids_from}: its SID levels {src.cfg.level_sizes} differ from {model_cfg.level_sizes}")
         sem, sids, sid_report, text_emb = src.semantic_ids, src.sids, src.meta["sid_report"], src.text_emb
+        source, source_info = src.meta.get("sid_source", "text"), src.meta.get("sid_source_info")
         log(f"semantic IDs from {sids_from}")
     else:
+        source, source_info, emb = resolve_sid_source(ds, sid_source), None, None
+        share = ds.catalogue.described_share()
+        if source == "sasrec":
+            log(f"semantic IDs from the interactions: {share:.0%} of the items have a text (sid source "
+                f"{sid_source}); SASRec's item embeddings quantised")
+            emb, source_info = sasrec_item_embeddings(ds, split, sid_sasrec_epochs, seed, progress, log)
+        else:
+            source_info = {"described_share": share}
         sem, sids, sid_report = fit_semantic_ids(
             ds,
             split,
@@ -101,6 +155,7 @@ def build(
             n_levels=len(model_cfg.level_sizes) - 1,
             codebook_size=model_cfg.level_sizes[0],
             collision_size=model_cfg.level_sizes[-1],
+            emb=emb,
         )
     lv = ", ".join(f"L{x['level']} {x['used']}/{x['size']}" for x in sid_report["levels"])
     log(f"semantic IDs in {time.time() - t0:.0f}s: codebook usage {lv}; {sid_report['items_with_collision']} items "
@@ -121,6 +176,7 @@ def build(
         "dataset": ds.name, "data_path": data_path_for(data, out / "bundle"), "protocol": protocol,
         "cutoff": split.cutoff, "quantile": quantile if protocol == "temporal" else None, "seed": seed,
         "train": train_cfg.model_dump(), "training": summary, "split": split.describe(), "sid_report": sid_report,
+        "sid_source": source, "sid_source_info": source_info,
     }
     if sids_from is not None:
         meta["sids_from"] = str(sids_from)

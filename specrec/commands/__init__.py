@@ -10,9 +10,20 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from . import build_bundle, evaluate, export_onnx, sids, synth, train, train_baseline, train_drafters, tune_fusion
+from . import (
+               build_bundle,
+               evaluate,
+               export_onnx,
+               refit,
+               sids,
+               synth,
+               train,
+               train_baseline,
+               train_drafters,
+               tune_fusion,
+)
 
 # in the order ``specrec --help`` lists them
 COMMANDS: tuple[ModuleType, ...] = (
-    train, evaluate, train_drafters, train_baseline, tune_fusion, sids, export_onnx, synth, build_bundle,
+    train, evaluate, train_drafters, train_baseline, tune_fusion, refit, sids, export_onnx, synth, build_bundle,
 )

@@ -7,7 +7,10 @@ command's defaults, a stage set to ``null`` is not built):
     gr        specrec train           split, semantic IDs, the GR model (resumes from its checkpoint in OUT)
     sasrec    specrec train-baseline  the SASRec baseline (the item drafter of ``fused`` and ``drafter``)
     drafters  specrec train-drafters  the retrieval drafter, self-draft and NEZHA heads, the distilled drafter
-    fusion    specrec tune-fusion     how ``fused`` weighs both models, chosen on validation users
+    fusion    specrec tune-fusion     how ``fused`` weighs both models and which list ``auto`` serves by default,
+                                      chosen on validation users
+    refit     specrec refit           the GR and SASRec trained again on every interaction but the test ones, every
+                                      choice kept (the production protocol, :mod:`specrec.train.refit`)
     graphs    specrec export-onnx     the verifier's ONNX graphs and their precisions on this machine
 
 A stage is skipped when it is current: ``bundle.json`` (``build.stages``) records, per stage, a key of its own
@@ -45,7 +48,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
 
-from . import export_onnx, train, train_baseline, train_drafters, tune_fusion
+from . import export_onnx, refit, train, train_baseline, train_drafters, tune_fusion
 from .options import add_device_args, training_device
 
 #: a checkpoint part, at most: a GPU machine returns files of at most 16 MiB
@@ -93,9 +96,17 @@ STAGES: tuple[BuildStage, ...] = (
                _drafters_done, trains=True),
     BuildStage("fusion", "tune-fusion", tune_fusion, lambda a, out: ["--bundle", str(out / "bundle")],
                lambda b, meta: bool(meta.get("fusion")), on_device=True),
+    BuildStage("refit", "refit", refit,
+               lambda a, out: ["--bundle", str(out / "bundle"), "--run-dir", str(out / "refit"), "--keep-chosen",
+                               str(out / "chosen")],
+               lambda b, meta: bool(meta.get("refit")), on_device=True),
     BuildStage("graphs", "export-onnx", export_onnx, lambda a, out: ["--bundle", str(out / "bundle")],
                _graphs_done),
 )
+
+
+#: the refit stage's place: the stages before it choose on validation users, so they never run on refit models
+REFIT = next(i for i, s in enumerate(STAGES) if s.name == "refit")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -240,6 +251,10 @@ def run(a: argparse.Namespace) -> int:
                   + (f", on {rec['device']})" if rec.get("device") else ")"), flush=True)
             continue
         stale = True
+        if n - 1 < REFIT and _meta(bundle_dir).get("refit") and s.name != "gr":
+            raise SystemExit(f"[build] stage {s.name} would run on models already refit on the validation targets "
+                             f"(bundle.json `refit`), where no validation user can judge a choice: build from the "
+                             f"gr stage again (remove {out} or change the gr stage's options)")
         where = "cpu" if not (s.trains or s.on_device) else device
         argv = [*s.place(a, out), *_how(s, a, where), *scale, *opts]
         # the GR's checkpoint belongs to the run of its key: another key's run starts afresh

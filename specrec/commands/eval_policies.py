@@ -26,7 +26,15 @@ def _policy_params(items: list[str]) -> dict[str, dict]:
 
 def run_policies(a: argparse.Namespace, bundle, split, ex, exclude=None) -> int:
     """Side-by-side comparison of policies on the same requests (interleaved, batch 1)."""
-    from ..eval.compare import compare_policies, comparison_table, plot_stages, summary_keys
+    from ..eval.compare import (
+        compare_policies,
+        comparison_table,
+        default_line,
+        plot_stages,
+        summary_keys,
+        valid_against_test,
+        valid_against_test_lines,
+    )
     from ..eval.results import update_summary, write_json
     from ..policies import make_policy
     from ..terminal import markdown_table, print_table
@@ -56,14 +64,25 @@ def run_policies(a: argparse.Namespace, bundle, split, ex, exclude=None) -> int:
            "drafter_shares": {k_: getattr(engine.drafter, k_, None) for k_ in ("text_share", "unseen_share")},
            "params": {n: p.config.model_dump() for n, p in policies.items()},
            "policies": {n: r.as_dict() for n, r in table.items()}}
+    vt = valid_against_test(bundle.meta.get("fusion"), table, k)
+    if vt is not None:
+        out["valid_against_test"] = vt
     cols = ["policy", *[f"recall@{x}" for x in ks], *[f"ndcg@{x}" for x in ks]]
     if split.protocol == "temporal":
         cols += [f"unseen_recall@{max(ks)}", f"in_sample_recall@{max(ks)}"]
     cols += ["p50_ms", "p99_ms", "speedup", "equal_to_beam", "item_accept", "token_accept", "no_fallback"]
+    fusion_meta = bundle.meta.get("fusion")
+    said = (valid_against_test_lines(vt) if vt is not None
+            else [default_line(fusion_meta.get("default"))] if fusion_meta else [])
+    if bundle.meta.get("refit"):
+        said.append(f"the models were refit after every choice ({bundle.meta['refit'].get('summary')}): validation "
+                    "figures are the chosen models', test figures the refit ones'")
     if a.json:
         print(json.dumps(out, indent=2, default=str))
     else:
         print_table(rows, cols)
+        for line in said:
+            print(line)
     if a.save:
         tag = "_excl" if exclude is not None else ""  # never mixed with the TIGER-protocol figures
         # drafter shares other than the bundle's are an experiment: files and keys of their own
@@ -78,11 +97,18 @@ def run_policies(a: argparse.Namespace, bundle, split, ex, exclude=None) -> int:
               f"{a.ort_threads} ONNX Runtime threads, backend {backend}, drafter `{kind}`. "
               f"speedup = beam's mean time / the policy's; item_accept / token_accept: accepted / drafted items and "
               f"SID tokens; no_fallback: share of requests a level-wise policy served with no fallback pass.\n\n"
-              + markdown_table(rows, cols) + f"\n![stage times]({name}_stages.png)\n")
+              + markdown_table(rows, cols) + "".join(f"\n{line}\n" for line in said)
+              + f"\n![stage times]({name}_stages.png)\n")
         (results / f"{name}.md").write_text(md)
         plot_stages(table, results / f"{name}_stages.png",
                     f"{ds_name} {split.protocol}, K={k}: mean time per request by stage ({len(ex)} requests)")
         keys = summary_keys(table, ds_name, split.protocol, k, tag.replace("_", "."))
+        if vt is not None and exclude is not None and a.sample is None:  # all users: validation beside test
+            pre = f"{ds_name}.{split.protocol}"
+            for m in ("recall@10", "ndcg@10"):
+                keys[f"{pre}.fused.excl.valid.{m}"] = vt[m]["valid.fused"]
+                keys[f"{pre}.drafter.excl.valid.{m}"] = vt[m]["valid.drafter"]
+            keys[f"{pre}.fused.excl.valid_test_gap"] = vt["recall@10"].get("gap")
         if keys:  # frontier_coverage averaged in the target's own levels: drafted_level_coverage replaces it
             retire = tuple(x.replace(".drafted_level_coverage", ".frontier_coverage") for x in keys
                            if x.endswith(".drafted_level_coverage"))

@@ -83,6 +83,10 @@ def run(a: argparse.Namespace) -> int:
     torch.set_num_threads(a.threads)
     bundle = Bundle.load(a.bundle)
     ds, split = bundle_split(bundle, a.data, a.protocol)
+    if a.split == "valid" and bundle.meta.get("refit"):
+        raise SystemExit(f"{a.bundle}: its models were refit on the validation targets "
+                         f"({bundle.meta['refit'].get('summary')}): validation users cannot judge them; their "
+                         "figures with the chosen models are in bundle.json (fusion.valid, fusion.default)")
     ex = getattr(split, a.split)
     if a.sample is not None and a.limit is not None:
         raise SystemExit("--sample and --limit are exclusive: a seeded random sample, or the first N users")
@@ -112,6 +116,10 @@ def run(a: argparse.Namespace) -> int:
         print(json.dumps(out, indent=2))
     else:
         _print_table(res, ks)
+        if bundle.meta.get("fusion"):
+            from ..eval.compare import default_line
+
+            print(default_line(bundle.meta["fusion"].get("default")))
     if a.save:
         ds_name = bundle.meta.get("dataset", bundle.name)
         tag = "_excl" if a.exclude_history else ""  # never mixed with the TIGER-protocol figures

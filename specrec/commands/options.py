@@ -80,6 +80,9 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
         help="causal encoder: a training chunk every this many targets, overlapping, so each target keeps at "
         "least max_history - stride + 1 items of context (default: max_history, no overlap)",
     )
+    g.add_argument("--history-dropout", type=float, default=0.0,
+                   help="causal encoder: drop each input item of a training chunk with this probability (every target "
+                   "kept), so targets are also taught from histories without their most recent item (0: off)")
     g.add_argument("--budget-minutes", type=float, default=None,
                    help="plan the epochs (at most --epochs) and the cosine decay to fill this much training time, "
                         "from the first epoch's measured cost")

@@ -21,6 +21,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--no-resume", action="store_true", help="ignore an existing checkpoint in --out")
     t.add_argument("--sids-from", default=None, metavar="BUNDLE",
                    help="reuse this bundle's semantic IDs (and text embeddings) instead of fitting new ones")
+    t.add_argument("--sid-source", choices=["auto", "text", "sasrec"], default="auto",
+                   help="what the semantic IDs quantise: the items' texts (all-MiniLM-L6-v2), or the item "
+                   "embeddings a SASRec learns from the training interactions (for data without item texts); auto "
+                   "(default): the texts where at least half the items have one, else SASRec's")
+    t.add_argument("--sid-sasrec-epochs", type=int, default=20,
+                   help="with the sasrec source: the most epochs of the SASRec whose item embeddings are quantised "
+                   "(its best by validation NDCG@10 is kept)")
     add_model_args(t)
     add_train_args(t)
     t.set_defaults(func=run)
@@ -52,10 +59,11 @@ def run(a: argparse.Namespace) -> int:
                        warmup_steps=warmup_steps or a.warmup_steps, patience=a.patience,
                        valid_limit=a.valid_limit or None, seed=a.seed, bf16=gpu if a.bf16 is None else a.bf16,
                        ema=a.ema, valid_every=a.valid_every, workers=a.workers, threads=a.threads,
-                       window_stride=a.window_stride, budget_minutes=a.budget_minutes, curve_limit=a.curve_limit,
+                       window_stride=a.window_stride, history_dropout=a.history_dropout,
+                       budget_minutes=a.budget_minutes, curve_limit=a.curve_limit,
                        init_from=a.init_from, teacher=a.teacher, distill_weight=a.distill_weight,
                        distill_temp=a.distill_temp, device=device, batch_scale=a.batch_scale,
                        checkpoint_minutes=every, checkpoint_part_mib=a.checkpoint_part_mib)
     build(a.data, a.out, a.protocol, mcfg, tcfg, quantile=a.quantile, seed=a.seed, resume=not a.no_resume,
-          sids_from=a.sids_from)
+          sids_from=a.sids_from, sid_source=a.sid_source, sid_sasrec_epochs=a.sid_sasrec_epochs)
     return 0

@@ -70,6 +70,9 @@ class Catalogue:
     titles: list[str]
     texts: list[str]
     index: dict[str, int] = field(default_factory=dict)
+    # per item, whether its data gave it a text (a catalogue read from items.jsonl); None: not known (every item
+    # counts as described). An item without one is embedded as ``item <id>``, which says nothing about it
+    described: list[bool] | None = None
 
     def __post_init__(self) -> None:
         if not (len(self.ids) == len(self.titles) == len(self.texts)):
@@ -87,17 +90,23 @@ class Catalogue:
 
     @classmethod
     def from_jsonl(cls, path: str | Path) -> Catalogue:
-        ids, titles, texts = [], [], []
+        ids, titles, texts, described = [], [], [], []
         for lineno, obj in iter_jsonl(path):
             if "item_id" not in obj:
                 raise DataFormatError(f"{path}:{lineno}: missing 'item_id'")
             ids.append(str(obj["item_id"]))
             title = obj.get("title") or obj.get("name") or ""
             titles.append(str(title))
-            texts.append(item_text(obj) or f"item {obj['item_id']}")
+            text = item_text(obj)
+            described.append(bool(text))
+            texts.append(text or f"item {obj['item_id']}")
         if not ids:
             raise DataFormatError(f"{path}: no items")
-        return cls(ids=ids, titles=titles, texts=texts)
+        return cls(ids=ids, titles=titles, texts=texts, described=described)
+
+    def described_share(self) -> float:
+        """The share of items whose data gave them a text (1.0 where not known)."""
+        return 1.0 if self.described is None or not self.described else sum(self.described) / len(self.described)
 
     def to_jsonl(self, path: str | Path) -> None:
         with open(path, "w", encoding="utf-8") as fh:

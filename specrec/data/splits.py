@@ -49,6 +49,11 @@ class Examples:
     def take(self, idx: np.ndarray) -> Examples:
         return Examples(self.history[idx], self.target[idx], self.user[idx], self.position[idx])
 
+    def plus(self, other: Examples) -> Examples:
+        """These examples and ``other``'s, in that order."""
+        return Examples(np.concatenate([self.history, other.history]), np.concatenate([self.target, other.target]),
+                        np.concatenate([self.user, other.user]), np.concatenate([self.position, other.position]))
+
     def histories(self) -> list[np.ndarray]:
         """Unpadded histories, oldest first."""
         return [h[h != PAD] for h in self.history]
@@ -173,6 +178,19 @@ def temporal(ds: Dataset, max_history: int = 20, quantile: float = 0.8, cutoff: 
             te.add(u, s.items, int(after[0]))
     train = tr.build()
     return Split("temporal", train, va.build(), te.build(), _seen(ds.n_items, train), max_history, cutoff)
+
+
+def refit_split(split: Split) -> Split:
+    """The split a model is refit on once every choice was made on validation users: every interaction but the
+    test ones trains (the validation targets join the training targets, and so the histories of the chunks and
+    sequences made from them), there is no validation left, the test examples are the same. Under leave-one-out
+    a test history then ends with an interaction the refit model was trained on, as a validation history ended
+    with one the chosen model was trained on: test faces the models as validation did (the production protocol:
+    choose on validation, then train on everything up to now)."""
+    train = split.train.plus(split.valid)
+    empty = split.valid.take(np.zeros(0, dtype=np.int64))
+    return Split(split.protocol, train, empty, split.test, _seen(len(split.seen), train), split.max_history,
+                 split.cutoff)
 
 
 Protocol = Literal["loo", "temporal"]

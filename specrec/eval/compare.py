@@ -136,6 +136,13 @@ def summary_keys(table: dict, dataset: str, protocol: str, k: int, tag: str = ""
                 keys[f"{pre}.item_acceptance"] = x.get("item_acceptance")
             if n == "drafter":  # the degraded-mode answer: its recall at this K, under one name per K
                 keys[f"{dataset}.{protocol}.drafter.recall@{k}"] = r.overall.get(f"recall@{k}")
+            if n in ("fused", "auto") and "drafter" in table:  # against the item drafter's own list (SASRec's)
+                name = "served" if n == "auto" else n  # auto's list: the one it serves by default
+                own = table["drafter"].overall
+                for m, ratio in ((f"recall@{k}", "recall_ratio_vs_sasrec"), (f"ndcg@{k}", "ndcg_ratio_vs_sasrec")):
+                    mine = r.overall.get(m)
+                    keys[f"{dataset}.{protocol}.{name}{infix}.{ratio}"] = (
+                        mine / own[m] if mine is not None and own.get(m) else None)
         if protocol == "temporal":  # the figures name their K: no .k<K> infix (SpecGR's protocol reports @50)
             for g in ("overall", "unseen", "in_sample"):
                 m = r.overall if g == "overall" else r.groups.get(g, {})
@@ -143,6 +150,60 @@ def summary_keys(table: dict, dataset: str, protocol: str, k: int, tag: str = ""
                     if metric in m:
                         keys[f"{dataset}.{protocol}.{n}{tag}.{'' if g == 'overall' else g + '_'}{metric}"] = m[metric]
     return keys
+
+
+def valid_against_test(fusion_meta: dict | None, table: dict, k: int) -> dict | None:
+    """The fused list and the item drafter's own list on validation users (as ``tune-fusion`` measured them with
+    the chosen models, :attr:`specrec.fusion.Fusion.valid`) beside the same lists on these test users (``table``:
+    a run with ``fused`` and ``drafter`` at K = 10), the fused/drafter ratio on each and their gap, and the list
+    ``auto`` serves by default with the reason ``tune-fusion`` recorded (``fusion.default``); None where the bundle
+    has no fusion or the run lacks one of the two lists."""
+    if not fusion_meta or k != 10 or "fused" not in table or "drafter" not in table:
+        return None
+    valid = fusion_meta.get("valid", {})
+    out: dict = {"default": fusion_meta.get("default")}
+    for m in ("recall@10", "ndcg@10"):
+        v_f, v_d = valid.get("fused", {}).get(m), valid.get("drafter", {}).get(m)
+        t_f, t_d = table["fused"].overall.get(m), table["drafter"].overall.get(m)
+        row: dict = {"valid.fused": v_f, "valid.drafter": v_d, "test.fused": t_f, "test.drafter": t_d}
+        row["valid.ratio"] = v_f / v_d if v_f is not None and v_d else None
+        row["test.ratio"] = t_f / t_d if t_f is not None and t_d else None
+        if row["valid.ratio"] is not None and row["test.ratio"] is not None:
+            row["gap"] = abs(row["test.ratio"] - row["valid.ratio"])
+        if "auto" in table:
+            row["test.served"] = table["auto"].overall.get(m)
+            row["test.served_ratio"] = row["test.served"] / t_d if t_d else None
+        out[m] = row
+    return out
+
+
+def valid_against_test_lines(vt: dict) -> list[str]:
+    """What :func:`valid_against_test` says, as lines for a terminal or a log."""
+    lines = []
+    for m in ("recall@10", "ndcg@10"):
+        r = vt[m]
+
+        def f(x) -> str:
+            return "n/a" if x is None else f"{x:.4f}"
+
+        def x(v) -> str:
+            return "n/a" if v is None else f"{v:.3f}x"
+
+        lines.append(f"{m}: validation fused {f(r['valid.fused'])} / drafter {f(r['valid.drafter'])} = "
+                     f"{x(r['valid.ratio'])}; test fused {f(r['test.fused'])} / drafter {f(r['test.drafter'])} = "
+                     f"{x(r['test.ratio'])}" + (f"; gap {r['gap']:.3f}" if "gap" in r else "")
+                     + (f"; auto's default list on test {x(r.get('test.served_ratio'))} the drafter's"
+                        if "test.served" in r else ""))
+    lines.append(default_line(vt.get("default")))
+    return lines
+
+
+def default_line(default: dict | None) -> str:
+    """Which list ``auto`` serves by default and why (a bundle's ``fusion.default``, written by tune-fusion)."""
+    if not default:
+        return ("auto's default list: not decided (no fusion, or one chosen before tune-fusion decided it): its "
+                "tiers by their validation figures alone")
+    return f"auto serves `{default['list']}` by default: {default['why']}"
 
 
 def plot_stages(table: dict, path, title: str) -> None:

@@ -1,8 +1,12 @@
 """``auto``: per request, the most accurate policy whose tail cost fits the budget.
 
 The gateway's default. Candidates are tried from the most accurate down
-(``tiers``). By default they are ordered by the validation recall@10 of the
-list each one serves, as ``specrec tune-fusion`` measured it on the bundle's
+(``tiers``). By default the list ``specrec tune-fusion`` decided on
+(:attr:`specrec.fusion.Fusion.default`: ``fused`` only where validation users
+showed it beating the item drafter's own list by more than chance, a paired
+bootstrap interval above 0; else ``drafter``) comes first, the others ordered
+by the validation recall@10 of the list each one serves, as ``specrec
+tune-fusion`` measured it on the bundle's
 validation users (:attr:`specrec.fusion.Fusion.valid`): ``fused`` (the item
 drafter's candidates ranked by both models), ``drafter`` (the item drafter's
 own list), ``beam`` with ``strict`` (the GR's own beam search: the same list,
@@ -75,11 +79,16 @@ TIERS = {"fused": ["fused"], "drafter": ["drafter"], "beam": ["beam", "strict"],
 UNMEASURED_ORDER = ["fused", "beam", "nezha", "drafter"]
 
 
-def ordered_tiers(valid: dict[str, float]) -> list[list[str]]:
-    """The tiers, most accurate first: the lists with a validation figure by it (recall@10, higher first), then
+def ordered_tiers(valid: dict[str, float], default: str | None = None) -> list[list[str]]:
+    """The tiers, most accurate first: the ``default`` list first where one was decided (``tune-fusion``'s
+    ``fusion.default``: ``fused`` only where validation showed it beating the item drafter's own list by more
+    than chance, else ``drafter``), then the lists with a validation figure by it (recall@10, higher first), then
     the others in :data:`UNMEASURED_ORDER`."""
     measured = sorted((n for n in TIERS if n in valid), key=lambda n: -valid[n])
-    return [TIERS[n] for n in measured + [n for n in UNMEASURED_ORDER if n not in valid]]
+    order = measured + [n for n in UNMEASURED_ORDER if n not in valid]
+    if default in TIERS:
+        order = [default] + [n for n in order if n != default]
+    return [TIERS[n] for n in order]
 
 
 class AutoConfig(PolicyConfig):
@@ -171,7 +180,8 @@ class AutoPolicy(Policy):
         drafter = self.engine.drafter
         fusion = None if drafter is None else getattr(drafter, "fusion", None)
         return (self.engine.verifier.parts(), drafter is None, fusion,
-                None if fusion is None else tuple(sorted(fusion.valid.items())), str(self.config.tiers))
+                None if fusion is None else tuple(sorted(fusion.valid.items())),
+                None if fusion is None else fusion.default, str(self.config.tiers))
 
     def tiers(self) -> list[list[str]]:
         """The configured tiers, else by the validation figures of the lists they serve (:func:`ordered_tiers`)."""
@@ -179,7 +189,8 @@ class AutoPolicy(Policy):
             return self.config.tiers
         drafter = self.engine.drafter
         fusion = None if drafter is None else getattr(drafter, "fusion", None)
-        return ordered_tiers(dict(fusion.valid) if fusion is not None else {})
+        return ordered_tiers(dict(fusion.valid) if fusion is not None else {},
+                             None if fusion is None else fusion.default)
 
     def _cheapest(self, tier: list[str], k: int) -> str:
         costs = [(self._cost(n, k), n) for n in tier]

@@ -24,12 +24,17 @@ from .drafters import DrafterTrainConfig, train_loop, user_sequences
 
 def train_sasrec(split: Split, sequences: list[np.ndarray], n_items: int, cfg: SASRecConfig | None = None,
                  tcfg: DrafterTrainConfig | None = None, log: Callable[[str], None] = print,
-                 progress: bool = True) -> tuple[SASRec, dict]:
-    cfg = cfg or SASRecConfig(n_items=n_items, max_history=split.max_history)
+                 progress: bool = True, init: SASRec | None = None) -> tuple[SASRec, dict]:
+    """``init``: start from these weights (a refit's continued training) instead of fresh ones. A split with no
+    validation examples (:func:`specrec.data.splits.refit_split`) trains ``tcfg.epochs`` and keeps the last."""
+    cfg = cfg or (init.cfg if init is not None else SASRecConfig(n_items=n_items, max_history=split.max_history))
     tcfg = tcfg or DrafterTrainConfig(epochs=60, batch_size=128, lr=1e-3, patience=5, weight_decay=0.0)
     dev = resolve_device(tcfg.device)
     torch.manual_seed(tcfg.seed)
-    model = SASRec(cfg).to(dev)
+    model = SASRec(cfg)
+    if init is not None:
+        model.load_state_dict(init.state_dict())
+    model = model.to(dev)
     H = cfg.max_history
     seqs = [s for s in (sequences[u][: p + 1][-(H + 1):] for u, p in user_sequences(split)) if len(s) >= 2]
     inp = np.full((len(seqs), H), PAD, dtype=np.int64)
@@ -59,7 +64,7 @@ def train_sasrec(split: Split, sequences: list[np.ndarray], n_items: int, cfg: S
         len(seqs),
         lengths,
         step,
-        validate,
+        validate if len(valid) else None,
         "sasrec",
         log,
         progress,

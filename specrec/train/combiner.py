@@ -9,8 +9,9 @@ kept, the standardisation folded into the first layer.
 
 :func:`compare` is what ``specrec tune-fusion`` runs: the validation users split in two seeded halves; the
 combiner trained on half A, the weighted mix chosen on A (:func:`specrec.fusion.choose`, the candidate count
-given), both measured on half B. The combiner is kept only where its recall@10 on B is higher than the mix's;
-test users are never read.
+given), both measured on half B. The combiner is kept only where B shows it beating the mix by more than chance
+(the lower end of a paired bootstrap interval of the per-user recall@10 difference above 0); test users are never
+read.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from ..eval.metrics import paired_bootstrap
 from ..fusion import (
     Combiner,
     Fusion,
@@ -124,9 +126,14 @@ def compare(users: Sequence[Scored], drafts: int, unseen_share: float = 0.0, k: 
     at_mix, at_comb = hit_places(b, mix, k, unseen_share), hit_places(b, replace(mix, combiner=comb), k, unseen_share)
     mix_b, comb_b = recall_ndcg_of(at_mix), recall_ndcg_of(at_comb)
     hits_mix, hits_comb = at_mix >= 0, at_comb >= 0
-    keep = comb_b[0] > mix_b[0]
+    # kept only where B says it beats the mix by more than chance: the lower end of a paired bootstrap interval
+    # of the per-user recall@k difference above 0 (a better figure alone was often luck, and lost on test)
+    sure = paired_bootstrap(hits_comb.astype(np.float64), hits_mix.astype(np.float64), seed=seed)
+    keep = sure["diff_lo"] > 0
     record = {
         "kept": bool(keep),
+        "b.combiner_vs_mix.recall": sure,
+        "b.combiner.places": at_comb.tolist(),  # each user of B's target place in its list: the default list's
         "split": f"{len(a)} validation users train it (the last 25% of them choose its epoch) and choose the mix; "
                  f"{len(b)} others judge both (seed {seed})",
         "hidden": hidden,

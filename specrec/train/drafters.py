@@ -61,7 +61,8 @@ def train_loop(params, cfg: DrafterTrainConfig, n_train: int, lengths: np.ndarra
                log: Callable[[str], None], progress: bool, state_fn):
     """The drafters' training loop: AdamW over ``params``, length-bucketed batches, ``step_fn(idx)`` -> the loss,
     ``valid_fn()`` -> a score each epoch, stopping after ``cfg.patience`` epochs without a better one. Returns
-    (best score, ``state_fn()`` at it, one dict per epoch)."""
+    (best score, ``state_fn()`` at it, one dict per epoch). ``valid_fn`` None (a refit, with no validation left):
+    every epoch of ``cfg.epochs`` runs and the last one's state is returned (its score NaN)."""
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     best, best_state, bad, history = -1.0, None, 0, []
     for epoch in range(cfg.epochs):
@@ -75,7 +76,13 @@ def train_loop(params, cfg: DrafterTrainConfig, n_train: int, lengths: np.ndarra
             loss.backward()
             opt.step()
             acc += loss.detach().double() * len(idx)
-        val, tot = valid_fn(), float(acc)
+        tot = float(acc)
+        if valid_fn is None:
+            history.append({"epoch": epoch + 1, "loss": tot / n_train, "seconds": round(time.time() - t0, 1)})
+            log(f"{desc} epoch {epoch + 1}: loss {tot / n_train:.4f}  (no validation: the last epoch is kept)")
+            best, best_state = float("nan"), None
+            continue
+        val = valid_fn()
         history.append({"epoch": epoch + 1, "loss": tot / n_train, "valid": val, "seconds": round(time.time() - t0, 1)})
         log(f"{desc} epoch {epoch + 1}: loss {tot / n_train:.4f}  valid {val:.4f}")
         if val > best:
@@ -84,6 +91,8 @@ def train_loop(params, cfg: DrafterTrainConfig, n_train: int, lengths: np.ndarra
             bad += 1
             if bad >= cfg.patience:
                 break
+    if valid_fn is None:
+        best_state = state_fn()
     return best, best_state, history
 
 

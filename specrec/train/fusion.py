@@ -29,7 +29,7 @@ import torch
 from ..bundle import Bundle
 from ..data.splits import sample_examples
 from ..drafters.base import DraftRequest
-from ..fusion import Fusion, Scored, choose, recall_ndcg
+from ..fusion import Fusion, Scored, choose, hit_places, recall_ndcg, recall_ndcg_of
 from ..terminal import progress_bar
 
 #: the list length the choice and the labels are measured at
@@ -80,18 +80,69 @@ def served_recall(bundle: Bundle, policy: str, ex, exclude: list[np.ndarray], pr
     return hits / max(1, len(ex))
 
 
-def drafter_recall(users: list[Scored], reserved: int) -> tuple[float, float]:
-    """Recall@K and NDCG@K of the item drafter's own list of K (:meth:`~specrec.drafters.base.Draft.top`)."""
+def drafter_places(users: list[Scored], reserved: int) -> np.ndarray:
+    """Per user, the place (0: first) of the target in the item drafter's own list of K
+    (:meth:`~specrec.drafters.base.Draft.top`), -1 where it misses."""
     from ..drafters.base import Draft
 
-    rec = ndcg = 0.0
-    for u in users:
+    out = np.full(len(users), -1, dtype=np.int64)
+    for j, u in enumerate(users):
         own = Draft(u.items, u.item_scores).top(K, reserved, u.unseen).items
         hit = np.nonzero(own == u.target)[0]
         if len(hit):
-            rec += 1.0
-            ndcg += 1.0 / np.log2(hit[0] + 2)
-    return rec / max(1, len(users)), ndcg / max(1, len(users))
+            out[j] = hit[0]
+    return out
+
+
+def drafter_recall(users: list[Scored], reserved: int) -> tuple[float, float]:
+    """Recall@K and NDCG@K of the item drafter's own list of K (:meth:`~specrec.drafters.base.Draft.top`)."""
+    return recall_ndcg_of(drafter_places(users, reserved))
+
+
+#: resamples and level of the interval that decides the default list (:func:`default_list`)
+RESAMPLES, LEVEL = 1000, 0.95
+
+
+def cross_fitted_places(users: list[Scored], halves: tuple[np.ndarray, np.ndarray], drafts: tuple[int, ...],
+                        share: float, tolerance: float) -> np.ndarray:
+    """Per user, the target's place in the fused list made by the fusion chosen on the *other* half of the users
+    (:func:`~specrec.fusion.choose` with the same grid, each half in turn): every user judges a choice it took no
+    part in, so the figures carry no optimism from the choice."""
+    out = np.full(len(users), -1, dtype=np.int64)
+    for judge, learn in (halves, halves[::-1]):
+        chosen, _ = choose([users[i] for i in learn], drafts, K, unseen_share=share, tolerance=tolerance)
+        out[judge] = hit_places([users[i] for i in judge], chosen, K, share)
+    return out
+
+
+def default_list(fused: np.ndarray, drafter: np.ndarray, judged_on: str, seed: int = 0) -> dict:
+    """Which list ``auto`` serves by default, from the places of the targets (:func:`~specrec.fusion.hit_places`)
+    in the fused list and in the item drafter's own list of the same validation users: ``fused`` only where a
+    paired bootstrap over the users (:func:`specrec.eval.metrics.paired_bootstrap`, :data:`RESAMPLES` resamples)
+    puts the lower end of the :data:`LEVEL` interval of the per-user recall@K difference above 0, else the item
+    drafter's own list (``drafter``): the fused list is served only where validation shows it beating the list it
+    re-ranks, not where it wins by chance. -> the record ``bundle.json`` keeps (``fusion.default``)."""
+    from ..eval.metrics import gains, paired_bootstrap
+
+    f_r, f_n = gains(fused, K)
+    d_r, d_n = gains(drafter, K)
+    rec = paired_bootstrap(f_r, d_r, RESAMPLES, seed, LEVEL)
+    ndcg = paired_bootstrap(f_n, d_n, RESAMPLES, seed, LEVEL)
+    wins = rec["diff_lo"] > 0
+    pct = f"{LEVEL:.0%}"
+    why = (f"on {rec['n']} validation users the fused list's recall@{K} is {f_r.mean():.4f} against the drafter's "
+           f"{d_r.mean():.4f} ({rec['ratio']:.3f}x; difference {rec['diff']:+.4f}, {pct} interval "
+           f"[{rec['diff_lo']:+.4f}, {rec['diff_hi']:+.4f}] by a paired bootstrap of {RESAMPLES} resamples): "
+           + ("above 0, so the fused list" if wins else "not above 0, so the drafter's own list"))
+    return {"list": "fused" if wins else "drafter", "why": why, "judged_on": judged_on, "users": rec["n"],
+            f"recall@{K}": {"fused": float(f_r.mean()), "drafter": float(d_r.mean()), **rec},
+            f"ndcg@{K}": {"fused": float(f_n.mean()), "drafter": float(d_n.mean()), **ndcg}}
+
+
+def _halves(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Two halves of ``n`` users, a seeded split (the same as :func:`specrec.train.combiner.compare`'s)."""
+    perm = np.random.default_rng(seed).permutation(n)
+    return perm[: n // 2], perm[n // 2:]
 
 
 def tune_fusion(bundle_dir: str | Path, users: int | None = 3000, seed: int = 0, drafts: tuple[int, ...] = (50,),
@@ -108,6 +159,9 @@ def tune_fusion(bundle_dir: str | Path, users: int | None = 3000, seed: int = 0,
 
     t0 = time.time()
     bundle = Bundle.load(bundle_dir)
+    if bundle.meta.get("refit"):
+        raise SystemExit(f"bundle {bundle_dir}: its models were refit on the validation targets (bundle.json "
+                         "`refit`): no validation user can judge a choice made with them")
     if bundle.sasrec is None:
         raise SystemExit(f"bundle {bundle_dir} has no SASRec: run `specrec train-baseline --bundle {bundle_dir}` first")
     ds, split = bundle_split(bundle)
@@ -119,14 +173,24 @@ def tune_fusion(bundle_dir: str | Path, users: int | None = 3000, seed: int = 0,
     gr_backend = None if device == "cpu" else bundle.backend("eager", device=device)
     scored = score_users(bundle, ex, full, max(drafts), backend=gr_backend, progress=progress)
     fusion, grid = choose(scored, drafts, K, unseen_share=share, tolerance=tolerance)
-    rec, ndcg = recall_ndcg(scored, fusion, K, share)
+    halves = _halves(len(scored), seed)
+    own_places = drafter_places(scored, reserved)
+    # the fused list's figures and the default list from users that judge a choice they took no part in
+    places = cross_fitted_places(scored, halves, drafts, share, tolerance)
+    judged, on = places, (f"all {len(scored)} users, each by the fusion chosen on the other half of them (seed "
+                          f"{seed}): no user judges a choice it made")
     learned: dict | None = None
     if combiner_hidden > 0:
         comb, learned = compare(scored, fusion.drafts, share, K, seed, hidden=combiner_hidden)
         if comb is not None:  # its figures from the half it was not trained on
             fusion = replace(fusion, combiner=comb)
-            rec, ndcg = learned[f"b.combiner.recall@{K}"], learned[f"b.combiner.ndcg@{K}"]
-    own = drafter_recall(scored, reserved)
+            judged = np.asarray(learned.pop("b.combiner.places"), dtype=np.int64)
+            on = f"the {len(judged)} users the combiner was not trained on (seed {seed})"
+        learned.pop("b.combiner.places", None)
+    judged_own = own_places if len(judged) == len(scored) else own_places[halves[1]]
+    decision = default_list(judged, judged_own, on, seed)
+    rec, ndcg = recall_ndcg_of(judged)
+    own = recall_ndcg_of(own_places)
     gr = recall_ndcg(scored, Fusion(1.0, "raw", fusion.drafts), K, share)
     valid = {"fused": {"recall@10": rec, "ndcg@10": ndcg}, "drafter": {"recall@10": own[0], "ndcg@10": own[1]}}
     # the GR's own lists: written once the fusion is in the bundle (the engine's drafter tells it)
@@ -137,10 +201,9 @@ def tune_fusion(bundle_dir: str | Path, users: int | None = 3000, seed: int = 0,
     valid["gr_reranked"] = {"recall@10": gr[0], "ndcg@10": gr[1]}  # no policy serves it: for the record
     entry = {**fusion.as_dict(), "chosen_on": f"{len(scored)} validation users (seed {seed}), history excluded, "
              f"{reserved} of {K} places kept for unseen candidates, the fewest of {list(drafts)} candidates within "
-             f"{tolerance:.1%} of the best recall@10" + (
-                 "; the combiner's figures from the half it was not trained on" if fusion.combiner else ""),
-             "valid": valid, "grid": grid, "device": device, **({"combiner_choice": learned} if learned else {}),
-             "minutes": round((time.time() - t0) / 60, 1)}
+             f"{tolerance:.1%} of the best recall@10; the fused list's validation figures from {on}",
+             "default": decision, "valid": valid, "grid": grid, "device": device,
+             **({"combiner_choice": learned} if learned else {}), "minutes": round((time.time() - t0) / 60, 1)}
     path = Path(bundle_dir) / "bundle.json"
     text = path.read_text()
     meta = json.loads(text)

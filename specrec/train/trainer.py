@@ -32,7 +32,7 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -78,6 +78,9 @@ class TrainConfig(BaseModel):
     workers: int = 1  # data-parallel training processes
     threads: int | None = None  # torch threads in all (default: all cores), split between workers
     window_stride: int | None = None  # causal chunks overlap: a new chunk every this many targets (None = max_history)
+    # causal encoder: each input item of a training chunk is dropped with this probability (its position masked,
+    # every target kept), so a target is also taught from a history without its most recent item (0: off)
+    history_dropout: float = 0.0
     budget_minutes: float | None = None  # after the first epoch, plan the epochs (and the cosine) to fill this budget
     curve_limit: int = 0  # test users (a seeded random sample) scored at each validation for the learning curve only
     init_from: str | None = None  # a bundle whose GR weights (same model config but TRAINING_ONLY) start the run
@@ -89,6 +92,12 @@ class TrainConfig(BaseModel):
     checkpoint_minutes: float | None = None  # a checkpoint whenever this many minutes passed (mid-epoch too) and
     #                                          at the end; None: at the end of every epoch
     checkpoint_part_mib: float | None = None  # checkpoints larger than this many MiB are written in parts
+    # which weights the run keeps: "valid" the best by validation (early stopping); "last" no validation at all
+    # (a refit on every interaction but the test ones, :mod:`specrec.train.refit`): the weights at the end,
+    # ``last_weights`` "raw" or "ema" (the moving average), as the run it mirrors chose on validation
+    select: Literal["valid", "last"] = "valid"
+    last_weights: Literal["raw", "ema"] = "raw"
+    stop_after: int | None = None  # end after this many epochs of a schedule planned for ``epochs`` (None: all)
 
 
 class Trainer:
@@ -193,7 +202,11 @@ class Trainer:
         return SasrecTeacher(src.sasrec.to(self.device), self.sids_dev, self.mcfg.level_sizes, self.cfg.distill_temp)
 
     def _sequence_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """The causal chunk's loss: cross-entropy of the true next items, mixed with the teacher's soft targets."""
+        """The causal chunk's loss: cross-entropy of the true next items, mixed with the teacher's soft targets;
+        with ``history_dropout`` some input items dropped (masked as padding) while every target is kept."""
+        p = self.cfg.history_dropout
+        if p > 0 and self.model.training:
+            x = x.masked_fill((torch.rand(x.shape, device=x.device) < p) & (x >= 0), -1)
         if self.teacher is None:
             return self.model.forward_sequences(self._codes(x), self._codes(y))
         hidden, tgt = self.model.sequence_hidden(self._codes(x), self._codes(y))
@@ -204,7 +217,8 @@ class Trainer:
 
     @property
     def max_epochs(self) -> int:
-        return self.planned_epochs if self.planned_epochs is not None else self.cfg.epochs
+        planned = self.planned_epochs if self.planned_epochs is not None else self.cfg.epochs
+        return planned if self.cfg.stop_after is None else min(planned, self.cfg.stop_after)
 
     def _plan(self) -> None:
         """With a time budget: the number of epochs (at most ``epochs``) that fit in it, from the mean cost
@@ -395,14 +409,16 @@ class Trainer:
                                    "device": str(dev)}
             self.elapsed_s += train_s
             first_plan = c.budget_minutes is not None and self.planned_epochs is None
-            if first_plan or self.epoch % c.valid_every == 0 or self.epoch >= self.max_epochs:
+            if c.select == "last":
+                self._keep_last(rec)
+            elif first_plan or self.epoch % c.valid_every == 0 or self.epoch >= self.max_epochs:
                 self._validate(rec)
             self.elapsed_s += rec.get("valid_s", 0.0) + rec.get("test_s", 0.0)
             rec["minutes"] = round(self.elapsed_s / 60.0, 2)
             self.history.append(rec)
             if c.budget_minutes is not None:
                 self._plan()
-                if self.epoch >= self.max_epochs and "valid_s" not in rec:  # the plan ends here: validate it
+                if self.epoch >= self.max_epochs and "valid_s" not in rec and c.select == "valid":  # the plan ends
                     self._validate(rec)
                     self.elapsed_s += rec.get("valid_s", 0.0) + rec.get("test_s", 0.0)
                     rec["minutes"] = round(self.elapsed_s / 60.0, 2)
@@ -441,6 +457,18 @@ class Trainer:
         """[B, T] item indices (-1 = none) -> [B, T, L] codes (rows of -1)."""
         out = self.sids_dev[items.clamp(min=0)]
         return torch.where((items < 0).unsqueeze(-1), torch.full_like(out, -1), out)
+
+    def _keep_last(self, rec: dict) -> None:
+        """No validation (``select`` "last"): the weights of this epoch, raw or their moving average, are the
+        run's (written with the next checkpoint)."""
+        which = self.cfg.last_weights if self.ema is not None else "raw"
+        state = self.ema if which == "ema" and self.ema is not None else self.model
+        self.best_epoch, self.bad_epochs = self.epoch, 0
+        if not self.rank:
+            self._best_state = {k: v.detach().to("cpu", copy=True) for k, v in state.state_dict().items()}
+        rec["best"] = which
+        self.log(f"epoch {self.epoch}: loss {rec['loss']:.4f}  ({rec['train_s']:.0f}s train; no validation: the "
+                 f"{which} weights kept)")
 
     def _validate(self, rec: dict) -> None:
         """Validate the weights (and their EMA); keep the best as best_model.pt (with the next checkpoint)."""

@@ -27,7 +27,7 @@ def _build(tmp_path, capsys, recipe: dict) -> tuple[dict, str]:
 
 @pytest.mark.slow
 def test_stages_run_once_and_a_changed_stage_rebuilds_itself_and_what_follows(tmp_path, capsys):
-    recipe = {"gr": TINY_GR, "sasrec": TINY_SASREC, "drafters": None, "fusion": None, "graphs": None}
+    recipe = {"gr": TINY_GR, "sasrec": TINY_SASREC, "drafters": None, "fusion": None, "refit": None, "graphs": None}
     first, said = _build(tmp_path, capsys, recipe)
     assert "gr: specrec train" in said and "sasrec: specrec train-baseline" in said
     assert "drafters: left out by the recipe" in said
@@ -81,7 +81,8 @@ def test_a_build_cut_short_goes_on_where_it_stopped_and_records_each_stages_minu
 
     out = tmp_path / "run"
     f = tmp_path / "recipe.json"
-    f.write_text(json.dumps({"gr": TINY_GR, "sasrec": TINY_SASREC, "drafters": None, "fusion": None, "graphs": None}))
+    f.write_text(json.dumps({"gr": TINY_GR, "sasrec": TINY_SASREC, "drafters": None, "fusion": None, "refit": None,
+                             "graphs": None}))
     argv = ["build-bundle", "--data", "synthetic", "--protocol", "temporal", "--out", str(out), "--recipe", str(f),
             "--device", "cpu", "--checkpoint-minutes", "0"]
     real_step = torch.optim.AdamW.step

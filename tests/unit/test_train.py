@@ -315,3 +315,29 @@ def test_a_run_starts_from_a_bundles_weights_with_other_dropout_but_not_another_
     wider = cfg.model_copy(update={"d_ff": cfg.d_ff * 2})
     with pytest.raises(ValueError, match="d_ff"):
         Trainer(wider, TrainConfig(**base), sids, split.train, split.valid, tmp_path / "r3", log=lambda s: None)
+
+
+def test_history_dropout_masks_input_items_and_keeps_every_target(setup, tmp_path):
+    """A causal chunk with ``history_dropout``: about that share of its input items are masked as padding while
+    training (never in eval mode), and the targets the loss reads are all there."""
+    split, cfg, _, sids = setup
+    ccfg = cfg.model_copy(update={"causal_encoder": True})
+    tc = TrainConfig(epochs=1, batch_size=64, lr=3e-3, warmup_steps=10, valid_limit=50, history_dropout=0.5)
+    tr = Trainer(ccfg, tc, sids, split.train, split.valid, tmp_path, log=lambda s: None)
+    seen = []
+    tr.model.forward_sequences = lambda x, y: seen.append((x, y)) or torch.zeros((), requires_grad=True)
+    from specrec.train.batches import causal_chunks
+
+    inp, tgt = causal_chunks(split.train, 3)
+    x, y = torch.from_numpy(inp[:64]), torch.from_numpy(tgt[:64])
+    torch.manual_seed(0)
+    tr.model.train()
+    tr._sequence_loss(x, y)
+    kept_x, kept_y = seen[-1]
+    real = x >= 0
+    masked = real & (kept_x[:, :, 0] < 0)
+    assert 0.4 < masked.sum() / real.sum() < 0.6
+    assert torch.equal(kept_y, tr._codes(y))  # every target kept
+    tr.model.eval()
+    tr._sequence_loss(x, y)
+    assert torch.equal(seen[-1][0], tr._codes(x))  # nothing dropped outside training
