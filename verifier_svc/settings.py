@@ -41,7 +41,9 @@ class VerifierSettings(ServiceSettings):
         None, description="compute the batches on the event loop's own thread instead of a compute thread (no "
         "hand-off between threads: ~0.25 ms of CPU a call less on 2 cores; nothing else runs while a batch computes, "
         "and no hang_s watchdog: for a CPU, whose compute does not hang as a lost GPU's does). Unset: on the loop "
-        "when the backend computes on the CPU with one compute thread and no hang is injected (fault_hang_after)")
+        "when the backend computes on the CPU with one compute thread and no hang is injected (fault_hang_after), "
+        "and is not the cuda backend (its captured graphs serve buckets of batched rows, which form while a batch "
+        "computes: it batches on a compute thread on any device)")
     max_batch: int = Field(64, ge=1, le=4096, description="most jobs computed in one batch")
     session_ttl_s: float = Field(
         30.0, gt=0, le=3600, description="an idle session is forgotten after this many seconds"
@@ -91,10 +93,12 @@ def backend_options(s: VerifierSettings) -> dict:
 
 def computes_on_loop(s: VerifierSettings, backend) -> bool:
     """Whether the batches compute on the event loop's thread (``compute_on_loop``, or by default where nothing
-    needs them off it: a CPU backend, one compute thread, no hang injected)."""
+    needs them off it: a CPU backend, one compute thread, no hang injected; never the cuda backend, whose graphs
+    replay buckets of rows batched while another batch computes, on whatever device it is given)."""
     if s.compute_on_loop is not None:
         return s.compute_on_loop
-    return s.compute_threads == 1 and not s.fault_hang_after and not on_gpu(backend)
+    return (s.compute_threads == 1 and not s.fault_hang_after and not on_gpu(backend)
+            and backend.describe().get("backend") != "cuda")
 
 
 def on_gpu(backend) -> bool:

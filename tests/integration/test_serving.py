@@ -22,7 +22,10 @@ GRACE_MS = 10.0  # server-side total over the budget allowed here: the gateway, 
 
 async def _stack(redis_url, bundle_dir, prefix, **gateway):
     ns = f"{prefix}-{time.time_ns()}"
-    st = Stack(redis_url, ns, bundle_dir, gateway_overrides=gateway)
+    # slow_verifier stands for a slow device, which computes off the event loop (compute_on_loop off): every
+    # service of this stack shares the test's one event loop, where a batch slowed on the loop would stall the
+    # gateway and the drafter too, which separate processes never do
+    st = Stack(redis_url, ns, bundle_dir, gateway_overrides=gateway, verifier_overrides={"compute_on_loop": False})
     return await st.start(), ns
 
 

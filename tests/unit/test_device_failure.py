@@ -16,7 +16,7 @@ from specrec.verifier import DeviceFailure, device_failure
 from specrec.verifier.jobs import EncodeJob
 from specrec_rpc.errors import InvalidArgument
 from verifier_svc.batcher import Batcher
-from verifier_svc.settings import VerifierSettings, backend_options, on_gpu
+from verifier_svc.settings import VerifierSettings, backend_options, computes_on_loop, on_gpu
 
 from .policy_fixtures import histories, make_engine
 
@@ -250,3 +250,15 @@ def test_require_gpu_accepts_a_cuda_device_or_onnx_runtimes_cuda_provider():
     assert on_gpu(_Described(backend="onnx", providers=["CUDAExecutionProvider", "CPUExecutionProvider"]))
     assert not on_gpu(_Described(backend="onnx", providers=["CPUExecutionProvider"]))
     assert not on_gpu(make_engine(0).verifier.backend)  # the eager backend on the CPU
+
+
+def test_batches_compute_on_the_loop_only_where_nothing_needs_them_off_it():
+    s, cpu = VerifierSettings(), _Described(backend="onnx", device="cpu", providers=["CPUExecutionProvider"])
+    assert computes_on_loop(s, cpu)
+    assert not computes_on_loop(s.model_copy(update={"compute_threads": 2}), cpu)
+    assert not computes_on_loop(s.model_copy(update={"fault_hang_after": 3}), cpu)
+    assert not computes_on_loop(s, _Described(backend="onnx", providers=["CUDAExecutionProvider"]))
+    # the cuda backend batches rows into its graphs' buckets while a batch computes, on any device
+    assert not computes_on_loop(s, _Described(backend="cuda", device="cpu"))
+    assert not computes_on_loop(s.model_copy(update={"compute_on_loop": False}), cpu)
+    assert computes_on_loop(s.model_copy(update={"compute_on_loop": True}), _Described(backend="cuda", device="cpu"))
