@@ -15,8 +15,10 @@ sample of test users (K = 10, a budget that never acts):
 2. **CPU per fused request**: every service's processes' CPU time (user + system, ``/proc``) over the gateway's
    fused blocks, per request (``<service>.fused.cpu_ms_per_request``); the bare front's over blocks of its own
    on the same users (``gateway.bare_front.cpu_ms_per_request``): a plain ``grpc.aio`` server making the same two
-   calls, what Python gRPC alone costs here; and the verifier's own work in this process, the same encode and
-   scoring pass of the same candidates (``verifier.fused.inprocess_cpu_ms_per_request``);
+   calls, what Python gRPC alone costs here (its latency, interleaved with the others' blocks, over the in-process
+   one: ``gateway.bare_front.over_inprocess_p50`` / ``_p99``, the floor of the stack's ratio); and the
+   verifier's own work in this process, the same encode and scoring pass of the same candidates
+   (``verifier.fused.inprocess_cpu_ms_per_request``);
 3. **round trips**: a bare health check against the bare front's server (``gateway.bare_round_trip_p50_ms``), and
    from the fused answers' stage times, each hop's time above its callee's own (``x-server-ms``): the caller to
    the gateway (the client's time less the gateway's total), the gateway to the drafter, the gateway to the
@@ -71,7 +73,8 @@ def cpu_class(flags: set[str] | None = None) -> str:
     CPU's flags, default this machine's, from ``/proc/cpuinfo``)."""
     if flags is None:
         try:
-            line = next(x for x in open("/proc/cpuinfo") if x.startswith("flags"))
+            with open("/proc/cpuinfo") as fh:
+                line = next(x for x in fh if x.startswith("flags"))
             flags = set(line.split(":", 1)[1].split())
         except (OSError, StopIteration):
             flags = set()
@@ -197,6 +200,9 @@ def measure(stack: Stack, front: BareFrontProc, bundle, users, policies: list[st
         if policy == "fused":
             row["bare_front"] = {"p50_ms": pct(bare_ms, 50), "p99_ms": pct(bare_ms, 99),
                                  "cpu_ms_per_request": 1000.0 * bare_cpu / n}
+            # the floor of stack_over_inprocess: the same two calls from a front that does nothing else
+            for q in ("p50", "p99"):
+                row["bare_front"][f"over_inprocess_{q}"] = row["bare_front"][f"{q}_ms"] / row[f"inprocess_{q}_ms"]
             row["verifier_inprocess_cpu_ms_per_request"] = _verifier_in_process(eng, users, torch, DraftRequest)
         out["policies"][policy] = row
         say(f"{policy}: in process p50 {row['inprocess_p50_ms']:.2f} ms, stack {row['stack_p50_ms']:.2f} ms "
@@ -241,6 +247,8 @@ def keys_of(res: dict) -> dict:
         for name in ("gateway", "drafter", "verifier"):
             out[f"{name}.fused.cpu_ms_per_request"] = fused["cpu_ms_per_request"][name]
         out["gateway.bare_front.cpu_ms_per_request"] = fused["bare_front"]["cpu_ms_per_request"]
+        for q in ("p50", "p99"):
+            out[f"gateway.bare_front.over_inprocess_{q}"] = fused["bare_front"][f"over_inprocess_{q}"]
         out["verifier.fused.inprocess_cpu_ms_per_request"] = fused["verifier_inprocess_cpu_ms_per_request"]
         for hop, v in fused["hop_ms_p50"].items():
             out[f"gateway.fused.hop_ms_p50.{hop}"] = v
@@ -282,7 +290,9 @@ def markdown(res: dict) -> str:
                                        f["hop_ms_p50"].items())
                   + f"; the callees' own time: Draft {fmt(f['server_ms_p50']['Draft'], '.2f')}, Search "
                   f"{fmt(f['server_ms_p50']['Search'], '.2f')} ms. The bare front answered in "
-                  f"{fmt(bare['p50_ms'], '.2f')} ms p50 ({fmt(bare['p99_ms'], '.2f')} p99)."]
+                  f"{fmt(bare['p50_ms'], '.2f')} ms p50 ({fmt(bare['p99_ms'], '.2f')} p99): "
+                  f"{fmt(bare['over_inprocess_p50'], '.2f')}x / {fmt(bare['over_inprocess_p99'], '.2f')}x the fused "
+                  "list in process, the floor of the stack's ratio with these services split this way."]
     return "\n".join(lines) + "\n"
 
 
@@ -305,14 +315,17 @@ def readme_body(res: dict) -> str:
             f"**{fmt(c['verifier'], '.2f')}** against the same encode and scoring pass in process "
             f"{fmt(k['verifier.fused.inprocess_cpu_ms_per_request'], '.2f')} "
             f"({fmt(c['verifier'] / k['verifier.fused.inprocess_cpu_ms_per_request'], '.2f')}x); drafter "
-            f"{fmt(c['drafter'], '.2f')}, item set {fmt(c['itemset'], '.2f')}. A bare round trip "
+            f"{fmt(c['drafter'], '.2f')}, item set {fmt(c['itemset'], '.2f')}. A bare gRPC front making the same "
+            f"two calls answers in {fmt(f['bare_front']['over_inprocess_p50'], '.2f')}x / "
+            f"{fmt(f['bare_front']['over_inprocess_p99'], '.2f')}x the in-process time (p50 / p99; "
+            "`gateway.bare_front.over_inprocess_*`): the floor of the stack's ratio here. A bare round trip "
             f"{fmt(m['bare_round_trip_p50_ms'], '.2f')} ms; each hop above its callee's own time: "
             + ", ".join(f"{h.replace('_', ' to ')} {fmt(v, '.2f')}" for h, v in f["hop_ms_p50"].items()) + " ms.")
     return "\n".join([
         "## The request path: in process and through the stack (`bench.request_path`, `gateway.*.stack_over_*`)\n",
         paragraph(f"Run: {res['run']}. {machine_of(res)}, CPU class **{res['cpu_class']}**. {res['users']}, K = "
                   f"{res['k']}, one request at a time, blocks of {res['block']} users alternating in process and "
-                  "through the gateway. Every column: [`request_path.md`](request_path.md)."), "",
+                  "through the gateway. Every column: [`request_path.md`](request_path.md)."),
         f"Command (step `path`): `{res['command']}`", "",
         "| policy | in process p50 / p99 ms | stack p50 / p99 ms | stack / in process, p50 / p99 | same lists |",
         "|---|---|---|---|---|", *rows, "", cpu])
