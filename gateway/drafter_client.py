@@ -123,30 +123,47 @@ class RemoteDrafter:
         return self.info.fusion
 
     def draft(self, requests: Sequence[DraftRequest]) -> list[Draft]:
-        from specrec_rpc.replicas import NoReplica
-
         req = draft_message(requests, self.snap, self.mode)
         deadline = _earliest(requests)
-        tried: set[str] = set()
+        tries = DraftTries(self.replicas, self.info)
         for attempt in (0, 1):
-            try:
-                replica = self.replicas.next(tried)  # a retry goes to another replica where there is one
-            except NoReplica as e:
-                if not tried:
-                    raise DependencyDown("drafter", str(e)) from None
-                replica = self.replicas.next()  # the only one: once more
+            replica = tries.next()
             try:
                 with replica:
                     r = call("drafter", replica.stub.Draft, req, deadline, "Draft")
                 break
             except DependencyDown as e:
-                if e.unreachable:
-                    self.info.forget()
-                    self.replicas.eject(replica, str(e))
-                tried.add(replica.address)
+                tries.failed(replica, e)
                 if attempt:
                     raise
         return drafts_of(r, self.snap)
+
+
+class DraftTries:
+    """Where one ``Draft`` call's two tries go (the blocking client's and the gateway's event loop's alike):
+    round-robin over the drafter's replicas, the second try on another where there is one (the only one again
+    where there is not); a replica found unreachable is left out of rotation and the drafter's description
+    forgotten."""
+
+    def __init__(self, replicas, info: DrafterInfo):
+        self.replicas, self.info = replicas, info
+        self.tried: set[str] = set()
+
+    def next(self):
+        from specrec_rpc.replicas import NoReplica
+
+        try:
+            return self.replicas.next(self.tried)
+        except NoReplica as e:
+            if not self.tried:
+                raise DependencyDown("drafter", str(e)) from None
+            return self.replicas.next()  # the only one: once more
+
+    def failed(self, replica, e: DependencyDown) -> None:
+        if e.unreachable:
+            self.info.forget()
+            self.replicas.eject(replica, str(e))
+        self.tried.add(replica.address)
 
 
 def draft_message(requests: Sequence[DraftRequest], snap: Snapshot, mode: str) -> drafter_pb2.DraftRequest:

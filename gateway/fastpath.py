@@ -45,7 +45,7 @@ from specrec_rpc.tensors import from_msg, to_msg
 from specrec_rpc.v1 import verifier_pb2
 
 from .calls import Hops, SessionLost, raise_for, timeout_for
-from .drafter_client import draft_message, drafts_of
+from .drafter_client import DraftTries, draft_message, drafts_of
 from .request import Admitted
 
 if TYPE_CHECKING:
@@ -169,24 +169,16 @@ class FastPath:
         :class:`.drafter_client.RemoteDrafter` makes it."""
         svc = self.svc
         msg = draft_message([ask], calls.snap, svc.s.drafter_mode)
-        tried: set[str] = set()
+        tries = DraftTries(svc.drafters, svc.drafter_info)
         t0 = eng.clock()
         for attempt in (0, 1):
-            try:
-                replica = svc.drafters.next(tried)
-            except NoReplica as e:
-                if not tried:
-                    raise DependencyDown("drafter", str(e)) from None
-                replica = svc.drafters.next()  # the only one: once more
+            replica = tries.next()
             try:
                 with replica:
                     resp = await calls.call("drafter", svc.drafters.aio_stub(replica).Draft, msg, ask.deadline, "Draft")
                 break
             except DependencyDown as e:
-                if e.unreachable:
-                    svc.drafter_info.forget()
-                    svc.drafters.eject(replica, str(e))
-                tried.add(replica.address)
+                tries.failed(replica, e)
                 if attempt:
                     raise
         st.stage_ms["draft"] += (eng.clock() - t0) * 1000.0
