@@ -13,7 +13,10 @@ recipe's file name with dots, e.g. ``beauty.quick``): ``NAME.build.minutes`` and
 ``NAME.loo.{fused,served}.excl.{recall,ndcg}_ratio_vs_sasrec`` (SASRec's list is the ``drafter`` policy's, the list
 ``fused`` ranks), the validation figures of the chosen models (``tune-fusion``'s, bundle.json ``fusion.valid``)
 ``NAME.loo.{fused,sasrec}.excl.valid.{recall,ndcg}@10`` and ``NAME.loo.fused.excl.valid_recall_ratio_vs_sasrec``,
-``NAME.loo.fused.excl.valid_test_gap`` (|test ratio - validation ratio|) and ``NAME.loo.default_is_fused``.
+``NAME.loo.fused.excl.valid_test_gap`` (|test ratio - validation ratio|), ``NAME.loo.default_is_fused`` and
+``NAME.sids_from_interactions`` (1: the semantic IDs quantise the item embeddings a SASRec learnt, as on data
+without item texts; 0: the items' texts). Results: ``quick_recipe_<recipe>.{json,md}``, or with a ``--name`` of
+its own ``quick_recipe_<name, dots as dashes>``; ``--figures`` writes them again from a run's json.
 """
 
 from __future__ import annotations
@@ -45,7 +48,18 @@ def parse(argv):
     ap.add_argument("--resume", action="store_true", help="go on from --out instead of building from nothing")
     ap.add_argument("--sample", type=int, default=None, help="test users (default: all)")
     ap.add_argument("--results", default=str(ROOT / "bench" / "results"))
+    ap.add_argument("--figures", default=None, metavar="JSON",
+                    help="neither build nor evaluate: report again from the build record and evaluation a previous "
+                    "run wrote (its quick_recipe_*.json), with the bundle in --out")
     return ap.parse_args(argv)
+
+
+def results_name(recipe: Path, name: str) -> str:
+    """The results' file name: the recipe's (``quick_recipe_beauty-quick``), or with a ``--name`` of its own the
+    name's (``yelp_ids.quick`` -> ``quick_recipe_yelp_ids-quick``), so that two datasets built with one recipe do
+    not overwrite each other's results."""
+    default = recipe.stem.replace("-", ".")
+    return f"quick_recipe_{recipe.stem if name == default else name.replace('.', '-')}"
 
 
 def main(argv=None) -> int:
@@ -53,6 +67,9 @@ def main(argv=None) -> int:
     recipe = Path(a.recipe)
     name = a.name or recipe.stem.replace("-", ".")
     out = Path(a.out or ROOT / "runs" / recipe.stem)
+    if a.figures:
+        prior = json.loads(Path(a.figures).read_text())
+        return report(a, argv, recipe, name, out, prior["build"], prior["eval"], prior["wall_minutes"])
     if out.exists() and not a.resume:
         shutil.rmtree(out)
     spec = ["specrec", "build-bundle", "--data", a.data, "--protocol", a.protocol, "--out", str(out), "--recipe",
@@ -72,6 +89,12 @@ def main(argv=None) -> int:
     res = subprocess.run([sys.executable, "-m", "specrec.cli", *ev], cwd=ROOT, check=True, stdout=subprocess.PIPE,
                          text=True)  # its progress on stderr, as it goes
     table = json.loads(res.stdout[res.stdout.index("{"):])
+    return report(a, argv, recipe, name, out, build, table, wall)
+
+
+def report(a, argv, recipe: Path, name: str, out: Path, build: dict, table: dict, wall: float) -> int:
+    """The keys, table and results of one build (its record ``build``, ``wall`` minutes) and its evaluation
+    (``table``: ``specrec eval --json``), its bundle in ``out``."""
     keys: dict = {f"{name}.build.minutes": build["minutes"]}
     for stage, rec in build["stages"].items():
         keys[f"{name}.build.{stage}.minutes"] = rec["minutes"]
@@ -88,6 +111,8 @@ def main(argv=None) -> int:
     fusion = meta.get("fusion", {})
     default = fusion.get("default") or {}
     keys[f"{pre}.default_is_fused"] = None if not default else float(default["list"] == "fused")
+    source = meta.get("sid_source", "text")  # what the semantic IDs quantise: the items' texts or the interactions
+    keys[f"{name}.sids_from_interactions"] = float(source == "sasrec")
     for key, lst in (("fused", "fused"), ("sasrec", "drafter")):  # validation: the chosen models (tune-fusion)
         for m in ("recall@10", "ndcg@10"):
             keys[f"{pre}.{key}.excl.valid.{m}"] = fusion.get("valid", {}).get(lst, {}).get(m)
@@ -120,8 +145,11 @@ def main(argv=None) -> int:
            f"valid_test_gap (fused/SASRec R@10, |test - validation|): "
            f"**{fmt(keys[f'{pre}.fused.excl.valid_test_gap'], '.3f')}**", "",
            f"auto's default list: `{default.get('list', 'not decided')}`"
-           + (f" ({default['why']})" if default else "")]
-    publish(Path(a.results), f"quick_recipe_{recipe.stem}", {"build": build, "eval": table, "keys": keys,
+           + (f" ({default['why']})" if default else ""), "",
+           f"Semantic IDs from: `{source}` ({json.dumps(meta.get('sid_source_info'))})"]
+    if a.figures:
+        md[4] += f" (reported again from `{a.figures}`)"
+    publish(Path(a.results), results_name(recipe, name), {"build": build, "eval": table, "keys": keys,
                                                             "wall_minutes": wall}, "\n".join(md) + "\n", keys)
     print("\n".join(md))
     return 0
