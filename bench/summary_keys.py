@@ -84,6 +84,7 @@ WRITERS: dict[str, list[str]] = {
               r"\w+\.quick\.loo\.(fused|sasrec)\.excl\.valid\.(recall|ndcg)@10",
               r"\w+\.quick\.loo\.fused\.excl\.(valid_recall_ratio_vs_sasrec|valid_test_gap)",
               r"\w+\.quick\.loo\.default_is_fused",
+              r"\w+\.quick\.sids_from_interactions",
               # bench.valid_test: each candidate of issue 66 (the protocol, the refit) on validation and test users
               r"\w+\.(quick|served)\.\w+\.loo\.(fused|sasrec|gr_reranked|beam)\.excl"
               r"\.(valid|test|test_chosen|test_without_last)\.(recall|ndcg)@10",
