@@ -16,7 +16,8 @@ recipe's file name with dots, e.g. ``beauty.quick``): ``NAME.build.minutes`` and
 ``NAME.loo.fused.excl.valid_test_gap`` (|test ratio - validation ratio|), ``NAME.loo.default_is_fused`` and
 ``NAME.sids_from_interactions`` (1: the semantic IDs quantise the item embeddings a SASRec learnt, as on data
 without item texts; 0: the items' texts). Results: ``quick_recipe_<recipe>.{json,md}``, or with a ``--name`` of
-its own ``quick_recipe_<name, dots as dashes>``; ``--figures`` writes them again from a run's json.
+its own ``quick_recipe_<name, dots as dashes>``; ``--figures`` writes them again from a run's json; every build
+in the results folder side by side in ``quick_recipe_builds.png``.
 """
 
 from __future__ import annotations
@@ -151,8 +152,47 @@ def report(a, argv, recipe: Path, name: str, out: Path, build: dict, table: dict
         md[4] += f" (reported again from `{a.figures}`)"
     publish(Path(a.results), results_name(recipe, name), {"build": build, "eval": table, "keys": keys,
                                                             "wall_minutes": wall}, "\n".join(md) + "\n", keys)
+    plot_builds(Path(a.results))
     print("\n".join(md))
     return 0
+
+
+def plot_builds(results: Path) -> Path:
+    """Every quick build's results in ``results`` side by side (``quick_recipe_builds.png``): its fused list over
+    its SASRec's R@10 on validation and on test, and the served list's on test, against the bar at 1."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    rows = []
+    for path in sorted(results.glob("quick_recipe_*.json")):
+        keys = json.loads(path.read_text())["keys"]
+        name = next(k for k in keys if k.endswith(".build.minutes") and k.count(".") == 3).rsplit(".", 2)[0]
+        pre = f"{name}.loo"
+        rows.append((name, [keys.get(f"{pre}.fused.excl.valid_recall_ratio_vs_sasrec"),
+                            keys.get(f"{pre}.fused.excl.recall_ratio_vs_sasrec"),
+                            keys.get(f"{pre}.served.excl.recall_ratio_vs_sasrec")]))
+    fig, ax = plt.subplots(figsize=(7.5, 4.0))
+    x = np.arange(len(rows))
+    for i, (label, color) in enumerate((("fused, validation", "tab:blue"), ("fused, test", "tab:red"),
+                                        ("served, test", "tab:green"))):
+        vals = [np.nan if r[1][i] is None else r[1][i] for r in rows]
+        bars = ax.bar(x + (i - 1) * 0.27, vals, 0.27, color=color, label=label)
+        ax.bar_label(bars, fmt="%.3f", fontsize=7)
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.set_xticks(x, [r[0] for r in rows])
+    ax.set_ylabel("R@10 / the bundle's SASRec's R@10")
+    top = max([v for r in rows for v in r[1] if v is not None] + [1.0])
+    ax.set_ylim(0.8, top + 0.08)
+    ax.set_title("Quick builds: validation (the chosen models) against test (the refit ones)")
+    ax.legend(fontsize=8, loc="upper center", ncols=3)
+    fig.tight_layout()
+    path = results / "quick_recipe_builds.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 if __name__ == "__main__":
