@@ -125,7 +125,7 @@ def report(a, argv, recipe: Path, name: str, out: Path, build: dict, table: dict
                                                 else None)
     users = table["n"]
     md = [f"# {name}: a bundle rebuilt from the shipped data with {recipe}", "",
-          f"`{command_line('bench.quick_recipe', argv)}`", "", f"{run_line()}; {machine_line()}.", "",
+          f"`{command_line('bench.quick_recipe', argv)}`", "", f"{run_line()}; {machine_line(in_process=True)}.", "",
           "| stage | minutes | device |", "|---|---|---|"]
     md += [f"| {s} | {r['minutes']:.1f} | {r.get('device', 'cpu')} |" for s, r in build["stages"].items()]
     md += [f"| all | {build['minutes']:.1f} | |", "",
