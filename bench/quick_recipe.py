@@ -149,7 +149,8 @@ def report(a, argv, recipe: Path, name: str, out: Path, build: dict, table: dict
            + (f" ({default['why']})" if default else ""), "",
            f"Semantic IDs from: `{source}` ({json.dumps(meta.get('sid_source_info'))})"]
     if a.figures:
-        md[4] += f" (reported again from `{a.figures}`)"
+        md[4] += (f" Reported again from `{a.figures}`: this line is the report's; the build and its evaluation "
+                  "ran before.")
     publish(Path(a.results), results_name(recipe, name), {"build": build, "eval": table, "keys": keys,
                                                             "wall_minutes": wall}, "\n".join(md) + "\n", keys)
     plot_builds(Path(a.results))

@@ -41,7 +41,7 @@ def test_report_from_a_previous_runs_figures(tmp_path):
     assert abs(keys["yelp_ids.quick.loo.served.excl.recall_ratio_vs_sasrec"] - 1.05) < 1e-9
     assert abs(keys["yelp_ids.quick.loo.fused.excl.valid_test_gap"] - abs(1.05 - 1.1)) < 1e-9
     md = (results / "quick_recipe_yelp_ids-quick.md").read_text()
-    assert f"reported again from `{prior}`" in md and "Semantic IDs from: `sasrec`" in md
+    assert f"Reported again from `{prior}`" in md and "Semantic IDs from: `sasrec`" in md
     assert (results / "quick_recipe_builds.png").stat().st_size > 0  # every build in the results, side by side
     summary = json.loads((results / "summary.json").read_text())
     assert summary["yelp_ids.quick.loo.fused.excl.recall@10"] == 0.042
