@@ -170,7 +170,7 @@ def plot_builds(results: Path) -> Path:
     rows = []
     for path in sorted(results.glob("quick_recipe_*.json")):
         keys = json.loads(path.read_text())["keys"]
-        name = next(k for k in keys if k.endswith(".build.minutes") and k.count(".") == 3).rsplit(".", 2)[0]
+        name = path.stem.removeprefix("quick_recipe_").replace("-", ".")  # results_name's, read back
         pre = f"{name}.loo"
         rows.append((name, [keys.get(f"{pre}.fused.excl.valid_recall_ratio_vs_sasrec"),
                             keys.get(f"{pre}.fused.excl.recall_ratio_vs_sasrec"),

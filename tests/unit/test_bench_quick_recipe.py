@@ -11,6 +11,7 @@ def test_results_name_keeps_the_recipe_name_and_separates_a_name_of_its_own():
     assert quick_recipe.results_name(recipe, "yelp.quick") == "quick_recipe_yelp-quick"
     # the same recipe on a copy of the data without texts must not overwrite Yelp's results
     assert quick_recipe.results_name(recipe, "yelp_ids.quick") == "quick_recipe_yelp_ids-quick"
+    assert quick_recipe.results_name(recipe, "yelp.quick.e0") == "quick_recipe_yelp-quick-e0"
 
 
 def _table(users: int, lists: dict[str, tuple[float, float]]) -> dict:
@@ -43,5 +44,9 @@ def test_report_from_a_previous_runs_figures(tmp_path):
     md = (results / "quick_recipe_yelp_ids-quick.md").read_text()
     assert f"Reported again from `{prior}`" in md and "Semantic IDs from: `sasrec`" in md
     assert (results / "quick_recipe_builds.png").stat().st_size > 0  # every build in the results, side by side
+    # a name with more dots beside it: the plot reads each build's name back from its file
+    assert quick_recipe.main(["--recipe", "recipes/yelp-quick.json", "--out", str(out), "--name", "yelp.quick.e0",
+                              "--results", str(results), "--figures", str(prior)]) == 0
+    assert (results / "quick_recipe_yelp-quick-e0.json").exists()
     summary = json.loads((results / "summary.json").read_text())
     assert summary["yelp_ids.quick.loo.fused.excl.recall@10"] == 0.042
