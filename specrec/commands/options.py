@@ -71,7 +71,8 @@ def add_train_args(p: argparse.ArgumentParser) -> None:
         help="decay of a moving average of the weights, e.g. 0.999 (0 = off); the better of raw and EMA is kept",
     )
     g.add_argument("--workers", type=int, default=1,
-                   help="data-parallel training processes (2 on a 2-core CPU: about 1.6x the throughput of one)")
+                   help="data-parallel training processes, the same learning per step (2 on a 2-core CPU: "
+                        "1.05x to 1.6x the throughput of one, by CPU)")
     g.add_argument("--threads", type=int, default=None, help="torch threads in all (default: every core)")
     g.add_argument(
         "--window-stride",
