@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from bench.harness import ROOT, command_line, fmt, machine_line, publish, run_line, sayer
+from specrec.eval.compare import valid_pair
 
 say = sayer("quick_recipe", clock=True)
 #: key name -> the policy that makes that list (served: the list auto serves by default, without a deadline)
@@ -114,9 +115,8 @@ def report(a, argv, recipe: Path, name: str, out: Path, build: dict, table: dict
     keys[f"{pre}.default_is_fused"] = None if not default else float(default["list"] == "fused")
     source = meta.get("sid_source", "text")  # what the semantic IDs quantise: the items' texts or the interactions
     keys[f"{name}.sids_from_interactions"] = float(source == "sasrec")
-    for key, lst in (("fused", "fused"), ("sasrec", "drafter")):  # validation: the chosen models (tune-fusion)
-        for m in ("recall@10", "ndcg@10"):
-            keys[f"{pre}.{key}.excl.valid.{m}"] = fusion.get("valid", {}).get(lst, {}).get(m)
+    for m in ("recall@10", "ndcg@10"):  # validation: the chosen models (tune-fusion), both lists on the same users
+        keys[f"{pre}.fused.excl.valid.{m}"], keys[f"{pre}.sasrec.excl.valid.{m}"] = valid_pair(fusion, m)
     v_f, v_s = keys[f"{pre}.fused.excl.valid.recall@10"], keys[f"{pre}.sasrec.excl.valid.recall@10"]
     keys[f"{pre}.fused.excl.valid_recall_ratio_vs_sasrec"] = v_f / v_s if v_f is not None and v_s else None
     t_ratio = keys[f"{pre}.fused.excl.recall_ratio_vs_sasrec"]

@@ -152,6 +152,18 @@ def summary_keys(table: dict, dataset: str, protocol: str, k: int, tag: str = ""
     return keys
 
 
+def valid_pair(fusion_meta: dict, metric: str) -> tuple[float | None, float | None]:
+    """The fused list's and the item drafter's own ``metric`` on the same validation users: the pair
+    ``tune-fusion``'s default-list decision compared (``fusion.default``), else ``fusion.valid``'s. Where a learned
+    combiner is kept the fused list is judged on the half it was not trained on, and a bundle tuned before
+    2026-12-07 has the drafter's figure in ``fusion.valid`` from every user: a ratio of the two mixed users."""
+    pair = (fusion_meta.get("default") or {}).get(metric) or {}
+    if pair.get("fused") is not None and pair.get("drafter") is not None:
+        return pair["fused"], pair["drafter"]
+    valid = fusion_meta.get("valid", {})
+    return valid.get("fused", {}).get(metric), valid.get("drafter", {}).get(metric)
+
+
 def valid_against_test(fusion_meta: dict | None, table: dict, k: int) -> dict | None:
     """The fused list and the item drafter's own list on validation users (as ``tune-fusion`` measured them with
     the chosen models, :attr:`specrec.fusion.Fusion.valid`) beside the same lists on these test users (``table``:
@@ -160,10 +172,9 @@ def valid_against_test(fusion_meta: dict | None, table: dict, k: int) -> dict | 
     has no fusion or the run lacks one of the two lists."""
     if not fusion_meta or k != 10 or "fused" not in table or "drafter" not in table:
         return None
-    valid = fusion_meta.get("valid", {})
     out: dict = {"default": fusion_meta.get("default")}
     for m in ("recall@10", "ndcg@10"):
-        v_f, v_d = valid.get("fused", {}).get(m), valid.get("drafter", {}).get(m)
+        v_f, v_d = valid_pair(fusion_meta, m)
         t_f, t_d = table["fused"].overall.get(m), table["drafter"].overall.get(m)
         row: dict = {"valid.fused": v_f, "valid.drafter": v_d, "test.fused": t_f, "test.drafter": t_d}
         row["valid.ratio"] = v_f / v_d if v_f is not None and v_d else None

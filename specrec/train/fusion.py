@@ -190,7 +190,7 @@ def tune_fusion(bundle_dir: str | Path, users: int | None = 3000, seed: int = 0,
     judged_own = own_places if len(judged) == len(scored) else own_places[halves[1]]
     decision = default_list(judged, judged_own, on, seed)
     rec, ndcg = recall_ndcg_of(judged)
-    own = recall_ndcg_of(own_places)
+    own = recall_ndcg_of(judged_own)  # on the users the fused list is judged on: their ratio compares like with like
     gr = recall_ndcg(scored, Fusion(1.0, "raw", fusion.drafts), K, share)
     valid = {"fused": {"recall@10": rec, "ndcg@10": ndcg}, "drafter": {"recall@10": own[0], "ndcg@10": own[1]}}
     # the GR's own lists: written once the fusion is in the bundle (the engine's drafter tells it)
@@ -201,7 +201,7 @@ def tune_fusion(bundle_dir: str | Path, users: int | None = 3000, seed: int = 0,
     valid["gr_reranked"] = {"recall@10": gr[0], "ndcg@10": gr[1]}  # no policy serves it: for the record
     entry = {**fusion.as_dict(), "chosen_on": f"{len(scored)} validation users (seed {seed}), history excluded, "
              f"{reserved} of {K} places kept for unseen candidates, the fewest of {list(drafts)} candidates within "
-             f"{tolerance:.1%} of the best recall@10; the fused list's validation figures from {on}",
+             f"{tolerance:.1%} of the best recall@10; the fused and drafter lists' validation figures from {on}",
              "default": decision, "valid": valid, "grid": grid, "device": device,
              **({"combiner_choice": learned} if learned else {}), "minutes": round((time.time() - t0) / 60, 1)}
     path = Path(bundle_dir) / "bundle.json"

@@ -106,3 +106,28 @@ def test_every_policy_is_timed_against_the_eager_reference(setup):
     assert keys["fake.loo.fast.k50.speedup_vs_eager"] == pytest.approx(16.0)
     assert keys["fake.loo.beam.k50.equal_to_eager"] == 1.0
     assert not any(k.startswith("fake.loo.beam@eager") for k in keys)
+
+
+def test_valid_against_test_takes_both_validation_lists_from_the_same_users():
+    """With a learned combiner kept, ``tune-fusion`` judged the fused list on half of the validation users; a
+    bundle tuned before the mend has the drafter's ``fusion.valid`` figure from all of them. The validation ratio
+    (and the gap to test) comes from the pair the default-list decision compared, on the same users: here 1.046,
+    where the mixed figures would say 0.1099 / 0.1024 = 1.073. Without a decision record, ``fusion.valid``."""
+    from specrec.eval.compare import valid_against_test
+
+    def lists(fused, drafter):
+        return {"fused": SimpleNamespace(overall={"recall@10": fused, "ndcg@10": fused / 2}),
+                "drafter": SimpleNamespace(overall={"recall@10": drafter, "ndcg@10": drafter / 2})}
+
+    pair = {"recall@10": {"fused": 0.1099, "drafter": 0.1051}, "ndcg@10": {"fused": 0.0659, "drafter": 0.0635}}
+    meta = {"valid": {"fused": {"recall@10": 0.1099, "ndcg@10": 0.0659},
+                      "drafter": {"recall@10": 0.1024, "ndcg@10": 0.0624}},
+            "default": {"list": "fused", "why": "above 0", **pair}}
+    vt = valid_against_test(meta, lists(0.1001, 0.0987), 10)
+    assert vt["recall@10"]["valid.drafter"] == 0.1051
+    assert vt["recall@10"]["valid.ratio"] == pytest.approx(0.1099 / 0.1051)
+    assert vt["recall@10"]["gap"] == pytest.approx(abs(0.1001 / 0.0987 - 0.1099 / 0.1051))
+    assert vt["ndcg@10"]["valid.ratio"] == pytest.approx(0.0659 / 0.0635)
+    del meta["default"]
+    assert valid_against_test(meta, lists(0.1001, 0.0987), 10)["recall@10"]["valid.ratio"] == pytest.approx(
+        0.1099 / 0.1024)
