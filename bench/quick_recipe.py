@@ -134,7 +134,7 @@ def report(a, argv, recipe: Path, name: str, out: Path, build: dict, table: dict
     md += [f"| {key} | {fmt(keys[f'{name}.{a.protocol}.{key}.excl.recall@10'], '.4f')} | "
            f"{fmt(keys[f'{name}.{a.protocol}.{key}.excl.ndcg@10'], '.4f')} |" for key in LISTS]
     md += ["", "Against the bundle's own SASRec (its `drafter` list), on validation users (the chosen models, "
-           "`tune-fusion`'s figures: each user's fused list by the fusion chosen on the other half) and on test "
+           f"`tune-fusion`'s figures, both lists on {default.get('judged_on', 'the same users')}) and on test "
            "users (the served models" + (", refit on every interaction but the test ones: " + meta["refit"]["summary"]
                                         if meta.get("refit") else "") + "):", "",
            "| figure | validation | test |", "|---|---|---|",
