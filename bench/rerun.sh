@@ -83,14 +83,16 @@ chaos() { python -m bench.chaos --bundle "$BUNDLE" --rate 10 --budget-ms 100 --m
 scaleout() { python -m bench.scaleout --bundle "$BUNDLE" --rates 10,20,30,40 --duration 10; }
 catalogue() { python -m bench.catalogue_scale --bundle "$BUNDLE" --sizes 12k,100k,1m,10m --parts inprocess,itemset,stack --stack-probe fused; }
 quick() {  # a newcomer's rebuild from the shipped data, timed, its lists on all test users (issues 54, 66); for
-  # Beauty, Yelp and Yelp without item texts: validation (the chosen models) beside test (the refit ones), and
-  # what the refit changed on test (bench.valid_test, the chosen models kept in OUT/chosen)
+  # Beauty (and Beauty with IDs from SASRec's item embeddings), Yelp and Yelp without item texts: validation (the
+  # chosen models) beside test (the refit ones), and what the refit changed on test (bench.valid_test, the chosen
+  # models kept in OUT/chosen)
   local ids=${TMPDIR:-/tmp}/specrec-yelp-ids
   python -m bench.ids_only --data data/yelp --out "$ids"
-  for spec in "beauty data/beauty beauty.quick" "yelp data/yelp yelp.quick" "yelp $ids yelp_ids.quick"; do
+  for spec in "beauty-quick data/beauty beauty.quick" "beauty-quick-sasrec-ids data/beauty beauty_sas.quick" \
+              "yelp-quick data/yelp yelp.quick" "yelp-quick $ids yelp_ids.quick"; do
     set -- $spec
     local out=runs/quick-${3%%.*}
-    python -m bench.quick_recipe --recipe recipes/$1-quick.json --data "$2" --out "$out" --name "$3"
+    python -m bench.quick_recipe --recipe recipes/$1.json --data "$2" --out "$out" --name "$3"
     python -m bench.valid_test --bundle "$out/chosen" --served "$out/bundle" --name "$3.refit" --without-last \
       --beam-users 2000
   done
