@@ -30,9 +30,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from bench.harness import ROOT, command_line, fmt, machine_line, publish, run_line, sayer
-from specrec.eval.compare import valid_pair
+from specrec.eval.compare import valid_against_test
 
 say = sayer("quick_recipe", clock=True)
 #: key name -> the policy that makes that list (served: the list auto serves by default, without a deadline)
@@ -115,14 +116,16 @@ def report(a, argv, recipe: Path, name: str, out: Path, build: dict, table: dict
     keys[f"{pre}.default_is_fused"] = None if not default else float(default["list"] == "fused")
     source = meta.get("sid_source", "text")  # what the semantic IDs quantise: the items' texts or the interactions
     keys[f"{name}.sids_from_interactions"] = float(source == "sasrec")
-    for m in ("recall@10", "ndcg@10"):  # validation: the chosen models (tune-fusion), both lists on the same users
-        keys[f"{pre}.fused.excl.valid.{m}"], keys[f"{pre}.sasrec.excl.valid.{m}"] = valid_pair(fusion, m)
-    v_f, v_s = keys[f"{pre}.fused.excl.valid.recall@10"], keys[f"{pre}.sasrec.excl.valid.recall@10"]
-    keys[f"{pre}.fused.excl.valid_recall_ratio_vs_sasrec"] = v_f / v_s if v_f is not None and v_s else None
-    t_ratio = keys[f"{pre}.fused.excl.recall_ratio_vs_sasrec"]
-    v_ratio = keys[f"{pre}.fused.excl.valid_recall_ratio_vs_sasrec"]
-    keys[f"{pre}.fused.excl.valid_test_gap"] = (abs(t_ratio - v_ratio) if t_ratio is not None and v_ratio is not None
-                                                else None)
+    # validation (the chosen models, tune-fusion's pair on the same users) beside test: specrec eval's own comparison,
+    # made again from the bundle so that a re-report of an earlier run's figures carries today's (one place)
+    lists = {p: SimpleNamespace(overall=r["overall"]) for p, r in table["policies"].items()}
+    vt = table["valid_against_test"] = valid_against_test(fusion, lists, 10) or {}
+    for m in ("recall@10", "ndcg@10"):
+        row = vt.get(m, {})
+        keys[f"{pre}.fused.excl.valid.{m}"], keys[f"{pre}.sasrec.excl.valid.{m}"] = (row.get("valid.fused"),
+                                                                                   row.get("valid.drafter"))
+    keys[f"{pre}.fused.excl.valid_recall_ratio_vs_sasrec"] = vt.get("recall@10", {}).get("valid.ratio")
+    keys[f"{pre}.fused.excl.valid_test_gap"] = vt.get("recall@10", {}).get("gap")
     users = table["n"]
     md = [f"# {name}: a bundle rebuilt from the shipped data with {recipe}", "",
           f"`{command_line('bench.quick_recipe', argv)}`", "", f"{run_line()}; {machine_line(in_process=True)}.", "",

@@ -29,8 +29,9 @@ def test_report_from_a_previous_runs_figures(tmp_path):
     (out / "bundle" / "bundle.json").write_text(json.dumps(meta))
     table = _table(100, {"fused": (0.042, 0.021), "drafter": (0.040, 0.020), "beam": (0.01, 0.005),
                          "auto": (0.042, 0.021)})
-    prior = tmp_path / "prior.json"
-    prior.write_text(json.dumps({"build": build, "eval": table, "keys": {}, "wall_minutes": 71.0}))
+    prior = tmp_path / "prior.json"  # its eval's comparison as an older specrec eval wrote it: replaced, not kept
+    stale = {**table, "valid_against_test": {"recall@10": {"valid.ratio": 1.073, "gap": 0.059}}}
+    prior.write_text(json.dumps({"build": build, "eval": stale, "keys": {}, "wall_minutes": 71.0}))
     rc = quick_recipe.main(["--recipe", "recipes/yelp-quick.json", "--out", str(out), "--name", "yelp_ids.quick",
                             "--results", str(results), "--figures", str(prior)])
     assert rc == 0
@@ -41,6 +42,8 @@ def test_report_from_a_previous_runs_figures(tmp_path):
     assert keys["yelp_ids.quick.loo.default_is_fused"] == 1.0
     assert abs(keys["yelp_ids.quick.loo.served.excl.recall_ratio_vs_sasrec"] - 1.05) < 1e-9
     assert abs(keys["yelp_ids.quick.loo.fused.excl.valid_test_gap"] - abs(1.05 - 1.1)) < 1e-9
+    written = json.loads((results / "quick_recipe_yelp_ids-quick.json").read_text())["eval"]["valid_against_test"]
+    assert written["recall@10"]["gap"] == keys["yelp_ids.quick.loo.fused.excl.valid_test_gap"]  # one source
     md = (results / "quick_recipe_yelp_ids-quick.md").read_text()
     assert f"Reported again from `{prior}`" in md and "Semantic IDs from: `sasrec`" in md
     assert (results / "quick_recipe_builds.png").stat().st_size > 0  # every build in the results, side by side
