@@ -658,12 +658,23 @@ def merge(dirs: list[Path]) -> int:
 
 
 # -- the run: phases under budgets, results written as each ends, stopped by a signal ----------------------------
-class PhaseOverrun(BaseException):
-    """A phase ran past its budget (raised in it by SIGALRM; a BaseException, so that no ``except Exception`` on the
-    way swallows it)."""
+class Halt(SystemExit):
+    """What a signal handler raises to end a phase or the run. A SystemExit, not a bare BaseException: no ``except
+    Exception`` on the way swallows it, and neither does asyncio, which passes SystemExit and KeyboardInterrupt on but
+    logs and drops any other exception raised in one of its callbacks (the verifier phase runs an event loop: a
+    SIGTERM landing in a callback was dropped and the dry run's interrupted copy ran to its end, CI 2026-12-07)."""
 
 
-class Stopped(BaseException):
+class PhaseOverrun(Halt):
+    """A phase ran past its budget (raised in it by SIGALRM)."""
+
+
+#: the signals the run was told to stop by, in order (:func:`stop_on_signals`): a phase that ends normally after one
+#: (its exception dropped on the way, by a C extension's callback say) raises :class:`Stopped` as it ends
+STOPS: list[int] = []
+
+
+class Stopped(Halt):
     """The run was told to stop (SIGTERM, SIGHUP, SIGINT): what it measured is written and the stack stopped."""
 
     def __init__(self, signum: int):
@@ -700,7 +711,10 @@ class Run:
 
     def phase(self, name: str, fn: Callable[[], object]):
         """``fn()`` as phase ``name`` under its budget -> its result (None where it failed); recorded, and the files
-        written, however it ends. A :class:`Stopped` is recorded and raised on."""
+        written, however it ends. A :class:`Stopped` is recorded and raised on, also one whose exception was dropped on
+        the way (:data:`STOPS`)."""
+        if STOPS:  # told to stop between phases, and the signal's exception was dropped on the way
+            raise Stopped(STOPS[0])
         budget = self.budgets[name]
         before = dict(self.keys)
         t0 = time.perf_counter()
@@ -713,6 +727,8 @@ class Run:
         signal.setitimer(signal.ITIMER_REAL, budget)
         try:
             out = fn()
+            if STOPS:  # told to stop while it ran, and the signal's exception was dropped on the way
+                raise Stopped(STOPS[0])
             self.res["phases"][name] = out
         except PhaseOverrun:
             self.errors[name] = f"ran past its budget of {budget:g} s (what it measured before is kept)"
@@ -724,6 +740,9 @@ class Run:
         except (Exception, SystemExit):  # noqa: BLE001 - recorded; the next phase runs
             self.errors[name] = traceback.format_exc()
             say(f"phase {name} failed:\n{self.errors[name]}")
+            if STOPS:  # the signal's exception came out as another one: the run stops all the same
+                self.res["interrupted"] = f"{Stopped(STOPS[0])} during phase {name}"
+                raise Stopped(STOPS[0]) from None
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
             self.res["seconds"][name] = round(time.perf_counter() - t0, 1)
@@ -762,6 +781,7 @@ def stop_on_signals() -> None:
     def stop(signum, _frame):
         for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
             signal.signal(s, signal.SIG_IGN)
+        STOPS.append(signum)
         raise Stopped(signum)
 
     for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):

@@ -4,6 +4,7 @@ included), and ``--merge``, which publishes only clean captured runs (issue 65).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import signal
@@ -121,7 +122,18 @@ def test_a_phase_past_its_budget_keeps_what_it_measured_and_the_next_runs(tmp_pa
     assert json.loads((tmp_path / "gpu_keys.json").read_text())["gpu.cuda.beam.k10.p50_ms"] == 1.5
 
 
-def test_a_signal_in_a_phase_writes_what_was_measured_and_stops_the_run(tmp_path):
+@pytest.fixture
+def stop_on_signals():
+    """The run's signal handlers, put back as they were (and the stops they recorded forgotten) afterwards."""
+    gpu_check.stop_on_signals()
+    yield
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    gpu_check.STOPS.clear()
+
+
+def test_a_signal_in_a_phase_writes_what_was_measured_and_stops_the_run(tmp_path, stop_on_signals):
     run = a_run(tmp_path)
     run.phase("cuda_tests", lambda: run.keys.update({"gpu.cuda_tests.passed": 20}))
 
@@ -129,18 +141,53 @@ def test_a_signal_in_a_phase_writes_what_was_measured_and_stops_the_run(tmp_path
         run.keys["gpu.train.epoch_s"] = 3.0
         signal.raise_signal(signal.SIGTERM)
 
-    gpu_check.stop_on_signals()
-    try:
-        with pytest.raises(gpu_check.Stopped):
-            run.phase("train", stopped)
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGHUP, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    with pytest.raises(gpu_check.Stopped):
+        run.phase("train", stopped)
     res = json.loads((tmp_path / "gpu_check.json").read_text())
     assert res["interrupted"] == "signal 15 (SIGTERM) during phase train"
     assert res["keys"]["gpu.cuda_tests.passed"] == 20 and res["keys"]["gpu.train.epoch_s"] == 3.0
     assert "Interrupted" in (tmp_path / "gpu_check.md").read_text()
+
+
+def test_a_signal_in_an_event_loops_callback_stops_the_phase(tmp_path, stop_on_signals):
+    """The verifier phase runs an asyncio loop, which logs and drops any exception raised in a callback but
+    SystemExit and KeyboardInterrupt: a SIGTERM landing in one must still stop the phase (CI, 2026-12-07: the dry
+    run's interrupted copy ran to its end and exited 0)."""
+    run = a_run(tmp_path)
+    ran_on = []
+
+    async def loop_with_a_callback():
+        loop = asyncio.get_running_loop()
+        loop.call_soon(signal.raise_signal, signal.SIGTERM)
+        await asyncio.sleep(0.2)
+        ran_on.append("the loop went on after the signal")
+
+    with pytest.raises(gpu_check.Stopped):
+        run.phase("verifier", lambda: asyncio.run(loop_with_a_callback()))
+    assert not ran_on
+    res = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert res["interrupted"] == "signal 15 (SIGTERM) during phase verifier"
+
+
+@pytest.mark.parametrize("as_another", [False, True], ids=["dropped", "turned into another exception"])
+def test_a_stop_whose_exception_was_lost_stops_the_run_as_the_phase_ends(tmp_path, stop_on_signals, as_another):
+    run = a_run(tmp_path)
+
+    def swallows():
+        try:
+            signal.raise_signal(signal.SIGTERM)
+        except BaseException:  # noqa: BLE001 - what a library's callback may do
+            if as_another:
+                raise RuntimeError("the call failed") from None
+        run.keys["gpu.verifier.rank_rps"] = 9.0
+        return "done"
+
+    with pytest.raises(gpu_check.Stopped):
+        run.phase("verifier", swallows)
+    res = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert res["interrupted"] == "signal 15 (SIGTERM) during phase verifier" and "verifier" in res["errors"]
+    with pytest.raises(gpu_check.Stopped):  # and no later phase starts
+        run.phase("train", lambda: pytest.fail("a phase ran after the run was told to stop"))
 
 
 def test_the_device_scripts_limit_is_the_phases_budgets_and_the_slack():
