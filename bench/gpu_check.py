@@ -800,6 +800,14 @@ def main(argv=None) -> int:
     run = Run(a, argv, Path(a.out))
     tmp = Path(tempfile.mkdtemp(prefix="specrec-gpu-"))
     stack, stopped_by = None, 0
+    live: list = []  # the stack from the moment it is up until it is stopped (its phase may never return it)
+
+    def stack_up():
+        up = start_stack(bundle_dir, a, tmp, run.keys)
+        live.append(up)  # (the services run in sessions of their own: a signal to this run misses them)
+        run.res["service_pids"] = {n: p.pid for n, p in up.procs.procs.items()}
+        return up
+
     try:
         run.write()  # a run stopped before its first phase ends still leaves its files, saying so
         if "cuda_tests" in phases:
@@ -813,16 +821,14 @@ def main(argv=None) -> int:
         if "inprocess" in phases:
             run.phase("inprocess", lambda: inprocess(bundle, users, a, run.keys, run.rows))
         if {"verifier", "gateway"} & set(phases):
-            stack = run.phase("stack", lambda: start_stack(bundle_dir, a, tmp, run.keys))
-            if stack is not None:  # (the services run in sessions of their own: a signal to this run misses them)
-                run.res["service_pids"] = {n: p.pid for n, p in stack.procs.procs.items()}
+            stack = run.phase("stack", stack_up)
         if stack is not None and "verifier" in phases:
             run.phase("verifier", lambda: verifier_load(stack, bundle, users, a, run.keys))
         if stack is not None and "gateway" in phases:
             run.phase("gateway", lambda: gateway_load(stack, bundle, users, a, run.keys, run.rows))
-        if stack is not None:  # its GPU memory and CPUs back before training
-            stack, running = None, stack
-            running.stop(say=say)
+        if live:  # its GPU memory and CPUs back before training (also where its phase failed after it was up)
+            stack = None
+            live.pop().stop(say=say)
             run.res["phases"]["stack"] = "stopped"
         if "train" in phases:
             run.phase("train", lambda: train_epoch(bundle, a, run.keys, tmp / "train"))
@@ -832,8 +838,8 @@ def main(argv=None) -> int:
         say(f"stopped by {e}: writing what was measured")
         run.write()
     finally:
-        if stack is not None:
-            stack.stop(say=say)
+        if live:
+            live.pop().stop(say=say)
             run.res["phases"]["stack"] = "stopped"
         run.write()
         shutil.rmtree(tmp, ignore_errors=True)

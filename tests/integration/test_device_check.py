@@ -42,7 +42,9 @@ def test_the_dry_run_runs_every_phase_and_its_interrupt_path_and_publishes_nothi
     # the interrupt path: SIGTERM once the stack was up (in the verifier phase); exit 143, every finished phase kept
     assert "the interrupt path: exit 143" in r.stdout, r.stdout[-3000:]
     cut = json.loads((tmp_path / "interrupted" / "gpu_check.json").read_text())
-    assert cut["interrupted"].startswith("signal 15 (SIGTERM) during phase")
+    # (during the verifier phase, or, should the signal land while the stack phase writes its files, between phases)
+    said = cut["interrupted"]
+    assert re.fullmatch(r"signal 15 \(SIGTERM\) (during phase \w+|between phases)", said), said
     finished = [p for p in cut["seconds"] if p not in cut["errors"]]
     assert finished[:3] == ["cuda_tests", "inprocess", "stack"] and "train" not in cut["seconds"]
     cut_keys = json.loads((tmp_path / "interrupted" / "gpu_keys.json").read_text())

@@ -190,6 +190,29 @@ def test_a_stop_whose_exception_was_lost_stops_the_run_as_the_phase_ends(tmp_pat
         run.phase("train", lambda: pytest.fail("a phase ran after the run was told to stop"))
 
 
+def test_a_signal_before_the_stacks_phase_returns_still_stops_the_stack(tmp_path, monkeypatch, stop_on_signals):
+    """SIGTERM while the stack's phase writes its files (the stack up, the phase not yet returned): the run still
+    stops the services it started, says so, and exits 143."""
+    stopped = []
+    fake = SimpleNamespace(procs=SimpleNamespace(procs={"verifier": SimpleNamespace(pid=123)}),
+                           stop=lambda say=None: stopped.append("stack"))
+    monkeypatch.setattr(gpu_check, "start_stack", lambda *args: fake)
+    monkeypatch.setattr(gpu_check, "verifier_load", lambda *args: pytest.fail("the verifier phase ran"))
+    write = gpu_check.Run.write
+
+    def write_then_signal(self):
+        write(self)
+        if "stack" in self.res["seconds"] and not gpu_check.STOPS:
+            signal.raise_signal(signal.SIGTERM)
+
+    monkeypatch.setattr(gpu_check.Run, "write", write_then_signal)
+    rc = gpu_check.main(["--cpu", "--phases", "verifier", "--users", "3", "--out", str(tmp_path)])
+    res = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert rc == 143 and stopped == ["stack"]
+    assert res["interrupted"] == "signal 15 (SIGTERM) between phases" and res["phases"]["stack"] == "stopped"
+    assert res["service_pids"] == {"verifier": 123}
+
+
 def test_the_device_scripts_limit_is_the_phases_budgets_and_the_slack():
     script = (ROOT / "bench" / "device_check.sh").read_text()
     limit = float(re.search(r"RUN_LIMIT_S=\$\{RUN_LIMIT_S:-(\d+)\}", script).group(1))
