@@ -799,8 +799,8 @@ def main(argv=None) -> int:
         raise SystemExit(f"--phases: no phase {sorted(unknown)} (the phases: {', '.join(PHASES)})")
     run = Run(a, argv, Path(a.out))
     tmp = Path(tempfile.mkdtemp(prefix="specrec-gpu-"))
-    stack, stopped_by = None, 0
-    live: list = []  # the stack from the moment it is up until it is stopped (its phase may never return it)
+    stopped_by = 0
+    live: list = []  # the stack from the moment it is up until it is stopped (a signal can end its phase first)
 
     def stack_up():
         up = start_stack(bundle_dir, a, tmp, run.keys)
@@ -821,13 +821,12 @@ def main(argv=None) -> int:
         if "inprocess" in phases:
             run.phase("inprocess", lambda: inprocess(bundle, users, a, run.keys, run.rows))
         if {"verifier", "gateway"} & set(phases):
-            stack = run.phase("stack", stack_up)
-        if stack is not None and "verifier" in phases:
-            run.phase("verifier", lambda: verifier_load(stack, bundle, users, a, run.keys))
-        if stack is not None and "gateway" in phases:
-            run.phase("gateway", lambda: gateway_load(stack, bundle, users, a, run.keys, run.rows))
-        if live:  # its GPU memory and CPUs back before training (also where its phase failed after it was up)
-            stack = None
+            run.phase("stack", stack_up)
+        if live and "verifier" in phases:
+            run.phase("verifier", lambda: verifier_load(live[0], bundle, users, a, run.keys))
+        if live and "gateway" in phases:
+            run.phase("gateway", lambda: gateway_load(live[0], bundle, users, a, run.keys, run.rows))
+        if live:  # its GPU memory and CPUs back before training
             live.pop().stop(say=say)
             run.res["phases"]["stack"] = "stopped"
         if "train" in phases:
